@@ -1,0 +1,34 @@
+# Two commands matter (see README): `make dev` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: dev test lint typecheck check bench chaos clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## Start a local 3-node cluster with a demo worker (Ctrl-C stops it).
+dev: $(STAMP)
+	$(VENV)/bin/raftsched dev $(ARGS)
+
+## Run the whole test suite (unit, property, end-to-end) plus lint and types.
+test: $(STAMP)
+	$(MAKE) lint typecheck
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench chaos
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)
+	$(PY) bench/core.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

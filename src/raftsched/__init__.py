@@ -1,0 +1,1 @@
+"""raftsched: a distributed job scheduler on a Raft-replicated state machine."""
