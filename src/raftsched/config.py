@@ -1,0 +1,106 @@
+"""Node configuration: what an operator sets, parsed from flags or a TOML file.
+
+The CLI builds a `NodeConfig` and hands it to `raftsched.node.run_node`.
+A node refuses to start without a cluster secret: pysyncobj speaks pickle on
+its Raft port, and only its `password` option (encryption and
+authentication) keeps strangers from running code in the node.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """The configuration cannot start a node; the message says what to fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Another coordinator: its id, Raft address (host:port) and HTTP base URL."""
+
+    id: str
+    raft_address: str
+    http_url: str
+
+    @staticmethod
+    def parse(text: str) -> Peer:
+        """Parse `ID=RAFT_HOST:PORT@HTTP_URL`."""
+        node_id, sep, rest = text.partition("=")
+        raft_address, sep2, http_url = rest.partition("@")
+        if not sep or not sep2 or not node_id or not raft_address or not http_url:
+            raise ConfigError(f"--peer must look like ID=HOST:PORT@http://HOST:PORT, got {text!r}")
+        _check_host_port(raft_address, "peer raft address")
+        return Peer(node_id, raft_address, http_url.rstrip("/"))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConfig:
+    node_id: str
+    data_dir: Path
+    http_host: str
+    http_port: int
+    # The address peers use to reach this node's Raft port, and the address
+    # it binds (they differ behind NAT or inside a namespace).
+    raft_address: str
+    secret: str
+    peers: tuple[Peer, ...] = ()
+    raft_bind_address: str | None = None
+    # The URL other nodes and clients use to reach this node's HTTP API.
+    http_url: str | None = None
+    # "fsync": an entry counts towards a commit only once it is on disk.
+    # "none": pysyncobj's own behaviour, for benchmarks that show the cost.
+    durability: str = "fsync"
+    max_body_bytes: int = 1024 * 1024
+    # Raise only for tests that must see leases expire quickly.
+    min_lease_ms: int = 1_000
+    log_format: str = "auto"  # "json", "text" or "auto" (text on a terminal)
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def advertised_http_url(self) -> str:
+        return self.http_url or f"http://{self.http_host}:{self.http_port}"
+
+    def validate(self) -> None:
+        if not self.node_id:
+            raise ConfigError("node id is required")
+        if not self.secret or len(self.secret) < 16:
+            raise ConfigError(
+                "a cluster secret of at least 16 characters is required "
+                "(--secret-file); Raft traffic is pickle and must be authenticated"
+            )
+        _check_host_port(self.raft_address, "raft address")
+        if self.raft_bind_address:
+            _check_host_port(self.raft_bind_address, "raft bind address")
+        ids = [self.node_id, *(p.id for p in self.peers)]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"node ids must be unique, got {ids}")
+        if self.durability not in ("fsync", "none"):
+            raise ConfigError("durability must be 'fsync' or 'none'")
+
+
+def _check_host_port(text: str, what: str) -> None:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{what} must be HOST:PORT, got {text!r}")
+
+
+def read_secret(path: Path) -> str:
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise ConfigError(f"cannot read secret file {path}: {error}") from error
+    if len(secret) < 16:
+        raise ConfigError(f"secret in {path} must be at least 16 characters")
+    return secret
+
+
+def load_toml(path: Path) -> dict[str, object]:
+    """Read a node config file (see cluster/ for examples)."""
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise ConfigError(f"cannot read config {path}: {error}") from error

@@ -1,0 +1,172 @@
+"""Results: what applying a command returns.
+
+Domain outcomes are values, never exceptions: a stale token, an unknown job
+or an illegal move is a `Rejected` with a stable code, and the state is left
+byte-for-byte unchanged. Exceptions inside the core are bugs; `apply` turns
+any that escapes a command handler into `Rejected(INTERNAL_ERROR)` after
+restoring the state, because pysyncobj would re-apply a raising entry forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+# Stable rejection codes. The HTTP layer maps each to a status code.
+INVALID_REQUEST = "invalid_request"  # 400
+NOT_FOUND = "not_found"  # 404
+IDEMPOTENCY_CONFLICT = "idempotency_conflict"  # 409
+LEASE_LOST = "lease_lost"  # 409
+INVALID_STATE = "invalid_state"  # 409
+STALE_EPOCH = "stale_epoch"  # 503: proposed by a deposed leader; retry elsewhere
+INTERNAL_ERROR = "internal_error"  # 500: a bug, recorded instead of wedging the log
+
+RejectionCode = Literal[
+    "invalid_request",
+    "not_found",
+    "idempotency_conflict",
+    "lease_lost",
+    "invalid_state",
+    "stale_epoch",
+    "internal_error",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    code: RejectionCode
+    message: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitItem:
+    """One accepted spec: the job it names, and whether this command created it
+    (False: an idempotent repeat of an earlier submission)."""
+
+    job_id: str
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    items: tuple[SubmitItem | Rejected, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    job_id: str
+    attempt: int
+    epoch: int
+    fencing_token: int
+    expires_at_ms: int
+    lease_ms: int
+    queue: str
+    payload: bytes
+    idempotency_key: str | None
+    ordering_key: str | None
+    correlation_id: str | None
+    workflow_id: str | None = None
+    step: str | None = None
+    inputs: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    leases: tuple[Lease, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    job_id: str
+    expires_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatAccepted:
+    job_id: str
+    expires_at_ms: int
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """`replayed` is True when the job had already succeeded with this token and
+    the original result is returned."""
+
+    job_id: str
+    result: bytes
+    replayed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """Where the failed attempt left the job: `retry_wait` (with
+    `next_run_at_ms`), `pending`, `dead_letter` or `cancelled`."""
+
+    job_id: str
+    status: str
+    next_run_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAccepted:
+    """`status` is the job's status after the command: `cancelled` for a queued
+    job, unchanged with `cancel_requested` for a leased one."""
+
+    job_id: str
+    status: str
+    cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    key: str
+    job_id: str
+    fencing_token: int
+    epoch: int
+    result: bytes
+    recorded_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class EffectRecorded:
+    effect: Effect
+    replayed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Ticked:
+    """What one Tick did. `more` is True when `max_items` cut it short."""
+
+    made_runnable: int
+    leases_expired: int
+    dead_lettered: int
+    purged: int
+    more: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """TakeOver, Barrier and Configure have nothing else to say."""
+
+
+Result = (
+    Rejected
+    | Submitted
+    | Claimed
+    | Started
+    | HeartbeatAccepted
+    | Completed
+    | Failed
+    | CancelAccepted
+    | Replayed
+    | EffectRecorded
+    | Ticked
+    | Ack
+)
