@@ -1,0 +1,605 @@
+"""The Raft adapter: the only module (with `raft_journal`) that imports pysyncobj.
+
+It replicates opaque command bytes through pysyncobj 0.3.17 and hands each
+committed entry, in log order, to a `StateMachine`. pysyncobj is small and
+readable but unsafe as shipped; each guard rail below answers a fact found in
+its source.
+
+Guard rails
+-----------
+1. One replicated method (`_ReplicatedLog.apply_command`, taking bytes).
+   pysyncobj numbers replicated methods by sorting their names, so a second
+   method would renumber the first in old journals. Nothing escapes it: an
+   exception raised there propagates out of `_onTick` before
+   `raftLastApplied` moves, so the entry would be re-applied forever. The
+   machine's exceptions and our callbacks' exceptions are caught and logged.
+2. Durability. pysyncobj's journal never fsyncs and followers acknowledge
+   before anything is durable. `raft_journal.DurableJournal` replaces it
+   (through the `createJournal` factory), and `_SyncingTransport` syncs the
+   journal before any Raft message leaves the node: a follower's entries are
+   on disk before its acknowledgement, a leader's before it sends them (so
+   before its own copy can count), and term and vote before a vote is asked
+   for or granted. A tick callback syncs too, for a cluster of one. One
+   fsync covers everything written since the last message (group commit).
+   `durability="none"` keeps pysyncobj's behaviour (no fsync) to measure
+   the difference. journalFile and fullDumpFile are always both set.
+3. Power cuts are simulated by `RAFTSCHED_SIMULATE_POWER_CUT=1`; see
+   `raft_journal`.
+4. Pickle on the wire. pysyncobj unpickles every message. The cluster secret
+   is required and passed as `password`: each message is a Fernet token
+   (AES plus HMAC), checked before anything is unpickled, so a stranger's
+   bytes only close the connection.
+5. Snapshots are the machine's own bytes (`StateMachine.snapshot`) behind a
+   small msgpack header, through SyncObjConf's serializer/deserializer
+   hooks. With a custom serializer pysyncobj does not fork: the snapshot is
+   taken and written on the tick thread, which is what keeps it consistent
+   with `applied_index`, but it pauses Raft for as long as `snapshot()` plus
+   the write take. The file is fsynced before pysyncobj renames it, and a
+   snapshot received from the leader is fsynced before it is acknowledged.
+6. Latency: `appendEntriesUseBatch=False` sends each entry at once (about a
+   millisecond per commit instead of the 0.1 s append period).
+   `leaderFallbackTimeout` is a parameter and must stay below the shortest
+   lease.
+   Two pysyncobj habits would otherwise defeat this: a late acknowledgement
+   moves the leader's nextIndex back, so followers are re-sent entries they
+   hold and truncate them before re-appending (the transport keeps nextIndex
+   from moving back; the journal truncates lazily and re-adopts identical
+   records, so an acknowledged record never leaves the disk).
+7. pysyncobj exposes no term or index at apply time; `raftLastApplied + 1`
+   inside the replicated method is the entry's index (`applying_index`).
+   `status().applied_index` is the last applied index.
+
+Threads
+-------
+pysyncobj runs one tick thread that does networking, disk writes, apply and
+every callback. `StateMachine.apply/snapshot/restore`, proposal callbacks
+and `on_leadership` all run on it, one at a time, and must return quickly;
+bridge into asyncio with `loop.call_soon_threadsafe`. The tick thread stops
+when the thread that created the SyncObj exits, so `start()` must run on the
+main thread. `propose`, `status` and the small getters may be called from
+any thread.
+
+Proposals
+---------
+At most one proposal may be in flight; a second gets `busy`. Every
+proposal's callback fires exactly once, on the tick thread (after `close()`,
+on the caller's thread, since there is no tick thread): with the
+machine's result, or with one of `ProposeError`. `leader_changed`,
+`unknown_outcome` and `closed` mean the outcome is unknown: the entry may
+still commit, so anything a caller retries must be idempotent. `not_leader`,
+`busy` and `discarded` mean it was not and will not be committed from this
+proposal. The node enforces its own deadlines on top of this.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import os
+import pickle
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import pysyncobj.syncobj as _pysyncobj_syncobj
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.transport import TCPTransport
+
+from raftsched import raft_journal
+from raftsched.raft_journal import DurableJournal, SnapshotHeader
+
+logger = logging.getLogger(__name__)
+
+SECRET_CHARS_MIN: Final = 16
+
+
+class StateMachine(Protocol):
+    def apply(self, data: bytes) -> object:
+        """Apply one committed command. Runs on the tick thread, in log order."""
+        ...
+
+    def snapshot(self) -> bytes:
+        """Encode the whole state. Runs on the tick thread when the log is compacted."""
+        ...
+
+    def restore(self, data: bytes) -> None:
+        """Replace the whole state with a decoded snapshot."""
+        ...
+
+
+class ProposeError(enum.StrEnum):
+    NOT_LEADER = "not_leader"  # this node is not the leader; nothing was appended
+    BUSY = "busy"  # another proposal is still in flight
+    DISCARDED = "discarded"  # another entry took this one's place in the log
+    LEADER_CHANGED = "leader_changed"  # leadership or term changed; outcome unknown
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    QUEUE_FULL = "queue_full"
+    APPLY_FAILED = "apply_failed"  # committed, but the machine raised (a bug)
+    CLOSED = "closed"  # the node was closed; outcome unknown
+    FAILED = "failed"  # any other pysyncobj failure
+
+
+_FAIL_REASON_ERRORS: Final[Mapping[int, ProposeError]] = {
+    FAIL_REASON.QUEUE_FULL: ProposeError.QUEUE_FULL,
+    FAIL_REASON.MISSING_LEADER: ProposeError.NOT_LEADER,
+    FAIL_REASON.DISCARDED: ProposeError.DISCARDED,
+    FAIL_REASON.NOT_LEADER: ProposeError.NOT_LEADER,
+    FAIL_REASON.LEADER_CHANGED: ProposeError.LEADER_CHANGED,
+    FAIL_REASON.REQUEST_DENIED: ProposeError.FAILED,
+    FAIL_REASON.UNKNOWN_OUTCOME: ProposeError.UNKNOWN_OUTCOME,
+}
+
+_ROLES: Final = {0: "follower", 1: "candidate", 2: "leader"}
+
+ProposeCallback = Callable[[object | None, str | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStatus:
+    id: str
+    raft_address: str
+    reachable: bool
+    match_index: int | None  # known on the leader only
+
+
+@dataclass(frozen=True, slots=True)
+class RaftStatus:
+    node_id: str
+    role: str  # "leader" | "follower" | "candidate"
+    term: int
+    leader_id: str | None
+    commit_index: int
+    applied_index: int
+    peers: tuple[PeerStatus, ...]
+
+
+class _ApplyFailed:
+    """Returned by the replicated method when the machine raised."""
+
+
+_APPLY_FAILED: Final = _ApplyFailed()
+
+
+# -- plugging our journal into pysyncobj ------------------------------------
+
+_original_create_journal = _pysyncobj_syncobj.createJournal
+
+
+class _JournalPath(str):
+    """A journalFile value that carries the journal object to use."""
+
+    journal: DurableJournal
+
+
+def _create_journal(journal_file: object = None) -> object:
+    # SyncObj.__init__ calls the module-level `createJournal(conf.journalFile)`
+    # and offers no other hook. Our path type carries our journal; any other
+    # value gets pysyncobj's own journal, so other users are unaffected.
+    if isinstance(journal_file, _JournalPath):
+        return journal_file.journal
+    return _original_create_journal(journal_file)
+
+
+_pysyncobj_syncobj.createJournal = _create_journal
+
+
+class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is untyped
+    """Syncs the journal before any Raft message leaves the node."""
+
+    def __init__(
+        self, syncObj: Any, selfNode: Any, otherNodes: Any, *, journal: DurableJournal
+    ) -> None:  # noqa: N803 - pysyncobj's names
+        self._raftsched_journal = journal
+        super().__init__(syncObj, selfNode, otherNodes)
+
+    def send(self, node: Any, message: Any) -> bool:
+        self._raftsched_journal.sync()
+        return bool(super().send(node, message))
+
+    def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+        # pysyncobj sets nextIndex from every successful ack that raises
+        # matchIndex, even a late one for an entry sent before the latest:
+        # nextIndex moves back and the follower is sent entries it already
+        # has (and truncates and re-appends them, or after a compaction
+        # gets a snapshot it does not need). A success never proves that
+        # the follower lacks later entries (a failure resets nextIndex), so
+        # nextIndex is kept from moving back.
+        next_index = getattr(self._syncObj, "_SyncObj__raftNextIndex", None)
+        before = None
+        if (
+            isinstance(message, dict)
+            and message.get("type") == "next_node_idx"
+            and message.get("success")
+            and not message.get("reset")
+            and isinstance(next_index, dict)
+        ):
+            before = next_index.get(node)
+        super()._onMessageReceived(node, message)
+        if before is not None and isinstance(next_index, dict):
+            after = next_index.get(node)
+            if after is not None and after < before:
+                next_index[node] = before
+
+
+class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
+    def __init__(
+        self,
+        adapter: RaftNode,
+        self_address: str,
+        partner_addresses: list[str],
+        conf: Any,
+        journal: DurableJournal,
+    ) -> None:
+        # Set before SyncObj.__init__, which may start applying on its thread.
+        self._raftsched_adapter = adapter
+        super().__init__(
+            self_address,
+            partner_addresses,
+            conf=conf,
+            transportClass=functools.partial(_SyncingTransport, journal=journal),
+        )
+
+    @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
+    def apply_command(self, data: bytes) -> object:
+        # The only replicated method. It must never raise (see module doc).
+        return self._raftsched_adapter._apply_committed(data)
+
+
+@dataclass(slots=True)
+class _Proposal:
+    callback: ProposeCallback
+    term: int
+    done: bool = False
+
+
+class RaftNode:
+    """One Raft member; see the module docstring for threads and guarantees."""
+
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        raft_address: str,
+        peers: Mapping[str, str],
+        data_dir: Path,
+        secret: str,
+        machine: StateMachine,
+        bind_address: str | None = None,
+        durability: str = "fsync",
+        on_leadership: Callable[[bool, int], None] | None = None,
+        leader_fallback_timeout_s: float = 5.0,
+        election_timeout_min_s: float = 0.5,
+        election_timeout_max_s: float = 1.2,
+        append_entries_period_s: float = 0.1,
+        connection_timeout_s: float = 3.5,
+        connection_retry_s: float = 1.0,
+        log_compaction_entries: int = 5000,
+        log_compaction_interval_s: float = 300.0,
+    ) -> None:
+        if not secret or len(secret) < SECRET_CHARS_MIN:
+            raise ValueError(
+                f"a cluster secret of at least {SECRET_CHARS_MIN} characters is required: "
+                "pysyncobj speaks pickle on its Raft port"
+            )
+        if durability not in ("fsync", "none"):
+            raise ValueError(f"durability must be 'fsync' or 'none', got {durability!r}")
+        if node_id in peers:
+            raise ValueError(f"peers must not include this node ({node_id})")
+        addresses = [raft_address, *peers.values()]
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(f"raft addresses must be unique, got {addresses}")
+        if not leader_fallback_timeout_s > append_entries_period_s:
+            raise ValueError("leader_fallback_timeout_s must exceed append_entries_period_s")
+        self.node_id = node_id
+        self.raft_address = raft_address
+        self._peers = dict(peers)
+        self._ids_by_address = {address: peer for peer, address in peers.items()}
+        self._ids_by_address[raft_address] = node_id
+        self._data_dir = Path(data_dir)
+        self._secret = secret
+        self._machine = machine
+        self._bind_address = bind_address
+        self.durability = durability
+        self._on_leadership = on_leadership
+        self._timing = {
+            "leaderFallbackTimeout": leader_fallback_timeout_s,
+            "raftMinTimeout": election_timeout_min_s,
+            "raftMaxTimeout": election_timeout_max_s,
+            "appendEntriesPeriod": append_entries_period_s,
+            "connectionTimeout": max(connection_timeout_s, election_timeout_max_s),
+            "connectionRetryTime": connection_retry_s,
+            "logCompactionMinTime": log_compaction_interval_s,
+        }
+        self._log_compaction_entries = log_compaction_entries
+        self._sync_obj: _ReplicatedLog | None = None
+        self._journal: DurableJournal | None = None
+        self._lock = threading.Lock()
+        self._in_flight: _Proposal | None = None
+        self._deferred: deque[tuple[ProposeCallback, str]] = deque()
+        self._tick_thread_id: int | None = None
+        self._reported_leadership: tuple[bool, int] | None = None
+        self._closed = False
+        self.applying_index: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Open the journal and start Raft. Must run on the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "RaftNode.start() must run on the main thread: pysyncobj's tick thread "
+                "stops when the thread that created it exits"
+            )
+        if self._sync_obj is not None:
+            raise RuntimeError("RaftNode already started")
+        self._data_dir.mkdir(parents=True, exist_ok=True)
+        disk = raft_journal.Disk.from_env(fsync=self.durability == "fsync")
+        if disk.simulate_power_cut:
+            logger.warning("power-cut simulation is on: unsynced writes are held in memory")
+        journal = DurableJournal(self._data_dir, disk)
+        journal_path = _JournalPath(str(self._data_dir / raft_journal.JOURNAL_NAME))
+        journal_path.journal = journal
+        conf = SyncObjConf(
+            password=self._secret,
+            journalFile=journal_path,
+            fullDumpFile=str(self._data_dir / raft_journal.SNAPSHOT_NAME),
+            serializer=self._serialize_snapshot,
+            deserializer=self._deserialize_snapshot,
+            bindAddress=self._bind_address,
+            appendEntriesUseBatch=False,
+            commandsWaitLeader=False,
+            dynamicMembershipChange=False,
+            logCompactionMinEntries=self._log_compaction_entries,
+            onStateChanged=self._on_state_changed,
+            **self._timing,
+        )
+        self._journal = journal
+        sync_obj = _ReplicatedLog(
+            self, self.raft_address, list(self._peers.values()), conf, journal
+        )
+        self._sync_obj = sync_obj
+        sync_obj.addOnTickCallback(self._on_tick)
+
+    def close(self) -> None:
+        """Stop Raft and close the files. Call from any thread but the tick thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            proposal, self._in_flight = self._in_flight, None
+        sync_obj = self._sync_obj
+        if sync_obj is not None:
+            if threading.get_ident() == self._tick_thread_id:
+                raise RuntimeError("RaftNode.close() cannot run on the tick thread")
+            sync_obj.destroy_synchronous()
+        # The tick thread is gone, so what is left is answered here.
+        if proposal is not None and not proposal.done:
+            proposal.done = True
+            self._call_safely(proposal.callback, None, ProposeError.CLOSED)
+        while self._deferred:
+            callback, error = self._deferred.popleft()
+            self._call_safely(callback, None, error)
+
+    # -- proposals ---------------------------------------------------------
+
+    def propose(self, data: bytes, callback: ProposeCallback) -> None:
+        """Append one entry (leader only); `callback` fires once, on the tick thread."""
+        sync_obj = self._require_started()
+        with self._lock:
+            if self._closed:
+                closed = True
+            else:
+                closed = False
+                if self._in_flight is not None:
+                    self._deferred.append((callback, ProposeError.BUSY))
+                    return
+                # Only the leader appends: pysyncobj would forward a follower's
+                # command to the leader, a path whose callbacks can be lost.
+                if not sync_obj._isLeader():
+                    self._deferred.append((callback, ProposeError.NOT_LEADER))
+                    return
+                proposal = _Proposal(callback, term=int(sync_obj.raftCurrentTerm))
+                self._in_flight = proposal
+        if closed:
+            # There is no tick thread any more to deliver it.
+            self._call_safely(callback, None, ProposeError.CLOSED)
+            return
+        sync_obj.apply_command(
+            bytes(data), callback=functools.partial(self._on_pysyncobj_result, proposal)
+        )
+
+    def _on_pysyncobj_result(self, proposal: _Proposal, result: object, reason: int) -> None:
+        if reason == FAIL_REASON.SUCCESS:
+            if isinstance(result, _ApplyFailed):
+                self._finish(proposal, None, ProposeError.APPLY_FAILED)
+            else:
+                self._finish(proposal, result, None)
+        else:
+            self._finish(proposal, None, _FAIL_REASON_ERRORS.get(reason, ProposeError.FAILED))
+
+    def _finish(self, proposal: _Proposal, result: object | None, error: str | None) -> None:
+        with self._lock:
+            if proposal.done:
+                return
+            proposal.done = True
+            if self._in_flight is proposal:
+                self._in_flight = None
+        if threading.get_ident() != self._tick_thread_id:
+            # Only QUEUE_FULL is reported on the caller's thread; move it.
+            self._deferred.append((proposal.callback, error or ProposeError.FAILED))
+            return
+        self._call_safely(proposal.callback, result, error)
+
+    # -- tick thread -------------------------------------------------------
+
+    def _apply_committed(self, data: object) -> object:
+        sync_obj = self._sync_obj
+        index = int(sync_obj.raftLastApplied) + 1 if sync_obj is not None else None
+        self.applying_index = index
+        try:
+            if not isinstance(data, bytes):
+                raise TypeError(f"replicated command is {type(data).__name__}, not bytes")
+            return self._machine.apply(data)
+        except BaseException:
+            # Raising here would wedge the node: pysyncobj re-applies the
+            # entry forever. A bug becomes a logged, recorded failure.
+            logger.exception("state machine raised applying entry %s; entry skipped", index)
+            return _APPLY_FAILED
+        finally:
+            self.applying_index = None
+
+    def _on_tick(self) -> None:
+        # Anything appended this tick and not yet sent (a cluster of one, or
+        # no follower connected) becomes durable before the next tick can
+        # count it towards a commit.
+        self._tick_thread_id = threading.get_ident()
+        if self._journal is not None:
+            self._journal.sync()
+        while self._deferred:
+            callback, error = self._deferred.popleft()
+            self._call_safely(callback, None, error)
+        self._check_leadership()
+
+    def _on_state_changed(self, old_state: int, new_state: int) -> None:
+        self._tick_thread_id = threading.get_ident()
+        self._check_leadership()
+
+    def _check_leadership(self) -> None:
+        sync_obj = self._sync_obj
+        if sync_obj is None:
+            return
+        current = (bool(sync_obj._isLeader()), int(sync_obj.raftCurrentTerm))
+        if current == self._reported_leadership:
+            return
+        self._reported_leadership = current
+        with self._lock:
+            proposal = self._in_flight
+        if proposal is not None and (not current[0] or current[1] != proposal.term):
+            self._finish(proposal, None, ProposeError.LEADER_CHANGED)
+        if self._on_leadership is not None:
+            try:
+                self._on_leadership(*current)
+            except BaseException:
+                logger.exception("on_leadership callback raised")
+
+    @staticmethod
+    def _call_safely(callback: ProposeCallback, result: object | None, error: str | None) -> None:
+        # A callback that raised inside pysyncobj's apply loop would make it
+        # apply the same entry again.
+        try:
+            callback(result, error)
+        except BaseException:
+            logger.exception("proposal callback raised")
+
+    # -- snapshots (tick thread) ---------------------------------------------
+
+    def _serialize_snapshot(self, file_name: str, raft_data: Any) -> None:
+        # raft_data is (last applied entry, the entry before it, cluster
+        # nodes): pysyncobj needs the two entries to resume the log after
+        # the snapshot. The machine's state is its own encoding.
+        last_entry, previous_entry, cluster = raft_data
+        header = SnapshotHeader(
+            last_entry=_as_entry(last_entry),
+            previous_entry=_as_entry(previous_entry),
+            cluster=tuple(sorted(str(getattr(node, "address", node)) for node in cluster)),
+        )
+        data = raft_journal.encode_snapshot(header, self._machine.snapshot())
+        raft_journal.write_snapshot_file(Path(file_name), data, durable=self.durability == "fsync")
+
+    def _deserialize_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
+        path = Path(file_name)
+        if self.durability == "fsync":
+            # A snapshot received from the leader was written by pysyncobj
+            # without fsync; it must be durable before it is acknowledged
+            # and before the journal is cleared for it.
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+            raft_journal.fsync_directory(path.parent)
+        header, body = raft_journal.decode_snapshot(path.read_bytes())
+        self._machine.restore(body)
+        return header.last_entry, header.previous_entry, set(header.cluster)
+
+    # -- status (any thread) -------------------------------------------------
+
+    def is_leader(self) -> bool:
+        return self._sync_obj is not None and bool(self._sync_obj._isLeader())
+
+    def term(self) -> int:
+        return int(self._require_started().raftCurrentTerm)
+
+    def leader_address(self) -> str | None:
+        leader = self._require_started()._getLeader()
+        return None if leader is None else str(leader.address)
+
+    def leader_id(self) -> str | None:
+        address = self.leader_address()
+        return None if address is None else self._ids_by_address.get(address)
+
+    def status(self) -> RaftStatus:
+        raw = self._raw_status()
+        role = _ROLES.get(int(raw["state"]), "follower")
+        leader = raw.get("leader")
+        leader_address = None if leader is None else str(leader.address)
+        peers = tuple(
+            PeerStatus(
+                id=peer_id,
+                raft_address=address,
+                reachable=raw.get(f"partner_node_status_server_{address}") == 2,
+                match_index=raw.get(f"match_idx_server_{address}") if role == "leader" else None,
+            )
+            for peer_id, address in sorted(self._peers.items())
+        )
+        return RaftStatus(
+            node_id=self.node_id,
+            role=role,
+            term=int(raw["raft_term"]),
+            leader_id=None if leader_address is None else self._ids_by_address.get(leader_address),
+            commit_index=int(raw["commit_idx"]),
+            applied_index=int(raw["last_applied"]),
+            peers=peers,
+        )
+
+    def _raw_status(self) -> dict[str, Any]:
+        sync_obj = self._require_started()
+        # getStatus() iterates dicts that the tick thread may resize (a
+        # read-only node connecting); a retry is enough.
+        for _ in range(5):
+            try:
+                return dict(sync_obj.getStatus())
+            except RuntimeError:
+                continue
+        return dict(sync_obj.getStatus())
+
+    def journal_fsync_count(self) -> int:
+        """How many fsyncs the journal has made (for benchmarks)."""
+        return 0 if self._journal is None else self._journal.fsync_count
+
+    def _require_started(self) -> _ReplicatedLog:
+        if self._sync_obj is None:
+            raise RuntimeError("RaftNode.start() has not been called")
+        return self._sync_obj
+
+
+def _as_entry(value: Any) -> raft_journal.Entry:
+    command, index, term = value
+    data = command if isinstance(command, bytes) else str(command).encode("utf-8")
+    return (bytes(data), int(index), int(term))
+
+
+def decode_command(command: bytes) -> bytes | None:
+    """The proposal bytes inside a journal entry, or None for pysyncobj's own entries.
+
+    For tests and offline tools that read a node's journal: pysyncobj stores
+    a type byte and a pickle of (method id, args). Only use on trusted files.
+    """
+    if not command or command[0] != 0:
+        return None
+    call = pickle.loads(command[1:])
+    if isinstance(call, tuple) and len(call) >= 2 and isinstance(call[1], tuple) and call[1]:
+        data = call[1][0]
+        return data if isinstance(data, bytes) else None
+    return None

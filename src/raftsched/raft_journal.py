@@ -1,0 +1,596 @@
+"""Durable storage behind the Raft adapter: the log, the term/vote record and the snapshot.
+
+pysyncobj's own `FileJournal` writes through mmap and never calls fsync, so a
+follower acknowledges entries that a power cut would take away. This module
+is the journal that `raftsched.raft` plugs into pysyncobj instead. It keeps
+the same duck-typed interface (`add`, `clear`, `deleteEntriesFrom`,
+`deleteEntriesTo`, indexing, `setCurrentTerm`, ...) and adds `sync()`, which
+the adapter calls before any Raft message leaves the node. That ordering is
+the whole durability argument: an entry is on disk before its follower
+acknowledges it, and before its leader sends it (so before the leader can
+count its own copy), and one fsync covers every entry written since the last
+message (group commit).
+
+On disk, in the node's data directory:
+
+- `raft.journal`: a magic header, then records `<cmd_len u32, crc32 u32,
+  index u64, term u64, command>`. Recovery stops at the first torn or
+  out-of-sequence record and cuts the file there.
+- `raft.meta`: msgpack `{term, voted_for, commit_index}`, replaced atomically.
+  Term and vote are durable before `setCurrentTerm` returns, so before a vote
+  is sent.
+- `raft.snapshot`: a magic header, a small msgpack header with pysyncobj's
+  bookkeeping (the last two applied log entries, which it needs to resume the
+  log) and the state machine's own bytes. Never pickle of our state.
+
+Power-cut simulation (`RAFTSCHED_SIMULATE_POWER_CUT=1`): `kill -9` keeps
+whatever a process wrote, because the kernel's page cache survives the
+process. To make `kill -9` behave like a power cut, every write this module
+makes is held in process memory (an emulated page cache) until it is synced;
+only then is it written to the real file. A periodic emulated writeback
+(`RAFTSCHED_SIMULATE_WRITEBACK_S`, default 30 s like Linux's
+`dirty_expire_centisecs`) writes unsynced data as the kernel eventually
+would. `RAFTSCHED_SIMULATE_FSYNC_DELAY_S` makes each journal fsync take a random
+time up to that long before its bytes count as written (a slow, uneven disk),
+which widens the window in which code that acknowledges before syncing would
+be caught. Limitation:
+files that pysyncobj itself writes (a snapshot received from the leader,
+before our deserializer fsyncs it) and the snapshot file in durability "none"
+go straight to the real file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import struct
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, overload
+
+import msgpack
+
+logger = logging.getLogger(__name__)
+
+SIMULATE_POWER_CUT_ENV: Final = "RAFTSCHED_SIMULATE_POWER_CUT"
+SIMULATE_WRITEBACK_ENV: Final = "RAFTSCHED_SIMULATE_WRITEBACK_S"
+SIMULATE_FSYNC_DELAY_ENV: Final = "RAFTSCHED_SIMULATE_FSYNC_DELAY_S"
+
+JOURNAL_NAME: Final = "raft.journal"
+META_NAME: Final = "raft.meta"
+SNAPSHOT_NAME: Final = "raft.snapshot"
+
+_JOURNAL_MAGIC: Final = b"RSJRNL01"
+_RECORD_HEADER: Final = struct.Struct("<IIQQ")  # cmd_len, crc32, index, term
+# A length beyond this can only be garbage after a torn write; refusing it
+# keeps recovery from allocating whatever a random length field says.
+_RECORD_COMMAND_BYTES_MAX: Final = 256 * 1024 * 1024
+
+_SNAPSHOT_MAGIC: Final = b"RSSNAP01"
+_SNAPSHOT_PREFIX: Final = struct.Struct("<IIQI")  # header_len, header_crc, body_len, body_crc
+
+# One Raft log entry as pysyncobj handles it: (command bytes, index, term).
+Entry = tuple[bytes, int, int]
+
+
+class StorageError(RuntimeError):
+    """The files in the data directory are not what this module wrote."""
+
+
+def simulate_power_cut_from_env() -> bool:
+    return os.environ.get(SIMULATE_POWER_CUT_ENV, "") not in ("", "0")
+
+
+def _float_from_env(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, str(default)))
+    except ValueError:
+        return default
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make a rename or a new file in `directory` survive a power cut."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _PendingOps:
+    """Writes to one file that the emulated page cache has not written yet."""
+
+    ops: list[tuple[str, int, bytes]] = field(default_factory=list)
+
+
+class Disk:
+    """Writes files straight through, or into an emulated page cache.
+
+    `fsync=False` is durability "none": nothing is ever synced, as in
+    pysyncobj. With `simulate_power_cut`, unsynced bytes stay in memory.
+    """
+
+    def __init__(
+        self,
+        *,
+        fsync: bool,
+        simulate_power_cut: bool,
+        writeback_s: float,
+        fsync_delay_s: float = 0.0,
+    ) -> None:
+        self.fsync = fsync
+        self.simulate_power_cut = simulate_power_cut
+        self.fsync_delay_s = fsync_delay_s if simulate_power_cut else 0.0
+        self._writeback_s = writeback_s
+        self._last_writeback = time.monotonic()
+        self._files: list[AppendFile] = []
+        self._pending_replacements: dict[Path, bytes] = {}
+        self.fsync_count = 0
+
+    @classmethod
+    def from_env(cls, *, fsync: bool) -> Disk:
+        return cls(
+            fsync=fsync,
+            simulate_power_cut=simulate_power_cut_from_env(),
+            writeback_s=_float_from_env(SIMULATE_WRITEBACK_ENV, 30.0),
+            fsync_delay_s=_float_from_env(SIMULATE_FSYNC_DELAY_ENV, 0.0),
+        )
+
+    def open_append_file(self, path: Path) -> AppendFile:
+        handle = AppendFile(self, path)
+        self._files.append(handle)
+        return handle
+
+    def forget(self, handle: AppendFile) -> None:
+        if handle in self._files:
+            self._files.remove(handle)
+
+    def replace_file(self, path: Path, data: bytes) -> None:
+        """Atomically replace `path`; durable on return when fsync is on."""
+        if self.simulate_power_cut and not self.fsync:
+            self._pending_replacements[path] = data
+            return
+        self._pending_replacements.pop(path, None)
+        _write_replace(path, data, durable=self.fsync)
+        if self.fsync:
+            self.fsync_count += 1
+
+    def maybe_writeback(self) -> None:
+        """Emulate the kernel flushing old dirty pages (simulation only)."""
+        if not self.simulate_power_cut:
+            return
+        if time.monotonic() - self._last_writeback < self._writeback_s:
+            return
+        self.writeback_all()
+
+    def writeback_all(self) -> None:
+        self._last_writeback = time.monotonic()
+        for handle in list(self._files):
+            handle.write_pending_to_file()
+        for path, data in list(self._pending_replacements.items()):
+            _write_replace(path, data, durable=False)
+        self._pending_replacements.clear()
+
+
+def _write_replace(path: Path, data: bytes, *, durable: bool) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        if durable:
+            os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    if durable:
+        fsync_directory(path.parent)
+
+
+class AppendFile:
+    """A file written at offsets, truncated, and synced; see `Disk`."""
+
+    def __init__(self, disk: Disk, path: Path) -> None:
+        self._disk = disk
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._pending = _PendingOps()
+        self._dirty = False
+
+    def read_all(self) -> bytes:
+        size = os.fstat(self._fd).st_size
+        return os.pread(self._fd, size, 0)
+
+    def write(self, offset: int, data: bytes) -> None:
+        self._dirty = True
+        if self._disk.simulate_power_cut:
+            self._pending.ops.append(("write", offset, data))
+        else:
+            os.pwrite(self._fd, data, offset)
+
+    def truncate(self, size: int) -> None:
+        self._dirty = True
+        if self._disk.simulate_power_cut:
+            self._pending.ops.append(("truncate", size, b""))
+        else:
+            os.ftruncate(self._fd, size)
+
+    def sync(self) -> bool:
+        """Make everything written so far durable. Returns whether it synced."""
+        if not self._dirty or not self._disk.fsync:
+            return False
+        if self._disk.fsync_delay_s:
+            time.sleep(random.uniform(0.0, self._disk.fsync_delay_s))
+        self.write_pending_to_file()
+        os.fdatasync(self._fd)
+        self._dirty = False
+        self._disk.fsync_count += 1
+        return True
+
+    def write_pending_to_file(self) -> None:
+        for kind, offset, data in self._pending.ops:
+            if kind == "write":
+                os.pwrite(self._fd, data, offset)
+            else:
+                os.ftruncate(self._fd, offset)
+        self._pending.ops.clear()
+
+    def close(self) -> None:
+        # A clean close behaves like a clean shutdown: the kernel would
+        # eventually write everything, so the emulated cache is written too.
+        self.write_pending_to_file()
+        self._disk.forget(self)
+        os.close(self._fd)
+
+
+def _encode_record(entry: Entry) -> bytes:
+    command, index, term = entry
+    body = struct.pack("<QQ", index, term) + command
+    return _RECORD_HEADER.pack(len(command), zlib.crc32(body), index, term) + command
+
+
+def parse_journal(data: bytes) -> tuple[list[Entry], list[int], int]:
+    """Decode journal bytes: (entries, offset of each record, end of the good part)."""
+    if not data:
+        return [], [], 0
+    if data[: len(_JOURNAL_MAGIC)] != _JOURNAL_MAGIC:
+        raise StorageError("journal file does not start with the raftsched journal magic")
+    entries: list[Entry] = []
+    offsets: list[int] = []
+    offset = len(_JOURNAL_MAGIC)
+    while offset + _RECORD_HEADER.size <= len(data):
+        command_len, crc, index, term = _RECORD_HEADER.unpack_from(data, offset)
+        end = offset + _RECORD_HEADER.size + command_len
+        if command_len > _RECORD_COMMAND_BYTES_MAX or end > len(data):
+            break
+        command = data[offset + _RECORD_HEADER.size : end]
+        if zlib.crc32(struct.pack("<QQ", index, term) + command) != crc:
+            break
+        # A record that does not continue the sequence is left over from
+        # before a truncation that did not reach the disk; it is not ours.
+        if entries and (index != entries[-1][1] + 1 or term < entries[-1][2]):
+            break
+        entries.append((command, index, term))
+        offsets.append(offset)
+        offset = end
+    return entries, offsets, offset
+
+
+class DurableJournal:
+    """pysyncobj's journal interface over `AppendFile`, plus `sync()`.
+
+    Only pysyncobj's tick thread touches a journal after construction.
+    """
+
+    def __init__(self, directory: Path, disk: Disk) -> None:
+        self._directory = directory
+        self._disk = disk
+        self._path = directory / JOURNAL_NAME
+        self._meta_path = directory / META_NAME
+        self._file = disk.open_append_file(self._path)
+        entries, offsets, end = parse_journal(self._file.read_all())
+        self._entries = entries
+        self._offsets = offsets
+        # Records still on disk past the logical end, after a truncation
+        # that has not been written yet; see deleteEntriesFrom.
+        self._stale: list[tuple[Entry, int]] = []
+        if end == 0:
+            self._file.write(0, _JOURNAL_MAGIC)
+            end = len(_JOURNAL_MAGIC)
+        elif end < len(self._file.read_all()):
+            logger.warning("journal %s: cutting a torn tail at byte %d", self._path, end)
+            self._file.truncate(end)
+        self._end = end
+        self._meta = _read_meta(self._meta_path)
+        self._meta_dirty = False
+        self._align_with_snapshot(directory / SNAPSHOT_NAME)
+        self._file.sync()
+
+    # -- what the adapter adds -------------------------------------------
+
+    def sync(self) -> None:
+        """Make every entry written so far durable (no-op when clean or "none")."""
+        self._file.sync()
+
+    @property
+    def fsync_count(self) -> int:
+        return self._disk.fsync_count
+
+    def _align_with_snapshot(self, snapshot_path: Path) -> None:
+        """Drop journal entries that a durable snapshot already covers.
+
+        pysyncobj writes the snapshot, then (on a later tick) cuts the
+        journal. After a crash between the two, it would find that the
+        journal does not start with the snapshot's last two entries and
+        clear the whole journal, entries after the snapshot included, which
+        may have been acknowledged. Cutting the head here first makes the
+        two agree, so nothing after the snapshot is lost.
+        """
+        try:
+            header = read_snapshot_header(snapshot_path)
+        except FileNotFoundError:
+            return
+        except StorageError:
+            logger.exception("snapshot %s is unreadable; journal left as it is", snapshot_path)
+            return
+        previous = header.previous_entry
+        for position, entry in enumerate(self._entries):
+            if entry[1] == previous[1]:
+                if entry == previous and position > 0:
+                    logger.warning(
+                        "journal starts before snapshot index %d; cutting %d entries",
+                        previous[1],
+                        position,
+                    )
+                    self.deleteEntriesTo(position)
+                return
+
+    # -- pysyncobj's journal interface -------------------------------------
+
+    def add(self, command: bytes | str, idx: int, term: int) -> None:
+        data = command if isinstance(command, bytes) else command.encode("utf-8")
+        entry: Entry = (bytes(data), int(idx), int(term))
+        if self._stale:
+            stale_entry, stale_offset = self._stale[0]
+            if stale_entry == entry:
+                # The same record is already on disk at this position.
+                self._stale.pop(0)
+                self._entries.append(entry)
+                self._offsets.append(stale_offset)
+                self._end = stale_offset + _RECORD_HEADER.size + len(entry[0])
+                return
+            # A different entry at this index means the stale tail
+            # conflicts with the leader's log, so it was never committed.
+            # It is cut, durably, before anything replaces it on disk.
+            self._stale = []
+            self._truncate_durably(self._end)
+        record = _encode_record(entry)
+        self._file.write(self._end, record)
+        self._entries.append(entry)
+        self._offsets.append(self._end)
+        self._end += len(record)
+
+    def clear(self) -> None:
+        self.deleteEntriesFrom(0)
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802 - pysyncobj's name
+        """Drop entries from position `entryFrom` on, lazily.
+
+        pysyncobj truncates whenever an append overlaps entries the follower
+        already has, then appends the same entries again. Cutting the file
+        at once would leave acknowledged entries only in memory until the
+        next sync. Instead the records stay on disk as a stale tail: an
+        identical re-append adopts them again, and only a different entry
+        (a real conflict) cuts the file. Until then a restart finds the
+        tail, a log this node really had, which Raft repairs as usual.
+        """
+        if entryFrom >= len(self._entries):
+            return
+        self._end = self._offsets[entryFrom]
+        self._stale = [
+            *zip(self._entries[entryFrom:], self._offsets[entryFrom:], strict=True),
+            *self._stale,
+        ]
+        del self._entries[entryFrom:]
+        del self._offsets[entryFrom:]
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802 - pysyncobj's name
+        """Drop the first `entryTo` entries (after a snapshot), by rewriting the file.
+
+        pysyncobj calls this only after the snapshot has been renamed into
+        place, so the directory is synced first: the snapshot must be
+        durable before the entries it replaces disappear.
+        """
+        kept = self._entries[entryTo:]
+        if self._disk.fsync:
+            fsync_directory(self._directory)
+        contents = bytearray(_JOURNAL_MAGIC)
+        offsets: list[int] = []
+        for entry in kept:
+            offsets.append(len(contents))
+            contents += _encode_record(entry)
+        end = len(contents)
+        # The stale tail is kept on disk: it may hold acknowledged entries.
+        stale: list[tuple[Entry, int]] = []
+        for entry, _ in self._stale:
+            stale.append((entry, len(contents)))
+            contents += _encode_record(entry)
+        if self._disk.fsync:
+            # A rewrite in place could lose acknowledged entries if power
+            # failed half way; a synced new file renamed over the old cannot.
+            self._file.sync()
+            self._file.close()
+            self._disk.replace_file(self._path, bytes(contents))
+            self._file = self._disk.open_append_file(self._path)
+        else:
+            self._file.truncate(0)
+            self._file.write(0, bytes(contents))
+        self._entries = list(kept)
+        self._offsets = offsets
+        self._stale = stale
+        self._end = end
+
+    @overload
+    def __getitem__(self, item: int) -> Entry: ...
+    @overload
+    def __getitem__(self, item: slice) -> list[Entry]: ...
+    def __getitem__(self, item: int | slice) -> Entry | list[Entry]:
+        return self._entries[item]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _destroy(self) -> None:
+        self._save_meta()
+        self._file.sync()
+        self._file.close()
+        self._disk.writeback_all()
+
+    def flush(self) -> None:
+        self._file.sync()
+
+    def setRaftCommitIndex(self, raftCommitIndex: int) -> None:  # noqa: N802, N803
+        # The commit index is volatile in Raft; it is saved once a second
+        # only so that a restarted node can apply what it knows is committed.
+        if self._meta.get("commit_index") != raftCommitIndex:
+            self._meta["commit_index"] = int(raftCommitIndex)
+            self._meta_dirty = True
+
+    def getRaftCommitIndex(self) -> int:  # noqa: N802
+        return int(self._meta.get("commit_index", 1))
+
+    def setCurrentTerm(self, term: int, votedForNodeId: str | None) -> None:  # noqa: N802, N803
+        # Raft: term and vote must be durable before any message that
+        # reflects them (a vote request or a granted vote) is sent.
+        self._meta["term"] = int(term)
+        self._meta["voted_for"] = votedForNodeId
+        self._save_meta()
+
+    def getCurrentTerm(self) -> int:  # noqa: N802
+        return int(self._meta.get("term", 0))
+
+    def getVotedForNodeId(self) -> str | None:  # noqa: N802
+        voted_for = self._meta.get("voted_for")
+        return voted_for if isinstance(voted_for, str) else None
+
+    def onOneSecondTimer(self) -> None:  # noqa: N802
+        if self._meta_dirty:
+            self._save_meta()
+        self._disk.maybe_writeback()
+
+    def _save_meta(self) -> None:
+        self._disk.replace_file(self._meta_path, msgpack.packb(self._meta))
+        self._meta_dirty = False
+
+    def _truncate_durably(self, size: int) -> None:
+        # Truncations are rare (a conflicting follower tail, an installed
+        # snapshot). Syncing them at once keeps a stale record from
+        # resurfacing behind new ones after a power cut.
+        self._file.truncate(size)
+        self._file.sync()
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    meta = msgpack.unpackb(raw)
+    if not isinstance(meta, dict):
+        raise StorageError(f"{path} does not hold a msgpack map")
+    return meta
+
+
+def read_journal_entries(directory: Path) -> list[Entry]:
+    """What a restarted node would recover from its journal (for tests and tools)."""
+    try:
+        data = (directory / JOURNAL_NAME).read_bytes()
+    except FileNotFoundError:
+        return []
+    return parse_journal(data)[0]
+
+
+# -- snapshot file -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotHeader:
+    last_entry: Entry
+    previous_entry: Entry
+    cluster: tuple[str, ...]
+
+
+def _entry_from_wire(value: object) -> Entry:
+    if not isinstance(value, Sequence) or len(value) != 3:
+        raise StorageError(f"snapshot entry is not (command, index, term): {value!r}")
+    command, index, term = value
+    if not isinstance(command, bytes) or not isinstance(index, int) or not isinstance(term, int):
+        raise StorageError(f"snapshot entry has wrong types: {value!r}")
+    return (command, index, term)
+
+
+def encode_snapshot(header: SnapshotHeader, body: bytes) -> bytes:
+    header_bytes: bytes = msgpack.packb(
+        {
+            "version": 1,
+            "last_entry": list(header.last_entry),
+            "previous_entry": list(header.previous_entry),
+            "cluster": list(header.cluster),
+        }
+    )
+    prefix = _SNAPSHOT_PREFIX.pack(
+        len(header_bytes), zlib.crc32(header_bytes), len(body), zlib.crc32(body)
+    )
+    return _SNAPSHOT_MAGIC + prefix + header_bytes + body
+
+
+def _decode_snapshot_header(data: bytes) -> tuple[SnapshotHeader, int, int, int]:
+    if data[: len(_SNAPSHOT_MAGIC)] != _SNAPSHOT_MAGIC:
+        raise StorageError("snapshot does not start with the raftsched snapshot magic")
+    start = len(_SNAPSHOT_MAGIC)
+    if len(data) < start + _SNAPSHOT_PREFIX.size:
+        raise StorageError("snapshot is shorter than its prefix")
+    header_len, header_crc, body_len, body_crc = _SNAPSHOT_PREFIX.unpack_from(data, start)
+    header_start = start + _SNAPSHOT_PREFIX.size
+    header_bytes = data[header_start : header_start + header_len]
+    if len(header_bytes) != header_len or zlib.crc32(header_bytes) != header_crc:
+        raise StorageError("snapshot header is torn or corrupt")
+    raw = msgpack.unpackb(header_bytes)
+    if not isinstance(raw, dict) or raw.get("version") != 1:
+        raise StorageError(f"unknown snapshot header {raw!r}")
+    cluster = raw.get("cluster", [])
+    header = SnapshotHeader(
+        last_entry=_entry_from_wire(raw.get("last_entry")),
+        previous_entry=_entry_from_wire(raw.get("previous_entry")),
+        cluster=tuple(str(address) for address in cluster),
+    )
+    return header, header_start + header_len, body_len, body_crc
+
+
+def decode_snapshot(data: bytes) -> tuple[SnapshotHeader, bytes]:
+    header, body_start, body_len, body_crc = _decode_snapshot_header(data)
+    body = data[body_start : body_start + body_len]
+    if len(body) != body_len or zlib.crc32(body) != body_crc:
+        raise StorageError("snapshot body is torn or corrupt")
+    return header, body
+
+
+def read_snapshot_header(path: Path) -> SnapshotHeader:
+    with open(path, "rb") as handle:
+        start = handle.read(len(_SNAPSHOT_MAGIC) + _SNAPSHOT_PREFIX.size)
+        if len(start) < len(_SNAPSHOT_MAGIC) + _SNAPSHOT_PREFIX.size:
+            raise StorageError("snapshot is shorter than its prefix")
+        header_len = _SNAPSHOT_PREFIX.unpack_from(start, len(_SNAPSHOT_MAGIC))[0]
+        data = start + handle.read(header_len)
+    return _decode_snapshot_header(data)[0]
+
+
+def write_snapshot_file(path: Path, data: bytes, *, durable: bool) -> None:
+    """Write a snapshot to `path` (a temporary name that pysyncobj renames)."""
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        if durable:
+            os.fsync(handle.fileno())

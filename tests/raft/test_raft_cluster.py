@@ -1,0 +1,185 @@
+"""Three toy nodes in real processes on loopback: election, failover, catch-up, security."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import struct
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from raft_support import Cluster
+
+from raftsched import raft_journal
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+
+def test_election_and_replication(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster()
+    cluster.start()
+    leader = cluster.wait_leader()
+    results = [leader.propose(b"entry-%d" % i) for i in range(20)]
+    assert all(reply["ok"] for reply in results), results
+    assert [reply["result"] for reply in results] == list(range(1, 21))
+
+    entries = cluster.wait_converged(lambda entries: len(entries) == 20)
+    assert entries == [b"entry-%d" % i for i in range(20)]
+    status = leader.status()
+    assert status["role"] == "leader" and status["leader_id"] == leader.node_id
+    assert all(peer["reachable"] for peer in status["peers"])
+    assert all(peer["match_index"] >= status["commit_index"] for peer in status["peers"])
+
+    follower = next(node for node in cluster.nodes.values() if node is not leader)
+    assert follower.propose(b"from-follower") == {
+        "ok": False,
+        "result": None,
+        "error": "not_leader",
+    }
+
+
+def test_leader_kill_elects_a_new_leader_without_losing_acknowledged_entries(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster()
+    cluster.start()
+    old_leader = cluster.wait_leader()
+    acknowledged = [b"before-%d" % i for i in range(10)]
+    for data in acknowledged:
+        assert old_leader.propose(data)["ok"]
+
+    old_leader.kill()
+    killed_at = time.monotonic()
+    new_leader = cluster.wait_leader(exclude=old_leader.node_id)
+    failover_s = time.monotonic() - killed_at
+    assert new_leader is not old_leader
+    assert failover_s < 5, failover_s
+
+    for i in range(5):
+        data = b"after-%d" % i
+        assert cluster.propose_on_leader(data)["ok"]
+        acknowledged.append(data)
+    assert cluster.wait_converged(lambda entries: entries == acknowledged)
+
+    # The old leader restarts from its own disk and rejoins as a follower.
+    old_leader.start()
+    cluster.wait_converged(lambda entries: entries == acknowledged)
+
+
+def test_restart_of_the_whole_cluster_restores_snapshot_and_journal(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(compaction=15)
+    cluster.start()
+    cluster.wait_leader()
+    acknowledged = [b"e-%d" % i for i in range(40)]
+    for data in acknowledged:
+        assert cluster.propose_on_leader(data)["ok"]
+    before = cluster.wait_converged(lambda entries: entries == acknowledged)
+    for node in cluster.nodes.values():
+        assert (node.data_dir / raft_journal.SNAPSHOT_NAME).exists(), node.node_id
+        node.stop()
+
+    cluster.start()
+    # Each node applies its own committed prefix before any new leader speaks.
+    cluster.wait_leader()
+    assert cluster.propose_on_leader(b"after-restart")["ok"]
+    assert cluster.wait_converged(lambda entries: len(entries) == 41) == [
+        *before,
+        b"after-restart",
+    ]
+
+
+def test_follower_catches_up_by_log_then_by_snapshot(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    cluster = make_cluster(compaction=20)
+    cluster.start()
+    leader = cluster.wait_leader()
+    follower = next(node for node in cluster.nodes.values() if node is not leader)
+    expected: list[bytes] = []
+
+    def commit(count: int, prefix: str) -> None:
+        for i in range(count):
+            data = f"{prefix}-{i}".encode()
+            assert leader.propose(data)["ok"]
+            expected.append(data)
+
+    # Down for a few entries: the leader still has them in its log.
+    follower.kill()
+    commit(5, "log")
+    follower.start()
+    cluster.wait_converged(lambda entries: entries == expected)
+
+    # Down for many entries: the leader compacts past them, so only a
+    # snapshot can bring the follower back.
+    follower.kill()
+    missed_from = len(expected) + 1
+    commit(60, "snap")
+    leader_log = raft_journal.read_journal_entries(leader.data_dir)
+    assert leader_log[0][1] > missed_from, "the leader should have compacted"
+    follower.start()
+    cluster.wait_converged(lambda entries: entries == expected)
+    commit(3, "after")
+    cluster.wait_converged(lambda entries: entries == expected)
+    assert "failed to load full dump" not in follower.log_path.read_text()
+
+
+def test_exception_in_apply_does_not_wedge_any_node(make_cluster: Callable[..., Cluster]) -> None:
+    cluster = make_cluster()
+    cluster.start()
+    leader = cluster.wait_leader()
+    assert leader.propose(b"one")["ok"]
+    reply = leader.propose(b"raise-please")
+    assert reply == {"ok": False, "result": None, "error": "apply_failed"}
+    assert leader.propose(b"two") == {"ok": True, "result": 2, "error": None}
+    assert cluster.wait_converged(lambda entries: entries == [b"one", b"two"])
+    for node in cluster.nodes.values():
+        assert "state machine raised applying entry" in node.log_path.read_text()
+
+
+def test_wrong_secret_and_junk_get_nothing_done(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    cluster = make_cluster()
+    rogue = cluster.nodes["c"]
+    rogue.secret = "a-different-secret-0123456789abcd"
+    cluster.start()
+    leader = cluster.wait_leader(exclude="c")
+    assert leader.node_id != "c"
+    for i in range(5):
+        assert leader.propose(b"e-%d" % i)["ok"]
+
+    # A pickle that would create a file if anything unpickled it.
+    marker = tmp_path / "pwned"
+    payload = zlib.compress(pickle.dumps(_CreateFile(str(marker))))
+    attacks = [
+        struct.pack("i", len(payload)) + payload,
+        b"\x00\x01garbage" * 100,
+        struct.pack("i", 2**31 - 1) + b"x" * 10,
+    ]
+    host, port = leader.raft_address.rsplit(":", 1)
+    for attack in attacks:
+        with socket.create_connection((host, int(port)), timeout=2) as conn:
+            conn.sendall(attack)
+            time.sleep(0.2)
+
+    assert leader.propose(b"still-working")["ok"]
+    assert not marker.exists()
+    rogue_status = rogue.status()
+    assert rogue_status["leader_id"] is None and rogue_status["term"] == 0
+    assert not any(peer["reachable"] for peer in rogue_status["peers"])
+    assert rogue.state()["entries"] == []
+    leader_view = {peer["id"]: peer["reachable"] for peer in leader.status()["peers"]}
+    assert leader_view["c"] is False
+
+
+class _CreateFile:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (self.path, "w"))
