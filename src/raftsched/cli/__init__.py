@@ -1,0 +1,41 @@
+"""The `raftsched` command line: node, dev, submit, jobs, dlq, cluster, worker.
+
+Exit codes: 0 success, 1 an error from the cluster or the network
+(`error: <code>: <message>` on stderr), 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from raftsched.cli import _dev, _jobs, _node, _worker
+from raftsched.cli._common import EXIT_ERROR, client_options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="raftsched",
+        description="A distributed job scheduler on Raft.",
+        parents=[client_options(defaults=True)],
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = client_options(defaults=False)
+    _node.register(commands)
+    _dev.register(commands)
+    _jobs.register(commands, common)
+    _worker.register(commands, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except BrokenPipeError:
+        # `raftsched jobs list | head`: the reader left; say nothing more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
+    return code

@@ -1,0 +1,3 @@
+from raftsched.cli import main
+
+raise SystemExit(main())

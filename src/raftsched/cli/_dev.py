@@ -1,0 +1,31 @@
+"""`raftsched dev`: argument parsing for the local cluster launcher."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(commands: argparse._SubParsersAction[Any]) -> None:
+    dev = commands.add_parser("dev", help="run a local cluster and a demo worker")
+    dev.add_argument("--nodes", type=int, default=3, choices=range(1, 8), metavar="N")
+    dev.add_argument("--data-dir", type=Path, default=Path("data/dev"))
+    dev.add_argument("--http-port", type=int, default=8701, help="first node's; then +1 each")
+    dev.add_argument("--raft-port", type=int, default=9701, help="first node's; then +1 each")
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--no-worker", dest="worker", action="store_false")
+    dev.set_defaults(run=run_dev_command)
+
+
+def run_dev_command(args: argparse.Namespace) -> int:
+    from raftsched.devcluster import run_dev
+
+    return run_dev(
+        nodes=args.nodes,
+        data_dir=args.data_dir,
+        http_port=args.http_port,
+        raft_port=args.raft_port,
+        worker=args.worker,
+        host=args.host,
+    )

@@ -1,0 +1,48 @@
+"""`raftsched worker`: run a worker agent with a handler from a module."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from raftsched.cli._common import EXIT_USAGE, urls_from
+from raftsched.logs import configure_logging
+from raftsched.worker import WorkerConfig, default_worker_id, load_handler, run_worker
+
+
+def register(commands: argparse._SubParsersAction[Any], common: argparse.ArgumentParser) -> None:
+    worker = commands.add_parser("worker", parents=[common], help="run jobs from queues")
+    worker.add_argument("--queue", action="append", required=True, help="repeatable")
+    worker.add_argument("--handler", required=True, metavar="MODULE:FUNCTION")
+    worker.add_argument("--concurrency", type=int, default=4)
+    worker.add_argument("--worker-id", default=None, help="default: HOSTNAME-PID")
+    worker.add_argument("--lease-s", type=float, default=30.0)
+    worker.add_argument("--poll-wait-s", type=float, default=20.0, help="long-poll length")
+    worker.add_argument("--shutdown-grace-s", type=float, default=30.0)
+    worker.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"])
+    worker.add_argument("--log-format", default="auto", choices=["auto", "json", "text"])
+    worker.set_defaults(run=run_worker_command)
+
+
+def run_worker_command(args: argparse.Namespace) -> int:
+    try:
+        handler = load_handler(args.handler)
+        config = WorkerConfig(
+            urls=urls_from(args),
+            queues=tuple(args.queue),
+            concurrency=args.concurrency,
+            worker_id=args.worker_id or default_worker_id(),
+            lease_s=args.lease_s,
+            poll_wait_s=args.poll_wait_s,
+            shutdown_grace_s=args.shutdown_grace_s,
+            token=args.token,
+            timeout_s=args.timeout_s,
+        )
+        config.validate()
+    except (ValueError, ImportError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    configure_logging(args.log_format, level=logging.getLevelName(args.log_level))
+    return run_worker(config, handler)

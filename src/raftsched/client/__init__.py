@@ -1,0 +1,70 @@
+"""Typed clients for the raftsched HTTP API.
+
+`Client` blocks (http.client, keep-alive, thread-safe); `AsyncClient` uses
+aiohttp. Both follow redirects to the leader keeping method and body, fail
+over between nodes, wait out 503s, and repeat a request whose outcome is
+unknown only when it is safe (idempotency key, fencing token, or a read); the
+full rule is in `raftsched.client._calls`. Answers are the API's JSON objects
+(dicts), unwrapped: `submit` returns the Job, `claim` the list of Leases.
+"""
+
+from raftsched.client._aio import AsyncClient
+from raftsched.client._calls import (
+    Call,
+    Consistency,
+    FailureKind,
+    JsonObject,
+    Response,
+    job_request,
+)
+from raftsched.client._errors import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    IdempotencyConflict,
+    InvalidRequest,
+    InvalidState,
+    LeaseLost,
+    NoLeader,
+    NotFound,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    RaftschedError,
+    RateLimited,
+    TransportError,
+    Unauthenticated,
+    Unavailable,
+    error_from_body,
+    item_error,
+)
+from raftsched.client._sync import DEFAULT_URLS, Client
+
+__all__ = [
+    "DEFAULT_URLS",
+    "ApiError",
+    "AsyncClient",
+    "Call",
+    "Client",
+    "Conflict",
+    "Consistency",
+    "FailureKind",
+    "Forbidden",
+    "IdempotencyConflict",
+    "InvalidRequest",
+    "InvalidState",
+    "JsonObject",
+    "LeaseLost",
+    "NoLeader",
+    "NotFound",
+    "OutcomeUnknown",
+    "PayloadTooLarge",
+    "RaftschedError",
+    "RateLimited",
+    "Response",
+    "TransportError",
+    "Unauthenticated",
+    "Unavailable",
+    "error_from_body",
+    "item_error",
+    "job_request",
+]

@@ -1,0 +1,300 @@
+"""The asyncio client (aiohttp). Same calls, same routing as `Client`.
+
+Create it inside a running loop (or first use it there) and close it with
+`await client.close()` or `async with AsyncClient(...) as client`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import aiohttp
+from yarl import URL
+
+from raftsched.client import _calls as calls
+from raftsched.client._calls import (
+    Call,
+    Consistency,
+    FailureKind,
+    JsonObject,
+    Response,
+    RunAt,
+    encode_body,
+    request_headers,
+)
+from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
+from raftsched.client._sync import DEFAULT_URLS
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """Async twin of `raftsched.client.Client`; see its documentation."""
+
+    def __init__(
+        self,
+        urls: Sequence[str] | str = DEFAULT_URLS,
+        *,
+        timeout_s: float = 10.0,
+        connect_timeout_s: float = 2.0,
+        retry_budget_s: float = 15.0,
+        token: str | None = None,
+    ) -> None:
+        self._nodes = Nodes(urls)
+        self._timeout_s = timeout_s
+        self._connect_timeout_s = min(connect_timeout_s, timeout_s)
+        self._retry_budget_s = retry_budget_s
+        self._token = token
+        self._session: aiohttp.ClientSession | None = None
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._nodes.urls)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # --- execution -------------------------------------------------------
+
+    async def call(self, call: Call[T]) -> T:
+        return call.unwrap(await self._execute(call))
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, object] | None = None,
+        body: Any = None,
+        retry_unknown: bool | None = None,
+    ) -> Response:
+        return await self._execute(
+            calls.raw(method, path, query=query, body=body, retry_unknown=retry_unknown)
+        )
+
+    async def _execute(self, call: Call[Any]) -> Response:
+        attempts = Attempts(self._nodes, call, budget_s=self._retry_budget_s)
+        headers = request_headers(call, uuid.uuid4().hex, self._token)
+        body = encode_body(call)
+        timeout_s = self._timeout_s + call.extra_timeout_s
+        while True:
+            try:
+                response = await self._send(call.method, attempts.url, body, headers, timeout_s)
+            except TransportFailure as failure:
+                step: Response | float = attempts.on_failure(failure)
+            else:
+                step = attempts.on_response(response)
+            if isinstance(step, Response):
+                return step
+            if step > 0:
+                await asyncio.sleep(step)
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> Response:
+        session = self._session_now()
+        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=self._connect_timeout_s)
+        try:
+            async with session.request(
+                method,
+                URL(url, encoded=True),
+                data=body,
+                headers=dict(headers),
+                timeout=timeout,
+                allow_redirects=False,  # redirects are followed by Attempts, body kept
+            ) as answer:
+                data = await answer.read()
+                answer_headers = {name.lower(): value for name, value in answer.headers.items()}
+                return Response(answer.status, answer_headers, data, url)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
+            raise TransportFailure(error, sent=False) from error
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise TransportFailure(error, sent=True) from error
+
+    def _session_now(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def _send_once(self, url: str, path: str) -> Response | None:
+        call = calls.raw("GET", path)
+        headers = request_headers(call, uuid.uuid4().hex, self._token)
+        try:
+            return await self._send("GET", base_of(url) + path, None, headers, self._timeout_s)
+        except TransportFailure:
+            return None
+
+    # --- jobs --------------------------------------------------------------
+
+    async def submit(
+        self,
+        queue: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        run_at: RunAt | None = None,
+        delay_s: float | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        backoff: Mapping[str, float] | None = None,
+        lease_s: float | None = None,
+        deadline_s: float | None = None,
+        tenant: str | None = None,
+        ordering_key: str | None = None,
+        correlation_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> JsonObject:
+        request = calls.job_request(
+            queue, payload, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s,
+            priority=priority, max_attempts=max_attempts, backoff=backoff, lease_s=lease_s,
+            deadline_s=deadline_s, tenant=tenant, ordering_key=ordering_key,
+            correlation_id=correlation_id, labels=labels,
+        )  # fmt: skip
+        return await self.call(calls.submit(request))
+
+    async def submit_batch(self, jobs: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
+        return await self.call(calls.submit_batch(jobs))
+
+    async def get_job(self, job_id: str, *, consistency: Consistency | None = None) -> JsonObject:
+        return await self.call(calls.get_job(job_id, consistency))
+
+    async def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        status: str | None = None,
+        tenant: str | None = None,
+        schedule_id: str | None = None,
+        workflow_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        consistency: Consistency | None = None,
+    ) -> JsonObject:
+        return await self.call(
+            calls.list_jobs(
+                queue=queue, status=status, tenant=tenant, schedule_id=schedule_id,
+                workflow_id=workflow_id, limit=limit, cursor=cursor, consistency=consistency,
+            )
+        )  # fmt: skip
+
+    async def iter_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        status: str | None = None,
+        tenant: str | None = None,
+        schedule_id: str | None = None,
+        workflow_id: str | None = None,
+        page_size: int | None = None,
+        consistency: Consistency | None = None,
+    ) -> AsyncIterator[JsonObject]:
+        cursor: str | None = None
+        while True:
+            page = await self.list_jobs(
+                queue=queue, status=status, tenant=tenant, schedule_id=schedule_id,
+                workflow_id=workflow_id, limit=page_size, cursor=cursor, consistency=consistency,
+            )  # fmt: skip
+            for job in page.get("jobs", []):
+                yield job
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    async def cancel_job(self, job_id: str, reason: str | None = None) -> JsonObject:
+        return await self.call(calls.cancel_job(job_id, reason))
+
+    async def replay_job(self, job_id: str, reason: str) -> JsonObject:
+        return await self.call(calls.replay_job(job_id, reason))
+
+    async def job_history(
+        self, job_id: str, *, consistency: Consistency | None = None
+    ) -> list[JsonObject]:
+        return await self.call(calls.job_history(job_id, consistency))
+
+    # --- leases --------------------------------------------------------------
+
+    async def claim(
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        *,
+        max_jobs: int = 1,
+        wait_s: float = 20.0,
+        lease_s: float = 30.0,
+    ) -> list[JsonObject]:
+        return await self.call(calls.claim(worker_id, queues, max_jobs, wait_s, lease_s))
+
+    async def start(self, job_id: str, fencing_token: int) -> JsonObject:
+        return await self.call(calls.lease_op(job_id, "start", calls.start_body(fencing_token)))
+
+    async def heartbeat(
+        self,
+        job_id: str,
+        fencing_token: int,
+        *,
+        extend_s: float | None = None,
+        progress: Mapping[str, Any] | None = None,
+    ) -> JsonObject:
+        body = calls.heartbeat_body(fencing_token, extend_s, progress)
+        return await self.call(calls.lease_op(job_id, "heartbeat", body))
+
+    async def complete(self, job_id: str, fencing_token: int, result: Any = None) -> JsonObject:
+        body = calls.complete_body(fencing_token, result)
+        return await self.call(calls.lease_op(job_id, "complete", body))
+
+    async def fail(
+        self,
+        job_id: str,
+        fencing_token: int,
+        *,
+        kind: FailureKind = "transient",
+        message: str = "",
+        retry_after_s: float | None = None,
+    ) -> JsonObject:
+        body = calls.fail_body(fencing_token, kind, message, retry_after_s)
+        return await self.call(calls.lease_op(job_id, "fail", body))
+
+    async def lease_batch(self, ops: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
+        return await self.call(calls.lease_batch(ops))
+
+    # --- effects ---------------------------------------------------------------
+
+    async def record_effect(
+        self, key: str, job_id: str, fencing_token: int, result: Any
+    ) -> JsonObject:
+        return await self.call(calls.record_effect(key, job_id, fencing_token, result))
+
+    async def get_effect(self, key: str, *, consistency: Consistency | None = None) -> JsonObject:
+        return await self.call(calls.get_effect(key, consistency))
+
+    # --- cluster -----------------------------------------------------------------
+
+    async def cluster(self, *, consistency: Consistency | None = None) -> JsonObject:
+        return await self.call(calls.cluster(consistency))
+
+    async def metrics(self) -> str:
+        return await self.call(calls.metrics())
+
+    async def healthz(self, url: str | None = None) -> bool:
+        response = await self._send_once(url or self._nodes.preferred(), "/healthz")
+        return response is not None and response.status == 200
+
+    async def readyz(self, url: str | None = None) -> bool:
+        response = await self._send_once(url or self._nodes.preferred(), "/readyz")
+        return response is not None and response.status == 200

@@ -1,0 +1,298 @@
+"""The blocking client. One instance may be shared by many threads."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from raftsched.client import _calls as calls
+from raftsched.client._calls import (
+    Call,
+    Consistency,
+    FailureKind,
+    JsonObject,
+    Response,
+    RunAt,
+    encode_body,
+    request_headers,
+)
+from raftsched.client._http import HttpTransport
+from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
+
+T = TypeVar("T")
+
+DEFAULT_URLS = ("http://127.0.0.1:8701", "http://127.0.0.1:8702", "http://127.0.0.1:8703")
+
+
+class Client:
+    """Typed blocking client for the raftsched HTTP API.
+
+    `urls`: node base URLs (a list, or one comma-separated string). Calls
+    follow redirects to the leader, move to another node when one is down,
+    wait out 503s, and repeat after an unknown outcome only when that is safe
+    (see `raftsched.client._calls`). Each call gives up after `retry_budget_s`.
+    Answers are the API's JSON objects, unwrapped (`submit` returns the Job).
+    """
+
+    def __init__(
+        self,
+        urls: Sequence[str] | str = DEFAULT_URLS,
+        *,
+        timeout_s: float = 10.0,
+        connect_timeout_s: float = 2.0,
+        retry_budget_s: float = 15.0,
+        token: str | None = None,
+    ) -> None:
+        self._nodes = Nodes(urls)
+        self._timeout_s = timeout_s
+        self._retry_budget_s = retry_budget_s
+        self._token = token
+        self._transport = HttpTransport(min(connect_timeout_s, timeout_s))
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._nodes.urls)
+
+    def close(self) -> None:
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- execution -------------------------------------------------------
+
+    def call(self, call: Call[T]) -> T:
+        """Execute a prepared call with redirects, failover and retries."""
+        return call.unwrap(self._execute(call))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, object] | None = None,
+        body: Any = None,
+        retry_unknown: bool | None = None,
+    ) -> Response:
+        """Any endpoint; returns the raw 2xx Response (errors still raise)."""
+        return self._execute(
+            calls.raw(method, path, query=query, body=body, retry_unknown=retry_unknown)
+        )
+
+    def _execute(self, call: Call[Any]) -> Response:
+        attempts = Attempts(self._nodes, call, budget_s=self._retry_budget_s)
+        headers = request_headers(call, uuid.uuid4().hex, self._token)
+        body = encode_body(call)
+        timeout_s = self._timeout_s + call.extra_timeout_s
+        while True:
+            try:
+                response = self._transport.send(call.method, attempts.url, body, headers, timeout_s)
+            except TransportFailure as failure:
+                step: Response | float = attempts.on_failure(failure)
+            else:
+                step = attempts.on_response(response)
+            if isinstance(step, Response):
+                return step
+            if step > 0:
+                time.sleep(step)
+
+    def _send_once(self, url: str, path: str) -> Response | None:
+        """One GET to one node, no failover; None if it did not answer."""
+        call = calls.raw("GET", path)
+        headers = request_headers(call, uuid.uuid4().hex, self._token)
+        try:
+            return self._transport.send("GET", base_of(url) + path, None, headers, self._timeout_s)
+        except TransportFailure:
+            return None
+
+    # --- jobs --------------------------------------------------------------
+
+    def submit(
+        self,
+        queue: str,
+        payload: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        run_at: RunAt | None = None,
+        delay_s: float | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        backoff: Mapping[str, float] | None = None,
+        lease_s: float | None = None,
+        deadline_s: float | None = None,
+        tenant: str | None = None,
+        ordering_key: str | None = None,
+        correlation_id: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> JsonObject:
+        """Submit one job; returns the Job (the original one on an idempotent repeat)."""
+        request = calls.job_request(
+            queue, payload, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s,
+            priority=priority, max_attempts=max_attempts, backoff=backoff, lease_s=lease_s,
+            deadline_s=deadline_s, tenant=tenant, ordering_key=ordering_key,
+            correlation_id=correlation_id, labels=labels,
+        )  # fmt: skip
+        return self.call(calls.submit(request))
+
+    def submit_batch(self, jobs: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
+        """Submit job requests (see `job_request`) together; per-item
+        `{"job": Job}` or `{"error": {...}}` in order (`item_error` reads the latter)."""
+        return self.call(calls.submit_batch(jobs))
+
+    def get_job(self, job_id: str, *, consistency: Consistency | None = None) -> JsonObject:
+        return self.call(calls.get_job(job_id, consistency))
+
+    def list_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        status: str | None = None,
+        tenant: str | None = None,
+        schedule_id: str | None = None,
+        workflow_id: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        consistency: Consistency | None = None,
+    ) -> JsonObject:
+        """One page: `{"jobs": [Job], "next_cursor": str | None}`, newest first."""
+        return self.call(
+            calls.list_jobs(
+                queue=queue, status=status, tenant=tenant, schedule_id=schedule_id,
+                workflow_id=workflow_id, limit=limit, cursor=cursor, consistency=consistency,
+            )
+        )  # fmt: skip
+
+    def iter_jobs(
+        self,
+        *,
+        queue: str | None = None,
+        status: str | None = None,
+        tenant: str | None = None,
+        schedule_id: str | None = None,
+        workflow_id: str | None = None,
+        page_size: int | None = None,
+        consistency: Consistency | None = None,
+    ) -> Iterator[JsonObject]:
+        """Every matching job, following `next_cursor` page by page."""
+        cursor: str | None = None
+        while True:
+            page = self.list_jobs(
+                queue=queue, status=status, tenant=tenant, schedule_id=schedule_id,
+                workflow_id=workflow_id, limit=page_size, cursor=cursor, consistency=consistency,
+            )  # fmt: skip
+            yield from page.get("jobs", [])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    def cancel_job(self, job_id: str, reason: str | None = None) -> JsonObject:
+        return self.call(calls.cancel_job(job_id, reason))
+
+    def replay_job(self, job_id: str, reason: str) -> JsonObject:
+        """Dead letter -> pending (operator). Not repeated after an unknown outcome."""
+        return self.call(calls.replay_job(job_id, reason))
+
+    def job_history(
+        self, job_id: str, *, consistency: Consistency | None = None
+    ) -> list[JsonObject]:
+        return self.call(calls.job_history(job_id, consistency))
+
+    def wait_job(
+        self,
+        job_id: str,
+        *,
+        statuses: Sequence[str] = ("succeeded", "dead_letter", "cancelled"),
+        timeout_s: float = 30.0,
+        poll_s: float = 0.2,
+    ) -> JsonObject:
+        """Poll until the job reaches one of `statuses`; TimeoutError otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.get_job(job_id)
+            if job.get("status") in statuses:
+                return job
+            if time.monotonic() + poll_s > deadline:
+                raise TimeoutError(f"{job_id} is {job.get('status')} after {timeout_s} s")
+            time.sleep(poll_s)
+
+    # --- leases --------------------------------------------------------------
+
+    def claim(
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        *,
+        max_jobs: int = 1,
+        wait_s: float = 20.0,
+        lease_s: float = 30.0,
+    ) -> list[JsonObject]:
+        """Long-poll for up to `max_jobs` leases; [] after `wait_s`."""
+        return self.call(calls.claim(worker_id, queues, max_jobs, wait_s, lease_s))
+
+    def start(self, job_id: str, fencing_token: int) -> JsonObject:
+        return self.call(calls.lease_op(job_id, "start", calls.start_body(fencing_token)))
+
+    def heartbeat(
+        self,
+        job_id: str,
+        fencing_token: int,
+        *,
+        extend_s: float | None = None,
+        progress: Mapping[str, Any] | None = None,
+    ) -> JsonObject:
+        """Returns `{"expires_at", "cancel_requested"}`; raises LeaseLost."""
+        body = calls.heartbeat_body(fencing_token, extend_s, progress)
+        return self.call(calls.lease_op(job_id, "heartbeat", body))
+
+    def complete(self, job_id: str, fencing_token: int, result: Any = None) -> JsonObject:
+        body = calls.complete_body(fencing_token, result)
+        return self.call(calls.lease_op(job_id, "complete", body))
+
+    def fail(
+        self,
+        job_id: str,
+        fencing_token: int,
+        *,
+        kind: FailureKind = "transient",
+        message: str = "",
+        retry_after_s: float | None = None,
+    ) -> JsonObject:
+        body = calls.fail_body(fencing_token, kind, message, retry_after_s)
+        return self.call(calls.lease_op(job_id, "fail", body))
+
+    def lease_batch(self, ops: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
+        """`[{"op", "job_id", "fencing_token", ...}]` -> per-op result or `{"error"}`."""
+        return self.call(calls.lease_batch(ops))
+
+    # --- effects ---------------------------------------------------------------
+
+    def record_effect(self, key: str, job_id: str, fencing_token: int, result: Any) -> JsonObject:
+        """`{"effect": Effect, "replayed": bool}`; first writer wins."""
+        return self.call(calls.record_effect(key, job_id, fencing_token, result))
+
+    def get_effect(self, key: str, *, consistency: Consistency | None = None) -> JsonObject:
+        """The Effect; raises NotFound if none is recorded."""
+        return self.call(calls.get_effect(key, consistency))
+
+    # --- cluster -----------------------------------------------------------------
+
+    def cluster(self, *, consistency: Consistency | None = None) -> JsonObject:
+        return self.call(calls.cluster(consistency))
+
+    def metrics(self) -> str:
+        return self.call(calls.metrics())
+
+    def healthz(self, url: str | None = None) -> bool:
+        """Does this node (default: the preferred one) serve? No failover."""
+        response = self._send_once(url or self._nodes.preferred(), "/healthz")
+        return response is not None and response.status == 200
+
+    def readyz(self, url: str | None = None) -> bool:
+        """Does this node know a leader and has it caught up? No failover."""
+        response = self._send_once(url or self._nodes.preferred(), "/readyz")
+        return response is not None and response.status == 200

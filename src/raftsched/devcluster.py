@@ -1,0 +1,276 @@
+"""`raftsched dev`: a local cluster of separate node processes, plus a demo worker.
+
+Layout under the data directory (default ./data/dev):
+
+    secret          the generated cluster secret (mode 0600), reused on every run
+    cluster.json    each node's id, http_url, raft_address, pid and data_dir
+    n1/ n2/ ...     each node's data; a second run resumes from it
+    n1.log ...      each child's output (also printed, prefixed with its name)
+
+Ctrl-C or SIGTERM stops the worker first, then the nodes (SIGTERM, then
+SIGKILL for any that have not exited after a timeout). A node that dies on
+its own is reported and the others keep running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+STOP_TIMEOUT_S = 10.0
+POLL_S = 0.2
+COLORS = ["36", "33", "35", "32", "34", "31"]
+
+
+@dataclass(frozen=True, slots=True)
+class DevNode:
+    id: str
+    http_url: str
+    http_address: str
+    raft_address: str
+    data_dir: Path
+
+
+@dataclass
+class Child:
+    name: str
+    command: list[str]
+    process: subprocess.Popen[bytes]
+    is_node: bool
+    reported_exit: bool = False
+
+
+def plan_nodes(
+    count: int, data_dir: Path, host: str, http_port: int, raft_port: int
+) -> list[DevNode]:
+    return [
+        DevNode(
+            id=f"n{index + 1}",
+            http_url=f"http://{host}:{http_port + index}",
+            http_address=f"{host}:{http_port + index}",
+            raft_address=f"{host}:{raft_port + index}",
+            data_dir=data_dir / f"n{index + 1}",
+        )
+        for index in range(count)
+    ]
+
+
+def ensure_secret(path: Path) -> Path:
+    """Create the cluster secret once (0600); later runs reuse it."""
+    if not path.exists():
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
+def node_command(node: DevNode, others: Sequence[DevNode], secret: Path) -> list[str]:
+    command = [
+        sys.executable, "-m", "raftsched.cli", "node", "--id", node.id,
+        "--data-dir", str(node.data_dir), "--http", node.http_address,
+        "--raft", node.raft_address, "--http-url", node.http_url, "--secret-file", str(secret),
+    ]  # fmt: skip
+    for peer in others:
+        command += ["--peer", f"{peer.id}={peer.raft_address}@{peer.http_url}"]
+    return command
+
+
+def worker_command(nodes: Sequence[DevNode]) -> list[str]:
+    return [
+        sys.executable, "-m", "raftsched.cli", "worker", "--queue", "default",
+        "--handler", "raftsched.demo:handle", "--worker-id", "dev-worker",
+        "--url", ",".join(node.http_url for node in nodes),
+    ]  # fmt: skip
+
+
+def check_layout(path: Path, nodes: Sequence[DevNode]) -> str | None:
+    """A data directory remembers its cluster: refuse a different one."""
+    if not path.exists():
+        return None
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8")).get("nodes", [])
+    except (OSError, ValueError):
+        return None
+    before = [(item.get("id"), item.get("raft_address")) for item in previous]
+    now = [(node.id, node.raft_address) for node in nodes]
+    if before and before != now:
+        return (
+            f"{path.parent} holds a different cluster ({len(before)} nodes, {before}); "
+            "use the same --nodes/--raft-port/--host, another --data-dir, or delete it"
+        )
+    return None
+
+
+def busy_ports(nodes: Sequence[DevNode]) -> list[str]:
+    busy = []
+    for address in [node.http_address for node in nodes] + [n.raft_address for n in nodes]:
+        host, _, port = address.rpartition(":")
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, int(port)))
+            except OSError:
+                busy.append(address)
+    return busy
+
+
+def write_cluster_json(path: Path, nodes: Sequence[DevNode], children: Sequence[Child]) -> None:
+    pids = {child.name: child.process.pid for child in children}
+    document: dict[str, Any] = {
+        "nodes": [
+            {
+                "id": node.id,
+                "http_url": node.http_url,
+                "raft_address": node.raft_address,
+                "pid": pids.get(node.id),
+                "data_dir": str(node.data_dir),
+            }
+            for node in nodes
+        ],
+        "worker": {"pid": pids["worker"]} if "worker" in pids else None,
+        "secret_file": str(path.parent / "secret"),
+    }
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    temporary.replace(path)
+
+
+class Output:
+    """Prints each child's lines with its name, and appends them to its log."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._color = sys.stdout.isatty()
+
+    def say(self, text: str) -> None:
+        with self._lock:
+            print(text, flush=True)
+
+    def forward(self, name: str, index: int, stream: IO[bytes], log_path: Path) -> None:
+        label = f"{name:<6}|"
+        if self._color:
+            label = f"\033[{COLORS[index % len(COLORS)]}m{label}\033[0m"
+        with log_path.open("ab") as log:
+            for raw in iter(stream.readline, b""):
+                log.write(raw)
+                log.flush()
+                self.say(f"{label} {raw.decode('utf-8', errors='replace').rstrip()}")
+
+
+def spawn(
+    name: str, index: int, command: list[str], is_node: bool, data_dir: Path, output: Output
+) -> Child:
+    environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # A session of its own: Ctrl-C reaches only the launcher, which then stops
+    # the children in order (worker first) instead of all at once.
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=environment,
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    threading.Thread(
+        target=output.forward,
+        args=(name, index, process.stdout, data_dir / f"{name}.log"),
+        daemon=True,
+    ).start()
+    return Child(name, command, process, is_node)
+
+
+def stop_children(children: Sequence[Child], output: Output) -> None:
+    """Worker first (it reports what it was running), then the nodes."""
+    for group in ([c for c in children if not c.is_node], [c for c in children if c.is_node]):
+        alive = [child for child in group if child.process.poll() is None]
+        for child in alive:
+            child.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        for child in alive:
+            try:
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                output.say(f"dev: {child.name} did not stop in {STOP_TIMEOUT_S:.0f} s; killing it")
+                child.process.kill()
+                child.process.wait()
+
+
+def watch(children: Sequence[Child], stop: threading.Event, output: Output) -> None:
+    while not stop.wait(POLL_S):
+        for child in children:
+            code = child.process.poll()
+            if code is not None and not child.reported_exit:
+                child.reported_exit = True
+                output.say(
+                    f"dev: {child.name} exited unexpectedly with code {code}; "
+                    f"the others keep running (see its .log)"
+                )
+
+
+def print_banner(nodes: Sequence[DevNode], data_dir: Path, output: Output) -> None:
+    urls = ",".join(node.http_url for node in nodes)
+    lines = [f"dev: {len(nodes)} nodes, data in {data_dir}"]
+    lines += [
+        f"  {node.id}  {node.http_url}  raft {node.raft_address}  {node.data_dir}" for node in nodes
+    ]
+    default = ",".join(f"http://127.0.0.1:{8701 + i}" for i in range(3))
+    url_hint = "" if urls == default else f"  export RAFTSCHED_URL={urls}"
+    lines += [
+        "try:",
+        *([url_hint] if url_hint else []),
+        "  raftsched submit default --payload '{\"amount\": 1200}'",
+        '  raftsched submit default --payload \'{"fail": "transient"}\' --max-attempts 3',
+        "  raftsched jobs list",
+        "  raftsched cluster status",
+        f"dashboard: {nodes[0].http_url}/   logs: {data_dir}/<name>.log   Ctrl-C stops everything",
+    ]
+    output.say("\n".join(lines))
+
+
+def run_dev(
+    *,
+    nodes: int = 3,
+    data_dir: Path = Path("data/dev"),
+    http_port: int = 8701,
+    raft_port: int = 9701,
+    worker: bool = True,
+    host: str = "127.0.0.1",
+) -> int:
+    output = Output()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    plan = plan_nodes(nodes, data_dir, host, http_port, raft_port)
+    problem = check_layout(data_dir / "cluster.json", plan)
+    busy = busy_ports(plan)
+    if problem or busy:
+        print(f"error: {problem or 'ports in use: ' + ', '.join(busy)}", file=sys.stderr)
+        return 2
+    secret = ensure_secret(data_dir / "secret")
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    children = []
+    for index, node in enumerate(plan):
+        others = [peer for peer in plan if peer is not node]
+        command = node_command(node, others, secret)
+        children.append(spawn(node.id, index, command, True, data_dir, output))
+    if worker:
+        children.append(spawn("worker", len(plan), worker_command(plan), False, data_dir, output))
+    write_cluster_json(data_dir / "cluster.json", plan, children)
+    print_banner(plan, data_dir, output)
+    try:
+        watch(children, stop, output)
+    finally:
+        output.say("dev: stopping")
+        stop_children(children, output)
+    return 0

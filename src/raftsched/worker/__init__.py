@@ -1,0 +1,50 @@
+"""The raftsched worker agent.
+
+    from raftsched.worker import JobContext, PermanentError
+
+    def handle(ctx: JobContext) -> dict:
+        receipt = ctx.effect(f"charge:{ctx.payload['id']}", lambda: charge(ctx.payload))
+        return {"receipt": receipt}
+
+Run it with `raftsched worker --queue payments --handler mymodule:handle`, or
+from Python with `run_worker(WorkerConfig(...), handle)` / `await Worker(...).run()`.
+Sync handlers run in their own threads (cancellation is cooperative: check
+`ctx.cancelled` or call `ctx.check_cancelled()`); `async def` handlers run on
+the worker's loop and are cancelled at their next await. A handler's return
+value (JSON) completes the job; `PermanentError` dead-letters it; any other
+exception is a transient failure that is retried with backoff.
+"""
+
+from raftsched.worker._agent import (
+    Worker,
+    WorkerConfig,
+    default_worker_id,
+    load_handler,
+    run_worker,
+)
+from raftsched.worker._batcher import LeaseBatcher
+from raftsched.worker._context import (
+    CancelReason,
+    JobCancelled,
+    JobContext,
+    Lease,
+    PermanentError,
+    TransientError,
+)
+from raftsched.worker._job import Handler
+
+__all__ = [
+    "CancelReason",
+    "Handler",
+    "JobCancelled",
+    "JobContext",
+    "Lease",
+    "LeaseBatcher",
+    "PermanentError",
+    "TransientError",
+    "Worker",
+    "WorkerConfig",
+    "default_worker_id",
+    "load_handler",
+    "run_worker",
+]

@@ -1,0 +1,242 @@
+"""The worker agent: claim leases, run jobs, stop gracefully.
+
+The claim loop long-polls for as many jobs as there are free slots
+(`concurrency` minus jobs whose handler has not returned yet; a sync handler
+that ignores cancellation keeps its slot). On stop (SIGTERM/SIGINT) it stops
+claiming, gives running jobs `shutdown_grace_s` to finish, then cancels them
+(reported as `unknown` failures), and exits. A claim in flight at stop is
+abandoned: any lease it granted expires unstarted, which is a safe retry.
+A second signal skips the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from raftsched.client import AsyncClient, JsonObject, RaftschedError
+from raftsched.worker._batcher import LeaseBatcher
+from raftsched.worker._context import JobContext, Lease
+from raftsched.worker._job import Handler, JobRun
+
+log = logging.getLogger("raftsched.worker")
+
+CLAIM_BACKOFF_INITIAL_S = 0.5
+CLAIM_BACKOFF_MAX_S = 10.0
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    urls: Sequence[str] | str
+    queues: tuple[str, ...]
+    concurrency: int = 4
+    worker_id: str = field(default_factory=default_worker_id)
+    lease_s: float = 30.0
+    poll_wait_s: float = 20.0
+    shutdown_grace_s: float = 30.0
+    # After the grace period, how long cancelled handlers get to stop before
+    # they are abandoned (their failure is reported without them).
+    cancel_wait_s: float = 5.0
+    token: str | None = None
+    timeout_s: float = 10.0
+    batch_linger_s: float = 0.005
+    batch_max_ops: int = 100
+
+    def validate(self) -> None:
+        if not self.queues:
+            raise ValueError("at least one queue is required")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.lease_s <= 0 or self.poll_wait_s < 0 or self.shutdown_grace_s < 0:
+            raise ValueError("lease_s must be positive, poll_wait_s and grace non-negative")
+
+
+class Worker:
+    def __init__(
+        self, config: WorkerConfig, handler: Handler, *, client: AsyncClient | None = None
+    ) -> None:
+        config.validate()
+        self.config = config
+        self._handler = handler
+        self._client = client
+        self._runs: dict[asyncio.Task[None], JobRun] = {}
+        self._stopping: asyncio.Event | None = None
+        self._hurry: asyncio.Event | None = None
+        self._slot_freed: asyncio.Event | None = None
+
+    @property
+    def running(self) -> int:
+        return len(self._runs)
+
+    def stop(self) -> None:
+        """Stop claiming and drain; a second call skips the grace period.
+        Call on the worker's loop (signal handlers installed by `run_worker` do)."""
+        if self._stopping is None or self._hurry is None:
+            return
+        if self._stopping.is_set():
+            log.info("worker stop again: cancelling running jobs now")
+            self._hurry.set()
+        else:
+            log.info("worker stopping", extra={"running": self.running})
+            self._stopping.set()
+
+    async def run(self) -> None:
+        """Claim and run jobs until `stop()`, then drain. Returns when done."""
+        self._stopping, self._hurry, self._slot_freed = (asyncio.Event() for _ in range(3))
+        config = self.config
+        client = self._client or AsyncClient(
+            config.urls, timeout_s=config.timeout_s, token=config.token
+        )
+        batcher = LeaseBatcher(client, linger_s=config.batch_linger_s, max_ops=config.batch_max_ops)
+        log.info(
+            "worker started",
+            extra={
+                "worker_id": config.worker_id,
+                "queues": ",".join(config.queues),
+                "concurrency": config.concurrency,
+                "lease_s": config.lease_s,
+            },
+        )
+        try:
+            await self._claim_until_stopped(client, batcher)
+            await self._drain()
+        finally:
+            await batcher.close()
+            if self._client is None:
+                await client.close()
+        log.info("worker stopped", extra={"worker_id": config.worker_id})
+
+    async def _claim_until_stopped(self, client: AsyncClient, batcher: LeaseBatcher) -> None:
+        assert self._stopping is not None and self._slot_freed is not None
+        backoff_s = CLAIM_BACKOFF_INITIAL_S
+        while not self._stopping.is_set():
+            free = self.config.concurrency - self.running
+            if free <= 0:
+                self._slot_freed.clear()
+                await _first(self._slot_freed.wait(), self._stopping.wait())
+                continue
+            claim_sent_at = time.monotonic()
+            claim = asyncio.ensure_future(self._claim(client, free))
+            await _first(claim, self._stopping.wait())
+            if not claim.done():
+                claim.cancel()  # stopping; granted leases expire unstarted
+                break
+            try:
+                leases = claim.result()
+            except RaftschedError as error:
+                log.warning("claim failed", extra={"error": str(error), "retry_in_s": backoff_s})
+                await _first(asyncio.sleep(backoff_s), self._stopping.wait())
+                backoff_s = min(backoff_s * 2, CLAIM_BACKOFF_MAX_S)
+                continue
+            backoff_s = CLAIM_BACKOFF_INITIAL_S
+            for data in leases:
+                self._launch(client, batcher, data, claim_sent_at)
+
+    async def _claim(self, client: AsyncClient, max_jobs: int) -> list[JsonObject]:
+        config = self.config
+        return await client.claim(
+            config.worker_id,
+            config.queues,
+            max_jobs=max_jobs,
+            wait_s=config.poll_wait_s,
+            lease_s=config.lease_s,
+        )
+
+    def _launch(
+        self, client: AsyncClient, batcher: LeaseBatcher, data: JsonObject, claim_sent_at: float
+    ) -> None:
+        lease = Lease.from_json(data, self.config.lease_s)
+        loop = asyncio.get_running_loop()
+        ctx = JobContext(lease, worker_id=self.config.worker_id, client=client, loop=loop)
+        run = JobRun(ctx, self._handler, batcher, claim_sent_at=claim_sent_at)
+        task = loop.create_task(run.run(), name=f"job-{lease.job_id}")
+        self._runs[task] = run
+        task.add_done_callback(self._finished)
+        log.info(
+            "job leased",
+            extra={
+                "job_id": lease.job_id,
+                "attempt": lease.attempt,
+                "fencing_token": lease.fencing_token,
+                "epoch": lease.epoch,
+                "queue": lease.queue,
+            },
+        )
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._runs.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("job run crashed", exc_info=task.exception())
+        if self._slot_freed is not None:
+            self._slot_freed.set()
+
+    async def _drain(self) -> None:
+        assert self._hurry is not None
+        if not self._runs:
+            return
+        log.info(
+            "worker draining",
+            extra={"running": self.running, "grace_s": self.config.shutdown_grace_s},
+        )
+        tasks = set(self._runs)
+        await _first(asyncio.wait(tasks, timeout=self.config.shutdown_grace_s), self._hurry.wait())
+        for run in list(self._runs.values()):
+            run.cancel("shutdown")
+        if self._runs:
+            await asyncio.wait(set(self._runs), timeout=self.config.cancel_wait_s)
+        for run in list(self._runs.values()):
+            run.abandon()
+        if self._runs:
+            # Reports go out now; bounded by the client's own retry budget.
+            await asyncio.wait(set(self._runs), timeout=self.config.timeout_s * 2)
+
+
+async def _first(*awaitables: Any) -> None:
+    """Wait until the first of `awaitables` finishes; cancel the others
+    (except tasks created by the caller, which it checks itself)."""
+    futures = [asyncio.ensure_future(item) for item in awaitables]
+    _, pending = await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    for future, item in zip(futures, awaitables, strict=True):
+        if future in pending and future is not item:
+            future.cancel()
+
+
+def load_handler(spec: str) -> Handler:
+    """'package.module:function' (or 'module:Class.method') -> the callable."""
+    module_name, sep, attribute = spec.partition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"handler must look like module:function, got {spec!r}")
+    target: Any = importlib.import_module(module_name)
+    for part in attribute.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ValueError(f"{module_name} has no {attribute!r}")
+    if not callable(target):
+        raise ValueError(f"{spec} is not callable")
+    return cast(Handler, target)
+
+
+def run_worker(config: WorkerConfig, handler: Handler) -> int:
+    """Run a worker on a new event loop until SIGTERM/SIGINT; returns 0."""
+
+    async def main() -> None:
+        worker = Worker(config, handler)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, worker.stop)
+        await worker.run()
+
+    asyncio.run(main())
+    return 0

@@ -1,0 +1,215 @@
+"""What a handler sees: the lease it runs under, and the tools it may use.
+
+Cancellation is cooperative for plain (sync) handlers: they run in their own
+thread, which nobody can stop from outside. When the lease is lost, cancel is
+requested, the worker's own deadline passes or shutdown outlasts its grace
+period, `ctx.cancelled` (a threading.Event) is set and `ctx.check_cancelled()`
+raises `JobCancelled`. A long sync handler should call `check_cancelled()`
+between steps. An async handler is cancelled the asyncio way (CancelledError
+at its next await) and `ctx.cancelled` is set too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from raftsched.client import AsyncClient, NotFound
+
+T = TypeVar("T")
+
+CancelReason = Literal["lease_lost", "cancel_requested", "deadline", "shutdown"]
+
+
+class PermanentError(Exception):
+    """Raise from a handler to fail the job without retries (dead letter now)."""
+
+
+class TransientError(Exception):
+    """Raise to fail this attempt and retry, optionally not before `retry_after_s`.
+    (Any other exception is a transient failure too, with the default backoff.)"""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class JobCancelled(BaseException):
+    """Raised by `check_cancelled()`. A BaseException, like asyncio's
+    CancelledError, so that a handler's `except Exception` does not swallow it."""
+
+    def __init__(self, reason: CancelReason) -> None:
+        super().__init__(f"job cancelled: {reason}")
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """One granted lease, as `POST /v1/leases` returns it."""
+
+    job_id: str
+    attempt: int
+    epoch: int
+    fencing_token: int
+    lease_s: float
+    queue: str
+    payload: Any = None
+    expires_at: str | None = None
+    idempotency_key: str | None = None
+    ordering_key: str | None = None
+    correlation_id: str | None = None
+    workflow_id: str | None = None
+    step: str | None = None
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any], default_lease_s: float) -> Lease:
+        return Lease(
+            job_id=str(data["job_id"]),
+            attempt=int(data.get("attempt", 1)),
+            epoch=int(data.get("epoch", 0)),
+            fencing_token=int(data["fencing_token"]),
+            lease_s=float(data.get("lease_s") or default_lease_s),
+            queue=str(data.get("queue", "")),
+            payload=data.get("payload"),
+            expires_at=data.get("expires_at"),
+            idempotency_key=data.get("idempotency_key"),
+            ordering_key=data.get("ordering_key"),
+            correlation_id=data.get("correlation_id"),
+            workflow_id=data.get("workflow_id"),
+            step=data.get("step"),
+            inputs=data.get("inputs") or {},
+        )
+
+
+class JobContext:
+    """Passed to the handler. Read the lease fields, call `effect` around side
+    effects, report `progress`, and honour cancellation (see module doc)."""
+
+    def __init__(
+        self,
+        lease: Lease,
+        *,
+        worker_id: str,
+        client: AsyncClient,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.lease = lease
+        self.worker_id = worker_id
+        self.cancelled = threading.Event()
+        self.cancel_reason: CancelReason | None = None
+        self.log = logging.LoggerAdapter(
+            logging.getLogger("raftsched.handler"),
+            {"job_id": lease.job_id, "attempt": lease.attempt},
+        )
+        self._client = client
+        self._loop = loop
+        # Contexts are made on the loop's thread; a sync `effect` called from
+        # it would block the loop it waits for.
+        self._loop_thread_id = threading.get_ident()
+        self._progress: Any = None
+        self._progress_lock = threading.Lock()
+
+    # The lease, flattened for handlers.
+    @property
+    def job_id(self) -> str:
+        return self.lease.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.lease.attempt
+
+    @property
+    def epoch(self) -> int:
+        return self.lease.epoch
+
+    @property
+    def fencing_token(self) -> int:
+        return self.lease.fencing_token
+
+    @property
+    def idempotency_key(self) -> str | None:
+        return self.lease.idempotency_key
+
+    @property
+    def payload(self) -> Any:
+        return self.lease.payload
+
+    @property
+    def correlation_id(self) -> str | None:
+        return self.lease.correlation_id
+
+    @property
+    def inputs(self) -> Mapping[str, Any]:
+        return self.lease.inputs
+
+    @property
+    def queue(self) -> str:
+        return self.lease.queue
+
+    # Cancellation.
+    def check_cancelled(self) -> None:
+        """Raise JobCancelled if the job must stop (lease lost, cancel requested...)."""
+        if self.cancelled.is_set():
+            raise JobCancelled(self.cancel_reason or "shutdown")
+
+    def cancel(self, reason: CancelReason) -> None:
+        """Used by the worker; the first reason wins."""
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        self.cancelled.set()
+
+    # Progress travels with the next heartbeat; only the latest is sent.
+    def progress(self, details: Any) -> None:
+        with self._progress_lock:
+            self._progress = details
+
+    def take_progress(self) -> Any:
+        with self._progress_lock:
+            details, self._progress = self._progress, None
+        return details
+
+    # Effects ledger.
+    def effect(self, key: str, fn: Callable[[], T]) -> T | Any:
+        """Run the side effect `fn` at most once per `key` across attempts:
+        return the recorded result if there is one, else call `fn`, record its
+        (JSON) result fenced by this lease, and return what the ledger holds
+        (the first writer's result if another attempt got there first). Pass
+        `key` to the downstream API as its idempotency key too. For sync handlers."""
+        found, recorded = self._on_loop(self._lookup(key))
+        if found:
+            return recorded
+        self.check_cancelled()
+        return self._on_loop(self._record(key, fn()))
+
+    async def aeffect(self, key: str, fn: Callable[[], Awaitable[T]]) -> T | Any:
+        """`effect` for async handlers: `await ctx.aeffect(key, lambda: charge(...))`."""
+        found, recorded = await self._lookup(key)
+        if found:
+            return recorded
+        self.check_cancelled()
+        return await self._record(key, await fn())
+
+    def _on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        if threading.get_ident() == self._loop_thread_id:
+            coroutine.close()
+            raise RuntimeError("ctx.effect blocks; use `await ctx.aeffect(...)` in async handlers")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    async def _lookup(self, key: str) -> tuple[bool, Any]:
+        try:
+            effect = await self._client.get_effect(key)
+        except NotFound:
+            return False, None
+        return True, effect.get("result")
+
+    async def _record(self, key: str, result: Any) -> Any:
+        answer = await self._client.record_effect(
+            key, self.lease.job_id, self.lease.fencing_token, result
+        )
+        effect = answer.get("effect")
+        return effect.get("result") if isinstance(effect, dict) else result

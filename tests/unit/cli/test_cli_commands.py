@@ -1,0 +1,128 @@
+"""Client-side commands against a scripted fake node: what they send, what
+they print, and their exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fakecluster import FakeCluster, Seen, error, reply
+
+from raftsched.cli import main
+
+JOB = {
+    "id": "job_1", "queue": "q", "status": "dead_letter", "attempts_made": 3, "priority": 0,
+    "last_error": {"kind": "permanent", "message": "bad card"}, "updated_at": "t",
+    "attempts": [{"number": 1, "worker_id": "w1", "outcome": "failed"}],
+}  # fmt: skip
+
+
+def test_submit_sends_every_option(fake: FakeCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    fake.nodes[0].script = lambda seen: reply(201, {"job": {**JOB, "status": "scheduled"}})
+    code = main([
+        "submit", "payments", "--payload", '{"amount": 5}', "--key", "k1",
+        "--run-at", "2026-12-01T10:00:00+01:00", "--priority", "7", "--max-attempts", "2",
+        "--label", "team=billing", "--url", fake.urls[0],
+    ])  # fmt: skip
+    assert code == 0
+    assert fake.nodes[0].seen[0].body == {
+        "queue": "payments",
+        "payload": {"amount": 5},
+        "idempotency_key": "k1",
+        "run_at": "2026-12-01T09:00:00.000Z",
+        "priority": 7,
+        "max_attempts": 2,
+        "labels": {"team": "billing"},
+    }
+    assert capsys.readouterr().out.strip() == "job_1  scheduled  queue=q"
+
+
+def test_bad_payload_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["submit", "q", "--payload", "{nope"])
+    assert exited.value.code == 2
+    assert "not JSON" in capsys.readouterr().err
+
+
+def test_delay_and_run_at_exclude_each_other() -> None:
+    with pytest.raises(SystemExit):
+        main(["submit", "q", "--delay-s", "1", "--run-at", "2026-01-01T00:00:00Z"])
+
+
+def test_api_error_prints_code_and_exits_1(
+    fake: FakeCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.nodes[0].script = lambda seen: error(404, "not_found", "no job job_9")
+    assert main(["jobs", "get", "job_9", "--url", fake.urls[0]]) == 1
+    assert capsys.readouterr().err.strip() == "error: not_found: no job job_9 (field: x)"
+
+
+def test_unreachable_cluster_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--url", "http://127.0.0.1:9", "--timeout-s", "0.5", "cluster", "status"])
+    assert code == 1
+    assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_dlq_list_filters_and_shows_errors(
+    fake: FakeCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.nodes[0].script = lambda seen: reply(200, {"jobs": [JOB], "next_cursor": "c2"})
+    assert main(["dlq", "list", "--queue", "q", "--url", fake.urls[0]]) == 0
+    assert fake.nodes[0].seen[0].query == {"queue": "q", "status": "dead_letter", "limit": "20"}
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["ID", "QUEUE", "STATUS", "ATTEMPTS", "LAST", "ERROR", "UPDATED"]
+    assert "permanent: bad card" in out[1]
+    assert out[-1] == "(more: --cursor c2)"
+
+
+def test_global_options_work_before_the_command(
+    fake: FakeCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.nodes[0].script = lambda seen: reply(200, {"job": JOB})
+    assert main(["--json", "--url", fake.urls[0], "jobs", "get", "job_1"]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == "job_1"
+
+
+def test_url_from_environment(
+    fake: FakeCluster, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("RAFTSCHED_URL", f"http://127.0.0.1:9,{fake.urls[0]}")
+    fake.nodes[0].script = lambda seen: reply(200, {"job": JOB})
+    assert main(["jobs", "get", "job_1", "--timeout-s", "1"]) == 0
+    assert "attempts_made" in capsys.readouterr().out
+
+
+def test_replay_needs_a_reason_and_sends_it(fake: FakeCluster) -> None:
+    with pytest.raises(SystemExit):
+        main(["dlq", "replay", "job_1"])
+    fake.nodes[0].script = lambda seen: reply(200, {"job": {**JOB, "status": "pending"}})
+    assert main(["dlq", "replay", "job_1", "--reason", "fixed", "--url", fake.urls[0]]) == 0
+    seen: Seen = fake.nodes[0].seen[0]
+    assert (seen.path, seen.body) == ("/v1/jobs/job_1/replay", {"reason": "fixed"})
+
+
+def test_history_and_cluster_tables(fake: FakeCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    event = {
+        "at": "t1",
+        "event": "claim",
+        "actor": "w1",
+        "epoch": 1,
+        "fencing_token": 4,
+        "from_status": "pending",
+        "to_status": "claimed",
+        "detail": None,
+        "extra": 1,
+    }
+    cluster = {"node_id": "n1", "leader": {"id": "n1", "http_url": "http://x"}, "term": 2,
+               "commit_index": 9, "applied_index": 9,
+               "nodes": [{"id": "n1", "role": "leader", "reachable": True}]}  # fmt: skip
+    fake.nodes[0].script = lambda seen: reply(
+        200, {"events": [event]} if "history" in seen.path else cluster
+    )
+    assert main(["jobs", "history", "job_1", "--url", fake.urls[0]]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["AT", "EVENT", "FROM_STATUS", "TO_STATUS"]
+    assert lines[1].split()[-1] == '{"extra":1}'
+    assert main(["cluster", "status", "--url", fake.urls[0]]) == 0
+    out = capsys.readouterr().out
+    assert "leader         n1 http://x" in out and "n1  leader  true" in out

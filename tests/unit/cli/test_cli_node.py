@@ -1,0 +1,94 @@
+"""`raftsched node`: flags and TOML become a NodeConfig; mistakes exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftsched.cli import main
+from raftsched.config import NodeConfig, Peer
+
+SECRET = "s" * 24
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> list[NodeConfig]:
+    import raftsched.node
+
+    configs: list[NodeConfig] = []
+    monkeypatch.setattr(raftsched.node, "run_node", configs.append)
+    return configs
+
+
+def secret_file(directory: Path) -> Path:
+    path = directory / "secret"
+    path.write_text(SECRET + "\n")
+    return path
+
+
+def test_flags_build_the_config(tmp_path: Path, captured: list[NodeConfig]) -> None:
+    code = main([
+        "node", "--id", "n1", "--data-dir", str(tmp_path / "n1"), "--http", "0.0.0.0:8701",
+        "--raft", "10.0.0.1:9701", "--raft-bind", "0.0.0.0:9701",
+        "--http-url", "http://10.0.0.1:8701/", "--secret-file", str(secret_file(tmp_path)),
+        "--peer", "n2=10.0.0.2:9701@http://10.0.0.2:8701", "--durability", "none",
+    ])  # fmt: skip
+    assert code == 0
+    [config] = captured
+    assert config.node_id == "n1" and config.http_host == "0.0.0.0" and config.http_port == 8701
+    assert config.raft_address == "10.0.0.1:9701" and config.raft_bind_address == "0.0.0.0:9701"
+    assert config.http_url == "http://10.0.0.1:8701" and config.secret == SECRET
+    assert config.peers == (Peer("n2", "10.0.0.2:9701", "http://10.0.0.2:8701"),)
+    assert config.durability == "none"
+
+
+def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) -> None:
+    secret_file(tmp_path)
+    (tmp_path / "n1.toml").write_text(
+        'id = "n1"\ndata_dir = "data/n1"\nhttp = "127.0.0.1:8701"\nraft = "127.0.0.1:9701"\n'
+        'secret_file = "secret"\nmax_body_bytes = 2048\n'
+        'peers = ["n2=127.0.0.1:9702@http://127.0.0.1:8702",'
+        ' {id = "n3", raft = "127.0.0.1:9703", http_url = "http://127.0.0.1:8703"}]\n'
+    )
+    assert main(["node", "--config", str(tmp_path / "n1.toml"), "--http", "127.0.0.1:9999"]) == 0
+    [config] = captured
+    assert config.data_dir == tmp_path / "data" / "n1"  # relative to the file
+    assert config.http_port == 9999 and config.max_body_bytes == 2048
+    assert [peer.id for peer in config.peers] == ["n2", "n3"]
+
+
+@pytest.mark.parametrize(
+    ("toml", "flags", "message"),
+    [
+        ('id = "n1"\nhttps = "x"\n', [], "unknown keys in"),
+        ("", ["--id", "n1"], "--data-dir is required"),
+        ("", ["--id", "n1", "--data-dir", "d", "--http", "nope", "--raft", "h:1"], "HOST:PORT"),
+    ],
+)
+def test_mistakes_exit_2(
+    tmp_path: Path,
+    captured: list[Any],
+    capsys: pytest.CaptureFixture[str],
+    toml: str,
+    flags: list[str],
+    message: str,
+) -> None:
+    (tmp_path / "c.toml").write_text(toml)
+    args = ["node", "--config", str(tmp_path / "c.toml"), *flags]
+    if "--http" in flags:
+        args += ["--secret-file", str(secret_file(tmp_path))]
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
+    assert captured == []
+
+
+def test_short_secret_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "secret").write_text("short")
+    code = main([
+        "node", "--id", "n1", "--data-dir", str(tmp_path), "--http", "127.0.0.1:1",
+        "--raft", "127.0.0.1:2", "--secret-file", str(tmp_path / "secret"),
+    ])  # fmt: skip
+    assert code == 2
+    assert "at least 16 characters" in capsys.readouterr().err

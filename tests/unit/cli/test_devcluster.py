@@ -1,0 +1,116 @@
+"""The dev launcher: its plan, its secret, its layout check, and a real run
+(start, serve, stop cleanly, resume from the same data)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raftsched import devcluster
+from raftsched.client import Client
+from raftsched.testing import free_port_block
+
+
+def test_plan_and_commands(tmp_path: Path) -> None:
+    plan = devcluster.plan_nodes(3, tmp_path, "127.0.0.1", 8701, 9701)
+    assert [(n.id, n.http_url, n.raft_address) for n in plan] == [
+        ("n1", "http://127.0.0.1:8701", "127.0.0.1:9701"),
+        ("n2", "http://127.0.0.1:8702", "127.0.0.1:9702"),
+        ("n3", "http://127.0.0.1:8703", "127.0.0.1:9703"),
+    ]
+    command = devcluster.node_command(plan[0], plan[1:], tmp_path / "secret")
+    assert command[1:5] == ["-m", "raftsched.cli", "node", "--id"]
+    assert command.count("--peer") == 2
+    assert "n2=127.0.0.1:9702@http://127.0.0.1:8702" in command
+    worker = devcluster.worker_command(plan)
+    assert "raftsched.demo:handle" in worker and "default" in worker
+
+
+def test_secret_is_private_and_reused(tmp_path: Path) -> None:
+    path = devcluster.ensure_secret(tmp_path / "secret")
+    first = path.read_text()
+    assert len(first.strip()) >= 16
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert devcluster.ensure_secret(path).read_text() == first
+
+
+def test_layout_check_refuses_a_different_cluster(tmp_path: Path) -> None:
+    three = devcluster.plan_nodes(3, tmp_path, "127.0.0.1", 8701, 9701)
+    path = tmp_path / "cluster.json"
+    assert devcluster.check_layout(path, three) is None
+    path.write_text(json.dumps({"nodes": [
+        {"id": n.id, "raft_address": n.raft_address} for n in three
+    ]}))  # fmt: skip
+    assert devcluster.check_layout(path, three) is None
+    five = devcluster.plan_nodes(5, tmp_path, "127.0.0.1", 8701, 9701)
+    assert "different cluster" in (devcluster.check_layout(path, five) or "")
+
+
+def launch(data_dir: Path, http_port: int, raft_port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "raftsched.cli", "dev", "--data-dir", str(data_dir),
+         "--http-port", str(http_port), "--raft-port", str(raft_port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def stop(launcher: subprocess.Popen[bytes]) -> str:
+    launcher.send_signal(signal.SIGTERM)
+    output, _ = launcher.communicate(timeout=30)
+    assert launcher.returncode == 0
+    return output.decode()
+
+
+def pids_alive(data_dir: Path) -> list[int]:
+    layout = json.loads((data_dir / "cluster.json").read_text())
+    pids = [node["pid"] for node in layout["nodes"]] + [layout["worker"]["pid"]]
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_dev_runs_a_job_stops_cleanly_and_resumes(tmp_path: Path) -> None:
+    data_dir = tmp_path / "dev"
+    # The launcher takes consecutive ports: one free block for both kinds.
+    http_port = free_port_block(6)
+    raft_port = http_port + 3
+    urls = [f"http://127.0.0.1:{http_port + i}" for i in range(3)]
+    launcher = launch(data_dir, http_port, raft_port)
+    try:
+        with Client(urls, retry_budget_s=30) as client:
+            job = client.submit("default", {"amount": 3}, idempotency_key="dev-test")
+            done = client.wait_job(job["id"], timeout_s=30)
+            assert done["status"] == "succeeded"
+            assert done["result"]["charge"]["amount"] == 3
+    finally:
+        output = stop(launcher)
+    assert "dev: stopping" in output and "n1    |" in output
+    assert pids_alive(data_dir) == []
+
+    launcher = launch(data_dir, http_port, raft_port)
+    try:
+        with Client(urls, retry_budget_s=30) as client:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    again = client.get_job(job["id"])
+                    break
+                except Exception:  # noqa: BLE001 - still electing after restart
+                    time.sleep(0.2)
+            assert again["status"] == "succeeded"
+    finally:
+        stop(launcher)

@@ -1,0 +1,133 @@
+"""An in-memory stand-in for the lease endpoints, served by aiohttp on the
+test's own event loop: just enough of api.md for the worker's logic (claim,
+the lease batch, effects), with hooks to lose leases, request cancellation or
+stall heartbeats."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class FakeJob:
+    id: str
+    payload: Any
+    token: int = 0
+    status: str = "pending"
+    attempt: int = 0
+    cancel_requested: bool = False
+    result: Any = None
+    error: dict[str, Any] | None = None
+    heartbeats: int = 0
+    progress: list[Any] = field(default_factory=list)
+
+
+class FakeLeases:
+    def __init__(self) -> None:
+        self.jobs: dict[str, FakeJob] = {}
+        self.effects: dict[str, dict[str, Any]] = {}
+        self.batches: list[list[dict[str, Any]]] = []
+        self.ops: list[tuple[str, str]] = []  # (op, job_id) in arrival order
+        self.stall_heartbeats = False
+        self.lose_lease_on_effect = False  # another worker got the job meanwhile
+        self._tokens = itertools.count(1000)
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def add(self, job_id: str, payload: Any = None) -> FakeJob:
+        job = self.jobs[job_id] = FakeJob(job_id, payload)
+        return job
+
+    def lose_lease(self, job_id: str) -> None:
+        self.jobs[job_id].token = next(self._tokens)  # another worker's token now
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/leases", self._claim)
+        app.router.add_post("/v1/leases/batch", self._batch)
+        app.router.add_post("/v1/effects", self._record_effect)
+        app.router.add_get("/v1/effects/{key}", self._get_effect)
+        self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def wait_for(self, predicate: Any, timeout_s: float = 5.0) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not predicate():
+                await asyncio.sleep(0.01)
+
+    async def _claim(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        loop = asyncio.get_running_loop()
+        until = loop.time() + body["wait_s"]
+        while True:
+            ready = [job for job in self.jobs.values() if job.status == "pending"]
+            if ready or loop.time() >= until:
+                break
+            await asyncio.sleep(0.01)
+        leases = [self._grant(job, body["lease_s"]) for job in ready[: body["max_jobs"]]]
+        return web.json_response({"leases": leases})
+
+    def _grant(self, job: FakeJob, lease_s: float) -> dict[str, Any]:
+        job.status, job.token = "claimed", next(self._tokens)
+        job.attempt += 1
+        return {
+            "job_id": job.id, "attempt": job.attempt, "epoch": 1, "fencing_token": job.token,
+            "expires_at": "2030-01-01T00:00:00.000Z", "lease_s": lease_s, "queue": "q",
+            "payload": job.payload, "idempotency_key": f"key-{job.id}", "ordering_key": None,
+            "correlation_id": None, "workflow_id": None, "step": None, "inputs": {},
+        }  # fmt: skip
+
+    async def _batch(self, request: web.Request) -> web.Response:
+        ops = (await request.json())["ops"]
+        self.batches.append(ops)
+        if self.stall_heartbeats and any(op["op"] == "heartbeat" for op in ops):
+            await asyncio.sleep(3600)
+        return web.json_response({"results": [self._apply(op) for op in ops]})
+
+    def _apply(self, op: dict[str, Any]) -> dict[str, Any]:
+        job = self.jobs[op["job_id"]]
+        self.ops.append((op["op"], job.id))
+        if op["fencing_token"] != job.token or job.status not in ("claimed", "running"):
+            return {"error": {"code": "lease_lost", "message": "not the current token"}}
+        if op["op"] == "start":
+            job.status = "running"
+        elif op["op"] == "heartbeat":
+            job.heartbeats += 1
+            job.progress.append(op.get("progress"))
+        elif op["op"] == "complete":
+            job.status, job.result = "succeeded", op.get("result")
+        elif op["op"] == "fail":
+            job.error = op["error"]
+            job.status = "failed"
+        return {"expires_at": "2030-01-01T00:00:00.000Z", "cancel_requested": job.cancel_requested}
+
+    async def _record_effect(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.lose_lease_on_effect:
+            self.lose_lease(body["job_id"])
+        if body["fencing_token"] != self.jobs[body["job_id"]].token:
+            error = {"code": "lease_lost", "message": "stale token"}
+            return web.json_response({"error": error}, status=409)
+        if body["key"] in self.effects:
+            return web.json_response({"effect": self.effects[body["key"]], "replayed": True})
+        effect = self.effects[body["key"]] = {"key": body["key"], "result": body["result"]}
+        return web.json_response({"effect": effect, "replayed": False}, status=201)
+
+    async def _get_effect(self, request: web.Request) -> web.Response:
+        effect = self.effects.get(request.match_info["key"])
+        if effect is None:
+            return web.json_response({"error": {"code": "not_found", "message": "no"}}, status=404)
+        return web.json_response(effect)
