@@ -10,16 +10,16 @@ restoring the state, because pysyncobj would re-apply a raising entry forever.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 # Stable rejection codes. The HTTP layer maps each to a status code.
-INVALID_REQUEST = "invalid_request"  # 400
-NOT_FOUND = "not_found"  # 404
-IDEMPOTENCY_CONFLICT = "idempotency_conflict"  # 409
-LEASE_LOST = "lease_lost"  # 409
-INVALID_STATE = "invalid_state"  # 409
-STALE_EPOCH = "stale_epoch"  # 503: proposed by a deposed leader; retry elsewhere
-INTERNAL_ERROR = "internal_error"  # 500: a bug, recorded instead of wedging the log
+INVALID_REQUEST: Final = "invalid_request"  # 400
+NOT_FOUND: Final = "not_found"  # 404
+IDEMPOTENCY_CONFLICT: Final = "idempotency_conflict"  # 409
+LEASE_LOST: Final = "lease_lost"  # 409
+INVALID_STATE: Final = "invalid_state"  # 409
+STALE_EPOCH: Final = "stale_epoch"  # 503: proposed by a deposed leader; retry elsewhere
+INTERNAL_ERROR: Final = "internal_error"  # 500: a bug, recorded instead of wedging the log
 
 RejectionCode = Literal[
     "invalid_request",

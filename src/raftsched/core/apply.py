@@ -1,0 +1,162 @@
+"""The one entry point: apply a committed Raft entry to the state.
+
+`apply_entry` first lets time and epoch advance (the takeover), then applies
+each command in order through one small handler per command type. Nothing
+escapes: pysyncobj re-applies a raising entry forever on every replica, so a
+bug becomes a recorded `Rejected(internal_error)` after the savepoint has put
+the state back as it was.
+"""
+
+from __future__ import annotations
+
+from contextlib import suppress
+from typing import assert_never
+
+from raftsched.core.codec import CodecError, decode_entry
+from raftsched.core.commands import (
+    Barrier,
+    CancelJob,
+    ClaimJobs,
+    Command,
+    CompleteJob,
+    Configure,
+    Entry,
+    FailJob,
+    HeartbeatJob,
+    RecordEffect,
+    ReplayJob,
+    StartJob,
+    SubmitJobs,
+    TakeOver,
+    Tick,
+)
+from raftsched.core.leases import (
+    apply_claim,
+    apply_complete,
+    apply_fail,
+    apply_heartbeat,
+    apply_start,
+)
+from raftsched.core.operator_commands import (
+    apply_cancel,
+    apply_configure,
+    apply_record_effect,
+    apply_replay,
+)
+from raftsched.core.results import INTERNAL_ERROR, INVALID_REQUEST, Ack, Rejected, Result
+from raftsched.core.savepoint import Savepoint
+from raftsched.core.state import State
+from raftsched.core.submit import apply_submit
+from raftsched.core.tick import apply_tick, take_over
+from raftsched.core.validate import TIME_MS_MAX, TOKEN_MAX
+
+COMMAND_TYPES = frozenset(
+    {
+        SubmitJobs,
+        ClaimJobs,
+        StartJob,
+        HeartbeatJob,
+        CompleteJob,
+        FailJob,
+        CancelJob,
+        ReplayJob,
+        RecordEffect,
+        Tick,
+        TakeOver,
+        Barrier,
+        Configure,
+    }
+)
+COMMANDS_PER_ENTRY_MAX = 100_000
+
+
+def apply_encoded(state: State, data: bytes) -> list[Result]:
+    """Decode one committed entry and apply it. This is what the Raft adapter calls."""
+    try:
+        entry = decode_entry(data)
+    except CodecError as error:
+        return [Rejected(INVALID_REQUEST, f"undecodable entry: {error}", {"field": "entry"})]
+    except Exception as error:  # a codec bug must not wedge the log either
+        return [Rejected(INVALID_REQUEST, f"undecodable entry: {type(error).__name__}", {})]
+    return apply_entry(state, entry)
+
+
+def apply_entry(state: State, entry: Entry) -> list[Result]:
+    """Apply one entry: one result per command, in order. Never raises."""
+    problem = _check_entry(entry)
+    if problem is not None:
+        count = len(entry.commands) if type(entry) is Entry and type(entry.commands) is tuple else 1
+        return [Rejected(INVALID_REQUEST, problem, {"field": "entry"})] * max(count, 1)
+    _advance(state, entry)
+    stale = entry.epoch < state.epoch
+    savepoint = Savepoint(state)
+    return [_apply_command(state, command, stale, savepoint) for command in entry.commands]
+
+
+def _check_entry(entry: object) -> str | None:
+    if type(entry) is not Entry:
+        return "not an Entry"
+    if type(entry.epoch) is not int or not 0 <= entry.epoch <= TOKEN_MAX:
+        return "entry epoch must be a non-negative integer"
+    if type(entry.now_ms) is not int or not 0 <= entry.now_ms <= TIME_MS_MAX:
+        return "entry now_ms must be a non-negative integer"
+    if type(entry.commands) is not tuple or len(entry.commands) > COMMANDS_PER_ENTRY_MAX:
+        return "entry commands must be a tuple"
+    return None
+
+
+def _advance(state: State, entry: Entry) -> None:
+    """Replicated time never runs backwards; a higher epoch is a takeover."""
+    if entry.now_ms > state.now_ms:
+        state.now_ms = entry.now_ms
+    if entry.epoch > state.epoch:
+        state.epoch = entry.epoch
+        take_over(state)
+
+
+def _apply_command(state: State, command: Command, stale: bool, savepoint: Savepoint) -> Result:
+    if type(command) not in COMMAND_TYPES:
+        return Rejected(INVALID_REQUEST, "unknown command type", {"field": "command"})
+    savepoint.reset()
+    try:
+        return _dispatch(state, command, stale, savepoint)
+    except Exception as error:
+        # If even the rollback fails there is nothing better to do than to
+        # record the failure; every replica fails the same way.
+        with suppress(Exception):
+            savepoint.rollback()
+        return Rejected(
+            INTERNAL_ERROR,
+            f"{type(command).__name__} failed: {type(error).__name__}: {error}"[:1000],
+            {},
+        )
+
+
+def _dispatch(state: State, command: Command, stale: bool, savepoint: Savepoint) -> Result:
+    match command:
+        case SubmitJobs():
+            return apply_submit(state, command, savepoint)
+        case ClaimJobs():
+            return apply_claim(state, command, stale, savepoint)
+        case StartJob():
+            return apply_start(state, command, savepoint)
+        case HeartbeatJob():
+            return apply_heartbeat(state, command, savepoint)
+        case CompleteJob():
+            return apply_complete(state, command, savepoint)
+        case FailJob():
+            return apply_fail(state, command, savepoint)
+        case CancelJob():
+            return apply_cancel(state, command, savepoint)
+        case ReplayJob():
+            return apply_replay(state, command, savepoint)
+        case RecordEffect():
+            return apply_record_effect(state, command, savepoint)
+        case Tick():
+            return apply_tick(state, command, stale, savepoint)
+        case TakeOver() | Barrier():
+            return Ack()
+        case Configure():
+            return apply_configure(state, command)
+        case _:
+            assert_never(command)

@@ -1,0 +1,127 @@
+"""The codec: exact round trips, stable tags, garbage rejected, determinism."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from core_support import T0, Cluster
+
+from raftsched.core import (
+    COMMAND_TAGS,
+    CodecError,
+    apply_encoded,
+    decode_entry,
+    decode_state,
+    encode_entry,
+    encode_state,
+    state_digest,
+)
+from raftsched.core import commands as c
+from raftsched.core.invariants import check_invariants
+from raftsched.core.results import Rejected
+
+EVERY_COMMAND: tuple[c.Command, ...] = (
+    c.SubmitJobs(
+        (
+            c.JobSpec("q"),
+            c.JobSpec(
+                "payments", "acme", b"\x01", -3, 5, None, 7, c.Backoff(1, 2, 3), 1_000, 9,
+                "k", "o", "corr", (("a", "1"), ("b", "2")),
+            ),
+        ),
+        ("j1", "j2"),
+    ),
+    c.ClaimJobs("w", ("q", "r"), 10, 5_000),
+    c.ClaimJobs("w", ("q",), 1),
+    c.StartJob("j1", 1),
+    c.HeartbeatJob("j1", 1, 500, b"\x90"),
+    c.HeartbeatJob("j1", 1),
+    c.CompleteJob("j1", 1, b"\xa2ok"),
+    c.FailJob("j1", 1, "transient", "boom", 100, 2**32 - 1),
+    c.CancelJob("j1", "why", "bob"),
+    c.ReplayJob("j1", "fixed", "alice"),
+    c.RecordEffect("key", "j1", 1, b"\x01"),
+    c.Tick(2**64 - 1, 5),
+    c.TakeOver(),
+    c.Barrier(),
+    c.Configure(60_000),
+    c.Configure(),
+)  # fmt: skip
+
+
+def test_every_command_type_has_a_stable_tag() -> None:
+    assert {
+        c.SubmitJobs: 1, c.ClaimJobs: 2, c.StartJob: 3, c.HeartbeatJob: 4, c.CompleteJob: 5,
+        c.FailJob: 6, c.CancelJob: 7, c.ReplayJob: 8, c.RecordEffect: 9, c.Tick: 10,
+        c.TakeOver: 11, c.Barrier: 12, c.Configure: 13,
+    } == COMMAND_TAGS  # fmt: skip
+    assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
+
+
+def test_entries_round_trip_exactly() -> None:
+    entry = c.Entry(7, T0, EVERY_COMMAND)
+    data = encode_entry(entry)
+    assert decode_entry(data) == entry
+    assert encode_entry(decode_entry(data)) == data
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"garbage",
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb([1, 1, 1, [[99]]]),
+        msgpack.packb([1, 1, 1, [[3, "j", "not an int"]]]),
+        msgpack.packb([1, 1, 1, [[3, "j", True]]]),
+        msgpack.packb([1, 1, 1, [[3, "j"]]]),
+        msgpack.packb([2, 1, 1, []]),
+        msgpack.packb({"a": 1}),
+        msgpack.packb([1, 1, 1, [[1, [["q"]], ["j"]]]]),
+    ],
+)
+def test_garbage_entries_raise_codec_error_and_apply_rejects(data: bytes) -> None:
+    with pytest.raises(CodecError):
+        decode_entry(data)
+    cluster = Cluster()
+    before = cluster.digest()
+    (result,) = apply_encoded(cluster.state, data)
+    assert isinstance(result, Rejected) and result.code == "invalid_request"
+    assert cluster.digest() == before
+
+
+def test_apply_encoded_applies_a_valid_entry() -> None:
+    cluster = Cluster()
+    entry = c.Entry(1, T0, (c.SubmitJobs((c.JobSpec("q"),), ("j",)),))
+    (result,) = apply_encoded(cluster.state, encode_entry(entry))
+    assert not isinstance(result, Rejected)
+    assert "j" in cluster.state.jobs
+
+
+def test_state_round_trips_with_every_kind_of_job() -> None:
+    cluster = Cluster()
+    cluster.submit(labels=(("x", "y"),), idempotency_key="k", deadline_ms=99_999, tenant="t")
+    cluster.submit(delay_ms=5_000)
+    lease = cluster.start(lease_ms=1_000, backoff=c.Backoff(7, 70, 7))
+    cluster.run(c.RecordEffect("e", lease.job_id, lease.fencing_token, b"\x01"))
+    cluster.run(c.CancelJob(lease.job_id))
+    done = cluster.start()
+    cluster.run(c.CompleteJob(done.job_id, done.fencing_token, b"\x02"))
+    failing = cluster.start(max_attempts=1)
+    cluster.run(c.FailJob(failing.job_id, failing.fencing_token, "transient", "x"))
+    cluster.run(c.Tick(), at=T0 + 2_000)
+    data = encode_state(cluster.state)
+    decoded = decode_state(data)
+    assert check_invariants(decoded) == []
+    assert encode_state(decoded) == data
+    assert state_digest(decoded) == cluster.digest()
+    for name in ("status_counts", "queue_counts"):
+        assert getattr(decoded, name) == getattr(cluster.state, name)
+    assert decoded.idempotency.keys() == cluster.state.idempotency.keys()
+    assert decoded.effects.keys() == cluster.state.effects.keys()
+
+
+def test_garbage_states_raise_codec_error() -> None:
+    for data in (b"", b"\x00", msgpack.packb([1, 2]), msgpack.packb([1] * 9)):
+        with pytest.raises(CodecError):
+            decode_state(data)

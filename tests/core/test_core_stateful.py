@@ -1,0 +1,345 @@
+"""Random command sequences against a deliberately simple reference model.
+
+The model knows only statuses, lease tokens and expiries, due times and a
+few counters, with fixed backoff and no jitter so that it can predict every
+outcome. After every step the real state must agree with it and pass
+`check_invariants`; tokens and epochs must never decrease.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from raftsched.core import apply_entry, check_invariants, new_state
+from raftsched.core import commands as c
+from raftsched.core.results import (
+    CancelAccepted,
+    Claimed,
+    Completed,
+    EffectRecorded,
+    Failed,
+    HeartbeatAccepted,
+    Rejected,
+    Result,
+    Started,
+    Submitted,
+)
+
+BACKOFF_MS = 100
+QUEUED = {"scheduled", "pending", "retry_wait"}
+LEASED = {"claimed", "running"}
+FINAL = {"succeeded", "dead_letter", "cancelled"}
+
+
+@dataclass
+class ModelJob:
+    seq: int
+    priority: int
+    max_attempts: int
+    status: str
+    due_ms: int | None = None
+    token: int | None = None
+    expires_ms: int = 0
+    lease_ms: int = 0
+    attempts_made: int = 0
+    cancel_requested: bool = False
+    success_token: int | None = None
+
+
+class CoreMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = new_state()
+        self.now_ms = 1_000
+        self.epoch = 1
+        self.jobs: dict[str, ModelJob] = {}
+        self.keys: dict[str, tuple[str, c.JobSpec]] = {}
+        self.effects: set[str] = set()
+        self.last_token = 0
+        self.grants: list[tuple[str, int]] = []
+        self.submissions: list[c.SubmitJobs] = []
+        self.seen_token = 0
+        self.seen_epoch = 0
+        self.apply(c.TakeOver())  # the first leader's first entry
+
+    def apply(self, command: c.Command, epoch: int | None = None) -> Result:
+        entry = c.Entry(self.epoch if epoch is None else epoch, self.now_ms, (command,))
+        (result,) = apply_entry(self.state, entry)
+        return result
+
+    # -- time and epochs -------------------------------------------------
+
+    @rule(step_ms=st.integers(0, 1_500))
+    def time_passes(self, step_ms: int) -> None:
+        self.now_ms += step_ms
+        assert self.apply(c.Barrier()) is not None
+
+    @rule(back_ms=st.integers(1, 1_000))
+    def a_clock_runs_behind(self, back_ms: int) -> None:
+        entry = c.Entry(self.epoch, self.now_ms - back_ms, (c.Barrier(),))
+        apply_entry(self.state, entry)
+        assert self.state.now_ms == self.now_ms
+
+    @rule()
+    def new_leader(self) -> None:
+        self.epoch += 1
+        for job in self.jobs.values():
+            if job.token is not None:
+                job.expires_ms = max(job.expires_ms, self.now_ms + job.lease_ms)
+        self.apply(c.TakeOver())
+
+    @rule()
+    def deposed_leader_claims(self) -> None:
+        result = self.apply(c.ClaimJobs("old", ("q",), 5), epoch=self.epoch - 1)
+        assert isinstance(result, Rejected) and result.code == "stale_epoch"
+
+    # -- submissions ------------------------------------------------------
+
+    @rule(
+        priority=st.integers(-2, 2),
+        delay_ms=st.sampled_from([None, 0, 500]),
+        max_attempts=st.integers(1, 3),
+        key=st.sampled_from([None, None, "a", "b"]),
+        payload=st.sampled_from([b"\x01", b"\x02"]),
+        lease_ms=st.sampled_from([200, 1_000]),
+    )
+    def submit(
+        self, priority: int, delay_ms: int | None, max_attempts: int, key: str | None,
+        payload: bytes, lease_ms: int,
+    ) -> None:  # fmt: skip
+        spec = c.JobSpec(
+            "q", payload=payload, priority=priority, delay_ms=delay_ms, max_attempts=max_attempts,
+            backoff=c.Backoff(BACKOFF_MS, BACKOFF_MS, 0), lease_ms=lease_ms, idempotency_key=key,
+        )  # fmt: skip
+        job_id = f"job_{self.state.next_seq}_{len(self.submissions)}"
+        command = c.SubmitJobs((spec,), (job_id,))
+        self.submissions.append(command)
+        (item,) = self._items(self.apply(command))
+        if key is not None and key in self.keys:
+            original, original_spec = self.keys[key]
+            if original_spec == spec:
+                assert (item.job_id, item.created) == (original, False)  # type: ignore[union-attr]
+            else:
+                assert isinstance(item, Rejected) and item.code == "idempotency_conflict"
+            return
+        assert not isinstance(item, Rejected) and item.created
+        waiting = bool(delay_ms)
+        self.jobs[job_id] = ModelJob(
+            len(self.jobs), priority, max_attempts, "scheduled" if waiting else "pending",
+            due_ms=self.now_ms + delay_ms if waiting and delay_ms else None,
+        )  # fmt: skip
+        if key is not None:
+            self.keys[key] = (job_id, spec)
+
+    @rule(data=st.data())
+    def a_submission_is_applied_twice(self, data: st.DataObject) -> None:
+        if not self.submissions:
+            return
+        command = data.draw(st.sampled_from(self.submissions))
+        (item,) = self._items(self.apply(command))
+        assert isinstance(item, Rejected) or not item.created
+
+    @staticmethod
+    def _items(result: Result) -> tuple[object, ...]:
+        assert isinstance(result, Submitted)
+        return result.items
+
+    # -- the worker protocol ----------------------------------------------
+
+    @rule(n=st.integers(1, 3), lease_ms=st.sampled_from([None, 300]))
+    def claim(self, n: int, lease_ms: int | None) -> None:
+        result = self.apply(c.ClaimJobs("w", ("q",), n, lease_ms))
+        assert isinstance(result, Claimed)
+        pending = sorted(
+            (job for job in self.jobs.items() if job[1].status == "pending"),
+            key=lambda item: (-item[1].priority, item[1].seq),
+        )
+        expected = [job_id for job_id, _ in pending[:n]]
+        assert [lease.job_id for lease in result.leases] == expected
+        for lease in result.leases:
+            self.last_token += 1
+            assert lease.fencing_token == self.last_token
+            job = self.jobs[lease.job_id]
+            job.status, job.token, job.due_ms = "claimed", lease.fencing_token, None
+            job.lease_ms = lease.lease_ms
+            job.expires_ms = lease.expires_at_ms
+            assert lease.expires_at_ms == self.now_ms + (lease_ms or lease.lease_ms)
+            self.grants.append((lease.job_id, lease.fencing_token))
+
+    def _grant(self, data: st.DataObject) -> tuple[str, int] | None:
+        if not self.grants:
+            return None
+        job_id, token = data.draw(st.sampled_from(self.grants))
+        return job_id, data.draw(st.sampled_from([token, token, token + 1000]))
+
+    def _fenced(self, result: Result, job_id: str, token: int) -> ModelJob | None:
+        """The model job when `token` is current; else assert lease_lost."""
+        job = self.jobs[job_id]
+        if job.token is not None and job.token == token:
+            return job
+        assert isinstance(result, Rejected | Completed), result
+        return None
+
+    @rule(data=st.data())
+    def start(self, data: st.DataObject) -> None:
+        grant = self._grant(data)
+        if grant is None:
+            return
+        result = self.apply(c.StartJob(*grant))
+        job = self._fenced(result, *grant)
+        if job is None:
+            assert isinstance(result, Rejected) and result.code == "lease_lost"
+            return
+        assert isinstance(result, Started)
+        job.status = "running"
+
+    @rule(data=st.data(), extend_ms=st.sampled_from([None, 50, 2_000]))
+    def heartbeat(self, data: st.DataObject, extend_ms: int | None) -> None:
+        grant = self._grant(data)
+        if grant is None:
+            return
+        result = self.apply(c.HeartbeatJob(*grant, extend_ms=extend_ms))
+        job = self._fenced(result, *grant)
+        if job is None:
+            assert isinstance(result, Rejected) and result.code == "lease_lost"
+            return
+        job.expires_ms = max(job.expires_ms, self.now_ms + (extend_ms or job.lease_ms))
+        assert result == HeartbeatAccepted(grant[0], job.expires_ms, job.cancel_requested)
+
+    @rule(data=st.data())
+    def complete(self, data: st.DataObject) -> None:
+        grant = self._grant(data)
+        if grant is None:
+            return
+        result = self.apply(c.CompleteJob(*grant))
+        job = self._fenced(result, *grant)
+        if job is None:
+            model = self.jobs[grant[0]]
+            if model.status == "succeeded" and model.success_token == grant[1]:
+                assert isinstance(result, Completed) and result.replayed
+            else:
+                assert isinstance(result, Rejected) and result.code == "lease_lost"
+            return
+        assert isinstance(result, Completed) and not result.replayed
+        job.status, job.token, job.success_token = "succeeded", None, grant[1]
+        job.attempts_made += 1
+
+    @rule(data=st.data(), kind=st.sampled_from(["transient", "permanent", "unknown", "cancelled"]))
+    def fail(self, data: st.DataObject, kind: c.FailureKind) -> None:
+        grant = self._grant(data)
+        if grant is None:
+            return
+        result = self.apply(c.FailJob(*grant, kind=kind))
+        job = self._fenced(result, *grant)
+        if job is None:
+            assert isinstance(result, Rejected) and result.code == "lease_lost"
+            return
+        job.token = None
+        job.attempts_made += 1
+        if kind == "cancelled" or job.cancel_requested:
+            job.status = "cancelled"
+        elif kind == "permanent" or job.attempts_made >= job.max_attempts:
+            job.status = "dead_letter"
+        else:
+            job.status, job.due_ms = "retry_wait", self.now_ms + BACKOFF_MS
+        assert isinstance(result, Failed) and result.status == job.status
+
+    @rule(data=st.data(), key=st.sampled_from(["e1", "e2"]))
+    def record_effect(self, data: st.DataObject, key: str) -> None:
+        grant = self._grant(data)
+        if grant is None:
+            return
+        result = self.apply(c.RecordEffect(key, *grant))
+        job = self._fenced(result, *grant)
+        if job is None:
+            assert isinstance(result, Rejected) and result.code == "lease_lost"
+            return
+        assert isinstance(result, EffectRecorded)
+        assert result.replayed == (key in self.effects)
+        self.effects.add(key)
+
+    # -- operators ---------------------------------------------------------
+
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        if not self.jobs:
+            return
+        job_id = data.draw(st.sampled_from(sorted(self.jobs)))
+        job = self.jobs[job_id]
+        result = self.apply(c.CancelJob(job_id))
+        if job.status in FINAL:
+            assert isinstance(result, Rejected) and result.code == "invalid_state"
+        elif job.status in LEASED:
+            job.cancel_requested = True
+            assert result == CancelAccepted(job_id, job.status, True)
+        else:
+            job.status, job.due_ms = "cancelled", None
+            assert isinstance(result, CancelAccepted) and result.status == "cancelled"
+
+    @rule(data=st.data())
+    def replay(self, data: st.DataObject) -> None:
+        if not self.jobs:
+            return
+        job_id = data.draw(st.sampled_from(sorted(self.jobs)))
+        job = self.jobs[job_id]
+        result = self.apply(c.ReplayJob(job_id))
+        if job.status != "dead_letter":
+            assert isinstance(result, Rejected) and result.code == "invalid_state"
+            return
+        job.status, job.attempts_made, job.cancel_requested = "pending", 0, False
+
+    @rule()
+    def tick(self) -> None:
+        result = self.apply(c.Tick(seed=7))
+        assert not isinstance(result, Rejected)
+        for job in sorted(self.jobs.values(), key=lambda job: job.seq):
+            if job.token is not None and job.expires_ms <= self.now_ms:
+                self._expire(job)
+        for job in self.jobs.values():
+            waiting = job.status in ("scheduled", "retry_wait")
+            if waiting and job.due_ms is not None and job.due_ms <= self.now_ms:
+                job.status = "pending"
+        assert not result.more
+
+    def _expire(self, job: ModelJob) -> None:
+        job.token = None
+        if job.cancel_requested:
+            job.attempts_made += job.status == "running"  # it ran: the attempt counts
+            job.status = "cancelled"
+        elif job.status == "claimed":
+            job.status = "pending"
+        else:
+            job.attempts_made += 1
+            if job.attempts_made >= job.max_attempts:
+                job.status = "dead_letter"
+            else:
+                job.status, job.due_ms = "retry_wait", self.now_ms + BACKOFF_MS
+
+    # -- invariants ----------------------------------------------------------
+
+    @invariant()
+    def agrees_with_the_model(self) -> None:
+        assert check_invariants(self.state) == []
+        for job_id, model in self.jobs.items():
+            job = self.state.jobs[job_id]
+            assert job.status == model.status, job_id
+            assert (job.lease.fencing_token if job.lease else None) == model.token
+            assert job.attempts_made == model.attempts_made
+            if model.token is not None:
+                assert job.lease is not None and job.lease.expires_at_ms == model.expires_ms
+        assert self.state.last_fencing_token == self.last_token >= self.seen_token
+        assert self.state.epoch == self.epoch >= self.seen_epoch
+        self.seen_token, self.seen_epoch = self.last_token, self.epoch
+
+
+CoreMachine.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestCoreMachine = CoreMachine.TestCase

@@ -1,0 +1,75 @@
+"""Every row of the transition table is reachable, and recorded as it says."""
+
+from __future__ import annotations
+
+from core_support import T0, Cluster
+
+from raftsched.core import TRANSITIONS
+from raftsched.core.commands import (
+    Backoff,
+    CancelJob,
+    CompleteJob,
+    FailJob,
+    ReplayJob,
+    StartJob,
+    Tick,
+)
+
+# Repeated starts and heartbeats keep the status and are not history events;
+# test_core_leases covers them.
+NOT_RECORDED = {("running", "start"), ("claimed", "heartbeat"), ("running", "heartbeat")}
+
+
+def _leased(cluster: Cluster, started: bool, **fields: object) -> tuple[str, int]:
+    job_id = cluster.submit(**fields)
+    lease = cluster.claim_one()
+    assert lease.job_id == job_id
+    if started:
+        cluster.run(StartJob(job_id, lease.fencing_token))
+    return job_id, lease.fencing_token
+
+
+def _scenarios(cluster: Cluster) -> None:
+    for started in (False, True):
+        job, token = _leased(cluster, started)
+        cluster.run(CompleteJob(job, token))
+        job, token = _leased(cluster, started, backoff=Backoff(50, 50, 0))
+        cluster.run(FailJob(job, token, "transient"))  # retry
+        cluster.run(CancelJob(job))  # retry_wait -> cancelled
+        job, token = _leased(cluster, started, backoff=Backoff(0, 0, 0))
+        cluster.run(FailJob(job, token, "transient"))  # requeue
+        cluster.run(CancelJob(job))
+        job, token = _leased(cluster, started)
+        cluster.run(FailJob(job, token, "permanent"))  # dead_letter
+        cluster.run(ReplayJob(job))
+        cluster.run(CancelJob(job))
+        job, token = _leased(cluster, started)
+        cluster.run(CancelJob(job))  # request_cancel
+        cluster.run(FailJob(job, token, "cancelled"))  # cancel
+    job, _ = _leased(cluster, False, lease_ms=100)
+    cluster.run(Tick(), at=cluster.now_ms + 100)  # claimed lease expiry: requeue
+    cluster.run(CancelJob(job))
+    delayed = cluster.submit(delay_ms=10)
+    cluster.run(Tick(), at=cluster.now_ms + 10)  # scheduled -> due
+    cluster.run(CancelJob(delayed))
+    cluster.run(CancelJob(cluster.submit(delay_ms=10)))  # scheduled -> cancel
+    cluster.submit(delay_ms=10_000, deadline_ms=1_000)  # scheduled -> dead_letter
+    job, token = _leased(cluster, True, deadline_ms=1_000, backoff=Backoff(5_000, 5_000, 0))
+    cluster.run(FailJob(job, token, "transient"))  # retry_wait -> dead_letter
+    cluster.submit(deadline_ms=1_000)  # pending -> dead_letter
+    cluster.run(Tick(), at=cluster.now_ms + 1_000)
+    job, token = _leased(cluster, True, backoff=Backoff(50, 50, 0))
+    cluster.run(FailJob(job, token, "transient"))
+    cluster.run(Tick(), at=cluster.now_ms + 50)  # retry_wait -> due
+
+
+def test_every_transition_is_reachable_and_recorded() -> None:
+    cluster = Cluster()
+    _scenarios(cluster)
+    seen = set()
+    for job in cluster.state.jobs.values():
+        for _at, event, from_status, to_status, *_ in job.history or ():
+            assert TRANSITIONS[from_status, event] == to_status
+            seen.add((from_status, event))
+    assert seen == set(TRANSITIONS) - NOT_RECORDED
+    assert cluster.state.now_ms > T0
