@@ -54,8 +54,10 @@ class NodeConfig:
     # "none": pysyncobj's own behaviour, for benchmarks that show the cost.
     durability: str = "fsync"
     max_body_bytes: int = 1024 * 1024
-    # Raise only for tests that must see leases expire quickly.
-    min_lease_ms: int = 1_000
+    # A leader that has not heard from a majority for this long steps down.
+    # Lease decisions never rely on it (every grant commits through Raft), but
+    # a short value stops a cut-off leader's futile proposals sooner.
+    leader_fallback_timeout_s: float = 1.0
     log_format: str = "auto"  # "json", "text" or "auto" (text on a terminal)
     extra: dict[str, str] = field(default_factory=dict)
 

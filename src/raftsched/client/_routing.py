@@ -121,6 +121,7 @@ class Attempts:
         self._call = call
         self._clock = clock
         self._deadline = clock() + budget_s
+        self._max_redirects = max_redirects
         self._redirects_left = max_redirects
         self._attempts_left = max_attempts
         self._failed_in_round: set[str] = set()
@@ -156,7 +157,14 @@ class Attempts:
             raise TransportError(f"redirect without Location from {response.url}")
         self._redirects_left -= 1
         if self._redirects_left < 0:
-            raise TransportError(f"too many redirects, last to {location}")
+            # Redirects that go round in circles happen while an election is
+            # settling (nodes still name the old leader): wait, then start
+            # again from a configured node, within the call's budget.
+            self._redirects_left = self._max_redirects
+            delay_s = self._backoff_s
+            self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+            self.url = self._nodes.move_on_from(self.base) + self._call.path_and_query
+            return self._spend(delay_s, TransportError(f"too many redirects, last to {location}"))
         self.url = urljoin(response.url, location)
         self._nodes.prefer(self.base)
         return self._spend(0.0, TransportError(f"gave up after a redirect to {location}"))

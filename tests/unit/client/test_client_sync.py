@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from aiohttp import web
@@ -53,12 +54,17 @@ def test_redirect_keeps_method_and_body_and_sticks_to_leader(cluster: FakeCluste
 
 
 def test_redirect_loop_is_bounded(cluster: FakeCluster) -> None:
-    first, second, _ = cluster.nodes
+    first, second, third = cluster.nodes
     first.script = redirect_to(second.url)
     second.script = redirect_to(first.url)
+    third.script = redirect_to(first.url)
+    # A loop is retried with backoff (elections settle) but only within the
+    # call's budget, and never more than the attempt limit.
+    started = time.monotonic()
     with pytest.raises(TransportError, match="redirect"):
-        Client(cluster.urls, timeout_s=2).get_job("job_1")
-    assert len(first.seen) + len(second.seen) <= 7
+        Client(cluster.urls, timeout_s=2, retry_budget_s=1.0).get_job("job_1")
+    assert time.monotonic() - started < 3.0
+    assert len(first.seen) + len(second.seen) + len(third.seen) <= 30
 
 
 def test_connection_refused_moves_to_next_node(cluster: FakeCluster) -> None:

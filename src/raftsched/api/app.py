@@ -1,0 +1,164 @@
+"""The aiohttp application: middlewares, leader routing, and the route tables.
+
+Every handler either answers from this node or raises: `ApiError` (rendered
+with the stable error body), `NotLeader` (a 307 to the leader, keeping method
+and body, or 503 `no_leader` when none is known), or `OutcomeUnknown` (504:
+the command may yet commit; retry with the same key or token).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from raftsched.api.errors import ApiError, invalid
+from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
+from raftsched.node.service import Node
+
+log = logging.getLogger("raftsched.api")
+
+NODE = web.AppKey("node", Node)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def node_of(request: web.Request) -> Node:
+    return request.app[NODE]
+
+
+def leader_redirect(request: web.Request) -> web.Response:
+    node = node_of(request)
+    leader = node.leader()
+    # Redirect only to a leader this node can reach: right after a leader dies
+    # its followers still name it until the election, and a redirect to a
+    # dead node would only send the client round in circles.
+    if (
+        leader is None
+        or leader.id == node.config.node_id
+        or leader.http_url is None
+        or not node.peer_reachable(leader.id)
+    ):
+        raise ApiError(
+            "no_leader", "no leader is known; retry shortly", headers={"Retry-After": "1"}
+        )
+    location = leader.http_url.rstrip("/") + request.path_qs
+    return web.Response(
+        status=307,
+        headers={"Location": location, "Raftsched-Leader": leader.id},
+        text=json.dumps({"leader": {"id": leader.id, "http_url": leader.http_url}}),
+        content_type="application/json",
+    )
+
+
+@web.middleware
+async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await _answer(request, handler)
+        status = response.status
+        response.headers["X-Request-Id"] = request_id
+        return response
+    finally:
+        route = request.match_info.route.resource
+        route_name = route.canonical if route is not None else "unmatched"
+        node_of(request).m_http_seconds.observe(
+            time.perf_counter() - started, request.method, route_name, str(status)
+        )
+
+
+async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return error.response()
+    except NotLeader:
+        try:
+            return leader_redirect(request)
+        except ApiError as error:
+            return error.response()
+    except NotCommitted as error:
+        return ApiError(
+            "unavailable",
+            "the cluster could not take the command now; nothing was committed",
+            {"reason": str(error)},
+            headers={"Retry-After": "1"},
+        ).response()
+    except OutcomeUnknown as error:
+        return ApiError(
+            "outcome_unknown",
+            "the command may or may not have committed; retrying with the same "
+            "idempotency key or fencing token is safe",
+            {"reason": str(error) or "unknown"},
+            headers={"Retry-After": "1"},
+        ).response()
+    except web.HTTPRequestEntityTooLarge as error:
+        return ApiError("payload_too_large", str(error.text or "body too large")).response()
+    except web.HTTPNotFound:
+        return ApiError("not_found", f"no route for {request.path}").response()
+    except web.HTTPMethodNotAllowed as error:
+        return ApiError(
+            "method_not_allowed",
+            f"{request.method} is not allowed on {request.path}",
+            headers={"Allow": ", ".join(sorted(error.allowed_methods))},
+        ).response()
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return ApiError("internal_error", "internal error").response()
+
+
+async def read_json(request: web.Request) -> Any:
+    if not request.can_read_body:
+        raise invalid("body", "a JSON body is required")
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise invalid("body", f"not valid JSON: {error}") from None
+
+
+def consistency(request: web.Request) -> str:
+    value = request.query.get("consistency", "linearizable")
+    if value not in ("linearizable", "stale"):
+        raise invalid("consistency", "must be linearizable or stale")
+    return value
+
+
+async def prepare_read(request: web.Request) -> dict[str, str]:
+    """Make a read linearizable (leader + barrier) unless the caller asked for a
+    stale one; returns headers for the response."""
+    node = node_of(request)
+    if consistency(request) == "stale":
+        with node.reading():
+            return {"Raftsched-Applied-Index": str(node.status().applied_index)}
+    try:
+        await node.barrier()
+    except (OutcomeUnknown, NotCommitted):
+        # A read changes nothing, so an unconfirmed barrier is simply unavailability.
+        raise ApiError(
+            "unavailable",
+            "leadership could not be confirmed; retry shortly",
+            headers={"Retry-After": "1"},
+        ) from None
+    return {}
+
+
+def create_app(node: Node) -> web.Application:
+    from raftsched.api import cluster, jobs, leases
+
+    app = web.Application(
+        middlewares=[request_id_middleware], client_max_size=node.config.max_body_bytes
+    )
+    app[NODE] = node
+    app.add_routes(jobs.routes)
+    app.add_routes(leases.routes)
+    app.add_routes(cluster.routes)
+    return app

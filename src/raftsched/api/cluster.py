@@ -1,0 +1,102 @@
+"""Cluster status, health, readiness, metrics and the OpenAPI description."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+from aiohttp import web
+
+from raftsched.api.app import node_of
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/v1/cluster")
+async def cluster(request: web.Request) -> web.Response:
+    node = node_of(request)
+    status = node.status()
+    leader = node.leader()
+    urls = {p.id: p.http_url for p in node.config.peers}
+    urls[node.config.node_id] = node.config.advertised_http_url
+    nodes = [
+        {
+            "id": node.config.node_id,
+            "raft_address": node.config.raft_address,
+            "http_url": node.config.advertised_http_url,
+            "role": status.role,
+            "reachable": True,
+            "match_index": None,
+        }
+    ]
+    for peer in status.peers:
+        role = "leader" if leader is not None and leader.id == peer.id else "follower"
+        nodes.append(
+            {
+                "id": peer.id,
+                "raft_address": peer.raft_address,
+                "http_url": urls.get(peer.id),
+                "role": role if peer.reachable else "unknown",
+                "reachable": peer.reachable,
+                "match_index": peer.match_index,
+            }
+        )
+    body = {
+        "node_id": node.config.node_id,
+        "leader": None if leader is None else {"id": leader.id, "http_url": leader.http_url},
+        "term": status.term,
+        "commit_index": status.commit_index,
+        "applied_index": status.applied_index,
+        "nodes": nodes,
+    }
+    return web.json_response(body)
+
+
+@routes.get("/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "node_id": node_of(request).config.node_id})
+
+
+@routes.get("/readyz")
+async def readyz(request: web.Request) -> web.Response:
+    """Ready when a leader is known and this replica has applied everything
+    up to the commit index it last heard of."""
+    node = node_of(request)
+    status = node.status()
+    ready = status.leader_id is not None and status.applied_index >= status.commit_index
+    body = {
+        "ready": ready,
+        "leader_id": status.leader_id,
+        "commit_index": status.commit_index,
+        "applied_index": status.applied_index,
+    }
+    return web.json_response(body, status=200 if ready else 503)
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    text = node_of(request).metrics.render()
+    return web.Response(
+        text=text,
+        content_type="text/plain",
+        charset="utf-8",
+        headers={"X-Content-Type-Options": "nosniff"},
+    )
+
+
+@routes.get("/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    text = resources.files("raftsched").joinpath("static/openapi.json").read_text("utf-8")
+    return web.json_response(json.loads(text))
+
+
+@routes.get("/v1/debug/digest")
+async def digest(request: web.Request) -> web.Response:
+    """The state digest and applied index of this replica, for convergence checks."""
+    node = node_of(request)
+    with node.reading():
+        value = node.replica.digest()
+        applied = node.status().applied_index
+    return web.json_response(
+        {"node_id": node.config.node_id, "digest": value, "applied_index": applied}
+    )

@@ -1,0 +1,92 @@
+"""HTTP errors with the stable body `{"error": {"code", "message", "details"}}`.
+
+Handlers raise `ApiError`; one middleware renders it. Core rejections map to
+statuses through `STATUS_BY_CODE`, so a code always means the same status.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from raftsched.core.results import Rejected
+
+STATUS_BY_CODE: dict[str, int] = {
+    "invalid_request": 400,
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "idempotency_conflict": 409,
+    "lease_lost": 409,
+    "invalid_state": 409,
+    "payload_too_large": 413,
+    "rate_limited": 429,
+    "queue_full": 429,
+    "internal_error": 500,
+    "no_leader": 503,
+    "unavailable": 503,
+    # A deposed leader proposed it; the client should retry (it will reach
+    # the new leader). Nothing was applied.
+    "stale_epoch": 503,
+    # The command was handed to Raft but its fate is unknown (leader lost
+    # mid-commit, or no answer before the deadline). It may yet commit: retry
+    # with the same idempotency key or fencing token, which is safe.
+    "outcome_unknown": 504,
+}
+
+
+class ApiError(Exception):
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        details: dict[str, Any] | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details or {}
+        self.headers = headers or {}
+
+    @property
+    def status(self) -> int:
+        return STATUS_BY_CODE.get(self.code, 500)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+    def response(self) -> web.Response:
+        return web.json_response(self.body(), status=self.status, headers=self.headers)
+
+
+def invalid(field: str, message: str) -> ApiError:
+    return ApiError("invalid_request", f"{field}: {message}", {"field": field})
+
+
+# The core names fields as its commands do (milliseconds); requests name them
+# in seconds. Translating keeps `details.field` pointing at what the client sent.
+_FIELD_NAMES = {
+    "delay": "delay_s",
+    "lease": "lease_s",
+    "deadline": "deadline_s",
+    "backoff.initial_ms": "backoff.initial_s",
+    "backoff.max_ms": "backoff.max_s",
+    "backoff.jitter_ms": "backoff.jitter_s",
+    "extend": "extend_s",
+    "extend_ms": "extend_s",
+    "retry_after": "error.retry_after_s",
+    "retry_after_ms": "error.retry_after_s",
+}
+
+
+def from_rejection(rejection: Rejected) -> ApiError:
+    headers = {"Retry-After": "1"} if rejection.code == "stale_epoch" else None
+    details = dict(rejection.details)
+    field = details.get("field")
+    if isinstance(field, str):
+        details["field"] = _FIELD_NAMES.get(field, field)
+    return ApiError(rejection.code, rejection.message, details, headers=headers)

@@ -1,0 +1,196 @@
+"""`/v1/jobs`: submit (one or a batch), read, list, cancel, replay, history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from raftsched import core
+from raftsched.api import render
+from raftsched.api.app import node_of, prepare_read, read_json
+from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.validation import (
+    BATCH_JOBS_MAX,
+    parse_job,
+    path_id,
+    reason,
+    reject_unknown,
+    require_object,
+)
+from raftsched.core.commands import CancelJob, JobSpec, ReplayJob, SubmitJobs
+from raftsched.core.results import CancelAccepted, Rejected, Replayed, SubmitItem, Submitted
+
+routes = web.RouteTableDef()
+
+JOB_STATUSES = frozenset(
+    {
+        "scheduled",
+        "pending",
+        "claimed",
+        "running",
+        "retry_wait",
+        "succeeded",
+        "dead_letter",
+        "cancelled",
+    }
+)
+LIST_LIMIT_MAX = 1000
+
+
+def _job_json(request: web.Request, job_id: str) -> dict[str, Any]:
+    with node_of(request).reading() as state:
+        job = core.get_job(state, job_id)
+        if job is None:
+            # Purged between commit and render (retention); rare but possible.
+            raise ApiError("not_found", f"job {job_id} no longer exists")
+        return render.job(job)
+
+
+async def _submit(request: web.Request, specs: list[JobSpec], size_bytes: int) -> Submitted:
+    node = node_of(request)
+    now_ms = node.clock.now_ms()
+    job_ids = tuple(node.ids.new("job", now_ms) for _ in specs)
+    result = await node.propose(SubmitJobs(tuple(specs), job_ids), size_bytes)
+    if isinstance(result, Rejected):
+        raise from_rejection(result)
+    assert isinstance(result, Submitted)
+    return result
+
+
+@routes.post("/v1/jobs")
+async def submit_job(request: web.Request) -> web.Response:
+    spec = parse_job(await read_json(request))
+    result = await _submit(request, [spec], request.content_length or 0)
+    item = result.items[0]
+    if isinstance(item, Rejected):
+        raise from_rejection(item)
+    body = {"job": _job_json(request, item.job_id)}
+    if item.created:
+        return web.json_response(body, status=201)
+    return web.json_response(body, status=200, headers={"Idempotent-Replayed": "true"})
+
+
+@routes.post("/v1/jobs/batch")
+async def submit_batch(request: web.Request) -> web.Response:
+    body = require_object(await read_json(request))
+    reject_unknown(body, frozenset({"jobs"}))
+    jobs = body.get("jobs")
+    if not isinstance(jobs, list) or not 1 <= len(jobs) <= BATCH_JOBS_MAX:
+        raise invalid("jobs", f"must be a list of 1 to {BATCH_JOBS_MAX} job requests")
+    # The batch commits together, so it is validated whole first: one bad
+    # request fails the call and nothing is proposed.
+    specs = [parse_job(job, prefix=f"jobs[{i}].") for i, job in enumerate(jobs)]
+    result = await _submit(request, specs, request.content_length or 0)
+    results: list[dict[str, Any]] = []
+    for item in result.items:
+        if isinstance(item, SubmitItem):
+            entry: dict[str, Any] = {"job": _job_json(request, item.job_id)}
+            if not item.created:
+                entry["replayed"] = True
+            results.append(entry)
+        else:
+            results.append(from_rejection(item).body())
+    return web.json_response({"results": results})
+
+
+@routes.get("/v1/jobs/{job_id}")
+async def get_job(request: web.Request) -> web.Response:
+    headers = await prepare_read(request)
+    job_id = request.match_info["job_id"]
+    with node_of(request).reading() as state:
+        job = core.get_job(state, job_id)
+        if job is None:
+            raise ApiError("not_found", f"no job {job_id}")
+        body = {"job": render.job(job)}
+    return web.json_response(body, headers=headers)
+
+
+@routes.get("/v1/jobs")
+async def list_jobs(request: web.Request) -> web.Response:
+    query = request.query
+    reject_unknown(
+        query,
+        frozenset(
+            {
+                "queue",
+                "status",
+                "tenant",
+                "schedule_id",
+                "workflow_id",
+                "limit",
+                "cursor",
+                "consistency",
+            }
+        ),
+    )
+    status = query.get("status")
+    if status is not None and status not in JOB_STATUSES:
+        raise invalid("status", "unknown status")
+    cursor = query.get("cursor")
+    if cursor is not None and not cursor.isdigit():
+        raise invalid("cursor", "not a cursor this API returned")
+    limit_text = query.get("limit", "50")
+    if not limit_text.isdigit() or not 1 <= int(limit_text) <= LIST_LIMIT_MAX:
+        raise invalid("limit", f"must be an integer from 1 to {LIST_LIMIT_MAX}")
+    headers = await prepare_read(request)
+    with node_of(request).reading() as state:
+        jobs, next_cursor = core.list_jobs(
+            state,
+            queue=query.get("queue"),
+            status=status,
+            tenant=query.get("tenant"),
+            limit=int(limit_text),
+            cursor=cursor,
+            schedule_id=query.get("schedule_id"),
+            workflow_id=query.get("workflow_id"),
+        )
+        body = {"jobs": [render.job(job) for job in jobs], "next_cursor": next_cursor}
+    return web.json_response(body, headers=headers)
+
+
+def _reason(body: dict[str, Any]) -> str:
+    reject_unknown(body, frozenset({"reason"}))
+    return reason(body)
+
+
+async def _optional_body(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    return dict(require_object(await read_json(request)))
+
+
+@routes.post("/v1/jobs/{job_id}/cancel")
+async def cancel_job(request: web.Request) -> web.Response:
+    reason = _reason(await _optional_body(request))
+    job_id = path_id(request.match_info["job_id"])
+    result = await node_of(request).propose(CancelJob(job_id, reason, actor="api"))
+    if isinstance(result, Rejected):
+        raise from_rejection(result)
+    assert isinstance(result, CancelAccepted)
+    return web.json_response({"job": _job_json(request, job_id)})
+
+
+@routes.post("/v1/jobs/{job_id}/replay")
+async def replay_job(request: web.Request) -> web.Response:
+    body = await _optional_body(request)
+    reason = _reason(body)
+    job_id = path_id(request.match_info["job_id"])
+    actor = request.headers.get("Raftsched-Actor", "").strip()[:200] or "operator"
+    result = await node_of(request).propose(ReplayJob(job_id, reason, actor=actor))
+    if isinstance(result, Rejected):
+        raise from_rejection(result)
+    assert isinstance(result, Replayed)
+    return web.json_response({"job": _job_json(request, job_id)})
+
+
+@routes.get("/v1/jobs/{job_id}/history")
+async def job_history(request: web.Request) -> web.Response:
+    headers = await prepare_read(request)
+    job_id = request.match_info["job_id"]
+    with node_of(request).reading() as state:
+        events = core.job_history(state, job_id)
+        if events is None:
+            raise ApiError("not_found", f"no job {job_id}")
+        body = {"events": [render.history_event(event) for event in events]}
+    return web.json_response(body, headers=headers)

@@ -1,0 +1,239 @@
+"""The worker protocol (`/v1/leases`) and the effects ledger (`/v1/effects`).
+
+Every operation here is fenced: the core accepts it only with the job's
+current lease token, so a retry after an unknown outcome is safe, and a
+worker whose lease moved on gets `409 lease_lost` and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from raftsched import core
+from raftsched.api import render
+from raftsched.api.app import node_of, prepare_read, read_json
+from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.validation import (
+    BATCH_OPS_MAX,
+    CLAIM_JOBS_MAX,
+    CLAIM_QUEUES_MAX,
+    KEY_LENGTH_MAX,
+    LEASE_S_MAX,
+    LEASE_S_MIN,
+    WAIT_S_MAX,
+    failure,
+    fencing_token,
+    integer,
+    pack_json,
+    path_id,
+    reject_unknown,
+    require_object,
+    seconds_ms,
+    string,
+    unpack_json,
+)
+from raftsched.core.commands import (
+    Command,
+    CompleteJob,
+    FailJob,
+    HeartbeatJob,
+    RecordEffect,
+    StartJob,
+)
+from raftsched.core.results import (
+    Completed,
+    EffectRecorded,
+    Failed,
+    HeartbeatAccepted,
+    Rejected,
+    Result,
+    Started,
+)
+from raftsched.node.clock import random_u32
+from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
+from raftsched.timefmt import format_ms
+
+routes = web.RouteTableDef()
+
+OP_FIELDS: dict[str, frozenset[str]] = {
+    "start": frozenset({"fencing_token"}),
+    "heartbeat": frozenset({"fencing_token", "extend_s", "progress"}),
+    "complete": frozenset({"fencing_token", "result"}),
+    "fail": frozenset({"fencing_token", "error"}),
+}
+
+
+@routes.post("/v1/leases")
+async def claim(request: web.Request) -> web.Response:
+    body = require_object(await read_json(request))
+    reject_unknown(body, frozenset({"worker_id", "queues", "max_jobs", "wait_s", "lease_s"}))
+    worker_id = string(body, "worker_id", required=True)
+    assert worker_id is not None
+    queues = body.get("queues")
+    if (
+        not isinstance(queues, list)
+        or not 1 <= len(queues) <= CLAIM_QUEUES_MAX
+        or not all(isinstance(q, str) and 0 < len(q) <= 200 for q in queues)
+    ):
+        raise invalid("queues", f"must be a list of 1 to {CLAIM_QUEUES_MAX} queue names")
+    max_jobs = integer(body, "max_jobs", 1, CLAIM_JOBS_MAX) or 1
+    wait_ms = seconds_ms(body, "wait_s", 0, WAIT_S_MAX) or 0
+    lease_ms = seconds_ms(body, "lease_s", LEASE_S_MIN, LEASE_S_MAX)
+    node = node_of(request)
+    outcome = await node.claim(
+        worker_id, tuple(dict.fromkeys(queues)), max_jobs, wait_ms / 1000, lease_ms
+    )
+    if isinstance(outcome, Rejected):
+        raise from_rejection(outcome)
+    node.m_leases_granted.inc(amount=len(outcome))
+    return web.json_response({"leases": [render.lease(grant) for grant in outcome]})
+
+
+def _command_for(op: str, job_id: str, body: Mapping[str, Any], prefix: str = "") -> Command:
+    """Validate one lease operation and build its command (raises 400)."""
+    reject_unknown(body, OP_FIELDS[op] | ({"op", "job_id"} if prefix else set()), prefix)
+    token = fencing_token(body, prefix)
+    if op == "start":
+        return StartJob(job_id, token)
+    if op == "heartbeat":
+        extend_ms = seconds_ms(body, "extend_s", LEASE_S_MIN, LEASE_S_MAX, prefix=prefix)
+        progress = body.get("progress")
+        packed = None if progress is None else pack_json(progress, prefix + "progress")
+        return HeartbeatJob(job_id, token, extend_ms, packed)
+    if op == "complete":
+        return CompleteJob(job_id, token, pack_json(body.get("result"), prefix + "result"))
+    kind, message, retry_after_ms = failure(body, prefix)
+    return FailJob(job_id, token, kind, message, retry_after_ms, random_u32())
+
+
+def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
+    """The JSON answer of one lease operation (raises for rejections)."""
+    node = node_of(request)
+    if isinstance(result, Rejected):
+        if result.code == "lease_lost":
+            node.m_lease_lost.inc(op)
+        raise from_rejection(result)
+    if isinstance(result, Started):
+        return {
+            "job_id": result.job_id,
+            "status": "running",
+            "expires_at": format_ms(result.expires_at_ms),
+        }
+    if isinstance(result, HeartbeatAccepted):
+        return {
+            "expires_at": format_ms(result.expires_at_ms),
+            "cancel_requested": result.cancel_requested,
+        }
+    if isinstance(result, Completed):
+        return {
+            "job_id": result.job_id,
+            "status": "succeeded",
+            "replayed": result.replayed,
+            "result": unpack_json(result.result),
+        }
+    if isinstance(result, Failed):
+        return {
+            "job_id": result.job_id,
+            "status": result.status,
+            "next_run_at": render.time_or_none(result.next_run_at_ms),
+        }
+    raise ApiError("internal_error", f"unexpected result {type(result).__name__}")
+
+
+def _op_route(op: str) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        body = require_object(await read_json(request))
+        command = _command_for(op, path_id(request.match_info["job_id"]), body)
+        result = await node_of(request).propose(command, request.content_length or 0)
+        return web.json_response(_answer(request, op, result))
+
+    handler.__name__ = f"lease_{op}"
+    routes.post(f"/v1/leases/{{job_id}}/{op}")(handler)
+
+
+for _op in OP_FIELDS:
+    _op_route(_op)
+
+
+@routes.post("/v1/leases/batch")
+async def lease_batch(request: web.Request) -> web.Response:
+    body = require_object(await read_json(request))
+    reject_unknown(body, frozenset({"ops"}))
+    ops = body.get("ops")
+    if not isinstance(ops, list) or not 1 <= len(ops) <= BATCH_OPS_MAX:
+        raise invalid("ops", f"must be a list of 1 to {BATCH_OPS_MAX} operations")
+    node = node_of(request)
+    if not node.is_leader:
+        raise NotLeader()
+    # Each op succeeds or fails on its own, exactly as its single form would;
+    # the valid ones are queued together, so group commit puts them in one entry.
+    slots: list[tuple[str, Any]] = []
+    for index, raw in enumerate(ops):
+        prefix = f"ops[{index}]."
+        try:
+            item = require_object(raw, f"ops[{index}]")
+            op = item.get("op")
+            if op not in OP_FIELDS:
+                raise invalid(prefix + "op", "must be start, heartbeat, complete or fail")
+            job_id = string(item, "job_id", required=True, prefix=prefix)
+            assert job_id is not None
+            command = _command_for(op, job_id, item, prefix)
+            slots.append((op, node.proposer.submit(command)))
+        except ApiError as error:
+            slots.append(("error", error))
+    results: list[dict[str, Any]] = []
+    for op, pending in slots:
+        if op == "error":
+            results.append(pending.body())
+            continue
+        try:
+            results.append(_answer(request, op, await pending))
+        except ApiError as error:
+            results.append(error.body())
+        except NotLeader:
+            results.append(ApiError("no_leader", "leadership was lost before this op").body())
+        except NotCommitted as error:
+            results.append(ApiError("unavailable", f"not committed: {error}").body())
+        except OutcomeUnknown as error:
+            results.append(
+                ApiError(
+                    "outcome_unknown",
+                    "may or may not have committed; retry with the same fencing token",
+                    {"reason": str(error)},
+                ).body()
+            )
+    return web.json_response({"results": results})
+
+
+@routes.post("/v1/effects")
+async def record_effect(request: web.Request) -> web.Response:
+    body = require_object(await read_json(request))
+    reject_unknown(body, frozenset({"key", "job_id", "fencing_token", "result"}))
+    key = string(body, "key", required=True, length_max=KEY_LENGTH_MAX)
+    job_id = string(body, "job_id", required=True)
+    assert key is not None and job_id is not None
+    command = RecordEffect(
+        key, job_id, fencing_token(body), pack_json(body.get("result"), "result")
+    )
+    result = await node_of(request).propose(command, request.content_length or 0)
+    if isinstance(result, Rejected):
+        if result.code == "lease_lost":
+            node_of(request).m_lease_lost.inc("effect")
+        raise from_rejection(result)
+    assert isinstance(result, EffectRecorded)
+    answer = {"effect": render.effect(result.effect), "replayed": result.replayed}
+    return web.json_response(answer, status=200 if result.replayed else 201)
+
+
+@routes.get("/v1/effects/{key}")
+async def get_effect(request: web.Request) -> web.Response:
+    headers = await prepare_read(request)
+    key = request.match_info["key"]
+    with node_of(request).reading() as state:
+        effect = core.get_effect(state, key)
+    if effect is None:
+        raise ApiError("not_found", f"no effect {key}")
+    return web.json_response({"effect": render.effect(effect)}, headers=headers)

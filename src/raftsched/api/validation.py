@@ -1,0 +1,257 @@
+"""Request validation: JSON bodies in, core commands out, or a 400 naming the field.
+
+Everything is checked before anything is proposed, so a bad request never
+reaches the log. Unknown fields are rejected so that typos do not pass
+silently. JSON payloads become canonical msgpack (keys sorted), which the
+core stores opaquely; equal requests therefore encode equally, whatever
+order the client wrote the keys in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+from raftsched.api.errors import invalid
+from raftsched.core import validate as core_limits
+from raftsched.core.commands import Backoff, FailureKind, JobSpec
+from raftsched.timefmt import parse_ms
+
+# The core's limits are the source of truth: checking them here as well means
+# a request the API accepts is never rejected by the core after a Raft round trip.
+NAME_LENGTH_MAX = core_limits.NAME_CHARS_MAX
+KEY_LENGTH_MAX = core_limits.KEY_CHARS_MAX
+LABELS_MAX = core_limits.LABELS_MAX
+LABEL_VALUE_LENGTH_MAX = core_limits.LABEL_VALUE_CHARS_MAX
+BATCH_JOBS_MAX = core_limits.BATCH_MAX
+BATCH_OPS_MAX = 1000
+CLAIM_JOBS_MAX = core_limits.CLAIM_JOBS_MAX
+CLAIM_QUEUES_MAX = core_limits.CLAIM_QUEUES_MAX
+WAIT_S_MAX = 60.0
+LEASE_S_MIN = core_limits.LEASE_MS_MIN / 1000
+LEASE_S_MAX = core_limits.LEASE_MS_MAX / 1000
+MESSAGE_LENGTH_MAX = 4096
+REASON_LENGTH_MAX = 4096
+
+JOB_FIELDS = frozenset(
+    {
+        "queue",
+        "payload",
+        "idempotency_key",
+        "run_at",
+        "delay_s",
+        "priority",
+        "max_attempts",
+        "backoff",
+        "lease_s",
+        "deadline_s",
+        "tenant",
+        "ordering_key",
+        "correlation_id",
+        "labels",
+    }
+)
+
+
+def require_object(body: object, where: str = "body") -> Mapping[str, Any]:
+    if not isinstance(body, dict):
+        raise invalid(where, "must be a JSON object")
+    return body
+
+
+def reject_unknown(body: Mapping[str, Any], allowed: frozenset[str], prefix: str = "") -> None:
+    for name in body:
+        if name not in allowed:
+            raise invalid(prefix + name, "unknown field")
+
+
+def string(
+    body: Mapping[str, Any],
+    name: str,
+    *,
+    required: bool = False,
+    length_max: int = NAME_LENGTH_MAX,
+    prefix: str = "",
+) -> str | None:
+    value = body.get(name)
+    if value is None:
+        if required:
+            raise invalid(prefix + name, "is required")
+        return None
+    if not isinstance(value, str):
+        raise invalid(prefix + name, "must be a string")
+    if not value or len(value) > length_max:
+        raise invalid(prefix + name, f"must be 1 to {length_max} characters")
+    return value
+
+
+def integer(
+    body: Mapping[str, Any], name: str, low: int, high: int, *, prefix: str = ""
+) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(prefix + name, "must be an integer")
+    if not low <= value <= high:
+        raise invalid(prefix + name, f"must be between {low} and {high}")
+    return value
+
+
+def seconds_ms(
+    body: Mapping[str, Any], name: str, low_s: float, high_s: float, *, prefix: str = ""
+) -> int | None:
+    """A duration in seconds (int or float) as integer milliseconds."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise invalid(prefix + name, "must be a number of seconds")
+    if not low_s <= value <= high_s:
+        raise invalid(prefix + name, f"must be between {low_s:g} and {high_s:g} seconds")
+    return round(value * 1000)
+
+
+def instant_ms(body: Mapping[str, Any], name: str, *, prefix: str = "") -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise invalid(prefix + name, "must be an RFC 3339 time string")
+    try:
+        instant = parse_ms(value)
+    except ValueError:
+        raise invalid(prefix + name, "must be an RFC 3339 time with an offset") from None
+    if instant < 0:
+        raise invalid(prefix + name, "must not be before 1970")
+    return instant
+
+
+def _canonical(value: Any, where: str, depth: int = 0) -> Any:
+    if depth > 64:
+        raise invalid(where, "is nested too deeply")
+    if isinstance(value, dict):
+        return {k: _canonical(value[k], where, depth + 1) for k in sorted(value)}
+    if isinstance(value, list):
+        return [_canonical(item, where, depth + 1) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+        raise invalid(where, "integers must fit in 64 bits")
+    return value
+
+
+def pack_json(value: Any, where: str) -> bytes:
+    """Canonical msgpack of a JSON value (object keys sorted)."""
+    return bytes(msgpack.packb(_canonical(value, where), use_bin_type=True))
+
+
+def unpack_json(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def parse_backoff(value: object, prefix: str) -> Backoff:
+    body = require_object(value, prefix.rstrip("."))
+    reject_unknown(body, frozenset({"initial_s", "max_s", "jitter_s"}), prefix)
+    default = Backoff()
+    initial = seconds_ms(body, "initial_s", 0, 86_400, prefix=prefix)
+    maximum = seconds_ms(body, "max_s", 0, 30 * 86_400, prefix=prefix)
+    jitter = seconds_ms(body, "jitter_s", 0, 86_400, prefix=prefix)
+    backoff = Backoff(
+        initial_ms=default.initial_ms if initial is None else initial,
+        max_ms=default.max_ms if maximum is None else maximum,
+        jitter_ms=default.jitter_ms if jitter is None else jitter,
+    )
+    if backoff.max_ms < backoff.initial_ms:
+        raise invalid(prefix + "max_s", "must not be less than initial_s")
+    return backoff
+
+
+def parse_job(value: object, prefix: str = "") -> JobSpec:
+    body = require_object(value, prefix.rstrip(".") or "body")
+    reject_unknown(body, JOB_FIELDS, prefix)
+    queue = string(body, "queue", required=True, prefix=prefix)
+    assert queue is not None
+    if body.get("run_at") is not None and body.get("delay_s") is not None:
+        raise invalid(prefix + "delay_s", "run_at and delay_s exclude each other")
+    labels = body.get("labels")
+    label_pairs: tuple[tuple[str, str], ...] = ()
+    if labels is not None:
+        labels_obj = require_object(labels, prefix + "labels")
+        if len(labels_obj) > LABELS_MAX:
+            raise invalid(prefix + "labels", f"at most {LABELS_MAX} labels")
+        for key, item in labels_obj.items():
+            if not key or len(key) > NAME_LENGTH_MAX:
+                raise invalid(prefix + "labels", f"keys must be 1 to {NAME_LENGTH_MAX} characters")
+            if not isinstance(item, str) or len(item) > LABEL_VALUE_LENGTH_MAX:
+                raise invalid(
+                    prefix + "labels", f"values must be strings of at most {LABEL_VALUE_LENGTH_MAX}"
+                )
+        label_pairs = tuple(sorted(labels_obj.items()))
+    spec_fields: dict[str, Any] = {
+        "queue": queue,
+        "payload": pack_json(body.get("payload"), prefix + "payload"),
+        "labels": label_pairs,
+    }
+    optional: dict[str, Any] = {
+        "tenant": string(body, "tenant", prefix=prefix),
+        "priority": integer(body, "priority", -100, 100, prefix=prefix),
+        "run_at_ms": instant_ms(body, "run_at", prefix=prefix),
+        "delay_ms": seconds_ms(body, "delay_s", 0, 366 * 86_400, prefix=prefix),
+        "max_attempts": integer(body, "max_attempts", 1, 1000, prefix=prefix),
+        "lease_ms": seconds_ms(body, "lease_s", LEASE_S_MIN, LEASE_S_MAX, prefix=prefix),
+        "deadline_ms": seconds_ms(body, "deadline_s", 0.001, 366 * 86_400, prefix=prefix),
+        "idempotency_key": string(
+            body, "idempotency_key", length_max=KEY_LENGTH_MAX, prefix=prefix
+        ),
+        "ordering_key": string(body, "ordering_key", length_max=KEY_LENGTH_MAX, prefix=prefix),
+        "correlation_id": string(body, "correlation_id", length_max=KEY_LENGTH_MAX, prefix=prefix),
+    }
+    if body.get("backoff") is not None:
+        optional["backoff"] = parse_backoff(body["backoff"], prefix + "backoff.")
+    spec_fields.update({k: v for k, v in optional.items() if v is not None})
+    return JobSpec(**spec_fields)
+
+
+def fencing_token(body: Mapping[str, Any], prefix: str = "") -> int:
+    token = integer(body, "fencing_token", 0, 2**63 - 1, prefix=prefix)
+    if token is None:
+        raise invalid(prefix + "fencing_token", "is required")
+    return token
+
+
+FAILURE_KINDS: frozenset[FailureKind] = frozenset(
+    {"transient", "permanent", "unknown", "cancelled"}
+)
+
+
+def failure(body: Mapping[str, Any], prefix: str = "") -> tuple[FailureKind, str, int | None]:
+    error = require_object(body.get("error"), prefix + "error")
+    reject_unknown(error, frozenset({"kind", "message", "retry_after_s"}), prefix + "error.")
+    kind = error.get("kind")
+    if kind not in FAILURE_KINDS:
+        raise invalid(prefix + "error.kind", "must be transient, permanent, unknown or cancelled")
+    message = error.get("message", "")
+    if not isinstance(message, str):
+        raise invalid(prefix + "error.message", "must be a string")
+    retry_after = seconds_ms(error, "retry_after_s", 0, 30 * 86_400, prefix=prefix + "error.")
+    return kind, message[:MESSAGE_LENGTH_MAX], retry_after
+
+
+def reason(body: Mapping[str, Any]) -> str:
+    """An optional free-text reason (may be empty)."""
+    value = body.get("reason", "")
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > REASON_LENGTH_MAX:
+        raise invalid("reason", f"must be a string of at most {REASON_LENGTH_MAX} characters")
+    return value
+
+
+def path_id(value: str, name: str = "job_id") -> str:
+    if not value or len(value) > NAME_LENGTH_MAX:
+        raise invalid(name, f"must be 1 to {NAME_LENGTH_MAX} characters")
+    return value

@@ -1,0 +1,44 @@
+"""The replicated state as the Raft adapter sees it.
+
+`apply` runs on pysyncobj's thread, in log order; HTTP handlers read the same
+state from the asyncio thread. One lock keeps them from racing: apply holds
+it for one entry, a read holds it while it renders its answer. After every
+entry the node is told (coalesced) so that long-polls and the dispatch loop
+re-check the state.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from raftsched import core
+
+
+class ReplicatedState:
+    def __init__(self, on_applied: Callable[[], None]) -> None:
+        self.state = core.new_state()
+        self.lock = threading.RLock()
+        self.entries_applied = 0
+        self._on_applied = on_applied
+
+    def apply(self, data: bytes) -> object:
+        with self.lock:
+            results = core.apply_encoded(self.state, data)
+            self.entries_applied += 1
+        self._on_applied()
+        return results
+
+    def snapshot(self) -> bytes:
+        with self.lock:
+            return core.encode_state(self.state)
+
+    def restore(self, data: bytes) -> None:
+        restored = core.decode_state(data)
+        with self.lock:
+            self.state = restored
+        self._on_applied()
+
+    def digest(self) -> str:
+        with self.lock:
+            return core.state_digest(self.state)

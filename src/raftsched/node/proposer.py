@@ -1,0 +1,234 @@
+"""Group commit: one Raft entry in flight, everything that arrives meanwhile in the next.
+
+pysyncobj commits a lone entry in about a millisecond with batching off, but
+with many entries in flight its followers truncate already-applied entries
+and some callbacks never fire. Keeping exactly one proposal in flight avoids
+pipelining altogether, and batching what queues up behind it gives
+throughput: under load each entry carries many commands, at idle each command
+is its own entry and is acknowledged in milliseconds.
+
+Every entry is stamped with this leader's term (the epoch) and clock. The
+proposer runs on the asyncio loop; the Raft adapter calls back on its own
+thread, so completions cross over with `call_soon_threadsafe`.
+
+Outcomes a waiter can see:
+- a `Result` from the core (which may be a `Rejected`);
+- `NotLeader`: this node is not the leader; nothing was committed;
+- `NotCommitted`: Raft refused or discarded the entry (busy, queue full,
+  overwritten by a new leader); nothing was committed, retry shortly;
+- `OutcomeUnknown`: the entry was handed to Raft and we do not know whether
+  it committed (leadership lost mid-flight, or no answer by the deadline).
+  Retrying is safe only for commands that are idempotent in the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from raftsched.core import encode_entry
+from raftsched.core.commands import Barrier, Command, Entry
+from raftsched.core.results import Result
+
+log = logging.getLogger("raftsched.proposer")
+
+# Adapter errors after which the entry certainly did not commit.
+NOT_LEADER_ERRORS = frozenset({"not_leader"})
+NOT_COMMITTED_ERRORS = frozenset({"busy", "queue_full", "discarded"})
+
+
+class NotLeader(Exception):
+    """This node cannot propose; nothing was committed."""
+
+
+class NotCommitted(Exception):
+    """Raft refused or discarded the entry; nothing was committed."""
+
+
+class OutcomeUnknown(Exception):
+    """The command may or may not have committed."""
+
+
+class RaftProposer(Protocol):
+    def propose(
+        self, data: bytes, callback: Callable[[object | None, str | None], None]
+    ) -> None: ...
+
+
+@dataclass(slots=True)
+class _Waiting:
+    command: Command
+    future: asyncio.Future[Result]
+    size_bytes: int
+
+
+@dataclass(slots=True)
+class _InFlight:
+    batch_id: int
+    items: list[_Waiting]
+    watchdog: asyncio.TimerHandle | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Proposer:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        raft: RaftProposer,
+        now_ms: Callable[[], int],
+        *,
+        commands_per_entry_max: int = 4000,
+        entry_bytes_max: int = 8 * 1024 * 1024,
+        commit_timeout_s: float = 10.0,
+        on_entry: Callable[[int, float], None] | None = None,
+    ) -> None:
+        self._loop = loop
+        self._raft = raft
+        self._now_ms = now_ms
+        self._commands_per_entry_max = commands_per_entry_max
+        self._entry_bytes_max = entry_bytes_max
+        self._commit_timeout_s = commit_timeout_s
+        self._on_entry = on_entry
+        self._queue: deque[_Waiting] = deque()
+        self._in_flight: _InFlight | None = None
+        self._batch_ids = itertools.count(1)
+        self._queued_barrier: asyncio.Future[Result] | None = None
+        self.term: int | None = None
+
+    # -- leadership -----------------------------------------------------------
+
+    def become_leader(self, term: int) -> None:
+        self.term = term
+        self._pump()
+
+    def step_down(self) -> None:
+        """Stop at once: nothing queued will be proposed under the old term."""
+        self.term = None
+        while self._queue:
+            waiting = self._queue.popleft()
+            if not waiting.future.done():
+                waiting.future.set_exception(NotLeader())
+        self._queued_barrier = None
+
+    # -- proposing ------------------------------------------------------------
+
+    def submit(self, command: Command, size_bytes: int = 0) -> asyncio.Future[Result]:
+        """Queue a command for the next entry and return its future."""
+        if self.term is None:
+            raise NotLeader()
+        # Reads that arrive while a barrier is still queued share it: it will be
+        # proposed after all of them arrived.
+        queued = self._queued_barrier
+        if isinstance(command, Barrier) and queued is not None and not queued.done():
+            return queued
+        future: asyncio.Future[Result] = self._loop.create_future()
+        self._queue.append(_Waiting(command, future, size_bytes))
+        if isinstance(command, Barrier):
+            self._queued_barrier = future
+        self._pump()
+        return future
+
+    async def propose(self, command: Command, size_bytes: int = 0) -> Result:
+        return await self.submit(command, size_bytes)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def _take_batch(self) -> list[_Waiting]:
+        batch: list[_Waiting] = []
+        total_bytes = 0
+        while self._queue and len(batch) < self._commands_per_entry_max:
+            head = self._queue[0]
+            if batch and total_bytes + head.size_bytes > self._entry_bytes_max:
+                break
+            self._queue.popleft()
+            if head.future.done():  # the waiter gave up before it was sent
+                continue
+            batch.append(head)
+            total_bytes += head.size_bytes
+        self._queued_barrier = None
+        return batch
+
+    def _pump(self) -> None:
+        if self._in_flight is not None or not self._queue or self.term is None:
+            return
+        batch = self._take_batch()
+        if not batch:
+            return
+        entry = Entry(self.term, self._now_ms(), tuple(w.command for w in batch))
+        try:
+            data = encode_entry(entry)
+        except Exception:  # a bug in the codec must fail these requests, not the loop
+            log.exception("cannot encode entry")
+            for waiting in batch:
+                waiting.future.set_exception(OutcomeUnknown("entry could not be encoded"))
+            self._loop.call_soon(self._pump)
+            return
+        in_flight = _InFlight(next(self._batch_ids), batch)
+        in_flight.metrics["sent"] = self._loop.time()
+        in_flight.watchdog = self._loop.call_later(
+            self._commit_timeout_s, self._expire, in_flight.batch_id
+        )
+        self._in_flight = in_flight
+        batch_id = in_flight.batch_id
+
+        def callback(result: object | None, error: str | None) -> None:
+            # Runs on the Raft thread.
+            self._loop.call_soon_threadsafe(self._finish, batch_id, result, error)
+
+        try:
+            self._raft.propose(data, callback)
+        except Exception:
+            log.exception("raft refused the proposal")
+            self._finish(batch_id, None, "not_leader")
+
+    def _finish(self, batch_id: int, result: object | None, error: str | None) -> None:
+        in_flight = self._in_flight
+        if in_flight is None or in_flight.batch_id != batch_id:
+            return  # answered after its deadline; its waiters were already told
+        self._in_flight = None
+        if in_flight.watchdog is not None:
+            in_flight.watchdog.cancel()
+        if self._on_entry is not None:
+            elapsed = self._loop.time() - in_flight.metrics["sent"]
+            self._on_entry(len(in_flight.items), elapsed)
+        self._resolve(in_flight.items, result, error)
+        self._pump()
+
+    def _resolve(self, items: list[_Waiting], result: object | None, error: str | None) -> None:
+        if error is None and isinstance(result, list) and len(result) == len(items):
+            for waiting, outcome in zip(items, result, strict=True):
+                if not waiting.future.done():
+                    waiting.future.set_result(outcome)
+            return
+        if error is None:
+            log.error("entry result does not match its commands: %r", result)
+            failure: Exception = OutcomeUnknown("malformed apply result")
+        elif error in NOT_LEADER_ERRORS:
+            failure = NotLeader()
+        elif error in NOT_COMMITTED_ERRORS:
+            failure = NotCommitted(error)
+        else:
+            failure = OutcomeUnknown(error)
+        for waiting in items:
+            if not waiting.future.done():
+                waiting.future.set_exception(failure)
+
+    def _expire(self, batch_id: int) -> None:
+        """Tell the waiters of an unanswered entry that its outcome is unknown.
+
+        The entry stays in flight until Raft answers (the adapter promises one
+        answer per proposal): sending another now would pipeline, which is
+        what this class exists to avoid. Commands queue meanwhile.
+        """
+        in_flight = self._in_flight
+        if in_flight is None or in_flight.batch_id != batch_id:
+            return
+        log.warning("entry %d not answered in %.1fs", batch_id, self._commit_timeout_s)
+        self._resolve(in_flight.items, None, "timeout")

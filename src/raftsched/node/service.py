@@ -1,0 +1,344 @@
+"""The node: Raft, the replicated state, and the leader's duties.
+
+Theory of operation. Every node applies the same log to its own copy of the
+core state. Only the leader proposes: it stamps each entry with its epoch
+(Raft term) and its clock, group-commits client commands, proposes a
+`TakeOver` as soon as it is elected, and runs the dispatch loop that proposes
+`Tick` only when the core says something is due, so an idle cluster writes
+nothing. When it loses leadership it stops at once: queued commands fail with
+`NotLeader`, the dispatch loop ends, and long-polls on it return to be
+redirected. A follower redirects writes and linearizable reads to the leader
+and answers stale reads from its replica.
+
+Threads: pysyncobj applies entries and calls back on its own thread; the
+node lives on the asyncio loop of the main thread and receives those events
+through `call_soon_threadsafe`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+
+from raftsched import core
+from raftsched.config import NodeConfig
+from raftsched.core.commands import Barrier, ClaimJobs, Command, TakeOver, Tick
+from raftsched.core.results import Claimed, Lease, Rejected, Result, Ticked
+from raftsched.metrics import Registry
+from raftsched.node.clock import IdSource, LeaderClock, random_u64
+from raftsched.node.machine import ReplicatedState
+from raftsched.node.proposer import NotLeader, OutcomeUnknown, Proposer
+from raftsched.raft import RaftNode, RaftStatus
+
+log = logging.getLogger("raftsched.node")
+
+TICK_ITEMS_MAX = 5_000
+# A Tick that found nothing to do although the core said something was due
+# would otherwise spin; this bounds how fast the dispatch loop can retry.
+IDLE_TICK_PAUSE_S = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderInfo:
+    id: str
+    http_url: str | None
+
+
+class Node:
+    def __init__(self, config: NodeConfig, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.loop = loop
+        self.metrics = Registry()
+        self.clock = LeaderClock()
+        self.ids = IdSource()
+        self.replica = ReplicatedState(self._applied_threadsafe)
+        self._changed = asyncio.Event()
+        self._notify_scheduled = False
+        self._http_urls = {p.id: p.http_url for p in config.peers}
+        self._http_urls[config.node_id] = config.advertised_http_url
+        self.raft = RaftNode(
+            node_id=config.node_id,
+            raft_address=config.raft_address,
+            bind_address=config.raft_bind_address,
+            peers={p.id: p.raft_address for p in config.peers},
+            data_dir=config.data_dir / "raft",
+            secret=config.secret,
+            machine=self.replica,
+            durability=config.durability,
+            on_leadership=self._leadership_threadsafe,
+            leader_fallback_timeout_s=config.leader_fallback_timeout_s,
+        )
+        self.proposer = Proposer(loop, self.raft, self.clock.now_ms, on_entry=self._entry_done)
+        self._dispatch_task: asyncio.Task[None] | None = None
+        self._leader_term: int | None = None
+        self._init_metrics()
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start Raft. Must run on the main thread (see raftsched.raft)."""
+        self.raft.start()
+
+    async def close(self) -> None:
+        self.proposer.step_down()
+        if self._dispatch_task is not None:
+            self._dispatch_task.cancel()
+        self.raft.close()
+
+    # -- events from the Raft thread -----------------------------------------
+
+    def _applied_threadsafe(self) -> None:
+        # Coalesce: one wake-up per loop iteration, however many entries applied.
+        if not self._notify_scheduled:
+            self._notify_scheduled = True
+            self.loop.call_soon_threadsafe(self._notify_changed)
+
+    def _notify_changed(self) -> None:
+        self._notify_scheduled = False
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _leadership_threadsafe(self, is_leader: bool, term: int) -> None:
+        self.loop.call_soon_threadsafe(self._leadership_changed, is_leader, term)
+
+    def _leadership_changed(self, is_leader: bool, term: int) -> None:
+        if is_leader and self._leader_term == term:
+            return
+        if self._leader_term is not None:
+            log.info("stepping down", extra={"epoch": self._leader_term, "term": term})
+            self.proposer.step_down()
+            if self._dispatch_task is not None:
+                self._dispatch_task.cancel()
+                self._dispatch_task = None
+            self._leader_term = None
+            self.m_leader_changes.inc()
+        if is_leader:
+            log.info("became leader", extra={"epoch": term})
+            self._leader_term = term
+            self.clock.restart()
+            self.proposer.become_leader(term)
+            self._dispatch_task = self.loop.create_task(self._dispatch(term))
+        self._notify_changed()
+
+    # -- leadership and reads -------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader_term is not None and self.raft.is_leader()
+
+    def leader(self) -> LeaderInfo | None:
+        leader_id = self.raft.leader_id()
+        if leader_id is None:
+            return None
+        return LeaderInfo(leader_id, self._http_urls.get(leader_id))
+
+    def peer_reachable(self, node_id: str) -> bool:
+        return any(p.id == node_id and p.reachable for p in self.status().peers)
+
+    @contextmanager
+    def reading(self) -> Iterator[core.State]:
+        """Hold the state still while a handler reads and renders it."""
+        with self.replica.lock:
+            yield self.replica.state
+
+    async def barrier(self) -> None:
+        """Wait until every write committed before this call is applied here,
+        and this node was still leader after the call arrived."""
+        if not self.is_leader:
+            raise NotLeader()
+        result = await self.proposer.propose(Barrier())
+        if isinstance(result, Rejected):
+            raise OutcomeUnknown(result.message)
+
+    async def propose(self, command: Command, size_bytes: int = 0) -> Result:
+        if not self.is_leader:
+            raise NotLeader()
+        return await self.proposer.propose(command, size_bytes)
+
+    def status(self) -> RaftStatus:
+        return self.raft.status()
+
+    def changed(self) -> asyncio.Event:
+        """An event set at the next applied entry or leadership change."""
+        return self._changed
+
+    # -- claims (long-poll) ---------------------------------------------------
+
+    def _runnable(self, queues: tuple[str, ...]) -> bool:
+        with self.reading() as state:
+            stats = core.queue_stats(state)
+        return any(q in stats and stats[q].depth > 0 for q in queues)
+
+    async def claim(
+        self,
+        worker_id: str,
+        queues: tuple[str, ...],
+        max_jobs: int,
+        wait_s: float,
+        lease_ms: int | None,
+    ) -> list[Lease] | Rejected:
+        deadline = self.loop.time() + wait_s
+        while True:
+            changed = self._changed
+            if self._runnable(queues):
+                result = await self.propose(ClaimJobs(worker_id, queues, max_jobs, lease_ms))
+                if isinstance(result, Rejected):
+                    return result
+                assert isinstance(result, Claimed)
+                if result.leases:
+                    return list(result.leases)
+            elif not self.is_leader:
+                raise NotLeader()
+            remaining = deadline - self.loop.time()
+            if remaining <= 0:
+                return []
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
+                return []
+
+    # -- the leader's dispatch loop -------------------------------------------
+
+    async def _dispatch(self, term: int) -> None:
+        try:
+            await self._take_over(term)
+            while self._leader_term == term:
+                changed = self._changed
+                with self.reading() as state:
+                    due_ms = core.next_due_ms(state)
+                now_ms = self.clock.now_ms()
+                if due_ms is not None and due_ms <= now_ms:
+                    await self._tick(now_ms)
+                    continue
+                timeout = None if due_ms is None else (due_ms - now_ms) / 1000
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout)
+        except asyncio.CancelledError:
+            raise
+        except NotLeader:
+            log.info("dispatch stopped: no longer leader", extra={"epoch": term})
+        except Exception:
+            log.exception("dispatch loop failed", extra={"epoch": term})
+
+    async def _take_over(self, term: int) -> None:
+        while self._leader_term == term:
+            try:
+                await self.propose(TakeOver())
+                return
+            except OutcomeUnknown:
+                await asyncio.sleep(0.1)
+
+    async def _tick(self, now_ms: int) -> None:
+        try:
+            result = await self.propose(Tick(seed=random_u64(), max_items=TICK_ITEMS_MAX))
+        except OutcomeUnknown:
+            await asyncio.sleep(IDLE_TICK_PAUSE_S)
+            return
+        if isinstance(result, Ticked):
+            self.m_ticks.inc()
+            self.m_leases_expired.inc(amount=result.leases_expired)
+            did_work = result.made_runnable or result.leases_expired or result.dead_lettered
+            if not (did_work or result.purged or result.more):
+                await asyncio.sleep(IDLE_TICK_PAUSE_S)
+        else:
+            log.warning("tick rejected: %r", result)
+            await asyncio.sleep(IDLE_TICK_PAUSE_S)
+
+    # -- metrics --------------------------------------------------------------
+
+    def _entry_done(self, commands: int, elapsed_s: float) -> None:
+        self.m_entries.inc()
+        self.m_entry_commands.observe(commands)
+        self.m_commit_seconds.observe(elapsed_s)
+
+    def _init_metrics(self) -> None:
+        m = self.metrics
+        self.m_leader_changes = m.counter(
+            "raftsched_leader_changes_total", "Times this node stopped being leader."
+        )
+        self.m_ticks = m.counter("raftsched_ticks_total", "Tick commands committed by this node.")
+        self.m_leases_expired = m.counter(
+            "raftsched_leases_expired_total", "Leases expired by ticks this node proposed."
+        )
+        self.m_leases_granted = m.counter(
+            "raftsched_leases_granted_total", "Leases granted through this node."
+        )
+        self.m_lease_lost = m.counter(
+            "raftsched_lease_lost_total", "Lease operations rejected for a stale token.", ["op"]
+        )
+        self.m_entries = m.counter(
+            "raftsched_raft_entries_proposed_total", "Raft entries this node proposed."
+        )
+        self.m_entry_commands = m.histogram(
+            "raftsched_raft_entry_commands",
+            "Commands per proposed Raft entry (group commit).",
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 4000),
+        )
+        self.m_commit_seconds = m.histogram(
+            "raftsched_raft_commit_seconds", "Time from proposing an entry to applying it."
+        )
+        self.m_http_seconds = m.histogram(
+            "raftsched_http_request_duration_seconds",
+            "HTTP request latency by route and status.",
+            ["method", "route", "status"],
+        )
+        m.gauge("raftsched_raft_is_leader", "1 if this node is the leader.", collect=self._m_role)
+        m.gauge(
+            "raftsched_raft_term", "Current Raft term.", collect=lambda: [((), self.status().term)]
+        )
+        m.gauge(
+            "raftsched_raft_commit_index",
+            "Raft commit index.",
+            collect=lambda: [((), self.status().commit_index)],
+        )
+        m.gauge(
+            "raftsched_raft_applied_index",
+            "Raft applied index.",
+            collect=lambda: [((), self.status().applied_index)],
+        )
+        m.gauge("raftsched_jobs", "Jobs by status.", ["status"], collect=self._m_jobs)
+        m.gauge(
+            "raftsched_queue_depth",
+            "Runnable jobs per queue.",
+            ["queue"],
+            collect=lambda: self._m_queues("depth"),
+        )
+        m.gauge(
+            "raftsched_queue_running",
+            "Claimed or running jobs per queue.",
+            ["queue"],
+            collect=lambda: self._m_queues("running"),
+        )
+        m.gauge(
+            "raftsched_queue_oldest_runnable_age_seconds",
+            "Age of the oldest runnable job per queue.",
+            ["queue"],
+            collect=lambda: self._m_queues("age"),
+        )
+
+    def _m_role(self) -> list[tuple[tuple[str, ...], float]]:
+        return [((), 1.0 if self.is_leader else 0.0)]
+
+    def _m_jobs(self) -> list[tuple[tuple[str, ...], float]]:
+        with self.reading() as state:
+            counts = core.status_counts(state)
+        return [((status,), float(count)) for status, count in counts.items()]
+
+    def _m_queues(self, what: str) -> list[tuple[tuple[str, ...], float]]:
+        with self.reading() as state:
+            stats = core.queue_stats(state)
+            now_ms = state.now_ms
+        samples: list[tuple[tuple[str, ...], float]] = []
+        for queue, stat in stats.items():
+            if what == "depth":
+                value = float(stat.depth)
+            elif what == "running":
+                value = float(stat.running)
+            else:
+                oldest = stat.oldest_runnable_at_ms
+                value = 0.0 if oldest is None else max(0, now_ms - oldest) / 1000
+            samples.append(((queue,), value))
+        return samples

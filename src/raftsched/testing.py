@@ -1,0 +1,294 @@
+"""Real clusters for tests, benchmarks and chaos runs.
+
+`LocalCluster` starts each node as its own `raftsched node` process on
+loopback, with its own data directory and a generated secret, and can kill,
+pause, resume and restart them. Nothing is mocked: the processes speak real
+Raft and real HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def free_port_block(count: int, host: str = "127.0.0.1", tries: int = 200) -> int:
+    """The first of `count` consecutive ports that are all free right now."""
+    import random
+
+    for _ in range(tries):
+        base = random.randrange(20_000, 60_000 - count)
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no block of {count} free ports found")
+
+
+def http_json(
+    method: str, url: str, body: Any = None, timeout_s: float = 5.0
+) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """One HTTP request without following redirects: (status, json body, headers)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(request, timeout=timeout_s) as response:
+            raw = response.read()
+            return response.status, json.loads(raw) if raw else {}, dict(response.headers)
+    except urllib.error.HTTPError as error:
+        raw = error.read()
+        try:
+            parsed = json.loads(raw) if raw else {}
+        except json.JSONDecodeError:
+            parsed = {"raw": raw.decode(errors="replace")}
+        return error.code, parsed, dict(error.headers)
+
+
+@dataclass
+class NodeProcess:
+    id: str
+    http_port: int
+    raft_port: int
+    data_dir: Path
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    paused: bool = False
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def raft_address(self) -> str:
+        return f"127.0.0.1:{self.raft_port}"
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+@dataclass
+class LocalCluster:
+    root: Path
+    size: int = 3
+    durability: str = "fsync"
+    env: dict[str, str] = field(default_factory=dict)
+    extra_args: list[str] = field(default_factory=list)
+    nodes: dict[str, NodeProcess] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.secret_file = self.root / "secret"
+        if not self.secret_file.exists():
+            self.secret_file.write_text(secrets.token_urlsafe(32))
+            self.secret_file.chmod(0o600)
+        for index in range(1, self.size + 1):
+            node_id = f"n{index}"
+            self.nodes[node_id] = NodeProcess(
+                id=node_id,
+                http_port=free_port(),
+                raft_port=free_port(),
+                data_dir=self.root / node_id,
+                log_path=self.root / f"{node_id}.log",
+            )
+
+    # -- processes ------------------------------------------------------------
+
+    def command(self, node: NodeProcess) -> list[str]:
+        args = [
+            sys.executable,
+            "-m",
+            "raftsched",
+            "node",
+            "--id",
+            node.id,
+            "--data-dir",
+            str(node.data_dir),
+            "--http",
+            f"127.0.0.1:{node.http_port}",
+            "--raft",
+            node.raft_address,
+            "--secret-file",
+            str(self.secret_file),
+            "--durability",
+            self.durability,
+        ]
+        for other in self.nodes.values():
+            if other.id != node.id:
+                args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]
+        return args + self.extra_args
+
+    def start(self, node_id: str | None = None) -> None:
+        targets = [self.nodes[node_id]] if node_id else list(self.nodes.values())
+        for node in targets:
+            if node.alive:
+                continue
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+            log_file = node.log_path.open("ab")
+            node.process = subprocess.Popen(
+                self.command(node),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+            log_file.close()
+            node.paused = False
+
+    def kill(self, node_id: str, signum: int = signal.SIGKILL) -> None:
+        node = self.nodes[node_id]
+        if node.process is not None and node.process.poll() is None:
+            node.process.send_signal(signum)
+            if signum in (signal.SIGKILL, signal.SIGTERM):
+                try:
+                    node.process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    node.process.kill()
+                    node.process.wait(timeout=5)
+
+    def pause(self, node_id: str) -> None:
+        self.kill(node_id, signal.SIGSTOP)
+        self.nodes[node_id].paused = True
+
+    def resume(self, node_id: str) -> None:
+        self.kill(node_id, signal.SIGCONT)
+        self.nodes[node_id].paused = False
+
+    def restart(self, node_id: str) -> None:
+        self.kill(node_id)
+        self.start(node_id)
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            if node.process is None:
+                continue
+            if node.paused:
+                self.resume(node.id)
+            if node.process.poll() is None:
+                node.process.terminate()
+        for node in self.nodes.values():
+            if node.process is not None and node.process.poll() is None:
+                try:
+                    node.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    node.process.kill()
+                    node.process.wait(timeout=5)
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- observation ----------------------------------------------------------
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.http_url for node in self.nodes.values()]
+
+    def live_urls(self) -> list[str]:
+        return [n.http_url for n in self.nodes.values() if n.alive and not n.paused]
+
+    def cluster_view(self, node_id: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
+        try:
+            status, body, _ = http_json(
+                "GET", self.nodes[node_id].http_url + "/v1/cluster", timeout_s=timeout_s
+            )
+        except OSError:
+            return None
+        return body if status == 200 else None
+
+    def leader_id(self) -> str | None:
+        """The leader as the live nodes agree on it, or None."""
+        seen: set[str] = set()
+        for node in self.nodes.values():
+            if not node.alive or node.paused:
+                continue
+            view = self.cluster_view(node.id)
+            if view and view.get("leader"):
+                seen.add(view["leader"]["id"])
+        if len(seen) == 1:
+            leader = seen.pop()
+            if self.nodes[leader].alive and not self.nodes[leader].paused:
+                return leader
+        return None
+
+    def wait_for_leader(self, timeout_s: float = 30.0, exclude: str | None = None) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            leader = self.leader_id()
+            if leader is not None and leader != exclude:
+                status, _, _ = http_json("GET", self.nodes[leader].http_url + "/readyz")
+                if status == 200:
+                    return leader
+            time.sleep(0.1)
+        raise TimeoutError(f"no leader within {timeout_s}s; logs in {self.root}")
+
+    def digests(self, timeout_s: float = 2.0) -> dict[str, tuple[int, str]]:
+        """node id -> (applied index, state digest) for every live node."""
+        found: dict[str, tuple[int, str]] = {}
+        for node in self.nodes.values():
+            if not node.alive or node.paused:
+                continue
+            try:
+                status, body, _ = http_json(
+                    "GET", node.http_url + "/v1/debug/digest", timeout_s=timeout_s
+                )
+            except OSError:
+                continue
+            if status == 200:
+                found[node.id] = (body["applied_index"], body["digest"])
+        return found
+
+    def wait_converged(self, timeout_s: float = 30.0) -> str:
+        """Wait until every live node reports the same applied index and digest."""
+        deadline = time.monotonic() + timeout_s
+        last: dict[str, tuple[int, str]] = {}
+        while time.monotonic() < deadline:
+            last = self.digests()
+            expected = sum(1 for n in self.nodes.values() if n.alive and not n.paused)
+            if len(last) == expected and len(set(last.values())) == 1:
+                return next(iter(last.values()))[1]
+            time.sleep(0.2)
+        raise AssertionError(f"replicas did not converge: {last}")
+
+    def logs(self) -> str:
+        parts = []
+        for node in self.nodes.values():
+            if node.log_path.exists():
+                parts.append(f"--- {node.id} ---\n" + node.log_path.read_text(errors="replace"))
+        return "\n".join(parts)
