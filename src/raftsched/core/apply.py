@@ -87,7 +87,11 @@ def apply_entry(state: State, entry: Entry) -> list[Result]:
     if problem is not None:
         count = len(entry.commands) if type(entry) is Entry and type(entry.commands) is tuple else 1
         return [Rejected(INVALID_REQUEST, problem, {"field": "entry"})] * max(count, 1)
-    _advance(state, entry)
+    try:
+        _advance(state, entry)
+    except Exception as error:  # a bug; every replica meets it at the same entry
+        message = f"advancing time failed: {type(error).__name__}: {error}"[:1000]
+        return [Rejected(INTERNAL_ERROR, message, {})] * max(len(entry.commands), 1)
     stale = entry.epoch < state.epoch
     savepoint = Savepoint(state)
     return [_apply_command(state, command, stale, savepoint) for command in entry.commands]

@@ -78,7 +78,11 @@ def not_found(job_id: str) -> Rejected:
 
 
 def lease_lost(job: Job) -> Rejected:
-    return Rejected(LEASE_LOST, "the fencing token is not this job's current lease token", {})
+    return Rejected(
+        LEASE_LOST,
+        "the fencing token is not this job's current lease token",
+        {"job_id": job.id, "status": job.status},
+    )
 
 
 def current_lease(state: State, job_id: str, token: int) -> tuple[Job, JobLease] | Rejected:

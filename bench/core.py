@@ -1,0 +1,186 @@
+"""Benchmark of the pure core (not a test). Prints one JSON object as its last line.
+
+    .venv/bin/python bench/core.py            # 1,000,000 jobs (several minutes)
+    .venv/bin/python bench/core.py --jobs 20000
+
+Figures:
+- commands_per_s: submit -> claim -> start -> complete, one job per command,
+  100 commands per Entry (as group commit does), with `--jobs` live pending
+  jobs already stored in the same queue. Timed around apply_entry only;
+  commands_per_s_encoded times apply_encoded (msgpack decode included).
+- bytes_per_pending_job: RSS growth while storing the pending jobs (payload
+  ~200 bytes of msgpack each, 30-char ids), divided by their number.
+- snapshot_encode_s / snapshot_decode_s: encode_state / decode_state of that state.
+- tick_s: one Tick making 10,000 due jobs runnable among `--jobs` future
+  jobs; tick_s_100k the same among 100,000, to show the cost does not grow
+  with the stored jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+from pathlib import Path
+
+import msgpack
+
+from raftsched.core import (
+    apply_encoded,
+    apply_entry,
+    decode_state,
+    encode_entry,
+    encode_state,
+    new_state,
+)
+from raftsched.core.commands import (
+    ClaimJobs,
+    Command,
+    CompleteJob,
+    Entry,
+    JobSpec,
+    StartJob,
+    SubmitJobs,
+    TakeOver,
+    Tick,
+)
+from raftsched.core.results import Claimed
+from raftsched.core.state import State
+
+T0 = 1_800_000_000_000
+BATCH = 1_000
+ENTRY_COMMANDS = 100
+
+
+def rss_bytes() -> int:
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * 4096
+
+
+def payload(i: int) -> bytes:
+    packed: bytes = msgpack.packb(
+        {"payment_id": f"pay_{i:012d}", "amount": i % 100_000, "currency": "EUR",
+         "note": "n" * 130, "attempt_hint": i % 7}
+    )  # fmt: skip
+    return packed
+
+
+def job_id(i: int) -> str:
+    return f"job_{i:026d}"
+
+
+def fill(state: State, count: int, start: int, delay_ms: int | None, queue: str) -> None:
+    """Store `count` jobs through SubmitJobs entries of 1,000 specs each."""
+    for base in range(start, start + count, BATCH):
+        n = min(BATCH, start + count - base)
+        specs = tuple(
+            JobSpec(queue, payload=payload(i), delay_ms=delay_ms) for i in range(base, base + n)
+        )
+        ids = tuple(job_id(i) for i in range(base, base + n))
+        apply_entry(state, Entry(1, state.now_ms, (SubmitJobs(specs, ids),)))
+
+
+def cycle(state: State, jobs: int, encoded: bool) -> float:
+    """Run `jobs` submit -> claim -> start -> complete cycles; return commands/s."""
+    per_entry = ENTRY_COMMANDS // 2  # submits+claims, then starts+completes
+    half = per_entry // 2
+    elapsed = 0.0
+    next_id = 10**9 + (state.next_seq if encoded else 0) * 7
+    done = 0
+    commands = 0
+    while done < jobs:
+        first: list[Command] = []
+        for _ in range(half):
+            next_id += 1
+            first.append(
+                SubmitJobs((JobSpec("bulk", payload=payload(next_id)),), (job_id(next_id),))
+            )
+        first.extend(ClaimJobs("w1", ("bulk",), 1) for _ in range(half))
+        results = run(state, Entry(1, state.now_ms + 1, tuple(first)), encoded)
+        elapsed += results[1]
+        second: list[Command] = []
+        for result in results[0]:
+            if isinstance(result, Claimed):
+                for lease in result.leases:
+                    second.append(StartJob(lease.job_id, lease.fencing_token))
+                    second.append(CompleteJob(lease.job_id, lease.fencing_token, b"\xa2ok"))
+        _, seconds = run(state, Entry(1, state.now_ms + 1, tuple(second)), encoded)
+        elapsed += seconds
+        commands += len(first) + len(second)
+        done += half
+    return commands / elapsed
+
+
+def run(state: State, entry: Entry, encoded: bool) -> tuple[list[object], float]:
+    if encoded:
+        data = encode_entry(entry)
+        started = time.perf_counter()
+        results: list[object] = list(apply_encoded(state, data))
+    else:
+        started = time.perf_counter()
+        results = list(apply_entry(state, entry))
+    return results, time.perf_counter() - started
+
+
+def tick_cost(future_jobs: int, due_jobs: int) -> float:
+    state = new_state()
+    apply_entry(state, Entry(1, T0, (TakeOver(),)))
+    fill(state, future_jobs, 0, 86_400_000, "later")
+    fill(state, due_jobs, future_jobs, 1_000, "soon")
+    entry = Entry(1, T0 + 1_000, (Tick(seed=1, max_items=due_jobs),))
+    started = time.perf_counter()
+    (result,) = apply_entry(state, entry)
+    seconds = time.perf_counter() - started
+    assert result.made_runnable == due_jobs, result  # type: ignore[union-attr]
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--cycles", type=int, default=50_000, help="jobs run through the cycle")
+    parser.add_argument("--no-freeze", action="store_true", help="leave the GC as it is")
+    args = parser.parse_args()
+    figures: dict[str, float | int] = {"jobs": args.jobs}
+
+    state = new_state()
+    apply_entry(state, Entry(1, T0, (TakeOver(),)))
+    gc.collect()
+    before = rss_bytes()
+    started = time.perf_counter()
+    fill(state, args.jobs, 0, None, "bulk")
+    figures["fill_s"] = round(time.perf_counter() - started, 2)
+    gc.collect()
+    figures["bytes_per_pending_job"] = round((rss_bytes() - before) / args.jobs)
+    if not args.no_freeze:
+        # What a node should do after loading a snapshot: move the long-lived
+        # state out of the collector's way.
+        gc.freeze()
+    print(f"stored {args.jobs} jobs: {figures}", flush=True)
+
+    figures["commands_per_s"] = round(cycle(state, args.cycles, encoded=False))
+    figures["commands_per_s_encoded"] = round(cycle(state, args.cycles // 2, encoded=True))
+    print(f"cycle: {figures}", flush=True)
+
+    started = time.perf_counter()
+    data = encode_state(state)
+    figures["snapshot_encode_s"] = round(time.perf_counter() - started, 3)
+    figures["snapshot_bytes"] = len(data)
+    started = time.perf_counter()
+    decoded = decode_state(data)
+    figures["snapshot_decode_s"] = round(time.perf_counter() - started, 3)
+    assert len(decoded.jobs) == len(state.jobs)
+    del decoded, data, state
+    gc.unfreeze()
+    gc.collect()
+    print(f"snapshot: {figures}", flush=True)
+
+    figures["tick_s"] = round(tick_cost(args.jobs, 10_000), 4)
+    gc.collect()
+    figures["tick_s_100k"] = round(tick_cost(100_000, 10_000), 4)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
