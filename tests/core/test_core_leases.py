@@ -200,6 +200,21 @@ def test_fail_transient_waits_out_the_backoff() -> None:
     assert result == Failed(lease.job_id, "retry_wait", T0 + 1_050 + 2_000)
 
 
+def test_repeated_fail_with_its_token_returns_where_the_first_left_the_job() -> None:
+    cluster = Cluster()
+    lease = cluster.start(backoff=Backoff(1_000, 60_000, 0), max_attempts=3)
+    first = cluster.one(FailJob(lease.job_id, lease.fencing_token, "transient", "boom"))
+    assert first == Failed(lease.job_id, "retry_wait", T0 + 1_000)
+    before = cluster.digest()
+    again = cluster.one(FailJob(lease.job_id, lease.fencing_token, "transient", "boom"))
+    assert again == first
+    assert cluster.digest() == before
+    # A different kind with that token is not a repeat of it.
+    assert_rejected_unchanged(
+        cluster, FailJob(lease.job_id, lease.fencing_token, "permanent"), "lease_lost"
+    )
+
+
 def test_retry_after_is_a_lower_bound_and_zero_delay_requeues() -> None:
     cluster = Cluster()
     lease = cluster.start(backoff=Backoff(0, 0, 0))

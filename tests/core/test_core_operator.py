@@ -130,8 +130,14 @@ def test_effects_first_writer_wins_and_later_attempts_see_it() -> None:
     cluster.run(StartJob(second.job_id, second.fencing_token))
     later = cluster.one(RecordEffect("charge:1", second.job_id, second.fencing_token, b"\x03"))
     assert later == EffectRecorded(effect, replayed=True)
+    # The first attempt retrying its own record (its answer was lost) gets the
+    # effect it wrote; any other record with its stale token is lease_lost.
+    before = cluster.digest()
+    retried = cluster.one(RecordEffect("charge:1", lease.job_id, lease.fencing_token, b"\x09"))
+    assert retried == EffectRecorded(effect, replayed=True)
+    assert cluster.digest() == before
     assert_rejected_unchanged(
-        cluster, RecordEffect("charge:1", lease.job_id, lease.fencing_token), "lease_lost"
+        cluster, RecordEffect("charge:2", lease.job_id, lease.fencing_token), "lease_lost"
     )
 
 

@@ -8,7 +8,7 @@ outcome. After every step the real state must agree with it and pass
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -48,6 +48,8 @@ class ModelJob:
     attempts_made: int = 0
     cancel_requested: bool = False
     success_token: int | None = None
+    # token -> kind of the fail that ended that attempt (a repeat replays it)
+    failed_kinds: dict[int, str] = field(default_factory=dict)
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -58,7 +60,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.epoch = 1
         self.jobs: dict[str, ModelJob] = {}
         self.keys: dict[str, tuple[str, c.JobSpec]] = {}
-        self.effects: set[str] = set()
+        self.effects: dict[str, tuple[str, int]] = {}  # key -> (job, token) that wrote it
         self.last_token = 0
         self.grants: list[tuple[str, int]] = []
         self.submissions: list[c.SubmitJobs] = []
@@ -177,11 +179,12 @@ class CoreMachine(RuleBasedStateMachine):
         return job_id, data.draw(st.sampled_from([token, token, token + 1000]))
 
     def _fenced(self, result: Result, job_id: str, token: int) -> ModelJob | None:
-        """The model job when `token` is current; else assert lease_lost."""
+        """The model job when `token` is current; else None (the caller checks
+        for lease_lost or for the replay of a repeated fenced write)."""
         job = self.jobs[job_id]
         if job.token is not None and job.token == token:
             return job
-        assert isinstance(result, Rejected | Completed), result
+        assert isinstance(result, Rejected | Completed | Failed | EffectRecorded), result
         return None
 
     @rule(data=st.data())
@@ -236,8 +239,13 @@ class CoreMachine(RuleBasedStateMachine):
         result = self.apply(c.FailJob(*grant, kind=kind))
         job = self._fenced(result, *grant)
         if job is None:
-            assert isinstance(result, Rejected) and result.code == "lease_lost"
+            model = self.jobs[grant[0]]
+            if model.failed_kinds.get(grant[1]) == kind:
+                assert isinstance(result, Failed) and result.status == model.status
+            else:
+                assert isinstance(result, Rejected) and result.code == "lease_lost"
             return
+        job.failed_kinds[grant[1]] = kind
         job.token = None
         job.attempts_made += 1
         if kind == "cancelled" or job.cancel_requested:
@@ -256,11 +264,14 @@ class CoreMachine(RuleBasedStateMachine):
         result = self.apply(c.RecordEffect(key, *grant))
         job = self._fenced(result, *grant)
         if job is None:
-            assert isinstance(result, Rejected) and result.code == "lease_lost"
+            if self.effects.get(key) == grant:  # its own record, retried
+                assert isinstance(result, EffectRecorded) and result.replayed
+            else:
+                assert isinstance(result, Rejected) and result.code == "lease_lost"
             return
         assert isinstance(result, EffectRecorded)
         assert result.replayed == (key in self.effects)
-        self.effects.add(key)
+        self.effects.setdefault(key, grant)
 
     # -- operators ---------------------------------------------------------
 

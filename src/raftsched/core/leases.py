@@ -245,7 +245,7 @@ def apply_fail(state: State, command: FailJob, savepoint: Savepoint) -> Failed |
         return rejected
     found = current_lease(state, command.job_id, command.fencing_token)
     if isinstance(found, Rejected):
-        return found
+        return _repeated_fail(state, command) or found
     job, lease = found
     error = (command.kind, command.message)
     actor, token = lease.worker_id, lease.fencing_token
@@ -265,6 +265,23 @@ def apply_fail(state: State, command: FailJob, savepoint: Savepoint) -> Failed |
             state, job, actor, token, detail, command.random_u32, command.retry_after_ms
         )
     return Failed(job.id, job.status, job.next_run_at_ms)
+
+
+def _repeated_fail(state: State, command: FailJob) -> Failed | None:
+    """A fail retried after its first delivery committed (the answer was lost)
+    returns where that fail left the job, as a repeated complete does: the
+    attempt that carried this token already ended by a fail of the same kind."""
+    job = state.jobs.get(command.job_id)
+    if job is None:
+        return None
+    for attempt in reversed(job.attempts):
+        if attempt.fencing_token == command.fencing_token:
+            ended_by_fail = attempt.outcome in (OUTCOME_FAILED, OUTCOME_CANCELLED)
+            same_kind = attempt.error is not None and attempt.error[0] == command.kind
+            if ended_by_fail and same_kind:
+                return Failed(job.id, job.status, job.next_run_at_ms)
+            return None
+    return None
 
 
 def _check_fail(command: FailJob) -> Rejected | None:

@@ -113,13 +113,19 @@ def apply_record_effect(
     )
     if rejected is not None:
         return rejected
+    existing = state.effects.get(command.key)
     found = current_lease(state, command.job_id, command.fencing_token)
     if isinstance(found, Rejected):
+        # A record retried after it committed (its answer lost, its lease since
+        # ended) returns the recorded effect: the same job and token wrote it.
+        if existing is not None:
+            owner, stored = existing
+            if owner.id == command.job_id and stored.fencing_token == command.fencing_token:
+                return EffectRecorded(public_effect(owner, stored), replayed=True)
         return found
     job, lease = found
     # First writer wins. A later attempt of the same job (with a newer token)
     # gets the effect its predecessor recorded instead of repeating it.
-    existing = state.effects.get(command.key)
     if existing is not None:
         return EffectRecorded(public_effect(*existing), replayed=True)
     effect = StoredEffect(

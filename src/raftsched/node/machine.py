@@ -9,6 +9,7 @@ re-check the state.
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Callable
 
@@ -37,6 +38,11 @@ class ReplicatedState:
         restored = core.decode_state(data)
         with self.lock:
             self.state = restored
+        # A restored state is millions of long-lived objects; moving them out
+        # of the collector's generations keeps full collections from scanning
+        # them again and again during apply.
+        gc.collect()
+        gc.freeze()
         self._on_applied()
 
     def digest(self) -> str:
