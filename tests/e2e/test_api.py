@@ -22,8 +22,13 @@ def leader_and_follower(cluster: LocalCluster) -> tuple[str, str]:
 
 def test_write_to_follower_is_redirected_to_leader_keeping_method(cluster: LocalCluster) -> None:
     leader_url, follower_url = leader_and_follower(cluster)
-    status, body, headers = http_json("POST", follower_url + "/v1/jobs?x=1", {"queue": "q"})
-    assert status == 307
+    deadline = time.monotonic() + 5
+    while True:  # until the follower has heard from the new leader
+        status, body, headers = http_json("POST", follower_url + "/v1/jobs?x=1", {"queue": "q"})
+        if status != 503 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert status == 307, (status, body)
     assert headers["Location"] == leader_url + "/v1/jobs?x=1"
     assert headers["Raftsched-Leader"] == cluster.wait_for_leader()
     # Following it by hand with the same method and body creates the job.
