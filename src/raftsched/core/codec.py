@@ -37,6 +37,7 @@ from raftsched.core.model import (
     JobLease,
     StoredEffect,
 )
+from raftsched.core.sections import SECTIONS
 from raftsched.core.state import State, intern, rebuild_indexes
 
 
@@ -45,7 +46,7 @@ class CodecError(ValueError):
 
 
 ENTRY_FORMAT: Final = 1
-STATE_FORMAT: Final = 1
+STATE_FORMAT: Final = 2
 
 COMMAND_TAGS: Final[dict[type[Any], int]] = {
     c.SubmitJobs: 1,
@@ -262,7 +263,8 @@ def _pack_record(value: object) -> tuple[Any, ...]:
 
 def encode_state(state: State) -> bytes:
     """`[STATE_FORMAT, now_ms, epoch, last_fencing_token, retention_ms, next_seq,
-    jobs]`, each job the tuple of its slots in `JOB_FIELDS` order.
+    jobs, sections]`, each job the tuple of its slots in `JOB_FIELDS` order,
+    sections as `[name, data]` pairs in `SECTIONS` order.
 
     Rows are packed by msgpack's C packer straight from the slots (a pending
     job runs no Python code of its own) into chunks that are joined once at
@@ -278,7 +280,7 @@ def encode_state(state: State) -> bytes:
         state.retention_ms,
         state.next_seq,
     )
-    packer.pack_array_header(7)
+    packer.pack_array_header(8)
     for value in header:
         packer.pack(value)
     packer.pack_array_header(len(jobs))
@@ -290,6 +292,7 @@ def encode_state(state: State) -> bytes:
             if count % _ROWS_PER_CHUNK == 0:
                 chunks.append(packer.bytes())
                 packer.reset()
+        pack([[section.name, section.encode(state)] for section in SECTIONS])
         chunks.append(packer.bytes())
         return b"".join(chunks)
 
@@ -321,7 +324,7 @@ def _decode_state(data: bytes) -> State:
     # Rows are unpacked one at a time, so that the transient row tuples of a
     # million jobs never all exist at once.
     unpacker = msgpack.Unpacker(BytesIO(data), use_list=False, read_size=1 << 20)
-    if unpacker.read_array_header() != 7:
+    if unpacker.read_array_header() != 8:
         raise CodecError("not a state")
     header = [unpacker.unpack() for _ in range(6)]
     if header[0] != STATE_FORMAT:
@@ -335,11 +338,21 @@ def _decode_state(data: bytes) -> State:
     rebuild_indexes(state, _decode_jobs(state, unpacker.unpack, count))
     if len(state.jobs) != count:
         raise CodecError("duplicate job ids")
+    _decode_sections(state, unpacker.unpack())
     try:
         unpacker.unpack()
     except msgpack.OutOfData:
         return state
     raise CodecError("trailing data after the state")
+
+
+def _decode_sections(state: State, rows: object) -> None:
+    if type(rows) is not tuple or len(rows) != len(SECTIONS):
+        raise CodecError("state sections do not match this version")
+    for section, row in zip(SECTIONS, rows, strict=True):
+        if type(row) is not tuple or len(row) != 2 or row[0] != section.name:
+            raise CodecError(f"expected state section {section.name}")
+        section.decode(state, row[1])
 
 
 def _decode_jobs(state: State, next_row: Callable[[], Any], count: int) -> Iterator[Job]:

@@ -10,6 +10,7 @@ the hot path pays one small field capture per touched job.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from operator import attrgetter
 
 from raftsched.core.model import JOB_FIELDS, Attempt, Job
@@ -23,7 +24,7 @@ _Capture = tuple[tuple[object, ...], int | None, tuple[object, ...] | None, int,
 
 
 class Savepoint:
-    __slots__ = ("state", "scalars", "touched", "created", "purged")
+    __slots__ = ("state", "scalars", "touched", "created", "purged", "undo")
 
     def __init__(self, state: State) -> None:
         self.state = state
@@ -31,6 +32,9 @@ class Savepoint:
         self.touched: dict[int, tuple[Job, _Capture]] = {}
         self.created: list[str] = []
         self.purged: list[Job] = []
+        # Undo actions for records outside the jobs (state sections), run in
+        # reverse order on rollback.
+        self.undo: list[Callable[[], None]] = []
 
     def reset(self) -> None:
         state = self.state
@@ -47,6 +51,12 @@ class Savepoint:
             self.created = []
         if self.purged:
             self.purged = []
+        if self.undo:
+            self.undo = []
+
+    def on_rollback(self, action: Callable[[], None]) -> None:
+        """Register how to undo a change to a section record, before making it."""
+        self.undo.append(action)
 
     def touch(self, job: Job) -> None:
         """Call before the first mutation of an existing job."""
@@ -74,6 +84,8 @@ class Savepoint:
             state.retention_ms,
             state.next_seq,
         ) = self.scalars
+        for action in reversed(self.undo):
+            action()
         for job, capture in self.touched.values():
             _restore(job, capture)
         for job_id in self.created:

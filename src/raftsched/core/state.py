@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from raftsched.core.model import (
     FINAL_STATUSES,
@@ -58,6 +58,7 @@ from raftsched.core.model import (
     Job,
     StoredEffect,
 )
+from raftsched.core.sections import create_all
 
 DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
 
@@ -79,6 +80,8 @@ class State:
         "next_seq",
         # Authoritative records (encoded), in submission order.
         "jobs",
+        # Records beside the jobs (schedules, workflows, ...), see `sections`.
+        "sections",
         # Derived indexes (rebuilt on decode).
         "status_counts",
         "queue_counts",
@@ -101,6 +104,7 @@ class State:
         self.retention_ms = DEFAULT_RETENTION_MS
         self.next_seq = 1
         self.jobs: dict[str, Job] = {}
+        self.sections: dict[str, Any] = create_all()
         self.status_counts: dict[str, int] = dict.fromkeys(JOB_STATUSES, 0)
         # queue -> [pending, leased, stored]; a queue with no stored job is
         # dropped, so that the live map equals the one rebuilt on decode.
