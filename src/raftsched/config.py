@@ -58,6 +58,8 @@ class NodeConfig:
     # Lease decisions never rely on it (every grant commits through Raft), but
     # a short value stops a cut-off leader's futile proposals sooner.
     leader_fallback_timeout_s: float = 1.0
+    # Raft entries between snapshots (each entry may carry many commands).
+    log_compaction_entries: int = 5000
     log_format: str = "auto"  # "json", "text" or "auto" (text on a terminal)
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -81,6 +83,10 @@ class NodeConfig:
             raise ConfigError(f"node ids must be unique, got {ids}")
         if self.durability not in ("fsync", "none"):
             raise ConfigError("durability must be 'fsync' or 'none'")
+        if self.log_compaction_entries < 10:
+            raise ConfigError("log_compaction_entries must be at least 10")
+        if not 0.2 <= self.leader_fallback_timeout_s <= 60:
+            raise ConfigError("leader_fallback_timeout_s must be between 0.2 and 60")
 
 
 def _check_host_port(text: str, what: str) -> None:

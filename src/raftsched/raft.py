@@ -31,11 +31,19 @@ Guard rails
    bytes only close the connection.
 5. Snapshots are the machine's own bytes (`StateMachine.snapshot`) behind a
    small msgpack header, through SyncObjConf's serializer/deserializer
-   hooks. With a custom serializer pysyncobj does not fork: the snapshot is
-   taken and written on the tick thread, which is what keeps it consistent
-   with `applied_index`, but it pauses Raft for as long as `snapshot()` plus
-   the write take. The file is fsynced before pysyncobj renames it, and a
-   snapshot received from the leader is fsynced before it is acknowledged.
+   hooks. pysyncobj forks only for its own pickle serializer, so the adapter
+   forks itself (`snapshot_in_child`, on by default): the tick thread takes
+   the machine's lock (so no other thread holds it across the fork), forks,
+   and goes straight back to Raft; the child encodes its copy-on-write image
+   of the state as of exactly the last applied entry, writes and fsyncs the
+   file, renames it into place and exits. pysyncobj's `serializeChecker` hook
+   polls the child, and the log is compacted only once the child succeeded.
+   Encoding a million jobs takes seconds, far longer than an election
+   timeout: done on the tick thread it would cost the leader its leadership.
+   The price is memory: pages the child touches are copied (up to the size
+   of the state). Without fork, or with `snapshot_in_child=False`, the
+   snapshot is taken on the tick thread. A snapshot received from the leader
+   is fsynced before it is acknowledged.
 6. Latency: `appendEntriesUseBatch=False` sends each entry at once (about a
    millisecond per commit instead of the 0.1 s append period).
    `leaderFallbackTimeout` is a parameter and must stay below the shortest
@@ -73,12 +81,15 @@ proposal. The node enforces its own deadlines on top of this.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import logging
 import os
 import pickle
+import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -87,6 +98,7 @@ from typing import Any, Final, Protocol
 
 import pysyncobj.syncobj as _pysyncobj_syncobj
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
+from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.transport import TCPTransport
 
 from raftsched import raft_journal
@@ -95,6 +107,10 @@ from raftsched.raft_journal import DurableJournal, SnapshotHeader
 logger = logging.getLogger(__name__)
 
 SECRET_CHARS_MIN: Final = 16
+_NO_LOCK: Final = contextlib.nullcontext()
+# A snapshot child still writing after this long is stuck (or the disk is):
+# kill it and let pysyncobj try again later.
+SNAPSHOT_CHILD_TIMEOUT_S: Final = 600.0
 
 
 class StateMachine(Protocol):
@@ -103,7 +119,11 @@ class StateMachine(Protocol):
         ...
 
     def snapshot(self) -> bytes:
-        """Encode the whole state. Runs on the tick thread when the log is compacted."""
+        """Encode the whole state as of the last applied entry. Runs in a forked
+        child (or on the tick thread). A machine that other threads read must
+        expose the lock they take as `lock` (a `threading.RLock`): the adapter
+        holds it across the fork so the child never inherits it held by a
+        thread that does not exist there."""
         ...
 
     def restore(self, data: bytes) -> None:
@@ -279,6 +299,7 @@ class RaftNode:
         connection_retry_s: float = 1.0,
         log_compaction_entries: int = 5000,
         log_compaction_interval_s: float = 300.0,
+        snapshot_in_child: bool = True,
     ) -> None:
         if not secret or len(secret) < SECRET_CHARS_MIN:
             raise ValueError(
@@ -315,6 +336,9 @@ class RaftNode:
             "logCompactionMinTime": log_compaction_interval_s,
         }
         self._log_compaction_entries = log_compaction_entries
+        self._snapshot_in_child = snapshot_in_child and hasattr(os, "fork")
+        self._snapshot_child: int | None = None
+        self._snapshot_started = 0.0
         self._sync_obj: _ReplicatedLog | None = None
         self._journal: DurableJournal | None = None
         self._lock = threading.Lock()
@@ -349,6 +373,7 @@ class RaftNode:
             fullDumpFile=str(self._data_dir / raft_journal.SNAPSHOT_NAME),
             serializer=self._serialize_snapshot,
             deserializer=self._deserialize_snapshot,
+            serializeChecker=self._check_snapshot if self._snapshot_in_child else None,
             bindAddress=self._bind_address,
             appendEntriesUseBatch=False,
             commandsWaitLeader=False,
@@ -507,8 +532,65 @@ class RaftNode:
             previous_entry=_as_entry(previous_entry),
             cluster=tuple(sorted(str(getattr(node, "address", node)) for node in cluster)),
         )
-        data = raft_journal.encode_snapshot(header, self._machine.snapshot())
-        raft_journal.write_snapshot_file(Path(file_name), data, durable=self.durability == "fsync")
+        if not self._snapshot_in_child:
+            data = raft_journal.encode_snapshot(header, self._machine.snapshot())
+            raft_journal.write_snapshot_file(
+                Path(file_name), data, durable=self.durability == "fsync"
+            )
+            return
+        if self._snapshot_child is not None:
+            return  # one at a time; pysyncobj asks again later
+        # Hold the machine's lock across the fork so that no other thread owns
+        # it in the child, where that thread would not exist to release it.
+        lock = getattr(self._machine, "lock", None)
+        with lock if lock is not None else _NO_LOCK:
+            pid = os.fork()
+            if pid == 0:
+                self._snapshot_child_main(Path(file_name), header)
+        self._snapshot_child = pid
+        self._snapshot_started = time.monotonic()
+        # pysyncobj now renames `file_name` into place; it does not exist (the
+        # child writes elsewhere and renames its own file), so that rename
+        # fails harmlessly and `_check_snapshot` reports the real outcome.
+
+    def _snapshot_child_main(self, tmp_path: Path, header: SnapshotHeader) -> None:
+        """In the forked child: write the snapshot and exit. Never returns."""
+        status = 1
+        try:
+            final = tmp_path.with_name(tmp_path.name.removesuffix(".tmp"))
+            part = final.with_name(final.name + ".child")
+            data = raft_journal.encode_snapshot(header, self._machine.snapshot())
+            raft_journal.write_snapshot_file(part, data, durable=self.durability == "fsync")
+            os.replace(part, final)
+            if self.durability == "fsync":
+                raft_journal.fsync_directory(final.parent)
+            status = 0
+        finally:
+            os._exit(status)
+
+    def _check_snapshot(self) -> int:
+        """pysyncobj's serializeChecker: the state of the snapshot child."""
+        pid = self._snapshot_child
+        if pid is None:
+            return int(SERIALIZER_STATE.NOT_SERIALIZING)
+        try:
+            done, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            self._snapshot_child = None
+            return int(SERIALIZER_STATE.FAILED)
+        if done == 0:
+            if time.monotonic() - self._snapshot_started < SNAPSHOT_CHILD_TIMEOUT_S:
+                return int(SERIALIZER_STATE.SERIALIZING)
+            logger.error("snapshot child %d timed out; killing it", pid)
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            self._snapshot_child = None
+            return int(SERIALIZER_STATE.FAILED)
+        self._snapshot_child = None
+        if status != 0:
+            logger.error("snapshot child failed with status %d", status)
+            return int(SERIALIZER_STATE.FAILED)
+        return int(SERIALIZER_STATE.SUCCESS)
 
     def _deserialize_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
         path = Path(file_name)

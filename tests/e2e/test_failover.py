@@ -201,3 +201,23 @@ def test_paused_worker_loses_lease_to_a_higher_token(cluster: LocalCluster) -> N
             paused.send_signal(signal.SIGCONT)
             paused.kill()
             paused.wait(timeout=10)
+
+
+def test_node_that_was_down_catches_up_by_snapshot_after_compaction(tmp_path: Path) -> None:
+    cluster = LocalCluster(
+        tmp_path / "compact", env=cluster_env(), extra_args=["--log-compaction-entries", "20"]
+    )
+    with cluster:
+        leader = cluster.wait_for_leader()
+        follower = next(n for n in cluster.nodes if n != leader)
+        cluster.kill(follower)
+        with Client(cluster.live_urls(), retry_budget_s=30) as client:
+            for index in range(150):  # one entry each: far past the compaction point
+                client.submit("compact", {"i": index}, idempotency_key=f"c:{index}")
+        snapshots = list((cluster.nodes[leader].data_dir / "raft").glob("*snapshot*"))
+        assert snapshots, "the leader should have written a snapshot"
+        cluster.start(follower)
+        cluster.wait_converged(timeout_s=60)
+        with Client([cluster.nodes[follower].http_url], retry_budget_s=10) as client:
+            jobs = list(client.iter_jobs(queue="compact", consistency="stale"))
+        assert len(jobs) == 150

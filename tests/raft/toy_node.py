@@ -33,27 +33,29 @@ from raftsched.raft import RaftNode
 
 class ListMachine:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Named `lock` and re-entrant: the adapter holds it across the fork
+        # of its snapshot child (see raftsched.raft.StateMachine.snapshot).
+        self.lock = threading.RLock()
         self.entries: list[bytes] = []
 
     def apply(self, data: bytes) -> object:
         if data.startswith(b"raise"):
             raise RuntimeError("toy machine told to raise")
-        with self._lock:
+        with self.lock:
             self.entries.append(data)
             return len(self.entries)
 
     def snapshot(self) -> bytes:
-        with self._lock:
+        with self.lock:
             return bytes(msgpack.packb(self.entries))
 
     def restore(self, data: bytes) -> None:
         entries = msgpack.unpackb(data)
-        with self._lock:
+        with self.lock:
             self.entries = list(entries)
 
     def view(self) -> list[bytes]:
-        with self._lock:
+        with self.lock:
             return list(self.entries)
 
 

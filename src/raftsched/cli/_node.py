@@ -12,7 +12,8 @@ TOML keys mirror the flags (relative paths are relative to the file):
     secret_file = "secret"
     durability = "fsync"                 # or "none"
     peers = ["n2=127.0.0.1:9702@http://127.0.0.1:8702"]
-    # optional: max_body_bytes, log_format, and an [extra] table
+    # optional: max_body_bytes, log_format, log_compaction_entries,
+    # leader_fallback_timeout_s, and an [extra] table
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from raftsched.config import ConfigError, NodeConfig, Peer, load_toml, read_secr
 
 _FILE_KEYS = {
     "id", "data_dir", "http", "raft", "raft_bind", "http_url", "secret_file", "durability",
-    "peers", "max_body_bytes", "log_format", "extra",
+    "peers", "max_body_bytes", "log_format", "extra", "log_compaction_entries",
+    "leader_fallback_timeout_s",
 }  # fmt: skip
 
 
@@ -45,6 +47,13 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     node.add_argument("--durability", choices=["fsync", "none"])
     node.add_argument("--max-body-bytes", type=int)
     node.add_argument("--log-format", choices=["auto", "json", "text"])
+    node.add_argument(
+        "--log-compaction-entries", type=int, help="snapshot after this many Raft entries"
+    )
+    node.add_argument(
+        "--leader-fallback-timeout-s", type=float,
+        help="a leader that has not heard from a majority this long steps down",
+    )  # fmt: skip
     node.set_defaults(run=run_node_command)
 
 
@@ -75,6 +84,8 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         "peers": args.peer,
         "max_body_bytes": args.max_body_bytes,
         "log_format": args.log_format,
+        "log_compaction_entries": args.log_compaction_entries,
+        "leader_fallback_timeout_s": args.leader_fallback_timeout_s,
     }
     settings.update({key: value for key, value in flags.items() if value is not None})
     return _to_config(settings)
@@ -110,6 +121,8 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
         durability=str(settings.get("durability", "fsync")),
         max_body_bytes=int(settings.get("max_body_bytes", 1024 * 1024)),
         log_format=str(settings.get("log_format", "auto")),
+        log_compaction_entries=int(settings.get("log_compaction_entries", 5000)),
+        leader_fallback_timeout_s=float(settings.get("leader_fallback_timeout_s", 1.0)),
         extra={str(k): str(v) for k, v in dict(settings.get("extra") or {}).items()},
     )
 

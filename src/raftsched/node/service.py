@@ -70,6 +70,7 @@ class Node:
             durability=config.durability,
             on_leadership=self._leadership_threadsafe,
             leader_fallback_timeout_s=config.leader_fallback_timeout_s,
+            log_compaction_entries=config.log_compaction_entries,
         )
         self.proposer = Proposer(loop, self.raft, self.clock.now_ms, on_entry=self._entry_done)
         self._dispatch_task: asyncio.Task[None] | None = None
