@@ -46,6 +46,24 @@ EVERY_COMMAND: tuple[c.Command, ...] = (
     c.Barrier(),
     c.Configure(60_000),
     c.Configure(),
+    # Workflows, the outbox and subscriptions (issue 6).
+    c.ConfigureOutbox(1_000, 50),
+    c.ConfigureOutbox(),
+    c.CreateSubscription("s1", "http://h/", ("job.*",), "secret"),
+    c.DeleteSubscription("s1"),
+    c.AckDelivery("s1", 7),
+    c.ParkDelivery("s1", 7, 3, "HTTP 500"),
+    c.RetryParked("s1"),
+    c.AckParked("s1", 7),
+    c.SubmitWorkflow(
+        "wf_1",
+        (
+            c.StepSpec("a", c.JobSpec("q")),
+            c.StepSpec("b", c.JobSpec("r", priority=3), ("a",), c.JobSpec("undo")),
+        ),
+        "acme", "key", 60_000, "continue", False,
+    ),
+    c.CancelWorkflow("wf_1", "why", "bob"),
 )  # fmt: skip
 
 
@@ -54,6 +72,9 @@ def test_every_command_type_has_a_stable_tag() -> None:
         c.SubmitJobs: 1, c.ClaimJobs: 2, c.StartJob: 3, c.HeartbeatJob: 4, c.CompleteJob: 5,
         c.FailJob: 6, c.CancelJob: 7, c.ReplayJob: 8, c.RecordEffect: 9, c.Tick: 10,
         c.TakeOver: 11, c.Barrier: 12, c.Configure: 13,
+        c.ConfigureOutbox: 40, c.CreateSubscription: 41, c.DeleteSubscription: 42,
+        c.AckDelivery: 43, c.ParkDelivery: 44, c.RetryParked: 45, c.AckParked: 46,
+        c.SubmitWorkflow: 50, c.CancelWorkflow: 51,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

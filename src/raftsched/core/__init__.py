@@ -6,6 +6,7 @@ state through the query functions. See `state` for the rules and the theory
 of operation, `model.TRANSITIONS` for the job life cycle.
 """
 
+from raftsched.core import outbox, subscriptions, workflows  # noqa: F401  (register sections)
 from raftsched.core.apply import apply_encoded, apply_entry
 from raftsched.core.codec import (
     COMMAND_TAGS,

@@ -12,21 +12,31 @@ from __future__ import annotations
 from contextlib import suppress
 from typing import assert_never
 
+from raftsched.core import events_commands, workflows
 from raftsched.core.codec import CodecError, decode_entry
 from raftsched.core.commands import (
+    AckDelivery,
+    AckParked,
     Barrier,
     CancelJob,
+    CancelWorkflow,
     ClaimJobs,
     Command,
     CompleteJob,
     Configure,
+    ConfigureOutbox,
+    CreateSubscription,
+    DeleteSubscription,
     Entry,
     FailJob,
     HeartbeatJob,
+    ParkDelivery,
     RecordEffect,
     ReplayJob,
+    RetryParked,
     StartJob,
     SubmitJobs,
+    SubmitWorkflow,
     TakeOver,
     Tick,
 )
@@ -65,6 +75,15 @@ COMMAND_TYPES = frozenset(
         TakeOver,
         Barrier,
         Configure,
+        ConfigureOutbox,
+        CreateSubscription,
+        DeleteSubscription,
+        AckDelivery,
+        ParkDelivery,
+        RetryParked,
+        AckParked,
+        SubmitWorkflow,
+        CancelWorkflow,
     }
 )
 COMMANDS_PER_ENTRY_MAX = 100_000
@@ -162,5 +181,19 @@ def _dispatch(state: State, command: Command, stale: bool, savepoint: Savepoint)
             return Ack()
         case Configure():
             return apply_configure(state, command)
+        case (
+            ConfigureOutbox()
+            | CreateSubscription()
+            | DeleteSubscription()
+            | AckDelivery()
+            | ParkDelivery()
+            | RetryParked()
+            | AckParked()
+        ):
+            return events_commands.apply(state, command)
+        case SubmitWorkflow():
+            return workflows.apply_submit_workflow(state, command, savepoint)
+        case CancelWorkflow():
+            return workflows.apply_cancel_workflow(state, command)
         case _:
             assert_never(command)

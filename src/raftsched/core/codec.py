@@ -62,6 +62,16 @@ COMMAND_TAGS: Final[dict[type[Any], int]] = {
     c.TakeOver: 11,
     c.Barrier: 12,
     c.Configure: 13,
+    # Workflows, the outbox and webhook subscriptions: 40-59.
+    c.ConfigureOutbox: 40,
+    c.CreateSubscription: 41,
+    c.DeleteSubscription: 42,
+    c.AckDelivery: 43,
+    c.ParkDelivery: 44,
+    c.RetryParked: 45,
+    c.AckParked: 46,
+    c.SubmitWorkflow: 50,
+    c.CancelWorkflow: 51,
 }
 """Stable tags. Never renumber; never reuse a retired tag."""
 
@@ -80,6 +90,15 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, ...]]] = {
     c.TakeOver: (),
     c.Barrier: (),
     c.Configure: ("int?",),
+    c.ConfigureOutbox: ("int?", "int?"),
+    c.CreateSubscription: ("str", "str", "strs", "str"),
+    c.DeleteSubscription: ("str",),
+    c.AckDelivery: ("str", "int"),
+    c.ParkDelivery: ("str", "int", "int", "str"),
+    c.RetryParked: ("str",),
+    c.AckParked: ("str", "int"),
+    c.SubmitWorkflow: ("str", "steps", "str", "str?", "int?", "str", "bool"),
+    c.CancelWorkflow: ("str", "str", "str"),
 }
 _BY_TAG: Final = {tag: cls for cls, tag in COMMAND_TAGS.items()}
 _SPEC_KINDS: Final = (
@@ -109,6 +128,24 @@ def spec_row(spec: c.JobSpec) -> list[Any]:
     ]
 
 
+def step_row(step: c.StepSpec) -> list[Any]:
+    compensation = None if step.compensation is None else spec_row(step.compensation)
+    return [step.name, spec_row(step.job), list(step.depends_on), compensation]
+
+
+def _decode_step(row: object) -> c.StepSpec:
+    if type(row) is not tuple or len(row) != 4:
+        raise CodecError("a workflow step is [name, spec, depends_on, compensation]")
+    name, spec, depends_on, compensation = row
+    _expect(name, "str")
+    return c.StepSpec(
+        name,
+        _decode_spec(spec),
+        _decode_field(depends_on, "strs"),
+        None if compensation is None else _decode_spec(compensation),
+    )
+
+
 def _command_row(command: c.Command) -> list[Any]:
     cls = type(command)
     row: list[Any] = [COMMAND_TAGS[cls]]
@@ -116,6 +153,8 @@ def _command_row(command: c.Command) -> list[Any]:
         value = getattr(command, name)
         if kind == "specs":
             value = [spec_row(spec) for spec in value]
+        elif kind == "steps":
+            value = [step_row(step) for step in value]
         elif kind == "strs":
             value = list(value)
         row.append(value)
@@ -167,6 +206,7 @@ _PLAIN: Final[dict[str, tuple[type[Any], bool]]] = {
     "str?": (str, True),
     "bytes": (bytes, False),
     "bytes?": (bytes, True),
+    "bool": (bool, False),
 }
 _DEFAULT_BACKOFF: Final = c.Backoff()
 _DEFAULT_BACKOFF_ROW: Final = (
@@ -192,6 +232,10 @@ def _decode_field(value: object, kind: str) -> Any:
         return value
     if kind == "backoff":
         return _decode_backoff(value)
+    if kind == "steps":
+        if type(value) is not tuple:
+            raise CodecError("steps must be an array")
+        return tuple(_decode_step(row) for row in value)
     if kind == "labels":
         if type(value) is not tuple:
             raise CodecError("labels must be an array")
@@ -218,6 +262,11 @@ def _expect(value: object, kind: str) -> None:
     expected_type, optional = _PLAIN[kind]
     if type(value) is not expected_type and not (optional and value is None):
         raise CodecError(f"expected {kind}, got {type(value).__name__}")
+
+
+def decode_spec(row: object) -> c.JobSpec:
+    """A `spec_row` back into a JobSpec (rows as msgpack decodes them: tuples)."""
+    return _decode_spec(row)
 
 
 def _decode_spec(row: object) -> c.JobSpec:

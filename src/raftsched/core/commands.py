@@ -184,6 +184,103 @@ class Configure:
     retention_ms: int | None = None
 
 
+# -- Workflows, the outbox and webhook subscriptions (issue 6) -----------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigureOutbox:
+    """How long events are kept after every subscriber has them, and how many
+    events the outbox holds at most (beyond that the oldest are dropped)."""
+
+    retention_ms: int | None = None
+    events_max: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSubscription:
+    """A webhook subscription; delivery starts after the newest event so far.
+    The secret signs deliveries and is replicated so that any leader can sign."""
+
+    subscription_id: str
+    url: str
+    types: tuple[str, ...] = ()
+    secret: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSubscription:
+    subscription_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AckDelivery:
+    """The leader delivered (or parked) every matching event up to `through_seq`."""
+
+    subscription_id: str
+    through_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParkDelivery:
+    """After `attempts` failures an event is set aside for this subscription,
+    with the last error, instead of being retried forever."""
+
+    subscription_id: str
+    seq: int
+    attempts: int
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryParked:
+    """Operator action: deliver this subscription's parked events again."""
+
+    subscription_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AckParked:
+    """A parked event that was retried has now been delivered."""
+
+    subscription_id: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepSpec:
+    """One workflow step: its job, the steps it waits for, and an optional
+    compensating job that undoes it when the workflow fails."""
+
+    name: str
+    job: JobSpec
+    depends_on: tuple[str, ...] = ()
+    compensation: JobSpec | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitWorkflow:
+    """Start a workflow. Step job ids derive from `workflow_id` inside the core.
+
+    `on_failure` is `fail_fast` (stop at the first failed step) or `continue`
+    (steps that do not depend on a failed step still run).
+    """
+
+    workflow_id: str
+    steps: tuple[StepSpec, ...]
+    tenant: str = "default"
+    idempotency_key: str | None = None
+    timeout_ms: int | None = None
+    on_failure: str = "fail_fast"
+    compensate_on_cancel: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class CancelWorkflow:
+    workflow_id: str
+    reason: str = ""
+    actor: str = "api"
+
+
 Command = (
     SubmitJobs
     | ClaimJobs
@@ -198,6 +295,15 @@ Command = (
     | TakeOver
     | Barrier
     | Configure
+    | ConfigureOutbox
+    | CreateSubscription
+    | DeleteSubscription
+    | AckDelivery
+    | ParkDelivery
+    | RetryParked
+    | AckParked
+    | SubmitWorkflow
+    | CancelWorkflow
 )
 
 

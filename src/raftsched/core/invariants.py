@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from raftsched.core import outbox, subscriptions, workflows
 from raftsched.core.model import (
     FINAL_STATUSES,
     JOB_STATUSES,
@@ -36,6 +37,9 @@ def check_invariants(state: State) -> list[str]:
     _check_counters(state, problems)
     _check_maps(state, problems)
     _check_heaps(state, problems)
+    problems.extend(outbox.check(state))
+    problems.extend(subscriptions.check(state))
+    problems.extend(workflows.check(state))
     return problems
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 
 from raftsched.core.commands import ClaimJobs, CompleteJob, FailJob, HeartbeatJob, StartJob
+from raftsched.core.job_events import lease_inputs
 from raftsched.core.lifecycle import (
     allowed,
     cancel_leased,
@@ -173,6 +174,7 @@ def _grant(state: State, job: Job, worker_id: str, lease_ms: int, savepoint: Sav
         job.correlation_id,
         job.workflow_id,
         job.step,
+        lease_inputs(state, job),
     )
 
 

@@ -7,6 +7,7 @@ savepoint before calling anything here.
 
 from __future__ import annotations
 
+from raftsched.core.job_events import job_finished
 from raftsched.core.model import (
     CANCEL,
     DEAD_LETTER_EVENT,
@@ -80,6 +81,7 @@ def finish(state: State, job: Job) -> None:
     """A job reached a final status: it now waits out the retention period."""
     job.next_run_at_ms = None
     push_retention(state, job)
+    job_finished(state, job)  # its outbox event and its workflow, same command
 
 
 def cancel_leased(

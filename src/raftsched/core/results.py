@@ -156,6 +156,41 @@ class Ack:
     """TakeOver, Barrier and Configure have nothing else to say."""
 
 
+# -- Workflows, the outbox and webhook subscriptions (issue 6) -----------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSubmitted:
+    """`created` is False for an idempotent repeat (same tenant, key and request)."""
+
+    workflow_id: str
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowCancelAccepted:
+    """The workflow's status after the command (`compensating` while steps
+    drain or compensations run, else its final status)."""
+
+    workflow_id: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionCreated:
+    """`cursor_seq`: delivery starts after this event."""
+
+    subscription_id: str
+    created: bool
+    cursor_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedRetried:
+    subscription_id: str
+    count: int
+
+
 Result = (
     Rejected
     | Submitted
@@ -169,4 +204,8 @@ Result = (
     | EffectRecorded
     | Ticked
     | Ack
+    | WorkflowSubmitted
+    | WorkflowCancelAccepted
+    | SubscriptionCreated
+    | ParkedRetried
 )

@@ -87,7 +87,16 @@ def _backoff(state: State, backoff: Backoff) -> BackoffMs | None:
     return None if stored == DEFAULT_BACKOFF_MS else intern(state, stored)
 
 
-def _create(state: State, spec: JobSpec, job_id: str, fingerprint: bytes | None) -> None:
+def create_job(state: State, spec: JobSpec, job_id: str, savepoint: Savepoint | None) -> Job:
+    """Create one job from a spec that `check_spec` accepted, without the
+    idempotency map: workflow steps (whose workflow holds the key) use this."""
+    job = _create(state, _canonical(replace(spec, idempotency_key=None)), job_id, None)
+    if savepoint is not None:
+        savepoint.created.append(job_id)
+    return job
+
+
+def _create(state: State, spec: JobSpec, job_id: str, fingerprint: bytes | None) -> Job:
     now_ms = state.now_ms
     if spec.run_at_ms is not None:
         run_at_ms = spec.run_at_ms
@@ -136,3 +145,4 @@ def _create(state: State, spec: JobSpec, job_id: str, fingerprint: bytes | None)
     state.order.append(job)
     count_new_job(state, job)
     index_job(state, job)
+    return job

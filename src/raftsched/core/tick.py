@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
+from raftsched.core import outbox, workflows
 from raftsched.core.commands import Tick
 from raftsched.core.leases import stale_epoch
 from raftsched.core.lifecycle import (
@@ -64,6 +65,9 @@ def apply_tick(state: State, command: Tick, stale: bool, savepoint: Savepoint) -
     made_runnable = _make_due_runnable(state, budget, savepoint)
     budget -= made_runnable
     purged = _purge_finished(state, budget, savepoint)
+    budget -= purged
+    budget -= workflows.tick(state, budget)
+    budget -= outbox.trim(state, budget)
     due_ms = next_due_ms(state)
     more = due_ms is not None and due_ms <= state.now_ms
     return Ticked(made_runnable, expired, dead_lettered, purged, more)
@@ -211,6 +215,9 @@ def next_due_ms(state: State) -> int | None:
     retention_top = _settle(state.retention, lambda job, key: _purgeable(state, job, key))
     if retention_top is not None:
         candidates.append(retention_top[0] + state.retention_ms)
+    for section_due_ms in (workflows.next_due_ms(state), outbox.next_due_ms(state)):
+        if section_due_ms is not None:
+            candidates.append(section_due_ms)
     return min(candidates) if candidates else None
 
 
