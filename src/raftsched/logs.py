@@ -10,6 +10,11 @@ import json
 import logging
 import sys
 import time
+from contextvars import ContextVar
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("raftsched_request_id", default=None)
+"""The HTTP request being handled (set by the API's middleware); every log
+line made while handling it gets `request_id`."""
 
 # Attributes every LogRecord has; anything else came from `extra=`.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
@@ -20,6 +25,14 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 
 def _extras(record: logging.LogRecord) -> dict[str, object]:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD}
+
+
+class RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        request_id = REQUEST_ID.get()
+        if request_id is not None and not hasattr(record, "request_id"):
+            record.request_id = request_id
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -62,6 +75,7 @@ def configure_logging(
     use_json = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(node_id) if use_json else TextFormatter(node_id))
+    handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -86,6 +86,10 @@ class Counter(_Family):
     def value(self, *labels: str) -> float:
         return self._values.get(labels, 0.0)
 
+    def items(self) -> list[tuple[LabelValues, float]]:
+        with self._lock:
+            return sorted(self._values.items())
+
     def render(self) -> list[str]:
         with self._lock:
             items = sorted(self._values.items())

@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from raftsched.api.errors import ApiError, invalid
+from raftsched.logs import REQUEST_ID
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
 from raftsched.node.service import Node
 
@@ -58,6 +59,7 @@ def leader_redirect(request: web.Request) -> web.Response:
 @web.middleware
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    REQUEST_ID.set(request_id)  # log lines made while handling it carry it
     started = time.perf_counter()
     status = 500
     try:
@@ -152,7 +154,7 @@ async def prepare_read(request: web.Request) -> dict[str, str]:
 
 
 def create_app(node: Node) -> web.Application:
-    from raftsched.api import cluster, jobs, leases
+    from raftsched.api import cluster, dashboard, jobs, leases
 
     app = web.Application(
         middlewares=[request_id_middleware], client_max_size=node.config.max_body_bytes
@@ -161,4 +163,5 @@ def create_app(node: Node) -> web.Application:
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)
     app.add_routes(cluster.routes)
+    dashboard.setup(app)
     return app

@@ -118,6 +118,8 @@ async def list_jobs(request: web.Request) -> web.Response:
                 "tenant",
                 "schedule_id",
                 "workflow_id",
+                "correlation_id",
+                "idempotency_key",
                 "limit",
                 "cursor",
                 "consistency",
@@ -134,6 +136,9 @@ async def list_jobs(request: web.Request) -> web.Response:
     if not limit_text.isdigit() or not 1 <= int(limit_text) <= LIST_LIMIT_MAX:
         raise invalid("limit", f"must be an integer from 1 to {LIST_LIMIT_MAX}")
     headers = await prepare_read(request)
+    key = query.get("idempotency_key")
+    if key is not None:
+        return web.json_response(_by_idempotency_key(request, key), headers=headers)
     with node_of(request).reading() as state:
         jobs, next_cursor = core.list_jobs(
             state,
@@ -144,9 +149,30 @@ async def list_jobs(request: web.Request) -> web.Response:
             cursor=cursor,
             schedule_id=query.get("schedule_id"),
             workflow_id=query.get("workflow_id"),
+            correlation_id=query.get("correlation_id"),
         )
         body = {"jobs": [render.job(job) for job in jobs], "next_cursor": next_cursor}
     return web.json_response(body, headers=headers)
+
+
+def _by_idempotency_key(request: web.Request, key: str) -> dict[str, Any]:
+    """An idempotency key names at most one job per tenant (default tenant
+    when none is given); the other filters still apply to it."""
+    query = request.query
+    with node_of(request).reading() as state:
+        job = core.find_by_idempotency_key(state, query.get("tenant", "default"), key)
+        wanted = {
+            "queue": query.get("queue"),
+            "status": query.get("status"),
+            "schedule_id": query.get("schedule_id"),
+            "workflow_id": query.get("workflow_id"),
+            "correlation_id": query.get("correlation_id"),
+        }
+        if job is not None and any(
+            value is not None and getattr(job, name) != value for name, value in wanted.items()
+        ):
+            job = None
+        return {"jobs": [] if job is None else [render.job(job)], "next_cursor": None}
 
 
 def _reason(body: dict[str, Any]) -> str:
@@ -164,7 +190,8 @@ async def _optional_body(request: web.Request) -> dict[str, Any]:
 async def cancel_job(request: web.Request) -> web.Response:
     reason = _reason(await _optional_body(request))
     job_id = path_id(request.match_info["job_id"])
-    result = await node_of(request).propose(CancelJob(job_id, reason, actor="api"))
+    actor = request.headers.get("Raftsched-Actor", "").strip()[:200] or "api"
+    result = await node_of(request).propose(CancelJob(job_id, reason, actor=actor))
     if isinstance(result, Rejected):
         raise from_rejection(result)
     assert isinstance(result, CancelAccepted)

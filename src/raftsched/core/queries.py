@@ -50,6 +50,7 @@ def list_jobs(
     cursor: str | None = None,
     schedule_id: str | None = None,
     workflow_id: str | None = None,
+    correlation_id: str | None = None,
 ) -> tuple[list[Job], str | None]:
     """Jobs newest first, filtered; `next_cursor` continues after the last one.
 
@@ -75,6 +76,7 @@ def list_jobs(
             or (tenant is not None and job.tenant != tenant)
             or (schedule_id is not None and job.schedule_id != schedule_id)
             or (workflow_id is not None and job.workflow_id != workflow_id)
+            or (correlation_id is not None and job.correlation_id != correlation_id)
         ):
             continue
         found.append(job)

@@ -86,6 +86,7 @@ class Proposer:
         entry_bytes_max: int = 8 * 1024 * 1024,
         commit_timeout_s: float = 10.0,
         on_entry: Callable[[int, float], None] | None = None,
+        on_results: Callable[[list[Command], list[object]], None] | None = None,
     ) -> None:
         self._loop = loop
         self._raft = raft
@@ -94,6 +95,8 @@ class Proposer:
         self._entry_bytes_max = entry_bytes_max
         self._commit_timeout_s = commit_timeout_s
         self._on_entry = on_entry
+        # Told every committed entry's commands and results (metrics, logs).
+        self._on_results = on_results
         self._queue: deque[_Waiting] = deque()
         self._in_flight: _InFlight | None = None
         self._batch_ids = itertools.count(1)
@@ -203,6 +206,8 @@ class Proposer:
 
     def _resolve(self, items: list[_Waiting], result: object | None, error: str | None) -> None:
         if error is None and isinstance(result, list) and len(result) == len(items):
+            if self._on_results is not None:
+                self._on_results([w.command for w in items], result)
             for waiting, outcome in zip(items, result, strict=True):
                 if not waiting.future.done():
                     waiting.future.set_result(outcome)

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+
+import aiohttp
 
 from raftsched import core
 from raftsched.config import NodeConfig
@@ -30,8 +33,10 @@ from raftsched.core.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.metrics import Registry
 from raftsched.node.clock import IdSource, LeaderClock, random_u64
 from raftsched.node.machine import ReplicatedState
+from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
 from raftsched.node.proposer import NotLeader, OutcomeUnknown, Proposer
 from raftsched.raft import RaftNode, RaftStatus
+from raftsched.raft_journal import SNAPSHOT_NAME
 
 log = logging.getLogger("raftsched.node")
 
@@ -72,21 +77,37 @@ class Node:
             leader_fallback_timeout_s=config.leader_fallback_timeout_s,
             log_compaction_entries=config.log_compaction_entries,
         )
-        self.proposer = Proposer(loop, self.raft, self.clock.now_ms, on_entry=self._entry_done)
         self._dispatch_task: asyncio.Task[None] | None = None
         self._leader_term: int | None = None
         self._init_metrics()
+        self.observer = Observer(config.node_id, self.metrics, self.reading, self.status)
+        self.observer.is_leader = lambda: self.is_leader
+        self.proposer = Proposer(
+            loop,
+            self.raft,
+            self.clock.now_ms,
+            on_entry=self._entry_done,
+            on_results=self.observer.observe,
+        )
+        self._sampler_task: asyncio.Task[None] | None = None
+        self._http_session: aiohttp.ClientSession | None = None
+        self._skew_measured_at = 0.0
 
     # -- lifecycle ------------------------------------------------------------
 
     def start(self) -> None:
         """Start Raft. Must run on the main thread (see raftsched.raft)."""
         self.raft.start()
+        self._sampler_task = self.loop.create_task(sample_forever(self.observer, self._sample))
 
     async def close(self) -> None:
         self.proposer.step_down()
         if self._dispatch_task is not None:
             self._dispatch_task.cancel()
+        if self._sampler_task is not None:
+            self._sampler_task.cancel()
+        if self._http_session is not None:
+            await self._http_session.close()
         self.raft.close()
 
     # -- events from the Raft thread -----------------------------------------
@@ -121,6 +142,7 @@ class Node:
             self._leader_term = term
             self.clock.restart()
             self.proposer.become_leader(term)
+            self.observer.on_became_leader()
             self._dispatch_task = self.loop.create_task(self._dispatch(term))
         self._notify_changed()
 
@@ -248,6 +270,26 @@ class Node:
             log.warning("tick rejected: %r", result)
             await asyncio.sleep(IDLE_TICK_PAUSE_S)
 
+    # -- observation (see node.observability) ---------------------------------
+
+    async def _sample(self) -> None:
+        """Once a second: measure peers' clocks every SKEW_PERIOD_S while leader."""
+        if not self.is_leader:
+            self.observer.forget_skew()
+            return
+        if self.loop.time() - self._skew_measured_at < SKEW_PERIOD_S:
+            return
+        self._skew_measured_at = self.loop.time()
+        peers = {p.id: p.http_url for p in self.config.peers}
+        await self.observer.measure_skew(peers, self._peer_wall_ms)
+
+    async def _peer_wall_ms(self, url: str) -> float:
+        if self._http_session is None:
+            self._http_session = aiohttp.ClientSession()
+        async with self._http_session.get(url.rstrip("/") + "/v1/time") as response:
+            body = await response.json()
+        return float(body["wall_ms"])
+
     # -- metrics --------------------------------------------------------------
 
     def _entry_done(self, commands: int, elapsed_s: float) -> None:
@@ -302,6 +344,11 @@ class Node:
         )
         m.gauge("raftsched_jobs", "Jobs by status.", ["status"], collect=self._m_jobs)
         m.gauge(
+            "raftsched_raft_snapshot_age_seconds",
+            "Seconds since this node last wrote (or received) a snapshot.",
+            collect=self._m_snapshot_age,
+        )
+        m.gauge(
             "raftsched_queue_depth",
             "Runnable jobs per queue.",
             ["queue"],
@@ -319,6 +366,13 @@ class Node:
             ["queue"],
             collect=lambda: self._m_queues("age"),
         )
+
+    def _m_snapshot_age(self) -> list[tuple[tuple[str, ...], float]]:
+        try:
+            written_s = (self.config.data_dir / "raft" / SNAPSHOT_NAME).stat().st_mtime
+        except OSError:
+            return []
+        return [((), max(0.0, time.time() - written_s))]
 
     def _m_role(self) -> list[tuple[tuple[str, ...], float]]:
         return [((), 1.0 if self.is_leader else 0.0)]

@@ -1,0 +1,266 @@
+"""The dashboard: its page and files, the aggregate reads it polls, and the
+cross-origin rules that let a page served by one node talk to the leader.
+
+Routes:
+- `GET /` and `GET /static/{name}`: the single-page app (no build step; the
+  files ship in the package).
+- `GET /v1/overview`: everything the on-call view shows, from this node's
+  replica and memory (so it answers on any node, with or without a leader).
+- `GET /v1/time`: this node's wall clock; the leader uses it to measure skew.
+
+Why CORS: reads on a follower and all writes are redirected to the leader,
+and a browser will not follow a redirect to another origin (another port is
+another origin) without CORS headers. The dashboard therefore sends its
+requests straight to the leader's advertised URL, and every node allows
+exactly the origins of the cluster's advertised URLs, never `*`.
+
+Audit: a write that carries `Raftsched-Actor` (the dashboard sends
+`Raftsched-Actor: dashboard`) gets an `audit:` log line with the method,
+path, status and request id, besides the job history record that cancel and
+replay keep.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from importlib import resources
+from typing import Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from raftsched import core
+from raftsched.api import render
+from raftsched.api.app import Handler, node_of
+from raftsched.api.errors import ApiError, invalid
+from raftsched.api.validation import reject_unknown
+from raftsched.node.observability import wall_ms
+from raftsched.node.service import Node
+from raftsched.timefmt import format_ms
+
+log = logging.getLogger("raftsched.audit")
+
+routes = web.RouteTableDef()
+
+STATIC_NAME = re.compile(r"^[A-Za-z0-9_-]+\.(html|js|css|svg)$")
+CONTENT_TYPES = {
+    "html": "text/html",
+    "js": "text/javascript",
+    "css": "text/css",
+    "svg": "image/svg+xml",
+}
+DEAD_LETTERS_SHOWN = 20
+ERRORS_SHOWN = 50
+CORS_ALLOWED_HEADERS = "Content-Type, Raftsched-Actor, X-Request-Id, Authorization"
+CORS_EXPOSED_HEADERS = "X-Request-Id, Raftsched-Leader, Raftsched-Applied-Index, Retry-After"
+
+
+def _static_text(name: str) -> str:
+    return resources.files("raftsched").joinpath("static", name).read_text("utf-8")
+
+
+def _static_response(name: str) -> web.Response:
+    match = STATIC_NAME.match(name)
+    if match is None:
+        raise ApiError("not_found", f"no file {name}")
+    try:
+        text = _static_text(name)
+    except (FileNotFoundError, IsADirectoryError):
+        raise ApiError("not_found", f"no file {name}") from None
+    return web.Response(
+        text=text,
+        content_type=CONTENT_TYPES[match.group(1)],
+        charset="utf-8",
+        # The page polls live data; the files themselves are small. Revalidate
+        # so that an upgraded node never serves a stale app.
+        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
+    )
+
+
+@routes.get("/")
+async def index(request: web.Request) -> web.Response:
+    return _static_response("index.html")
+
+
+@routes.get("/static/{name}")
+async def static_file(request: web.Request) -> web.Response:
+    return _static_response(request.match_info["name"])
+
+
+@routes.get("/v1/time")
+async def node_time(request: web.Request) -> web.Response:
+    return web.json_response({"node_id": node_of(request).config.node_id, "wall_ms": wall_ms()})
+
+
+@routes.get("/v1/overview")
+async def overview(request: web.Request) -> web.Response:
+    reject_unknown(request.query, frozenset({"errors"}))
+    text = request.query.get("errors", str(ERRORS_SHOWN))
+    if not text.isdigit() or not 0 <= int(text) <= 200:
+        raise invalid("errors", "must be an integer from 0 to 200")
+    node = node_of(request)
+    body = {
+        "node": _node_json(node),
+        **_state_json(node),
+        "stuck_jobs": _stuck_json(node),
+        "stuck_after_s": node.observer.stuck_after_ms / 1000,
+        "recent_errors": node.observer.errors_json(int(text)),
+        "leader_history": node.observer.history_json(),
+        "clock_skew": node.observer.skew_json(),
+        "counters": _counters(node),
+    }
+    headers = {"Raftsched-Applied-Index": str(body["node"]["applied_index"])}
+    return web.json_response(body, headers=headers)
+
+
+def _node_json(node: Node) -> dict[str, Any]:
+    status = node.status()
+    leader = node.leader()
+    urls = {p.id: p.http_url for p in node.config.peers}
+    peers = [
+        {
+            "id": peer.id,
+            "http_url": urls.get(peer.id),
+            "reachable": peer.reachable,
+            "match_index": peer.match_index,
+            "role": "leader" if leader is not None and leader.id == peer.id else "follower",
+        }
+        for peer in status.peers
+    ]
+    return {
+        "id": node.config.node_id,
+        "http_url": node.config.advertised_http_url,
+        "role": status.role,
+        "term": status.term,
+        "commit_index": status.commit_index,
+        "applied_index": status.applied_index,
+        "leader": None if leader is None else {"id": leader.id, "http_url": leader.http_url},
+        "peers": peers,
+        "wall_ms": wall_ms(),
+    }
+
+
+def _state_json(node: Node) -> dict[str, Any]:
+    with node.reading() as state:
+        now_ms = state.now_ms
+        queues = []
+        for name, stats in core.queue_stats(state).items():
+            oldest = stats.oldest_runnable_at_ms
+            queues.append(
+                {
+                    "name": name,
+                    "depth": stats.depth,
+                    "running": stats.running,
+                    "oldest_runnable_age_s": None
+                    if oldest is None
+                    else max(0, now_ms - oldest) / 1000,
+                }
+            )
+        dead, _ = core.list_jobs(state, status="dead_letter", limit=DEAD_LETTERS_SHOWN)
+        return {
+            "now": format_ms(now_ms) if now_ms else None,
+            "epoch": state.epoch,
+            "status_counts": core.status_counts(state),
+            "queues": queues,
+            "dead_letters": [
+                {
+                    "id": job.id,
+                    "queue": job.queue,
+                    "updated_at": format_ms(job.updated_at_ms),
+                    "attempts_made": job.attempts_made,
+                    "last_error": render.job(job)["last_error"],
+                }
+                for job in dead
+            ],
+        }
+
+
+def _stuck_json(node: Node) -> list[dict[str, Any]]:
+    stuck = node.observer.stuck_jobs()
+    for item in stuck:
+        item["started_at"] = format_ms(int(item.pop("started_at_ms")))
+    return stuck
+
+
+def _counters(node: Node) -> dict[str, dict[str, float]]:
+    """Per-queue totals this node proposed, for the page to turn into rates."""
+    observer = node.observer
+    totals: dict[str, dict[str, float]] = {}
+    for name, family in (
+        ("submitted", observer.m_submitted),
+        ("succeeded", observer.m_succeeded),
+        ("retried", observer.m_retries),
+    ):
+        for labels, value in family.items():
+            totals.setdefault(labels[0], {})[name] = value
+    for labels, value in observer.m_failures.items():
+        entry = totals.setdefault(labels[0], {})
+        entry["failed"] = entry.get("failed", 0.0) + value
+    return totals
+
+
+# -- cross-origin requests from the dashboard -------------------------------
+
+
+def _origin(url: str | None) -> str | None:
+    if not url:
+        return None
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
+
+
+def allowed_origins(node: Node) -> frozenset[str]:
+    urls = [node.config.advertised_http_url, *(p.http_url for p in node.config.peers)]
+    return frozenset(origin for origin in map(_origin, urls) if origin is not None)
+
+
+@web.middleware
+async def cors_preflight_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    origin = request.headers.get("Origin")
+    if (
+        request.method == "OPTIONS"
+        and origin is not None
+        and "Access-Control-Request-Method" in request.headers
+    ):
+        if origin not in allowed_origins(node_of(request)):
+            raise ApiError("forbidden", f"origin {origin} is not a node of this cluster")
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Methods": "GET, POST, PUT, DELETE",
+                "Access-Control-Allow-Headers": CORS_ALLOWED_HEADERS,
+                "Access-Control-Max-Age": "600",
+            },
+        )
+    return await handler(request)
+
+
+async def _on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    origin = request.headers.get("Origin")
+    if origin is not None and origin in allowed_origins(node_of(request)):
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSED_HEADERS
+        response.headers["Vary"] = "Origin"
+    actor = request.headers.get("Raftsched-Actor")
+    if actor and request.method in ("POST", "PUT", "DELETE"):
+        log.info(
+            "audit: %s %s -> %d",
+            request.method,
+            request.path,
+            response.status,
+            extra={
+                "actor": actor.strip()[:200],
+                "method": request.method,
+                "path": request.path,
+                "status": response.status,
+                "request_id": response.headers.get("X-Request-Id"),
+            },
+        )
+
+
+def setup(app: web.Application) -> None:
+    """Add the dashboard's routes, preflight handling and response headers."""
+    app.add_routes(routes)
+    app.middlewares.append(cors_preflight_middleware)
+    app.on_response_prepare.append(_on_response_prepare)
