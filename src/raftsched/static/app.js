@@ -154,13 +154,20 @@ document.addEventListener("click", async (event) => {
 
 // -- views ------------------------------------------------------------------
 
+// The leader's overview when there is one (stuck jobs, recent errors and
+// clock skew are the leader's knowledge), else this node's own.
 async function overview() {
-  const answer = await api("/v1/overview", { local: true });
-  if (answer.ok) {
-    const leader = answer.body.node.leader;
-    leaderBase = leader?.http_url ? new URL(leader.http_url).origin : null;
+  const first = await api("/v1/overview");
+  if (!first.ok) return first;
+  const leader = first.body.node.leader;
+  const base = leader?.http_url ? new URL(leader.http_url).origin : null;
+  const changed = base !== leaderBase;
+  leaderBase = base;
+  if (first.body.node.role !== "leader" && base && changed) {
+    const again = await api("/v1/overview");
+    if (again.ok) return again;
   }
-  return answer;
+  return first;
 }
 
 function rates(counters) {
@@ -190,7 +197,7 @@ async function onCallView() {
   const nodeRow = (n, self) => {
     const s = skew[n.id];
     return [
-      `<a href="${esc(n.http_url)}/">${esc(n.id)}</a>${self ? ' <span class="muted">(this page)</span>' : ""}`,
+      `<a href="${esc(n.http_url)}/">${esc(n.id)}</a>${self ? ' <span class="muted">(answering)</span>' : ""}`,
       badge(self ? n.role : n.reachable ? n.role : "unreachable"),
       self ? esc(n.term) : dash(null),
       self ? esc(n.applied_index) : dash(n.match_index),

@@ -1,0 +1,57 @@
+"""Finding and launching Debian's chromium for the dashboard tests.
+
+No browser is downloaded: Playwright (its Python package ships its driver)
+drives the system's `/usr/bin/chromium`, which `.ci/run` installs with apt
+when it is missing. The tests skip, with the reason, only when no chromium
+can be found; CI prints that reason loudly (see .ci/run).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = REPO_ROOT / "artifacts" / "screenshots"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def chromium_path() -> str | None:
+    configured = os.environ.get("RAFTSCHED_CHROMIUM")
+    if configured:
+        return configured if Path(configured).exists() else None
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def missing_reason() -> str | None:
+    """Why the browser tests cannot run here, or None when they can."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (pip install -e '.[dev]')"
+    if chromium_path() is None:
+        return "no chromium found (apt-get install -y chromium, or set RAFTSCHED_CHROMIUM)"
+    return None
+
+
+def shot(page: Any, name: str) -> Path:
+    """Keep a full-page screenshot as a test artifact (artifacts/ is gitignored)."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

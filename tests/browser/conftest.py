@@ -1,0 +1,63 @@
+"""Fixtures for the dashboard tests: one real 3-node cluster and one headless
+chromium for the module, a fresh page per test, screenshots kept."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from browser_support import CHROMIUM_ARGS, chromium_path, missing_reason
+
+from raftsched.client import Client
+from raftsched.testing import LocalCluster
+
+STUCK_AFTER_S = "2"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    root: Path = tmp_path_factory.mktemp("browser") / "cluster"
+    local = LocalCluster(root, size=3, env={"RAFTSCHED_STUCK_AFTER_S": STUCK_AFTER_S})
+    local.start()
+    try:
+        local.wait_for_leader(timeout_s=30)
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="module")
+def client(cluster: LocalCluster) -> Iterator[Client]:
+    with Client(cluster.urls, timeout_s=10, retry_budget_s=30) as api:
+        yield api
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(f"browser tests skipped: {reason}")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    opened = context.new_page()
+    opened.set_default_timeout(15_000)
+    errors: list[str] = []
+    opened.on("pageerror", lambda error: errors.append(str(error)))
+    try:
+        yield opened
+        assert errors == [], f"JavaScript errors on the page: {errors}"
+    finally:
+        context.close()

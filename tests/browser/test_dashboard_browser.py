@@ -1,0 +1,170 @@
+"""The dashboard in a real headless chromium against a real 3-node cluster.
+
+The page is opened on a follower, so every test also proves that the page
+reaches the leader across origins. Each test renders real data, and the
+action tests change the cluster from the browser and check the change
+through the API (and the audit trail in the job history).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from browser_support import shot
+
+from raftsched.client import Client
+from raftsched.testing import LocalCluster, http_json
+
+pytestmark = pytest.mark.e2e
+
+
+def follower_url(cluster: LocalCluster) -> str:
+    leader = cluster.wait_for_leader()
+    follower = next(node for node_id, node in cluster.nodes.items() if node_id != leader)
+    return follower.http_url
+
+
+def dead_letter_one(client: Client, queue: str) -> str:
+    job = client.submit(queue, payload={"card": "4242"})
+    (lease,) = client.claim("browser-w", [queue], max_jobs=1, wait_s=5)
+    client.fail(lease["job_id"], lease["fencing_token"], kind="permanent", message="card declined")
+    return str(job["id"])
+
+
+def wait_for(predicate: Any, timeout_s: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)
+
+
+def confirm(page: Any, reason: str) -> None:
+    page.wait_for_selector("#confirm[open]")
+    page.fill("#confirm-reason", reason)
+    page.click("#confirm-yes")
+
+
+def test_on_call_view_shows_cluster_queues_stuck_and_dead_letters(
+    cluster: LocalCluster, client: Client, page: Any
+) -> None:
+    dead_id = dead_letter_one(client, "payments")
+    client.submit("emails", payload={"to": "a@example.com"})
+    running = client.submit("reports")
+    (lease,) = client.claim("browser-w", ["reports"], max_jobs=1, wait_s=5)
+    client.start(lease["job_id"], lease["fencing_token"])  # and never a heartbeat: stuck
+
+    page.goto(follower_url(cluster) + "/")
+    nodes = page.locator("#nodes tbody tr")
+    nodes.first.wait_for()
+    assert nodes.count() == 3
+    assert page.locator("#nodes").get_by_text("leader").count() >= 1
+    page.locator("#queues").get_by_text("emails").wait_for()
+    page.locator(f"#dlq >> text={dead_id}").wait_for()
+    page.locator("#errors").get_by_text("card declined").first.wait_for()
+    # Stuck after RAFTSCHED_STUCK_AFTER_S=2 without heartbeat progress; the
+    # page updates by itself (polling), without a reload.
+    page.evaluate("window.notReloaded = true")
+    page.locator(f"#stuck >> text={running['id']}").wait_for(timeout=15_000)
+    assert page.evaluate("window.notReloaded") is True
+    page.locator("#leaders tbody tr").first.wait_for()
+    page.locator("#nodes").get_by_text("ms").first.wait_for()  # clock skew measured
+    shot(page, "oncall")
+
+
+def test_replay_from_the_dead_letter_queue_in_the_browser(
+    cluster: LocalCluster, client: Client, page: Any
+) -> None:
+    dead_id = dead_letter_one(client, "refunds")
+    page.goto(follower_url(cluster) + "/")
+    row = page.locator("#dlq tr", has_text=dead_id)
+    row.get_by_role("button", name="Replay").click()
+    confirm(page, "card updated by customer")
+    replayed = wait_for(lambda: client.get_job(dead_id)["status"] == "pending")
+    assert replayed, client.get_job(dead_id)
+    events = client.job_history(dead_id)
+    replay = next(e for e in events if e["event"] == "replay")
+    assert replay["actor"] == "dashboard"
+    assert replay["detail"] == "card updated by customer"
+    page.locator("#toast", has_text="done").wait_for()
+    shot(page, "replayed")
+
+
+def test_job_search_job_page_and_cancel(cluster: LocalCluster, client: Client, page: Any) -> None:
+    job = client.submit(
+        "invoices",
+        payload={"invoice": 17},
+        correlation_id="req-browser-17",
+        idempotency_key="invoice:17",
+        delay_s=3600,
+    )
+    page.goto(follower_url(cluster) + "/#/jobs")
+    page.fill("input[name=correlation_id]", "req-browser-17")
+    page.click("#job-search button[type=submit]")
+    page.locator(f"#job-results >> text={job['id']}").wait_for()
+    shot(page, "job-search")
+
+    page.goto(follower_url(cluster) + "/#/jobs?idempotency_key=invoice:17")
+    page.locator(f"#job-results >> text={job['id']}").click()
+    page.locator("#job").get_by_text("invoice:17").wait_for()
+    page.locator("#history li[data-event=submit]").wait_for()
+    page.get_by_role("button", name="Cancel job").click()
+    confirm(page, "customer withdrew the order")
+    cancelled = wait_for(lambda: client.get_job(job["id"])["status"] == "cancelled")
+    assert cancelled, client.get_job(job["id"])
+    event = client.job_history(job["id"])[-1]
+    assert (event["event"], event["actor"]) == ("cancel", "dashboard")
+    page.locator("#history li[data-event=cancel]").wait_for()  # live update
+    shot(page, "job-cancelled")
+
+
+def test_job_page_shows_attempts_and_timeline(
+    cluster: LocalCluster, client: Client, page: Any
+) -> None:
+    job = client.submit("exports", max_attempts=3)
+    (lease,) = client.claim("browser-w", ["exports"], max_jobs=1, wait_s=5)
+    client.start(lease["job_id"], lease["fencing_token"])
+    client.complete(lease["job_id"], lease["fencing_token"], {"rows": 12})
+    page.goto(follower_url(cluster) + f"/#/jobs/{job['id']}")
+    page.locator("#attempts tbody tr").first.wait_for()
+    assert "browser-w" in page.locator("#attempts").inner_text()
+    for event in ("submit", "claim", "start", "complete"):
+        page.locator(f"#history li[data-event={event}]").wait_for()
+    assert "succeeded" in page.locator("#job").inner_text()
+    shot(page, "job-page")
+
+
+def test_queue_pause_schedule_and_workflow_pages_work_or_say_not_available(
+    cluster: LocalCluster, client: Client, page: Any
+) -> None:
+    """These views use other features' endpoints; on a build without them the
+    page says so instead of failing."""
+    base = follower_url(cluster)
+    leader_url = cluster.nodes[cluster.wait_for_leader()].http_url
+    client.submit("pausable")
+    page.goto(base + "/")
+    row = page.locator("#queues tr", has_text="pausable")
+    row.get_by_role("button", name="Pause queue").click()
+    confirm(page, "maintenance")
+    status, body, _ = http_json("GET", leader_url + "/v1/queues/pausable")
+    if status == 404 and body.get("error", {}).get("message", "").startswith("no route"):
+        page.locator("#toast", has_text="not available").wait_for()
+    else:
+        paused = wait_for(
+            lambda: (
+                http_json("GET", leader_url + "/v1/queues/pausable")[1]
+                .get("queue", {})
+                .get("paused")
+            )
+        )
+        assert paused, body
+
+    for path, section in (("#/schedules", "section"), ("#/workflows", "section")):
+        page.goto(base + "/" + path)
+        page.locator(section).first.wait_for()
+        text = page.locator("main").inner_text()
+        assert "not available" in text or "Schedules" in text or "Workflows" in text
+    shot(page, "workflows")
