@@ -30,5 +30,12 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/core.py
 
+## Seeded chaos campaign (root: network namespaces, iptables, libfaketime). docs/chaos.md
+SEED     ?= 1
+DURATION ?= 180
+NODES    ?= 3
+chaos: $(STAMP)
+	PYTHONPATH=. $(PY) -m chaos --seed $(SEED) --duration $(DURATION) --nodes $(NODES) $(CHAOS_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from raftsched import core
-from raftsched.api import render
+from raftsched.api import render, unsafe
 from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.validation import (
@@ -146,7 +146,9 @@ def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
 def _op_route(op: str) -> None:
     async def handler(request: web.Request) -> web.Response:
         body = require_object(await read_json(request))
-        command = _command_for(op, path_id(request.match_info["job_id"]), body)
+        job_id = path_id(request.match_info["job_id"])
+        body = unsafe.ignore_fencing(node_of(request), job_id, body)  # negative control only
+        command = _command_for(op, job_id, body)
         result = await node_of(request).propose(command, request.content_length or 0)
         return web.json_response(_answer(request, op, result))
 
@@ -215,6 +217,7 @@ async def record_effect(request: web.Request) -> web.Response:
     key = string(body, "key", required=True, length_max=KEY_LENGTH_MAX)
     job_id = string(body, "job_id", required=True)
     assert key is not None and job_id is not None
+    body = unsafe.ignore_fencing(node_of(request), job_id, body)  # negative control only
     command = RecordEffect(
         key, job_id, fencing_token(body), pack_json(body.get("result"), "result")
     )

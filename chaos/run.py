@@ -1,0 +1,320 @@
+"""`python -m chaos` / `make chaos`: run one seeded campaign and check it.
+
+Order of events: build the network and start the cluster; start the sink,
+the workers and the clients; let the nemesis run its schedule for
+`--duration` seconds; then heal everything (partitions, pauses, dead nodes,
+clocks), stop the clients, give the cluster `--recovery-bound-s` to finish
+every acknowledged job, stop the workers, read the final state from every
+node, run the checkers and print the summary -- its JSON is the last line.
+Everything is torn down on the way out, even on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos import nemesis as nemesis_module
+from chaos.checkers import FINAL_STATUSES, check_all
+from chaos.cluster import REPO_ROOT, NsCluster
+from chaos.history import Recorder, operations, read_events
+from chaos.httpops import Session, send
+from chaos.net import Network, ensure_tools, faketime_library
+from chaos.sink import FencedSink, read_sink_log
+from chaos.summary import render_text, summarize
+from chaos.worker import QUEUE
+from chaos.workload import Client
+
+UNSAFE_ENV = "RAFTSCHED_UNSAFE_IGNORE_FENCING"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
+    parser.add_argument("--seed", type=int, default=None, help="default: random (printed)")
+    parser.add_argument("--duration", type=float, default=180.0, help="fault phase, seconds")
+    parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument("--client-rate", type=float, default=2.0, help="ops/s per client")
+    parser.add_argument("--lease-s", type=float, default=2.0)
+    parser.add_argument("--stall-p", type=float, default=0.05, help="worker stalls per lease")
+    parser.add_argument("--recovery-bound-s", type=float, default=60.0)
+    parser.add_argument("--out", type=Path, default=None, help="run directory")
+    parser.add_argument(
+        "--unsafe-ignore-fencing",
+        action="store_true",
+        help="NEGATIVE CONTROL: nodes accept stale fencing tokens; the run must fail",
+    )
+    args = parser.parse_args(argv)
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 1_000_000)
+    if args.out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        args.out = REPO_ROOT / "runs" / "chaos" / f"{stamp}-seed{args.seed}"
+    return args
+
+
+class WorkerPool:
+    def __init__(self, args: argparse.Namespace, urls: list[str], sink_url: str) -> None:
+        self.args, self.urls, self.sink_url = args, urls, sink_url
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.paused: set[int] = set()
+        self.lock = threading.Lock()
+
+    def history(self, index: int) -> Path:
+        return Path(self.args.out) / f"history-w{index}.jsonl"
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+        for index in range(self.args.workers):
+            command = [sys.executable, "-m", "chaos.worker", "--id", f"w{index}"]
+            command += ["--urls", ",".join(self.urls), "--sink", self.sink_url]
+            command += ["--history", str(self.history(index))]
+            command += ["--lease-s", str(self.args.lease_s), "--stall-p", str(self.args.stall_p)]
+            command += ["--seed", str(self.args.seed * 100 + index)]
+            log = (Path(self.args.out) / f"w{index}.log").open("ab")
+            self.processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=log))
+            log.close()
+
+    def pause(self, index: int, paused: bool) -> None:
+        with self.lock:
+            process = self.processes[index]
+            if process.poll() is not None:
+                return
+            process.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+            (self.paused.add if paused else self.paused.discard)(index)
+
+    def resume_all(self) -> None:
+        for index in list(self.paused):
+            self.pause(index, False)
+
+    def stop(self) -> None:
+        self.resume_all()
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=5)
+
+
+class Monitor(threading.Thread):
+    """Notes the leader and term every half second (for leader changes)."""
+
+    def __init__(self, cluster: NsCluster, history: Recorder) -> None:
+        super().__init__(name="monitor", daemon=True)
+        self.cluster, self.history = cluster, history
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        last: tuple[str, int] | None = None
+        while not self.stop_event.wait(0.5):
+            for node in list(self.cluster.nodes):
+                view = self.cluster.cluster_view(node, timeout_s=0.5)
+                if view and view.get("leader") and view["leader"]["id"] == node:
+                    seen = (node, int(view["term"]))
+                    if seen != last:
+                        self.history.note("leader", {"node": node, "term": seen[1]})
+                        last = seen
+                    break
+
+
+def list_jobs(base: str, stale: bool) -> list[dict[str, Any]]:
+    """Every job of the chaos queue from one node (all pages)."""
+    jobs: list[dict[str, Any]] = []
+    cursor: str | None = None
+    session = Session([base])
+    while True:
+        query = f"queue={QUEUE}&limit=1000" + (f"&cursor={cursor}" if cursor else "")
+        query += "&consistency=stale" if stale else ""
+        outcome = session.call("GET", f"/v1/jobs?{query}", idempotent=True, budget_s=20)
+        if outcome.kind != "ok":
+            raise RuntimeError(f"listing jobs from {base} failed: {outcome}")
+        jobs.extend(outcome.body["jobs"])
+        cursor = outcome.body.get("next_cursor")
+        if not cursor:
+            return jobs
+
+
+def wait_recovered(
+    cluster: NsCluster, acked: list[str], bound_s: float
+) -> tuple[float | None, list[str]]:
+    """Seconds until every acknowledged job is final (None if not within bound)."""
+    started = time.monotonic()
+    pending = set(acked)
+    while time.monotonic() - started < bound_s:
+        try:
+            jobs = list_jobs(cluster.urls[0], stale=False)
+        except RuntimeError:
+            time.sleep(1)
+            continue
+        status = {job["id"]: job["status"] for job in jobs}
+        pending = {job_id for job_id in pending if status.get(job_id) not in FINAL_STATUSES}
+        if not pending:
+            return time.monotonic() - started, []
+        time.sleep(1)
+    return None, sorted(pending)
+
+
+def read_final(cluster: NsCluster) -> dict[str, Any]:
+    final: dict[str, Any] = {"nodes": {}, "unreachable": [], "effects": {}}
+    final["jobs"] = list_jobs(cluster.urls[0], stale=False)
+    for node in cluster.nodes.values():
+        try:
+            status, body, _ = send("GET", node.http_url + "/v1/debug/digest", None, 5.0)
+            jobs = list_jobs(node.http_url, stale=True)
+        except Exception:
+            final["unreachable"].append(node.id)
+            continue
+        if status != 200:
+            final["unreachable"].append(node.id)
+            continue
+        final["nodes"][node.id] = {
+            "digest": body["digest"],
+            "applied_index": body["applied_index"],
+            "jobs": jobs,
+        }
+    session = Session(cluster.urls)
+    for job in final["jobs"]:
+        key = f"effect:{job['id']}"
+        outcome = session.call("GET", f"/v1/effects/{key}", idempotent=True)
+        final["effects"][key] = outcome.body.get("effect") if outcome.kind == "ok" else None
+    return final
+
+
+def wait_converged(cluster: NsCluster, timeout_s: float) -> None:
+    try:
+        cluster.wait_converged(timeout_s)
+    except AssertionError as error:
+        print(f"warning: {error}", file=sys.stderr)
+
+
+def campaign(args: argparse.Namespace) -> dict[str, Any]:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    faults = nemesis_module.schedule(
+        args.seed, args.duration, args.nodes, args.workers, args.lease_s
+    )
+    print(f"chaos: seed {args.seed}, {args.nodes} nodes, {args.duration:.0f} s, run dir {out}")
+    print(f"chaos: fault schedule ({len(faults)} faults):")
+    for fault in faults:
+        print("  " + fault.describe())
+    (out / "schedule.json").write_text(json.dumps(nemesis_module.schedule_json(faults), indent=1))
+    sys.stdout.flush()
+    ensure_tools()
+    env = {UNSAFE_ENV: "1"} if args.unsafe_ignore_fencing else {}
+    net = Network.create(args.nodes)
+    cluster: NsCluster | None = None
+    sink: FencedSink | None = None
+    workers: WorkerPool | None = None
+    stop_clients = threading.Event()
+    try:
+        cluster = NsCluster(out / "cluster", args.nodes, net, faketime_library(), env=env)
+        cluster.start()
+        cluster.wait_for_leader(60)
+        sink = FencedSink(out / "sink.jsonl").start()
+        workers = WorkerPool(args, cluster.urls, sink.url)
+        workers.start()
+        nemesis_history = Recorder(out / "history-nemesis.jsonl", "nemesis")
+        monitor = Monitor(cluster, Recorder(out / "history-monitor.jsonl", "monitor"))
+        monitor.start()
+        known_jobs: list[str] = []
+        clients = [
+            Client(
+                f"c{i}",
+                cluster.urls,
+                Recorder(out / f"history-c{i}.jsonl", f"c{i}"),
+                known_jobs,
+                args.seed * 1000 + i,
+                stop_clients,
+                args.client_rate,
+            )
+            for i in range(args.clients)
+        ]
+        for client in clients:
+            client.start()
+        started = time.time()
+        nemesis = nemesis_module.Nemesis(cluster, faults, nemesis_history, workers.pause, started)
+        nemesis.start()
+        time.sleep(max(0.0, started + args.duration - time.time()))
+        nemesis.stop_event.set()
+        nemesis.join(timeout=60)
+        nemesis.heal_all()
+        workers.resume_all()
+        healed_at = time.time()
+        nemesis_history.note("healed", {})
+        stop_clients.set()
+        for client in clients:
+            client.join(timeout=30)
+        cluster.wait_for_leader(60)
+        acked = _acked_jobs(out)
+        recover_s, unfinished = wait_recovered(cluster, acked, args.recovery_bound_s)
+        workers.stop()
+        monitor.stop_event.set()
+        wait_converged(cluster, 30)
+        final = read_final(cluster)
+        (out / "final.json").write_text(json.dumps(final))
+        sink.stop()
+        events = read_events(sorted(out.glob("history-*.jsonl")))
+        ops = operations(events)
+        checks = check_all(ops, final, read_sink_log(out / "sink.jsonl"))
+        return summarize(
+            args, ops, events, final, checks, nemesis.applied, nemesis.errors,
+            recover_s, unfinished, healed_at - started,
+        )  # fmt: skip
+    finally:
+        stop_clients.set()
+        if workers is not None:
+            workers.stop()
+        if sink is not None:
+            with contextlib.suppress(Exception):
+                sink.stop()
+        if cluster is not None:
+            cluster.stop()
+        net.teardown()
+
+
+def _acked_jobs(out: Path) -> list[str]:
+    events = read_events(sorted(out.glob("history-c*.jsonl")))
+    return [
+        op["result"]["body"]["job"]["id"]
+        for op in operations(events)
+        if op["f"] == "submit" and op["type"] == "ok"
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print("chaos: must run as root (network namespaces, iptables)", file=sys.stderr)
+        return 2
+
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        summary = campaign(args)
+    except BaseException as error:
+        print(f"chaos: FAILED to run: {error!r}", file=sys.stderr)
+        print(f"chaos: seed {args.seed}; history in {args.out}", file=sys.stderr)
+        raise
+    (Path(args.out) / "summary.json").write_text(json.dumps(summary, indent=1))
+    print(render_text(summary))
+    if not summary["valid"] or summary["stale_token_rejections"] == 0:
+        print(f"chaos: INVALID run: seed {args.seed}; history in {args.out}", file=sys.stderr)
+    print(json.dumps(summary, separators=(",", ":")))
+    return 0 if summary["valid"] and summary["stale_token_rejections"] > 0 else 1

@@ -1,0 +1,114 @@
+"""The campaign summary: counts for the human, and one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter, defaultdict
+from typing import Any
+
+from chaos.checkers import Check
+from chaos.history import Event
+
+HISTORY_GLOB = "history-*.jsonl"
+
+
+def summarize(
+    args: argparse.Namespace,
+    ops: list[dict[str, Any]],
+    events: list[Event],
+    final: dict[str, Any],
+    checks: list[Check],
+    faults: list[dict[str, Any]],
+    fault_errors: list[str],
+    recover_s: float | None,
+    unfinished: list[str],
+    fault_phase_s: float,
+) -> dict[str, Any]:
+    by_f: dict[str, Counter[str]] = defaultdict(Counter)
+    for op in ops:
+        by_f[op["f"]][op["type"]] += 1
+    fault_kinds = Counter(f["kind"] for f in faults)
+    attempts = [a for job in final.get("jobs", []) for a in job["attempts"]]
+    lease_lost = sum(1 for op in ops if op["type"] == "fail" and _code(op) == "lease_lost")
+    sink_rejected = sum(1 for op in ops if op["f"] == "sink" and op["type"] == "fail")
+    leaders = [e["value"] for e in events if e["f"] == "leader" and e["type"] == "note"]
+    stalls = sum(1 for e in events if e["f"] == "stall")
+    anomalies = {check.name: check.anomalies for check in checks}
+    return {
+        "seed": args.seed,
+        "duration_s": round(fault_phase_s, 1),
+        "nodes": args.nodes,
+        "workers": args.workers,
+        "clients": args.clients,
+        "unsafe_ignore_fencing": bool(args.unsafe_ignore_fencing),
+        "ops": {f: dict(counts) for f, counts in sorted(by_f.items())},
+        "faults": {
+            "total": len(faults),
+            "by_kind": dict(sorted(fault_kinds.items())),
+            "fault_seconds": round(sum(f["held_s"] for f in faults), 1),
+            "errors": fault_errors,
+        },
+        # Distinct terms in which the monitor saw a leader, minus the first.
+        "leader_changes": max(0, len({leader["term"] for leader in leaders}) - 1),
+        "jobs": len(final.get("jobs", [])),
+        "leases_granted": len(attempts),
+        "leases_expired": sum(1 for a in attempts if a["outcome"] == "lease_expired"),
+        "worker_stalls": stalls,
+        "stale_token_rejections": lease_lost + sink_rejected,
+        "stale_token_rejections_by_source": {
+            "cluster_lease_lost": lease_lost,
+            "sink": sink_rejected,
+        },
+        "recovery_bound_s": args.recovery_bound_s,
+        "time_to_recover_s": None if recover_s is None else round(recover_s, 1),
+        "unfinished_after_bound": unfinished[:20],
+        "anomalies": anomalies,
+        "examples": {check.name: check.examples for check in checks if check.anomalies},
+        "history": str(args.out),
+        "valid": all(count == 0 for count in anomalies.values()),
+    }
+
+
+def _code(op: dict[str, Any]) -> str | None:
+    error = (op.get("result") or {}).get("body", {}).get("error")
+    return error.get("code") if isinstance(error, dict) else None
+
+
+def render_text(summary: dict[str, Any]) -> str:
+    lines = [
+        "",
+        "=== chaos summary ===",
+        f"seed {summary['seed']}  duration {summary['duration_s']} s  nodes {summary['nodes']}"
+        f"  workers {summary['workers']}  clients {summary['clients']}"
+        + (
+            "  UNSAFE_IGNORE_FENCING (negative control)" if summary["unsafe_ignore_fencing"] else ""
+        ),
+        "operations (ok/fail/info):",
+    ]
+    for f, counts in summary["ops"].items():
+        lines.append(
+            f"  {f:<11} {counts.get('ok', 0):>6} / {counts.get('fail', 0):>5}"
+            f" / {counts.get('info', 0):>5}"
+        )
+    faults = summary["faults"]
+    lines.append(f"faults: {faults['total']} ({faults['fault_seconds']} fault-seconds)")
+    for kind, count in faults["by_kind"].items():
+        lines.append(f"  {kind:<15} {count}")
+    for error in faults["errors"]:
+        lines.append(f"  fault error: {error}")
+    lines += [
+        f"leader changes: {summary['leader_changes']}",
+        f"jobs: {summary['jobs']}  leases granted: {summary['leases_granted']}"
+        f"  expired: {summary['leases_expired']}  worker stalls: {summary['worker_stalls']}",
+        f"stale-token rejections: {summary['stale_token_rejections']}"
+        f" {summary['stale_token_rejections_by_source']}",
+        f"time to recover after healing: {summary['time_to_recover_s']} s"
+        f" (bound {summary['recovery_bound_s']} s)",
+        "anomalies per checker:",
+    ]
+    for name, count in summary["anomalies"].items():
+        lines.append(f"  {name:<34} {count}")
+        for example in summary["examples"].get(name, [])[:3]:
+            lines.append(f"      e.g. {example}")
+    lines.append(f"valid: {summary['valid']}")
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""A lean worker process (`python -m chaos.worker ...`), one per worker id.
+
+A custom loop rather than raftsched.worker, so that every API call is an
+operation in the history. Per lease: start; ask the effects ledger; if the
+effect is not recorded, do the side effect in the fenced sink and record it in
+the ledger; heartbeat; complete. A `lease_lost` anywhere abandons the job.
+With probability `--stall-p` the worker sleeps past its lease after the claim
+(a stall, like a GC pause); the nemesis also SIGSTOPs whole worker processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from chaos.history import Recorder
+from chaos.httpops import Outcome, Session, send
+
+QUEUE = "chaos"
+
+
+class Worker:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.id = args.id
+        self.lease_s = args.lease_s
+        self.stall_p = args.stall_p
+        self.sink_url = args.sink
+        self.rng = random.Random(args.seed)
+        self.session = Session(args.urls.split(","), self.rng)
+        self.history = Recorder(Path(args.history), self.id)
+        self.running = True
+
+    def op(self, f: str, method: str, path: str, body: Any, **kw: Any) -> Outcome:
+        op_id = self.history.invoke(f, {"path": path, "body": body})
+        outcome = self.session.call(method, path, body, **kw)
+        self._record(op_id, f, outcome)
+        return outcome
+
+    def _record(self, op_id: str, f: str, outcome: Outcome) -> None:
+        value = {"status": outcome.status, "body": outcome.body, "node": outcome.node}
+        if outcome.error:
+            value["error"] = outcome.error
+        self.history.complete(op_id, outcome.kind, f, value)
+
+    def run(self) -> None:
+        while self.running:
+            claim = {"worker_id": self.id, "queues": [QUEUE], "max_jobs": 1}
+            claim |= {"wait_s": 2, "lease_s": self.lease_s}
+            outcome = self.op("claim", "POST", "/v1/leases", claim, idempotent=False)
+            if outcome.kind != "ok":
+                time.sleep(0.2)
+                continue
+            for lease in outcome.body.get("leases", []):
+                self.work(lease)
+
+    def work(self, lease: dict[str, Any]) -> None:
+        job_id, token = lease["job_id"], lease["fencing_token"]
+        base = f"/v1/leases/{job_id}"
+        if self.rng.random() < self.stall_p:
+            stall_s = self.lease_s * 2 + 1
+            self.history.note("stall", {"job_id": job_id, "token": token, "s": stall_s})
+            time.sleep(stall_s)
+        fenced = {"fencing_token": token}
+        if not self.ok(self.op("start", "POST", base + "/start", fenced, idempotent=True)):
+            return
+        key = f"effect:{job_id}"
+        found = self.op("effect_get", "GET", f"/v1/effects/{key}", None, idempotent=True)
+        if found.kind == "fail" and found.status == 404:
+            if not self.sink_write(job_id, token):
+                return
+            record = {"key": key, "job_id": job_id, "fencing_token": token}
+            record["result"] = {"worker_id": self.id, "token": token}
+            if not self.ok(self.op("effect", "POST", "/v1/effects", record, idempotent=True)):
+                return
+        elif found.kind != "ok":
+            return
+        time.sleep(self.rng.uniform(0.0, 0.3))
+        beat = {"fencing_token": token, "extend_s": self.lease_s}
+        if not self.ok(self.op("heartbeat", "POST", base + "/heartbeat", beat, idempotent=True)):
+            return
+        done = {"fencing_token": token, "result": {"worker_id": self.id, "token": token}}
+        self.op("complete", "POST", base + "/complete", done, idempotent=True)
+
+    def sink_write(self, job_id: str, token: int) -> bool:
+        body = {"job_id": job_id, "fencing_token": token, "worker_id": self.id}
+        op_id = self.history.invoke("sink", body)
+        try:
+            status, answer, _ = send("POST", self.sink_url + "/write", body, 3.0)
+        except Exception as error:  # the sink is local; treat anything as unknown
+            self.history.complete(op_id, "info", "sink", {"error": str(error)})
+            return False
+        kind = "ok" if status == 200 else "fail"
+        self.history.complete(op_id, kind, "sink", {"status": status, "body": answer})
+        return status == 200
+
+    @staticmethod
+    def ok(outcome: Outcome) -> bool:
+        return outcome.kind == "ok"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="chaos.worker")
+    parser.add_argument("--id", required=True)
+    parser.add_argument("--urls", required=True)
+    parser.add_argument("--sink", required=True)
+    parser.add_argument("--history", required=True)
+    parser.add_argument("--lease-s", type=float, default=2.0)
+    parser.add_argument("--stall-p", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    worker = Worker(parser.parse_args())
+
+    def stop(*_: Any) -> None:
+        worker.running = False
+
+    signal.signal(signal.SIGTERM, stop)
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

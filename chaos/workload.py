@@ -1,0 +1,79 @@
+"""Client threads: submit jobs with idempotency keys (retrying with the same
+key while the outcome is unknown) and read jobs back with linearizable reads."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+from chaos.history import Recorder
+from chaos.httpops import Outcome, Session
+from chaos.worker import QUEUE
+
+SUBMIT_RETRIES_MAX = 5
+
+
+def job_request(key: str, number: int) -> dict[str, Any]:
+    return {
+        "queue": QUEUE,
+        "payload": {"n": number},
+        "idempotency_key": key,
+        "max_attempts": 100,
+        "backoff": {"initial_s": 0.2, "max_s": 1, "jitter_s": 0.2},
+    }
+
+
+class Client(threading.Thread):
+    def __init__(
+        self,
+        name: str,
+        urls: list[str],
+        history: Recorder,
+        known_jobs: list[str],
+        seed: int,
+        stop: threading.Event,
+        rate_per_s: float = 4.0,
+    ) -> None:
+        super().__init__(name=name, daemon=True)
+        self.rng = random.Random(seed)
+        self.session = Session(urls, self.rng)
+        self.history = history
+        self.known_jobs = known_jobs
+        self.stop_event = stop
+        self.pause_s = 1.0 / rate_per_s
+        self.count = 0
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            if not self.known_jobs or self.rng.random() < 0.5:
+                self.submit()
+            else:
+                self.read(self.rng.choice(self.known_jobs[-50:]))
+            time.sleep(self.rng.uniform(0.5, 1.5) * self.pause_s)
+
+    def op(self, f: str, method: str, path: str, body: Any, **kw: Any) -> Outcome:
+        op_id = self.history.invoke(f, {"path": path, "body": body})
+        outcome = self.session.call(method, path, body, **kw)
+        value = {"status": outcome.status, "body": outcome.body, "node": outcome.node}
+        if outcome.error:
+            value["error"] = outcome.error
+        self.history.complete(op_id, outcome.kind, f, value)
+        return outcome
+
+    def submit(self) -> None:
+        self.count += 1
+        key = f"{self.name}-{self.count}"
+        request = job_request(key, self.count)
+        for _ in range(SUBMIT_RETRIES_MAX):
+            outcome = self.op("submit", "POST", "/v1/jobs", request, idempotent=True)
+            if outcome.kind == "ok":
+                self.known_jobs.append(outcome.body["job"]["id"])
+                return
+            if outcome.kind == "fail" or self.stop_event.is_set():
+                return
+            time.sleep(0.5)  # info: unknown outcome, retry with the same key
+
+    def read(self, job_id: str) -> None:
+        self.op("read", "GET", f"/v1/jobs/{job_id}", None, idempotent=True)
