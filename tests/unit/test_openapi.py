@@ -41,7 +41,7 @@ def _pending(name: str | None) -> bool:
 
 def _route_tables() -> list[Any]:
     try:
-        from raftsched.api import cluster, dashboard, jobs, leases
+        from raftsched.api import cluster, dashboard, events, jobs, leases, workflows
     except ImportError as error:
         if _pending(error.name):
             pytest.skip(
@@ -49,7 +49,14 @@ def _route_tables() -> list[Any]:
                 f"({error.name} is still being written)"
             )
         raise
-    return [jobs.routes, leases.routes, cluster.routes, dashboard.routes]
+    return [
+        jobs.routes,
+        leases.routes,
+        cluster.routes,
+        dashboard.routes,
+        workflows.routes,
+        events.routes,
+    ]
 
 
 def _openapi_path(aiohttp_path: str) -> str:

@@ -154,7 +154,7 @@ async def prepare_read(request: web.Request) -> dict[str, str]:
 
 
 def create_app(node: Node) -> web.Application:
-    from raftsched.api import cluster, dashboard, jobs, leases
+    from raftsched.api import cluster, dashboard, events, jobs, leases, workflows
 
     app = web.Application(
         middlewares=[request_id_middleware], client_max_size=node.config.max_body_bytes
@@ -163,5 +163,7 @@ def create_app(node: Node) -> web.Application:
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)
     app.add_routes(cluster.routes)
+    app.add_routes(workflows.routes)
+    app.add_routes(events.routes)
     dashboard.setup(app)
     return app

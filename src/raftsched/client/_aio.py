@@ -15,6 +15,7 @@ import aiohttp
 from yarl import URL
 
 from raftsched.client import _calls as calls
+from raftsched.client import _workflow_calls as wf_calls
 from raftsched.client._calls import (
     Call,
     Consistency,
@@ -287,6 +288,73 @@ class AsyncClient:
 
     async def cluster(self, *, consistency: Consistency | None = None) -> JsonObject:
         return await self.call(calls.cluster(consistency))
+
+    # --- workflows, events and subscriptions ------------------------------------
+
+    async def submit_workflow(self, request: Mapping[str, Any]) -> JsonObject:
+        """Submit a workflow (api.md body); answers the Workflow with its steps."""
+        return await self.call(wf_calls.submit_workflow(request))
+
+    async def get_workflow(
+        self, workflow_id: str, *, consistency: Consistency | None = None
+    ) -> JsonObject:
+        return await self.call(wf_calls.get_workflow(workflow_id, consistency))
+
+    async def list_workflows(
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        limit: int | None = None,
+        consistency: Consistency | None = None,
+    ) -> JsonObject:
+        return await self.call(wf_calls.list_workflows(status, tenant, limit, consistency))
+
+    async def workflow_history(
+        self, workflow_id: str, *, consistency: Consistency | None = None
+    ) -> list[JsonObject]:
+        return await self.call(wf_calls.workflow_history(workflow_id, consistency))
+
+    async def cancel_workflow(self, workflow_id: str, reason: str | None = None) -> JsonObject:
+        return await self.call(wf_calls.cancel_workflow(workflow_id, reason))
+
+    async def events(
+        self,
+        after: int = 0,
+        *,
+        types: Sequence[str] | None = None,
+        wait_s: float | None = None,
+        limit: int | None = None,
+        consistency: Consistency | None = None,
+    ) -> JsonObject:
+        """`{"events": [...], "last_seq", "first_seq"}`: events with seq > after."""
+        return await self.call(wf_calls.events(after, types, wait_s, limit, consistency))
+
+    async def create_subscription(
+        self,
+        url: str,
+        secret: str,
+        types: Sequence[str] = (),
+        *,
+        subscription_id: str | None = None,
+    ) -> JsonObject:
+        return await self.call(wf_calls.create_subscription(url, secret, types, subscription_id))
+
+    async def list_subscriptions(
+        self, *, consistency: Consistency | None = None
+    ) -> list[JsonObject]:
+        return await self.call(wf_calls.list_subscriptions(consistency))
+
+    async def get_subscription(
+        self, subscription_id: str, *, consistency: Consistency | None = None
+    ) -> JsonObject:
+        return await self.call(wf_calls.get_subscription(subscription_id, consistency))
+
+    async def delete_subscription(self, subscription_id: str) -> None:
+        await self.call(wf_calls.delete_subscription(subscription_id))
+
+    async def retry_parked(self, subscription_id: str) -> JsonObject:
+        return await self.call(wf_calls.retry_parked(subscription_id))
 
     async def metrics(self) -> str:
         return await self.call(calls.metrics())

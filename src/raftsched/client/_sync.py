@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from raftsched.client import _calls as calls
+from raftsched.client import _workflow_calls as wf_calls
 from raftsched.client._calls import (
     Call,
     Consistency,
@@ -283,6 +284,71 @@ class Client:
 
     def cluster(self, *, consistency: Consistency | None = None) -> JsonObject:
         return self.call(calls.cluster(consistency))
+
+    # --- workflows, events and subscriptions ------------------------------------
+
+    def submit_workflow(self, request: Mapping[str, Any]) -> JsonObject:
+        """Submit a workflow (api.md body); answers the Workflow with its steps."""
+        return self.call(wf_calls.submit_workflow(request))
+
+    def get_workflow(
+        self, workflow_id: str, *, consistency: Consistency | None = None
+    ) -> JsonObject:
+        return self.call(wf_calls.get_workflow(workflow_id, consistency))
+
+    def list_workflows(
+        self,
+        *,
+        status: str | None = None,
+        tenant: str | None = None,
+        limit: int | None = None,
+        consistency: Consistency | None = None,
+    ) -> JsonObject:
+        return self.call(wf_calls.list_workflows(status, tenant, limit, consistency))
+
+    def workflow_history(
+        self, workflow_id: str, *, consistency: Consistency | None = None
+    ) -> list[JsonObject]:
+        return self.call(wf_calls.workflow_history(workflow_id, consistency))
+
+    def cancel_workflow(self, workflow_id: str, reason: str | None = None) -> JsonObject:
+        return self.call(wf_calls.cancel_workflow(workflow_id, reason))
+
+    def events(
+        self,
+        after: int = 0,
+        *,
+        types: Sequence[str] | None = None,
+        wait_s: float | None = None,
+        limit: int | None = None,
+        consistency: Consistency | None = None,
+    ) -> JsonObject:
+        """`{"events": [...], "last_seq", "first_seq"}`: events with seq > after."""
+        return self.call(wf_calls.events(after, types, wait_s, limit, consistency))
+
+    def create_subscription(
+        self,
+        url: str,
+        secret: str,
+        types: Sequence[str] = (),
+        *,
+        subscription_id: str | None = None,
+    ) -> JsonObject:
+        return self.call(wf_calls.create_subscription(url, secret, types, subscription_id))
+
+    def list_subscriptions(self, *, consistency: Consistency | None = None) -> list[JsonObject]:
+        return self.call(wf_calls.list_subscriptions(consistency))
+
+    def get_subscription(
+        self, subscription_id: str, *, consistency: Consistency | None = None
+    ) -> JsonObject:
+        return self.call(wf_calls.get_subscription(subscription_id, consistency))
+
+    def delete_subscription(self, subscription_id: str) -> None:
+        self.call(wf_calls.delete_subscription(subscription_id))
+
+    def retry_parked(self, subscription_id: str) -> JsonObject:
+        return self.call(wf_calls.retry_parked(subscription_id))
 
     def metrics(self) -> str:
         return self.call(calls.metrics())

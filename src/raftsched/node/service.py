@@ -35,6 +35,7 @@ from raftsched.node.clock import IdSource, LeaderClock, random_u64
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
 from raftsched.node.proposer import NotLeader, OutcomeUnknown, Proposer
+from raftsched.node.webhooks import WebhookDelivery
 from raftsched.raft import RaftNode, RaftStatus
 from raftsched.raft_journal import SNAPSHOT_NAME
 
@@ -81,6 +82,7 @@ class Node:
         self._leader_term: int | None = None
         self._init_metrics()
         self.observer = Observer(config.node_id, self.metrics, self.reading, self.status)
+        self.webhooks = WebhookDelivery(self)  # leader-only, started below
         self.observer.is_leader = lambda: self.is_leader
         self.proposer = Proposer(
             loop,
@@ -102,6 +104,7 @@ class Node:
 
     async def close(self) -> None:
         self.proposer.step_down()
+        await self.webhooks.close()
         if self._dispatch_task is not None:
             self._dispatch_task.cancel()
         if self._sampler_task is not None:
@@ -136,6 +139,7 @@ class Node:
                 self._dispatch_task.cancel()
                 self._dispatch_task = None
             self._leader_term = None
+            self.webhooks.stop()
             self.m_leader_changes.inc()
         if is_leader:
             log.info("became leader", extra={"epoch": term})
@@ -144,6 +148,7 @@ class Node:
             self.proposer.become_leader(term)
             self.observer.on_became_leader()
             self._dispatch_task = self.loop.create_task(self._dispatch(term))
+            self.webhooks.start(term)
         self._notify_changed()
 
     # -- leadership and reads -------------------------------------------------

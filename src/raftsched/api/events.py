@@ -1,0 +1,192 @@
+"""`/v1/events` (the outbox, long-polled) and `/v1/subscriptions` (webhooks)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from contextlib import suppress
+from typing import Any
+
+from aiohttp import web
+
+from raftsched.api.app import node_of, prepare_read, read_json
+from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.render import time_or_none
+from raftsched.api.validation import WAIT_S_MAX, path_id, reject_unknown, require_object, string
+from raftsched.core import outbox
+from raftsched.core.commands import CreateSubscription, DeleteSubscription, RetryParked
+from raftsched.core.outbox import OutboxEvent, decode_data
+from raftsched.core.results import ParkedRetried, Rejected, SubscriptionCreated
+from raftsched.core.subscriptions import (
+    SECRET_CHARS_MAX,
+    TYPES_MAX,
+    URL_CHARS_MAX,
+    Subscription,
+    oldest_undelivered_at_ms,
+    subscriptions,
+)
+from raftsched.timefmt import format_ms
+
+routes = web.RouteTableDef()
+
+EVENTS_LIMIT_MAX = 1000
+
+
+def event_json(event: OutboxEvent) -> dict[str, Any]:
+    return {
+        "seq": event.seq,
+        "type": event.type,
+        "at": format_ms(event.at_ms),
+        "data": decode_data(event),
+    }
+
+
+def _query_number(query: Mapping[str, str], name: str, low: float, high: float) -> float | None:
+    raw = query.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise invalid(name, "must be a number") from None
+    if not low <= value <= high:
+        raise invalid(name, f"must be between {low:g} and {high:g}")
+    return value
+
+
+@routes.get("/v1/events")
+async def list_events(request: web.Request) -> web.Response:
+    """Events with seq > `after`, waiting up to `wait_s` for the first one."""
+    query = request.query
+    reject_unknown(query, frozenset({"after", "types", "wait_s", "limit", "consistency"}))
+    after = int(_query_number(query, "after", 0, 2**63 - 1) or 0)
+    wait_s = _query_number(query, "wait_s", 0, WAIT_S_MAX) or 0.0
+    limit = int(_query_number(query, "limit", 1, EVENTS_LIMIT_MAX) or 100)
+    types = [t for t in query.get("types", "").split(",") if t] or None
+    headers = await prepare_read(request)
+    node = node_of(request)
+    deadline = time.monotonic() + wait_s
+    while True:
+        # Wait on the event for the *next* applied entry before reading, so
+        # that an entry applied between the read and the wait is not missed.
+        changed = node.changed()
+        with node.reading() as state:
+            found = outbox.events_after(state, after, types, limit)
+            body = {
+                "events": [event_json(event) for event in found],
+                "last_seq": outbox.last_seq(state),
+                "first_seq": outbox.first_held_seq(state),
+            }
+        remaining = deadline - time.monotonic()
+        if found or remaining <= 0:
+            return web.json_response(body, headers=headers)
+        with suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait(), remaining)
+
+
+# -- subscriptions ----------------------------------------------------------------
+
+
+def subscription_json(
+    sub: Subscription, now_ms: int, oldest_ms: int | None, full: bool = False
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": sub.id,
+        "url": sub.url,
+        "types": list(sub.types),
+        "created_at": format_ms(sub.created_at_ms),
+        "cursor_seq": sub.cursor,
+        "oldest_undelivered_at": time_or_none(oldest_ms),
+        "parked_count": len(sub.parked),
+        "parked_dropped": sub.parked_dropped,
+    }
+    if full:
+        body["parked"] = [
+            {
+                "event": event_json(item.event),
+                "attempts": item.attempts,
+                "error": item.error,
+                "parked_at": format_ms(item.parked_at_ms),
+                "retry": item.retry,
+            }
+            for item in sub.parked.values()
+        ]
+    return body
+
+
+def _read_subscription(request: web.Request, subscription_id: str) -> dict[str, Any]:
+    with node_of(request).reading() as state:
+        sub = subscriptions(state).get(subscription_id)
+        if sub is None:
+            raise ApiError("not_found", f"no subscription {subscription_id}")
+        return subscription_json(sub, state.now_ms, oldest_undelivered_at_ms(state, sub), full=True)
+
+
+@routes.post("/v1/subscriptions")
+async def create_subscription(request: web.Request) -> web.Response:
+    body = require_object(await read_json(request))
+    reject_unknown(body, frozenset({"id", "url", "types", "secret"}))
+    url = string(body, "url", required=True, length_max=URL_CHARS_MAX)
+    assert url is not None
+    if not url.startswith(("http://", "https://")):
+        raise invalid("url", "must be an http:// or https:// URL")
+    secret = string(body, "secret", required=True, length_max=SECRET_CHARS_MAX)
+    assert secret is not None
+    types = body.get("types", [])
+    if (
+        not isinstance(types, list)
+        or len(types) > TYPES_MAX
+        or not all(isinstance(t, str) and 0 < len(t) <= 100 for t in types)
+    ):
+        raise invalid("types", f"must be a list of at most {TYPES_MAX} event types")
+    node = node_of(request)
+    subscription_id = string(body, "id") or node.ids.new("sub", node.clock.now_ms())
+    command = CreateSubscription(subscription_id, url, tuple(sorted(set(types))), secret)
+    result = await node.propose(command)
+    if isinstance(result, Rejected):
+        raise from_rejection(result)
+    assert isinstance(result, SubscriptionCreated)
+    answer = {"subscription": _read_subscription(request, subscription_id)}
+    return web.json_response(answer, status=201 if result.created else 200)
+
+
+@routes.get("/v1/subscriptions")
+async def list_subscriptions(request: web.Request) -> web.Response:
+    reject_unknown(request.query, frozenset({"consistency"}))
+    headers = await prepare_read(request)
+    with node_of(request).reading() as state:
+        found = [
+            subscription_json(sub, state.now_ms, oldest_undelivered_at_ms(state, sub))
+            for sub in subscriptions(state).values()
+        ]
+    return web.json_response({"subscriptions": found}, headers=headers)
+
+
+@routes.get("/v1/subscriptions/{subscription_id}")
+async def get_subscription(request: web.Request) -> web.Response:
+    headers = await prepare_read(request)
+    subscription_id = path_id(request.match_info["subscription_id"], "subscription_id")
+    return web.json_response(
+        {"subscription": _read_subscription(request, subscription_id)}, headers=headers
+    )
+
+
+@routes.delete("/v1/subscriptions/{subscription_id}")
+async def delete_subscription(request: web.Request) -> web.Response:
+    subscription_id = path_id(request.match_info["subscription_id"], "subscription_id")
+    result = await node_of(request).propose(DeleteSubscription(subscription_id))
+    if isinstance(result, Rejected):
+        raise from_rejection(result)
+    return web.Response(status=204)
+
+
+@routes.post("/v1/subscriptions/{subscription_id}/retry")
+async def retry_parked(request: web.Request) -> web.Response:
+    """Operator action: deliver the subscription's parked events once more."""
+    subscription_id = path_id(request.match_info["subscription_id"], "subscription_id")
+    result = await node_of(request).propose(RetryParked(subscription_id))
+    if isinstance(result, Rejected):
+        raise from_rejection(result)
+    assert isinstance(result, ParkedRetried)
+    return web.json_response({"retried": result.count})

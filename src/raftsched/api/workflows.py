@@ -1,0 +1,276 @@
+"""`/v1/workflows`: submit, read (with every step), list by status, history, cancel."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from raftsched.api.app import node_of, prepare_read, read_json
+from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.render import time_or_none
+from raftsched.api.validation import (
+    JOB_FIELDS,
+    KEY_LENGTH_MAX,
+    integer,
+    parse_job,
+    path_id,
+    reason,
+    reject_unknown,
+    require_object,
+    seconds_ms,
+    string,
+    unpack_json,
+)
+from raftsched.core.commands import CancelWorkflow, JobSpec, StepSpec, SubmitWorkflow
+from raftsched.core.results import Rejected, WorkflowCancelAccepted, WorkflowSubmitted
+from raftsched.core.workflows import STEP_NAME_CHARS_MAX, STEPS_MAX
+from raftsched.core.workflows_model import (
+    FAILURE_POLICIES,
+    WORKFLOW_STATUSES,
+    Workflow,
+    table,
+)
+from raftsched.timefmt import format_ms
+
+routes = web.RouteTableDef()
+
+WORKFLOW_FIELDS = frozenset(
+    {"idempotency_key", "tenant", "timeout_s", "on_failure", "compensate_on_cancel", "steps"}
+)
+# A step's job takes the workflow's tenant; the workflow holds the idempotency key.
+STEP_JOB_FIELDS = JOB_FIELDS - {"tenant", "idempotency_key"}
+STEP_FIELDS = STEP_JOB_FIELDS | {"name", "depends_on", "compensation"}
+LIST_LIMIT_MAX = 1000
+
+
+def parse_workflow(value: object) -> dict[str, Any]:
+    """The request as SubmitWorkflow keyword arguments (without the id)."""
+    body = require_object(value)
+    reject_unknown(body, WORKFLOW_FIELDS)
+    steps = body.get("steps")
+    if not isinstance(steps, list) or not 1 <= len(steps) <= STEPS_MAX:
+        raise invalid("steps", f"must be a list of 1 to {STEPS_MAX} steps")
+    fields: dict[str, Any] = {
+        "steps": tuple(_parse_step(step, f"steps[{i}].") for i, step in enumerate(steps)),
+        "tenant": string(body, "tenant") or "default",
+        "idempotency_key": string(body, "idempotency_key", length_max=KEY_LENGTH_MAX),
+        "timeout_ms": seconds_ms(body, "timeout_s", 0.001, 366 * 86_400),
+    }
+    on_failure = body.get("on_failure", "fail_fast")
+    if on_failure not in FAILURE_POLICIES:
+        raise invalid("on_failure", "must be fail_fast or continue")
+    fields["on_failure"] = on_failure
+    compensate = body.get("compensate_on_cancel", True)
+    if not isinstance(compensate, bool):
+        raise invalid("compensate_on_cancel", "must be a boolean")
+    fields["compensate_on_cancel"] = compensate
+    _check_graph(fields["steps"])
+    return fields
+
+
+def _parse_step(value: object, prefix: str) -> StepSpec:
+    body = require_object(value, prefix.rstrip("."))
+    reject_unknown(body, STEP_FIELDS, prefix)
+    name = string(body, "name", required=True, length_max=STEP_NAME_CHARS_MAX, prefix=prefix)
+    assert name is not None
+    depends_on = body.get("depends_on", [])
+    if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
+        raise invalid(prefix + "depends_on", "must be a list of step names")
+    if len(set(depends_on)) != len(depends_on):
+        raise invalid(prefix + "depends_on", "lists a step twice")
+    job = parse_job({k: v for k, v in body.items() if k in STEP_JOB_FIELDS}, prefix)
+    compensation: JobSpec | None = None
+    if body.get("compensation") is not None:
+        where = prefix + "compensation."
+        comp = require_object(body["compensation"], where.rstrip("."))
+        reject_unknown(comp, STEP_JOB_FIELDS, where)
+        compensation = parse_job(comp, where)
+    return StepSpec(name, job, tuple(depends_on), compensation)
+
+
+def _check_graph(steps: tuple[StepSpec, ...]) -> None:
+    """Duplicate and unknown names and cycles, named before anything is proposed."""
+    names: dict[str, int] = {}
+    for index, step in enumerate(steps):
+        if step.name in names:
+            raise invalid(f"steps[{index}].name", f"duplicate step name {step.name!r}")
+        names[step.name] = index
+    for index, step in enumerate(steps):
+        for dep in step.depends_on:
+            if dep not in names:
+                raise invalid(f"steps[{index}].depends_on", f"unknown step {dep!r}")
+    done: set[int] = set()
+    for start in range(len(steps)):
+        _visit(steps, names, start, [], done)
+
+
+def _visit(
+    steps: tuple[StepSpec, ...], names: dict[str, int], index: int, path: list[int], done: set[int]
+) -> None:
+    if index in done:
+        return
+    if index in path:
+        cycle = " -> ".join(steps[i].name for i in [*path[path.index(index) :], index])
+        raise invalid(f"steps[{index}].depends_on", f"the steps form a cycle: {cycle}")
+    path.append(index)
+    for dep in steps[index].depends_on:
+        _visit(steps, names, names[dep], path, done)
+    path.pop()
+    done.add(index)
+
+
+# -- rendering ------------------------------------------------------------------
+
+
+def _step_json(workflow: Workflow, index: int, jobs: Mapping[str, Any]) -> dict[str, Any]:
+    step = workflow.steps[index]
+    job = jobs.get(step.job_id or "")
+    compensation = None
+    if step.compensation is not None:
+        compensation = {
+            "queue": step.compensation.queue,
+            "status": step.comp_status,
+            "job_id": step.comp_job_id,
+            "result": unpack_json(step.comp_result),
+        }
+    return {
+        "status": step.status,
+        "queue": step.spec.queue,
+        "depends_on": [workflow.steps[dep].name for dep in step.deps],
+        "job_id": step.job_id,
+        "job_status": None if job is None else job.status,
+        "result": unpack_json(step.result),
+        "compensation": compensation,
+    }
+
+
+def workflow_json(workflow: Workflow, jobs: Mapping[str, Any], full: bool = True) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": workflow.id,
+        "tenant": workflow.tenant,
+        "status": workflow.status,
+        "outcome": workflow.outcome,
+        "reason": workflow.reason,
+        "idempotency_key": workflow.idempotency_key,
+        "on_failure": workflow.on_failure,
+        "compensate_on_cancel": workflow.compensate_on_cancel,
+        "created_at": format_ms(workflow.created_at_ms),
+        "updated_at": format_ms(workflow.updated_at_ms),
+        "timeout_at": time_or_none(workflow.timeout_at_ms),
+    }
+    if full:
+        body["steps"] = {
+            step.name: _step_json(workflow, index, jobs)
+            for index, step in enumerate(workflow.steps)
+        }
+        body["compensation_order"] = [
+            workflow.steps[index].name for index in workflow.compensations or ()
+        ]
+    return body
+
+
+def _read_workflow(request: web.Request, workflow_id: str) -> dict[str, Any]:
+    with node_of(request).reading() as state:
+        workflow = table(state).workflows.get(workflow_id)
+        if workflow is None:
+            raise ApiError("not_found", f"no workflow {workflow_id}")
+        return workflow_json(workflow, state.jobs)
+
+
+# -- routes ---------------------------------------------------------------------
+
+
+@routes.post("/v1/workflows")
+async def submit_workflow(request: web.Request) -> web.Response:
+    fields = parse_workflow(await read_json(request))
+    node = node_of(request)
+    workflow_id = node.ids.new("wf", node.clock.now_ms())
+    command = SubmitWorkflow(workflow_id, **fields)
+    result = await node.propose(command, request.content_length or 0)
+    if isinstance(result, Rejected):
+        raise from_rejection(result)
+    assert isinstance(result, WorkflowSubmitted)
+    body = {"workflow": _read_workflow(request, result.workflow_id)}
+    if result.created:
+        return web.json_response(body, status=201)
+    return web.json_response(body, headers={"Idempotent-Replayed": "true"})
+
+
+@routes.get("/v1/workflows/{workflow_id}")
+async def get_workflow(request: web.Request) -> web.Response:
+    headers = await prepare_read(request)
+    workflow_id = path_id(request.match_info["workflow_id"], "workflow_id")
+    return web.json_response({"workflow": _read_workflow(request, workflow_id)}, headers=headers)
+
+
+@routes.get("/v1/workflows/{workflow_id}/history")
+async def workflow_history(request: web.Request) -> web.Response:
+    headers = await prepare_read(request)
+    workflow_id = path_id(request.match_info["workflow_id"], "workflow_id")
+    with node_of(request).reading() as state:
+        workflow = table(state).workflows.get(workflow_id)
+        if workflow is None:
+            raise ApiError("not_found", f"no workflow {workflow_id}")
+        events = [
+            {"at": format_ms(at_ms), "event": event, "detail": detail}
+            for at_ms, event, detail in workflow.history
+        ]
+    return web.json_response({"events": events}, headers=headers)
+
+
+@routes.get("/v1/workflows")
+async def list_workflows(request: web.Request) -> web.Response:
+    query = request.query
+    reject_unknown(query, frozenset({"status", "tenant", "limit", "cursor", "consistency"}))
+    status = query.get("status")
+    if status is not None and status not in WORKFLOW_STATUSES:
+        raise invalid("status", f"must be one of {', '.join(WORKFLOW_STATUSES)}")
+    limit = _query_int(query, "limit", 1, LIST_LIMIT_MAX) or 50
+    cursor = _query_int(query, "cursor", 0, 2**63 - 1)
+    tenant = query.get("tenant")
+    headers = await prepare_read(request)
+    found: list[dict[str, Any]] = []
+    next_cursor: str | None = None
+    found_seq = 0
+    with node_of(request).reading() as state:
+        workflows = list(table(state).workflows.values())
+        for workflow in reversed(workflows):
+            if cursor is not None and workflow.seq >= cursor:
+                continue
+            if (status is not None and workflow.status != status) or (
+                tenant is not None and workflow.tenant != tenant
+            ):
+                continue
+            if len(found) == limit:
+                next_cursor = str(found_seq)
+                break
+            found.append(workflow_json(workflow, state.jobs, full=False))
+            found_seq = workflow.seq
+    return web.json_response({"workflows": found, "next_cursor": next_cursor}, headers=headers)
+
+
+def _query_int(query: Mapping[str, str], name: str, low: int, high: int) -> int | None:
+    raw = query.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise invalid(name, "must be an integer") from None
+    return integer({name: value}, name, low, high)
+
+
+@routes.post("/v1/workflows/{workflow_id}/cancel")
+async def cancel_workflow(request: web.Request) -> web.Response:
+    workflow_id = path_id(request.match_info["workflow_id"], "workflow_id")
+    body: Mapping[str, Any] = {}
+    if request.can_read_body:
+        body = require_object(await read_json(request))
+    reject_unknown(body, frozenset({"reason"}))
+    result = await node_of(request).propose(CancelWorkflow(workflow_id, reason(body)))
+    if isinstance(result, Rejected):
+        raise from_rejection(result)
+    assert isinstance(result, WorkflowCancelAccepted)
+    return web.json_response({"workflow": _read_workflow(request, workflow_id)})

@@ -1,0 +1,92 @@
+"""Calls for workflows, the outbox (events) and webhook subscriptions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from raftsched.client._calls import (
+    Call,
+    Consistency,
+    JsonObject,
+    Response,
+    _field,
+    _json_object,
+    _query,
+    _segment,
+)
+
+
+def submit_workflow(request: Mapping[str, Any]) -> Call[JsonObject]:
+    body = dict(request)
+    keyed = body.get("idempotency_key") is not None
+    return Call("POST", "/v1/workflows", _field("workflow"), body=body, retry_unknown=keyed)
+
+
+def get_workflow(workflow_id: str, consistency: Consistency | None) -> Call[JsonObject]:
+    path = f"/v1/workflows/{_segment(workflow_id)}"
+    return Call("GET", path, _field("workflow"), _query(consistency))
+
+
+def list_workflows(
+    status: str | None, tenant: str | None, limit: int | None, consistency: Consistency | None
+) -> Call[JsonObject]:
+    query = _query(consistency, status=status, tenant=tenant, limit=limit)
+    return Call("GET", "/v1/workflows", _json_object, query)
+
+
+def workflow_history(workflow_id: str, consistency: Consistency | None) -> Call[list[JsonObject]]:
+    path = f"/v1/workflows/{_segment(workflow_id)}/history"
+    return Call("GET", path, _field("events"), _query(consistency))
+
+
+def cancel_workflow(workflow_id: str, reason: str | None) -> Call[JsonObject]:
+    path = f"/v1/workflows/{_segment(workflow_id)}/cancel"
+    body = {} if reason is None else {"reason": reason}
+    # Cancelling twice is harmless: the second answers the same status.
+    return Call("POST", path, _field("workflow"), body=body, retry_unknown=True)
+
+
+def events(
+    after: int,
+    types: Sequence[str] | None,
+    wait_s: float | None,
+    limit: int | None,
+    consistency: Consistency | None,
+) -> Call[JsonObject]:
+    joined = ",".join(types) if types else None
+    query = _query(consistency, after=after, types=joined, wait_s=wait_s, limit=limit)
+    return Call("GET", "/v1/events", _json_object, query, extra_timeout_s=wait_s or 0.0)
+
+
+def create_subscription(
+    url: str, secret: str, types: Sequence[str], subscription_id: str | None
+) -> Call[JsonObject]:
+    body: JsonObject = {"url": url, "secret": secret, "types": list(types)}
+    if subscription_id is not None:
+        body["id"] = subscription_id
+    keyed = subscription_id is not None
+    return Call("POST", "/v1/subscriptions", _field("subscription"), body=body, retry_unknown=keyed)
+
+
+def list_subscriptions(consistency: Consistency | None) -> Call[list[JsonObject]]:
+    return Call("GET", "/v1/subscriptions", _field("subscriptions"), _query(consistency))
+
+
+def get_subscription(subscription_id: str, consistency: Consistency | None) -> Call[JsonObject]:
+    path = f"/v1/subscriptions/{_segment(subscription_id)}"
+    return Call("GET", path, _field("subscription"), _query(consistency))
+
+
+def _no_body(response: Response) -> None:
+    return None
+
+
+def delete_subscription(subscription_id: str) -> Call[None]:
+    path = f"/v1/subscriptions/{_segment(subscription_id)}"
+    return Call("DELETE", path, _no_body, retry_unknown=True)
+
+
+def retry_parked(subscription_id: str) -> Call[JsonObject]:
+    path = f"/v1/subscriptions/{_segment(subscription_id)}/retry"
+    return Call("POST", path, _json_object, body={}, retry_unknown=True)

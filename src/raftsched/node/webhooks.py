@@ -1,0 +1,317 @@
+"""Webhook delivery: the leader sends outbox events to subscribers, at least once.
+
+Theory of operation. While this node leads, one task per subscription reads
+the replicated state and delivers every matching event after the
+subscription's cursor. Each delivery is a POST of the event as JSON, signed
+with HMAC-SHA256 of the exact body bytes under the subscription's secret
+(`Raftsched-Signature: sha256=<hex>`), with `Raftsched-Event-Id` for
+deduplication. A non-2xx answer, a timeout or a connection error is retried
+with exponential backoff and full jitter; after `max_attempts` the event is
+parked (`ParkDelivery`, replicated) and delivery moves on.
+
+Progress is replicated: once every event of a batch was delivered or parked,
+the leader proposes `AckDelivery(through_seq)`, one command per batch. A new
+leader starts from the replicated cursor, so an event whose delivery was not
+yet acknowledged when the old leader died is delivered again: receivers
+deduplicate by event id. Parked events that an operator marked for retry
+are delivered the same way and removed with `AckParked` when they arrive.
+
+Tunables come from the environment (tests shorten them):
+RAFTSCHED_WEBHOOK_MAX_ATTEMPTS (8), RAFTSCHED_WEBHOOK_BACKOFF_S (0.5, doubled
+per attempt up to RAFTSCHED_WEBHOOK_BACKOFF_MAX_S, 30) and
+RAFTSCHED_WEBHOOK_TIMEOUT_S (10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+import random
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from raftsched.core import outbox
+from raftsched.core.commands import AckDelivery, AckParked, Command, ParkDelivery
+from raftsched.core.outbox import OutboxEvent, decode_data
+from raftsched.core.subscriptions import Subscription, pending_events, subscriptions
+from raftsched.timefmt import format_ms
+
+if TYPE_CHECKING:
+    from raftsched.node.service import Node
+
+log = logging.getLogger("raftsched.webhooks")
+
+BATCH_EVENTS_MAX = 64
+IN_FLIGHT_MAX = 8
+IDLE_WAIT_S = 1.0
+SIGNATURE_HEADER = "Raftsched-Signature"
+EVENT_ID_HEADER = "Raftsched-Event-Id"
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class DeliverySettings:
+    max_attempts: int = field(
+        default_factory=lambda: int(_env_float("RAFTSCHED_WEBHOOK_MAX_ATTEMPTS", 8))
+    )
+    backoff_s: float = field(default_factory=lambda: _env_float("RAFTSCHED_WEBHOOK_BACKOFF_S", 0.5))
+    backoff_max_s: float = field(
+        default_factory=lambda: _env_float("RAFTSCHED_WEBHOOK_BACKOFF_MAX_S", 30.0)
+    )
+    timeout_s: float = field(
+        default_factory=lambda: _env_float("RAFTSCHED_WEBHOOK_TIMEOUT_S", 10.0)
+    )
+
+
+def event_id(event: OutboxEvent) -> str:
+    return f"evt_{event.seq}"
+
+
+def event_body(event: OutboxEvent, subscription_id: str) -> bytes:
+    return json.dumps(
+        {
+            "id": event_id(event),
+            "seq": event.seq,
+            "type": event.type,
+            "at": format_ms(event.at_ms),
+            "subscription_id": subscription_id,
+            "data": decode_data(event),
+        },
+        separators=(",", ":"),
+        sort_keys=True,
+    ).encode()
+
+
+def sign(secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    id: str
+    url: str
+    secret: str
+
+
+class WebhookDelivery:
+    """Runs while this node leads (see `Node` leadership changes)."""
+
+    def __init__(self, node: Node, settings: DeliverySettings | None = None) -> None:
+        self.node = node
+        self.settings = settings or DeliverySettings()
+        self._task: asyncio.Task[None] | None = None
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        m = node.metrics
+        self.m_attempts = m.counter(
+            "raftsched_webhook_attempts_total", "Webhook POSTs made.", ("subscription",)
+        )
+        self.m_failures = m.counter(
+            "raftsched_webhook_failures_total",
+            "Webhook POSTs that failed (non-2xx, timeout, connection).",
+            ("subscription",),
+        )
+        self.m_parked = m.counter(
+            "raftsched_webhook_parked_total", "Events parked after max attempts.", ("subscription",)
+        )
+        m.gauge("raftsched_outbox_depth", "Events held in the outbox.", collect=self._m_depth)
+        m.gauge(
+            "raftsched_webhook_oldest_undelivered_age_seconds",
+            "Age of the oldest matching event not yet delivered, per subscription.",
+            ("subscription",),
+            collect=self._m_oldest,
+        )
+
+    # -- leadership -----------------------------------------------------------
+
+    def start(self, term: int) -> None:
+        self.stop()
+        self._task = self.node.loop.create_task(self._supervise(term))
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        for task in self._workers.values():
+            task.cancel()
+        self._workers = {}
+
+    async def close(self) -> None:
+        self.stop()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _supervise(self, term: int) -> None:
+        """Keep one worker per subscription while leading in `term`."""
+        try:
+            while self.node.is_leader:
+                changed = self.node.changed()
+                with self.node.reading() as state:
+                    wanted = {
+                        sub.id: _Target(sub.id, sub.url, sub.secret)
+                        for sub in subscriptions(state).values()
+                    }
+                for sub_id in list(self._workers):
+                    if sub_id not in wanted or self._workers[sub_id].done():
+                        self._workers.pop(sub_id).cancel()
+                for sub_id, target in wanted.items():
+                    if sub_id not in self._workers:
+                        self._workers[sub_id] = self.node.loop.create_task(self._serve(target))
+                with suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), IDLE_WAIT_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("webhook supervisor failed")
+        finally:
+            for task in self._workers.values():
+                task.cancel()
+            self._workers = {}
+
+    # -- one subscription -----------------------------------------------------
+
+    async def _serve(self, target: _Target) -> None:
+        try:
+            while True:
+                changed = self.node.changed()
+                work = self._next_work(target.id)
+                if work is None:
+                    return  # deleted
+                events, through_seq, retries = work
+                if retries:
+                    await self._redeliver(target, retries)
+                if events or through_seq is not None:
+                    await self._deliver_batch(target, events, through_seq)
+                    continue
+                if not retries:
+                    with suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), IDLE_WAIT_S)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("webhook delivery failed", extra={"subscription": target.id})
+            await asyncio.sleep(IDLE_WAIT_S)  # the supervisor restarts this worker
+
+    def _next_work(
+        self, sub_id: str
+    ) -> tuple[list[OutboxEvent], int | None, list[OutboxEvent]] | None:
+        """(events to deliver, cursor to ack after them, parked events to retry)."""
+        with self.node.reading() as state:
+            sub: Subscription | None = subscriptions(state).get(sub_id)
+            if sub is None:
+                return None
+            events = pending_events(state, sub, BATCH_EVENTS_MAX)
+            newest = outbox.last_seq(state)
+            retries = [item.event for item in sub.parked.values() if item.retry]
+            if len(events) == BATCH_EVENTS_MAX:
+                through_seq: int | None = events[-1].seq
+            else:
+                # Everything up to the newest event was looked at; events of
+                # other types are passed over, so the cursor moves past them.
+                through_seq = newest if newest > sub.cursor else None
+            return events, through_seq, retries
+
+    async def _deliver_batch(
+        self, target: _Target, events: list[OutboxEvent], through_seq: int | None
+    ) -> None:
+        gate = asyncio.Semaphore(IN_FLIGHT_MAX)
+
+        async def one(event: OutboxEvent) -> Command | None:
+            async with gate:
+                return await self._deliver(target, event, None)
+
+        parks = [cmd for cmd in await asyncio.gather(*(one(e) for e in events)) if cmd]
+        for command in parks:
+            await self.node.propose(command)
+        if through_seq is not None:
+            await self.node.propose(AckDelivery(target.id, through_seq))
+
+    async def _redeliver(self, target: _Target, events: list[OutboxEvent]) -> None:
+        for event in events:
+            command = await self._deliver(target, event, AckParked(target.id, event.seq))
+            if command is not None:
+                await self.node.propose(command)
+
+    async def _deliver(
+        self,
+        target: _Target,
+        event: OutboxEvent,
+        on_success: Command | None,
+    ) -> Command | None:
+        """POST until a 2xx or `max_attempts`; the command to propose after."""
+        body = event_body(event, target.id)
+        headers = {
+            "Content-Type": "application/json",
+            SIGNATURE_HEADER: sign(target.secret, body),
+            EVENT_ID_HEADER: event_id(event),
+        }
+        settings = self.settings
+        error = ""
+        for attempt in range(settings.max_attempts):
+            if attempt:
+                cap_s = min(settings.backoff_max_s, settings.backoff_s * 2 ** (attempt - 1))
+                await asyncio.sleep(random.uniform(cap_s / 2, cap_s))  # jittered
+            self.m_attempts.inc(target.id)
+            error = await self._post(target.url, body, headers)
+            if not error:
+                return on_success
+            self.m_failures.inc(target.id)
+        self.m_parked.inc(target.id)
+        log.warning(
+            "webhook event parked",
+            extra={"subscription": target.id, "seq": event.seq, "error": error},
+        )
+        return ParkDelivery(target.id, event.seq, settings.max_attempts, error[:1000])
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> str:
+        """'' on a 2xx answer, else what went wrong."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        timeout = aiohttp.ClientTimeout(total=self.settings.timeout_s)
+        try:
+            async with self._session.post(
+                url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+            ) as response:
+                await response.read()
+                if 200 <= response.status < 300:
+                    return ""
+                return f"HTTP {response.status}"
+        except TimeoutError:
+            return "timeout"
+        except aiohttp.ClientError as failure:
+            return f"{type(failure).__name__}: {failure}"[:1000]
+
+    # -- metrics --------------------------------------------------------------
+
+    def _m_depth(self) -> list[tuple[tuple[str, ...], float]]:
+        with self.node.reading() as state:
+            return [((), float(len(outbox.outbox(state))))]
+
+    def _m_oldest(self) -> list[tuple[tuple[str, ...], float]]:
+        samples: list[tuple[tuple[str, ...], float]] = []
+        with self.node.reading() as state:
+            for sub in subscriptions(state).values():
+                found = pending_events(state, sub, 1)
+                age_s = (state.now_ms - found[0].at_ms) / 1000 if found else 0.0
+                samples.append(((sub.id,), max(age_s, 0.0)))
+        return samples
+
+
+def describe(event: OutboxEvent) -> dict[str, Any]:
+    """The JSON a receiver gets (for docs and tests)."""
+    parsed: dict[str, Any] = json.loads(event_body(event, "sub"))
+    return parsed
