@@ -274,7 +274,9 @@ def linearizable_reads(ops: list[Op]) -> Check:
         completed[job_id] = min(completed.get(job_id, op["complete_t"]), op["complete_t"])
     reads: dict[str, list[Op]] = defaultdict(list)
     for op in ops:
-        if op["f"] == "read" and op["type"] in ("ok", "fail"):
+        # Only a 404 says "not there"; a read that failed otherwise (503 until
+        # its budget ran out) observed nothing.
+        if op["f"] == "read" and (op["type"] == "ok" or op["result"].get("status") == 404):
             reads[str(_job_of(op))].append(op)
     for job_id, job_reads in reads.items():
         for op in job_reads:

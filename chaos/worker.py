@@ -61,7 +61,9 @@ class Worker:
         job_id, token = lease["job_id"], lease["fencing_token"]
         base = f"/v1/leases/{job_id}"
         if self.rng.random() < self.stall_p:
-            stall_s = self.lease_s * 2 + 1
+            # Just past the lease: the job has usually been re-granted and the
+            # successor is still at work when this worker wakes up.
+            stall_s = self.rng.uniform(self.lease_s + 0.5, self.lease_s * 2 + 1)
             self.history.note("stall", {"job_id": job_id, "token": token, "s": stall_s})
             time.sleep(stall_s)
         fenced = {"fencing_token": token}

@@ -142,6 +142,12 @@ def test_read_missing_an_acknowledged_write_is_flagged() -> None:
     assert checkers.linearizable_reads(ops).anomalies == 1
 
 
+def test_read_that_got_no_answer_observed_nothing() -> None:
+    unavailable = s.op("c2:1", "read", "fail", 1.5, 9.0, {"path": "/v1/jobs/j1"}, {"status": None})
+    ops = [s.submit("c1:1", 0.0, 1.0, "k1", "j1"), unavailable]
+    assert checkers.linearizable_reads(ops).anomalies == 0
+
+
 def test_read_concurrent_with_the_write_may_miss_it() -> None:
     ops = [s.submit("c1:1", 0.0, 1.0, "k1", "j1"), s.read("c2:1", 0.5, 0.6, "j1", None)]
     assert checkers.linearizable_reads(ops).anomalies == 0
