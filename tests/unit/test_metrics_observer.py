@@ -257,3 +257,32 @@ def test_metric_names_follow_prometheus_conventions() -> None:
                 assert name.endswith("_seconds"), name
     # Bounded label sets: no job ids in labels.
     assert "job_1" not in text
+
+
+def test_worker_log_fields_carry_the_submitters_correlation_id() -> None:
+    from raftsched.worker._context import Lease as WorkerLease
+    from raftsched.worker._context import log_fields
+
+    lease = WorkerLease.from_json(
+        {
+            "job_id": "job_9",
+            "attempt": 2,
+            "epoch": 4,
+            "fencing_token": 77,
+            "queue": "q",
+            "correlation_id": "req-abc",
+            "workflow_id": "wf_1",
+            "step": "charge",
+        },
+        30.0,
+    )
+    assert log_fields(lease) == {
+        "job_id": "job_9",
+        "attempt": 2,
+        "epoch": 4,
+        "fencing_token": 77,
+        "queue": "q",
+        "correlation_id": "req-abc",
+        "workflow_id": "wf_1",
+        "step": "charge",
+    }

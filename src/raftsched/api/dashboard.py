@@ -109,6 +109,7 @@ async def overview(request: web.Request) -> web.Response:
         "leader_history": node.observer.history_json(),
         "clock_skew": node.observer.skew_json(),
         "counters": _counters(node),
+        "outbox_lag": node.observer.outbox_lag(),
     }
     headers = {"Raftsched-Applied-Index": str(body["node"]["applied_index"])}
     return web.json_response(body, headers=headers)

@@ -255,6 +255,12 @@ class Observer:
             collect=lambda: [((), self.stuck_after_ms / 1000)],
         )
         m.gauge(
+            "raftsched_outbox_lag_events",
+            "Outbox events not yet delivered, per webhook subscription.",
+            ["subscription"],
+            collect=self._m_outbox_lag,
+        )
+        m.gauge(
             "raftsched_raft_follower_lag_entries",
             "Commit index minus a follower's match index (exported by the leader).",
             ["node"],
@@ -274,6 +280,26 @@ class Observer:
                 ((s.node_id,), s.round_trip_ms / 2000) for s in self.clock_skew.values()
             ],
         )
+
+    def outbox_lag(self) -> dict[str, int] | None:
+        """Per webhook subscription: outbox events not yet delivered (None on
+        a build without the outbox)."""
+        try:
+            from raftsched.core import outbox, subscriptions
+        except ImportError:
+            return None
+        try:
+            with self._reading() as state:
+                last = outbox.last_seq(state)
+                table = subscriptions.subscriptions(state)
+                return {name: max(0, last - sub.cursor) for name, sub in sorted(table.items())}
+        except Exception:  # a section still being built must not break /metrics
+            log.debug("outbox lag unavailable", exc_info=True)
+            return None
+
+    def _m_outbox_lag(self) -> Samples:
+        lag = self.outbox_lag() or {}
+        return [((name,), float(events)) for name, events in lag.items()]
 
     def _m_stuck(self) -> Samples:
         if not self.is_leader():

@@ -239,7 +239,7 @@ async function onCallView() {
   else if (!events.ok) outbox = `<p class="na">${esc(errorText(events))}</p>`;
   else {
     const list = events.body.events || [];
-    outbox = `<p>last event seq <b>${esc(events.body.last_seq)}</b>${o.outbox_lag != null ? `, delivery lag ${esc(o.outbox_lag)}` : ""}</p>` +
+    outbox = `<p>last event seq <b>${esc(events.body.last_seq)}</b>${o.outbox_lag ? `, undelivered per subscription: ${Object.entries(o.outbox_lag).map(([k, v]) => `${esc(k)} ${esc(v)}`).join(", ") || "no subscriptions"}` : ""}</p>` +
       table(["seq#", "type", "at"], list.slice(-10).reverse().map((e) => [esc(e.seq), esc(e.type), when(e.at)]), "no events");
   }
   return `

@@ -86,6 +86,24 @@ class Lease:
         )
 
 
+def log_fields(lease: Lease) -> dict[str, Any]:
+    """The structured log fields that name a lease: the job, its attempt,
+    epoch and token, and the correlation and workflow ids the submitter set,
+    so one search finds a request's lines from API to handler."""
+    fields: dict[str, Any] = {
+        "job_id": lease.job_id,
+        "attempt": lease.attempt,
+        "epoch": lease.epoch,
+        "fencing_token": lease.fencing_token,
+        "queue": lease.queue,
+    }
+    for name in ("correlation_id", "workflow_id", "step"):
+        value = getattr(lease, name)
+        if value is not None:
+            fields[name] = value
+    return fields
+
+
 class JobContext:
     """Passed to the handler. Read the lease fields, call `effect` around side
     effects, report `progress`, and honour cancellation (see module doc)."""
@@ -102,10 +120,7 @@ class JobContext:
         self.worker_id = worker_id
         self.cancelled = threading.Event()
         self.cancel_reason: CancelReason | None = None
-        self.log = logging.LoggerAdapter(
-            logging.getLogger("raftsched.handler"),
-            {"job_id": lease.job_id, "attempt": lease.attempt},
-        )
+        self.log = logging.LoggerAdapter(logging.getLogger("raftsched.handler"), log_fields(lease))
         self._client = client
         self._loop = loop
         # Contexts are made on the loop's thread; a sync `effect` called from

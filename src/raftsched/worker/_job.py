@@ -39,6 +39,7 @@ from raftsched.worker._context import (
     JobContext,
     PermanentError,
     TransientError,
+    log_fields,
 )
 
 log = logging.getLogger("raftsched.worker")
@@ -89,12 +90,7 @@ class JobRun:
         self._handler_task: asyncio.Task[Outcome] | None = None
         self._abandoned: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Structured log fields (see raftsched.logs): every line names its lease.
-        self._fields: dict[str, Any] = {
-            "job_id": ctx.job_id,
-            "attempt": ctx.attempt,
-            "fencing_token": ctx.fencing_token,
-            "queue": ctx.queue,
-        }
+        self._fields: dict[str, Any] = log_fields(ctx.lease)
 
     def cancel(self, reason: CancelReason) -> None:
         """Ask the handler to stop; async handlers are cancelled at once."""
