@@ -168,3 +168,45 @@ def test_queue_pause_schedule_and_workflow_pages_work_or_say_not_available(
         text = page.locator("main").inner_text()
         assert "not available" in text or "Schedules" in text or "Workflows" in text
     shot(page, "workflows")
+
+
+def _request(method: str, url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def test_cross_origin_rules_and_bad_input(cluster: LocalCluster, client: Client) -> None:
+    """No browser needed: CORS only for the cluster's own origins; strict input."""
+    leader_url = cluster.nodes[cluster.wait_for_leader()].http_url
+    own = follower_url(cluster)
+    preflight = {"Origin": own, "Access-Control-Request-Method": "POST"}
+    status, headers, _ = _request("OPTIONS", leader_url + "/v1/jobs/x/cancel", preflight)
+    assert status == 204 and "Raftsched-Actor" in headers["Access-Control-Allow-Headers"]
+    status, headers, _ = _request("GET", leader_url + "/v1/overview", {"Origin": own})
+    assert headers.get("Access-Control-Allow-Origin") == own
+    evil = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
+    status, headers, _ = _request("OPTIONS", leader_url + "/v1/jobs/x/cancel", evil)
+    assert status == 403 and "Access-Control-Allow-Origin" not in headers
+    status, headers, _ = _request("GET", leader_url + "/v1/overview", {"Origin": evil["Origin"]})
+    assert status == 200 and "Access-Control-Allow-Origin" not in headers
+
+    status, body, _ = http_json("GET", leader_url + "/v1/overview?errors=many")
+    assert status == 400 and body["error"]["details"]["field"] == "errors"
+    status, body, _ = http_json("GET", leader_url + "/v1/overview?bogus=1")
+    assert status == 400 and body["error"]["details"]["field"] == "bogus"
+    for name in ("..%2Fopenapi.json", "nope.js", "openapi.json"):
+        status, _, _ = _request("GET", leader_url + "/static/" + name, {})
+        assert status == 404, name
+    status, headers, text = _request("GET", leader_url + "/static/app.js", {})
+    assert status == 200 and headers["Content-Type"].startswith("text/javascript")
+    status, body, _ = http_json("GET", leader_url + "/v1/jobs?idempotency_key=never-used")
+    assert (status, body["jobs"]) == (200, [])
+    status, body, _ = http_json("GET", leader_url + "/v1/time")
+    assert status == 200 and abs(body["wall_ms"] - time.time() * 1000) < 60_000
