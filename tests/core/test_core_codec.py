@@ -46,6 +46,20 @@ EVERY_COMMAND: tuple[c.Command, ...] = (
     c.Barrier(),
     c.Configure(60_000),
     c.Configure(),
+    # Recurring schedules (issue 5).
+    c.CreateSchedule(c.ScheduleSpec("s", c.JobSpec("q"), cron="0 2 * * *", timezone="Europe/London")),
+    c.UpdateSchedule(
+        c.ScheduleSpec(
+            "s", c.JobSpec("q", priority=2), None, 5_000, "UTC", 1, 2, 3, "buffer_all", "all",
+            4, 5, 6, True,
+        )
+    ),
+    c.DeleteSchedule("s"),
+    c.PauseSchedule("s"),
+    c.ResumeSchedule("s"),
+    c.TriggerSchedule("s"),
+    c.BackfillSchedule("s", 1, 2, "allow_all"),
+    c.BackfillSchedule("s", 1, 2),
     # Workflows, the outbox and subscriptions (issue 6).
     c.ConfigureOutbox(1_000, 50),
     c.ConfigureOutbox(),
@@ -72,6 +86,8 @@ def test_every_command_type_has_a_stable_tag() -> None:
         c.SubmitJobs: 1, c.ClaimJobs: 2, c.StartJob: 3, c.HeartbeatJob: 4, c.CompleteJob: 5,
         c.FailJob: 6, c.CancelJob: 7, c.ReplayJob: 8, c.RecordEffect: 9, c.Tick: 10,
         c.TakeOver: 11, c.Barrier: 12, c.Configure: 13,
+        c.CreateSchedule: 20, c.UpdateSchedule: 21, c.DeleteSchedule: 22, c.PauseSchedule: 23,
+        c.ResumeSchedule: 24, c.TriggerSchedule: 25, c.BackfillSchedule: 26,
         c.ConfigureOutbox: 40, c.CreateSubscription: 41, c.DeleteSubscription: 42,
         c.AckDelivery: 43, c.ParkDelivery: 44, c.RetryParked: 45, c.AckParked: 46,
         c.SubmitWorkflow: 50, c.CancelWorkflow: 51,

@@ -7,6 +7,7 @@ of operation, `model.TRANSITIONS` for the job life cycle.
 """
 
 from raftsched.core import outbox, subscriptions, workflows  # noqa: F401  (register sections)
+from raftsched.core import schedules_model  # noqa: F401  (registers its section)
 from raftsched.core.apply import apply_encoded, apply_entry
 from raftsched.core.codec import (
     COMMAND_TAGS,

@@ -13,8 +13,16 @@ from contextlib import suppress
 from typing import assert_never
 
 from raftsched.core import events_commands, workflows
+from raftsched.core import schedules as schedule_commands
 from raftsched.core.codec import CodecError, decode_entry
 from raftsched.core.commands import (
+    BackfillSchedule,
+    CreateSchedule,
+    DeleteSchedule,
+    PauseSchedule,
+    ResumeSchedule,
+    TriggerSchedule,
+    UpdateSchedule,
     AckDelivery,
     AckParked,
     Barrier,
@@ -84,6 +92,13 @@ COMMAND_TYPES = frozenset(
         AckParked,
         SubmitWorkflow,
         CancelWorkflow,
+        CreateSchedule,
+        UpdateSchedule,
+        DeleteSchedule,
+        PauseSchedule,
+        ResumeSchedule,
+        TriggerSchedule,
+        BackfillSchedule,
     }
 )
 COMMANDS_PER_ENTRY_MAX = 100_000
@@ -195,5 +210,19 @@ def _dispatch(state: State, command: Command, stale: bool, savepoint: Savepoint)
             return workflows.apply_submit_workflow(state, command, savepoint)
         case CancelWorkflow():
             return workflows.apply_cancel_workflow(state, command)
+        case CreateSchedule():
+            return schedule_commands.apply_create(state, command, savepoint)
+        case UpdateSchedule():
+            return schedule_commands.apply_update(state, command, savepoint)
+        case DeleteSchedule():
+            return schedule_commands.apply_delete(state, command, savepoint)
+        case PauseSchedule():
+            return schedule_commands.apply_pause(state, command, savepoint)
+        case ResumeSchedule():
+            return schedule_commands.apply_resume(state, command, savepoint)
+        case TriggerSchedule():
+            return schedule_commands.apply_trigger(state, command, savepoint)
+        case BackfillSchedule():
+            return schedule_commands.apply_backfill(state, command, savepoint)
         case _:
             assert_never(command)

@@ -72,6 +72,14 @@ COMMAND_TAGS: Final[dict[type[Any], int]] = {
     c.AckParked: 46,
     c.SubmitWorkflow: 50,
     c.CancelWorkflow: 51,
+    # Recurring schedules: 20-39.
+    c.CreateSchedule: 20,
+    c.UpdateSchedule: 21,
+    c.DeleteSchedule: 22,
+    c.PauseSchedule: 23,
+    c.ResumeSchedule: 24,
+    c.TriggerSchedule: 25,
+    c.BackfillSchedule: 26,
 }
 """Stable tags. Never renumber; never reuse a retired tag."""
 
@@ -99,6 +107,13 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, ...]]] = {
     c.AckParked: ("str", "int"),
     c.SubmitWorkflow: ("str", "steps", "str", "str?", "int?", "str", "bool"),
     c.CancelWorkflow: ("str", "str", "str"),
+    c.CreateSchedule: ("schedule",),
+    c.UpdateSchedule: ("schedule",),
+    c.DeleteSchedule: ("str",),
+    c.PauseSchedule: ("str",),
+    c.ResumeSchedule: ("str",),
+    c.TriggerSchedule: ("str",),
+    c.BackfillSchedule: ("str", "int", "int", "str?"),
 }
 _BY_TAG: Final = {tag: cls for cls, tag in COMMAND_TAGS.items()}
 _SPEC_KINDS: Final = (
@@ -153,6 +168,8 @@ def _command_row(command: c.Command) -> list[Any]:
         value = getattr(command, name)
         if kind == "specs":
             value = [spec_row(spec) for spec in value]
+        elif kind == "schedule":
+            value = schedule_row(value)
         elif kind == "steps":
             value = [step_row(step) for step in value]
         elif kind == "strs":
@@ -232,6 +249,8 @@ def _decode_field(value: object, kind: str) -> Any:
         return value
     if kind == "backoff":
         return _decode_backoff(value)
+    if kind == "schedule":
+        return decode_schedule(value)
     if kind == "steps":
         if type(value) is not tuple:
             raise CodecError("steps must be an array")
@@ -262,6 +281,29 @@ def _expect(value: object, kind: str) -> None:
     expected_type, optional = _PLAIN[kind]
     if type(value) is not expected_type and not (optional and value is None):
         raise CodecError(f"expected {kind}, got {type(value).__name__}")
+
+
+_SCHEDULE_KINDS: Final = (
+    "str", "spec", "str?", "int?", "str", "int?", "int?", "int",
+    "str", "str", "int", "int", "int", "bool",
+)  # fmt: skip
+
+
+def schedule_row(spec: c.ScheduleSpec) -> list[Any]:
+    """A ScheduleSpec as plain data, fields in dataclass order (job as a spec row)."""
+    row: list[Any] = [getattr(spec, name) for name in c.ScheduleSpec.__dataclass_fields__]
+    row[1] = spec_row(spec.job)
+    return row
+
+
+def decode_schedule(row: object) -> c.ScheduleSpec:
+    if type(row) is not tuple or len(row) != len(_SCHEDULE_KINDS):
+        raise CodecError(f"a schedule has {len(_SCHEDULE_KINDS)} fields")
+    values: list[Any] = [
+        _decode_spec(value) if kind == "spec" else _decode_field(value, kind)
+        for value, kind in zip(row, _SCHEDULE_KINDS, strict=True)
+    ]
+    return c.ScheduleSpec(*values)
 
 
 def decode_spec(row: object) -> c.JobSpec:

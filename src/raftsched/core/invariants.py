@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 
 from raftsched.core import outbox, subscriptions, workflows
+from raftsched.core import schedules_query
 from raftsched.core.model import (
     FINAL_STATUSES,
     JOB_STATUSES,
@@ -40,6 +41,7 @@ def check_invariants(state: State) -> list[str]:
     problems.extend(outbox.check(state))
     problems.extend(subscriptions.check(state))
     problems.extend(workflows.check(state))
+    problems.extend(schedules_query.check(state))
     return problems
 
 

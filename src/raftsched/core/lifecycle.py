@@ -20,6 +20,7 @@ from raftsched.core.model import (
 )
 from raftsched.core.results import INVALID_STATE, Rejected
 from raftsched.core.retry import retry_delay_ms
+from raftsched.core.schedules_model import job_finished as schedule_job_finished
 from raftsched.core.state import (
     State,
     add_history,
@@ -82,6 +83,7 @@ def finish(state: State, job: Job) -> None:
     job.next_run_at_ms = None
     push_retention(state, job)
     job_finished(state, job)  # its outbox event and its workflow, same command
+    schedule_job_finished(state, job)  # its schedule's buffered occurrence may start
 
 
 def cancel_leased(

@@ -191,6 +191,36 @@ class ParkedRetried:
     count: int
 
 
+# -- Recurring schedules (issue 5) -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSaved:
+    """A schedule was created, updated, paused, resumed or deleted. `created`
+    is False for an idempotent repeat of a create (or any other change)."""
+
+    schedule_id: str
+    created: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OccurrenceDecided:
+    """What a manual trigger decided: fired (as `triggered`), skipped_overlap
+    or buffered, with the job it created or found."""
+
+    schedule_id: str
+    nominal_ms: int
+    decision: str
+    job_id: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleBackfilled:
+    schedule_id: str
+    decisions: tuple[OccurrenceDecided, ...]
+
+
 Result = (
     Rejected
     | Submitted
@@ -208,4 +238,7 @@ Result = (
     | WorkflowCancelAccepted
     | SubscriptionCreated
     | ParkedRetried
+    | ScheduleSaved
+    | OccurrenceDecided
+    | ScheduleBackfilled
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from raftsched.core import outbox, workflows
+from raftsched.core import outbox, schedules_fire, workflows
 from raftsched.core.commands import Tick
 from raftsched.core.leases import stale_epoch
 from raftsched.core.lifecycle import (
@@ -64,6 +64,7 @@ def apply_tick(state: State, command: Tick, stale: bool, savepoint: Savepoint) -
     budget -= dead_lettered
     made_runnable = _make_due_runnable(state, budget, savepoint)
     budget -= made_runnable
+    budget -= schedules_fire.fire_due(state, budget, savepoint)
     purged = _purge_finished(state, budget, savepoint)
     budget -= purged
     budget -= workflows.tick(state, budget)
@@ -215,7 +216,11 @@ def next_due_ms(state: State) -> int | None:
     retention_top = _settle(state.retention, lambda job, key: _purgeable(state, job, key))
     if retention_top is not None:
         candidates.append(retention_top[0] + state.retention_ms)
-    for section_due_ms in (workflows.next_due_ms(state), outbox.next_due_ms(state)):
+    for section_due_ms in (
+        workflows.next_due_ms(state),
+        outbox.next_due_ms(state),
+        schedules_fire.next_due_ms(state),
+    ):
         if section_due_ms is not None:
             candidates.append(section_due_ms)
     return min(candidates) if candidates else None
