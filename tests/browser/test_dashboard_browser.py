@@ -210,3 +210,31 @@ def test_cross_origin_rules_and_bad_input(cluster: LocalCluster, client: Client)
     assert (status, body["jobs"]) == (200, [])
     status, body, _ = http_json("GET", leader_url + "/v1/time")
     assert status == 200 and abs(body["wall_ms"] - time.time() * 1000) < 60_000
+
+
+def test_workflow_page_draws_the_step_graph_and_cancels(
+    cluster: LocalCluster, client: Client, page: Any
+) -> None:
+    leader_url = cluster.nodes[cluster.wait_for_leader()].http_url
+    steps = [
+        {"name": "reserve", "queue": "wf-inventory", "payload": {}},
+        {"name": "charge", "queue": "wf-payments", "payload": {}, "depends_on": ["reserve"]},
+    ]
+    status, body, _ = http_json("POST", leader_url + "/v1/workflows", {"steps": steps})
+    if status == 404:
+        pytest.skip("this build has no workflows API")
+    assert status in (200, 201), body
+    workflow_id = body["workflow"]["id"]
+    page.goto(follower_url(cluster) + f"/#/workflows/{workflow_id}")
+    page.locator("svg.graph g[data-step=reserve]").wait_for()
+    page.locator("svg.graph g[data-step=charge]").wait_for()
+    shot(page, "workflow")
+    page.get_by_role("button", name="Cancel workflow").click()
+    confirm(page, "order withdrawn")
+    cancelled = wait_for(
+        lambda: (
+            http_json("GET", leader_url + f"/v1/workflows/{workflow_id}")[1]["workflow"]["status"]
+            == "cancelled"
+        )
+    )
+    assert cancelled

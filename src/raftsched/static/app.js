@@ -404,7 +404,7 @@ function stepGraph(steps) {
   columns.forEach((col, x) => col.forEach((n, y) => (pos[n] = { x: 10 + x * (W + GX), y: 10 + y * (H + GY) })));
   const width = 20 + columns.length * (W + GX);
   const height = 20 + Math.max(1, ...columns.map((c) => c.length)) * (H + GY);
-  const fill = { succeeded: "#c6f6d5", running: "#c6f6d5", failed: "#fed7d7", dead_letter: "#fed7d7", cancelled: "#e2e8f0", pending: "#bee3f8", claimed: "#bee3f8", retry_wait: "#feebc8" };
+  const fill = { succeeded: "#c6f6d5", running: "#c6f6d5", active: "#bee3f8", waiting: "#edf2f7", compensating: "#feebc8", failed: "#fed7d7", dead_letter: "#fed7d7", cancelled: "#e2e8f0", pending: "#bee3f8", claimed: "#bee3f8", retry_wait: "#feebc8" };
   const edges = names.flatMap((n) => (steps[n]?.depends_on || []).filter((d) => pos[d]).map((d) =>
     `<line x1="${pos[d].x + W}" y1="${pos[d].y + H / 2}" x2="${pos[n].x - 4}" y2="${pos[n].y + H / 2}"/>`));
   const boxes = names.map((n) => {
