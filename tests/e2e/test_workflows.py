@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -126,3 +128,26 @@ def test_bad_workflows_are_rejected_naming_the_field(
     assert caught.value.status == 400
     assert caught.value.details["field"] == field
     assert client.list_workflows()["workflows"] == []
+
+
+def test_cli_submit_get_list_cancel_and_tail(
+    client: Client, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from raftsched.cli import main
+
+    urls = ["--url", ",".join(client.urls)]
+    request = tmp_path / "wf.json"
+    request.write_text(json.dumps({"steps": [{"name": "only", "queue": "cli"}]}))
+    assert main(["workflows", "submit", str(request), *urls]) == 0
+    out = capsys.readouterr().out
+    workflow_id = out.split()[0]
+    assert workflow_id.startswith("wf_") and "only" in out and "active" in out
+    assert main(["workflows", "list", "--status", "running", *urls]) == 0
+    assert workflow_id in capsys.readouterr().out
+    assert main(["workflows", "cancel", workflow_id, *urls]) == 0
+    capsys.readouterr()
+    assert main(["--json", "workflows", "get", workflow_id, *urls]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "cancelled"
+    assert main(["events", "tail", "--after", "0", "--no-follow", *urls]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+    assert [e["type"] for e in lines][-2:] == ["job.cancelled", "workflow.cancelled"]

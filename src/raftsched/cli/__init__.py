@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from raftsched.cli import _dev, _jobs, _node, _top, _worker
+from raftsched.cli import _dev, _events, _jobs, _node, _top, _worker, _workflows
 from raftsched.cli._common import EXIT_ERROR, client_options
 
 
@@ -27,6 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     _dev.register(commands)
     _jobs.register(commands, common)
     _worker.register(commands, common)
+    _workflows.register(commands, common)
+    _events.register(commands, common)
     _top.register(commands, common)
     return parser
 
