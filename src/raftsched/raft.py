@@ -339,6 +339,8 @@ class RaftNode:
         self._snapshot_in_child = snapshot_in_child and hasattr(os, "fork")
         self._snapshot_child: int | None = None
         self._snapshot_started = 0.0
+        # How long the last successful snapshot took to encode and write.
+        self.last_snapshot_duration_s: float | None = None
         self._sync_obj: _ReplicatedLog | None = None
         self._journal: DurableJournal | None = None
         self._lock = threading.Lock()
@@ -533,10 +535,12 @@ class RaftNode:
             cluster=tuple(sorted(str(getattr(node, "address", node)) for node in cluster)),
         )
         if not self._snapshot_in_child:
+            started = time.monotonic()
             data = raft_journal.encode_snapshot(header, self._machine.snapshot())
             raft_journal.write_snapshot_file(
                 Path(file_name), data, durable=self.durability == "fsync"
             )
+            self.last_snapshot_duration_s = time.monotonic() - started
             return
         if self._snapshot_child is not None:
             return  # one at a time; pysyncobj asks again later
@@ -590,6 +594,7 @@ class RaftNode:
         if status != 0:
             logger.error("snapshot child failed with status %d", status)
             return int(SERIALIZER_STATE.FAILED)
+        self.last_snapshot_duration_s = time.monotonic() - self._snapshot_started
         return int(SERIALIZER_STATE.SUCCESS)
 
     def _deserialize_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
