@@ -78,6 +78,12 @@ EVERY_COMMAND: tuple[c.Command, ...] = (
         "acme", "key", 60_000, "continue", False,
     ),
     c.CancelWorkflow("wf_1", "why", "bob"),
+    # Flow control (issue 7).
+    c.SetQueue("q", True, 2_500, 10, 4, 20, 1_000),
+    c.SetQueue("q"),
+    c.PauseQueue("q", False),
+    c.SetTenant("acme", 3, 10, 1_000),
+    c.SetTenant("acme"),
 )  # fmt: skip
 
 
@@ -91,6 +97,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         c.ConfigureOutbox: 40, c.CreateSubscription: 41, c.DeleteSubscription: 42,
         c.AckDelivery: 43, c.ParkDelivery: 44, c.RetryParked: 45, c.AckParked: 46,
         c.SubmitWorkflow: 50, c.CancelWorkflow: 51,
+        c.SetQueue: 60, c.PauseQueue: 61, c.SetTenant: 62,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

@@ -282,7 +282,7 @@ class CoreMachine(RuleBasedStateMachine):
         job_id = data.draw(st.sampled_from(sorted(self.jobs)))
         job = self.jobs[job_id]
         result = self.apply(c.CancelJob(job_id))
-        if job.status in FINAL:
+        if job.status in FINAL and job.status != "dead_letter":
             assert isinstance(result, Rejected) and result.code == "invalid_state"
         elif job.status in LEASED:
             job.cancel_requested = True

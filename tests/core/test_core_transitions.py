@@ -44,6 +44,9 @@ def _scenarios(cluster: Cluster) -> None:
         cluster.run(ReplayJob(job))
         cluster.run(CancelJob(job))
         job, token = _leased(cluster, started)
+        cluster.run(FailJob(job, token, "permanent"))
+        cluster.run(CancelJob(job))  # dead_letter -> cancelled (discarded)
+        job, token = _leased(cluster, started)
         cluster.run(CancelJob(job))  # request_cancel
         cluster.run(FailJob(job, token, "cancelled"))  # cancel
     job, _ = _leased(cluster, False, lease_ms=100)

@@ -8,6 +8,7 @@ the command may yet commit; retry with the same key or token).
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import time
@@ -56,9 +57,19 @@ def leader_redirect(request: web.Request) -> web.Response:
     )
 
 
+# Request ids need to be unique, not unguessable: a per-process random
+# prefix and a counter (uuid4 costs a getrandom syscall per request).
+_REQUEST_ID_PREFIX = uuid.uuid4().hex[:16]
+_request_ids = itertools.count(1)
+
+
+def _new_request_id() -> str:
+    return f"{_REQUEST_ID_PREFIX}{next(_request_ids):016x}"
+
+
 @web.middleware
 async def request_id_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    request_id = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    request_id = request.headers.get("X-Request-Id") or _new_request_id()
     REQUEST_ID.set(request_id)  # log lines made while handling it carry it
     started = time.perf_counter()
     status = 500

@@ -12,7 +12,7 @@ from __future__ import annotations
 from contextlib import suppress
 from typing import assert_never
 
-from raftsched.core import events_commands, workflows
+from raftsched.core import events_commands, flow, workflows
 from raftsched.core import schedules as schedule_commands
 from raftsched.core.codec import CodecError, decode_entry
 from raftsched.core.commands import (
@@ -39,9 +39,12 @@ from raftsched.core.commands import (
     FailJob,
     HeartbeatJob,
     ParkDelivery,
+    PauseQueue,
     RecordEffect,
     ReplayJob,
     RetryParked,
+    SetQueue,
+    SetTenant,
     StartJob,
     SubmitJobs,
     SubmitWorkflow,
@@ -92,6 +95,9 @@ COMMAND_TYPES = frozenset(
         AckParked,
         SubmitWorkflow,
         CancelWorkflow,
+        SetQueue,
+        PauseQueue,
+        SetTenant,
         CreateSchedule,
         UpdateSchedule,
         DeleteSchedule,
@@ -210,6 +216,12 @@ def _dispatch(state: State, command: Command, stale: bool, savepoint: Savepoint)
             return workflows.apply_submit_workflow(state, command, savepoint)
         case CancelWorkflow():
             return workflows.apply_cancel_workflow(state, command)
+        case SetQueue():
+            return flow.apply_set_queue(state, command, savepoint)
+        case PauseQueue():
+            return flow.apply_pause_queue(state, command, savepoint)
+        case SetTenant():
+            return flow.apply_set_tenant(state, command, savepoint)
         case CreateSchedule():
             return schedule_commands.apply_create(state, command, savepoint)
         case UpdateSchedule():

@@ -72,6 +72,10 @@ COMMAND_TAGS: Final[dict[type[Any], int]] = {
     c.AckParked: 46,
     c.SubmitWorkflow: 50,
     c.CancelWorkflow: 51,
+    # Flow control: 60-79.
+    c.SetQueue: 60,
+    c.PauseQueue: 61,
+    c.SetTenant: 62,
     # Recurring schedules: 20-39.
     c.CreateSchedule: 20,
     c.UpdateSchedule: 21,
@@ -107,6 +111,9 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, ...]]] = {
     c.AckParked: ("str", "int"),
     c.SubmitWorkflow: ("str", "steps", "str", "str?", "int?", "str", "bool"),
     c.CancelWorkflow: ("str", "str", "str"),
+    c.SetQueue: ("str", "bool", "int?", "int?", "int?", "int?", "int"),
+    c.PauseQueue: ("str", "bool"),
+    c.SetTenant: ("str", "int", "int?", "int?"),
     c.CreateSchedule: ("schedule",),
     c.UpdateSchedule: ("schedule",),
     c.DeleteSchedule: ("str",),

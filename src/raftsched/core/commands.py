@@ -281,6 +281,47 @@ class CancelWorkflow:
     actor: str = "api"
 
 
+# -- Flow control: queues and tenants (issue 7) ----------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SetQueue:
+    """Replace a queue's flow settings (PUT semantics: None means no limit).
+
+    `rate_limit_milli_per_s` is the token bucket's refill in tokens per 1,000
+    seconds (so that 0.5/s is exact); `burst` its capacity in tokens. The
+    circuit is off when `circuit_window` is None. Changing the rate or burst
+    refills the bucket.
+    """
+
+    queue: str
+    paused: bool = False
+    rate_limit_milli_per_s: int | None = None
+    burst: int | None = None
+    concurrency_limit: int | None = None
+    circuit_window: int | None = None
+    circuit_probe_ms: int = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class PauseQueue:
+    """Pause (no claims) or resume a queue, keeping its other settings."""
+
+    queue: str
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SetTenant:
+    """Replace a tenant's settings: fair-share weight, concurrency limit
+    (jobs claimed or running at once) and maximum queued jobs."""
+
+    tenant: str
+    weight: int = 1
+    concurrency_limit: int | None = None
+    max_queued: int | None = None
+
+
 # -- Recurring schedules (issue 5) -------------------------------------------------
 
 
@@ -386,6 +427,9 @@ Command = (
     | AckParked
     | SubmitWorkflow
     | CancelWorkflow
+    | SetQueue
+    | PauseQueue
+    | SetTenant
     | CreateSchedule
     | UpdateSchedule
     | DeleteSchedule

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from raftsched.core import outbox, subscriptions, workflows
+from raftsched.core import flow, outbox, subscriptions, workflows
 from raftsched.core import schedules_query
 from raftsched.core.model import (
     FINAL_STATUSES,
@@ -42,6 +42,7 @@ def check_invariants(state: State) -> list[str]:
     problems.extend(subscriptions.check(state))
     problems.extend(workflows.check(state))
     problems.extend(schedules_query.check(state))
+    problems.extend(flow.check_flow(state))
     return problems
 
 
@@ -128,15 +129,12 @@ def _check_maps(state: State, problems: list[str]) -> None:
 
 def _check_heaps(state: State, problems: list[str]) -> None:
     """Every job that needs an index entry has one that is valid for it."""
-    runnable = {id(job) for heap in state.runnable.values() for _, _, job in heap}
     due = {(id(job), key) for key, _, job in state.due}
     leases = {(id(job), token): key for key, token, job in state.leases}
     deadlines = {(id(job), key) for key, _, job in state.deadlines}
     retention = {(id(job), key) for key, _, job in state.retention}
     for job in state.jobs.values():
         where = f"job {job.id}"
-        if job.status == PENDING and id(job) not in runnable:
-            problems.append(f"{where}: pending but not in its queue's runnable heap")
         if job.status in WAITING_STATUSES and (id(job), job.next_run_at_ms) not in due:
             problems.append(f"{where}: waiting but not in the due heap")
         if job.lease is not None:

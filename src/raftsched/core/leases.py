@@ -6,9 +6,8 @@ accepted, and any other token is `lease_lost` with nothing changed.
 
 from __future__ import annotations
 
-import heapq
-
 from raftsched.core.commands import ClaimJobs, CompleteJob, FailJob, HeartbeatJob, StartJob
+from raftsched.core.flow_claim import Selector
 from raftsched.core.job_events import lease_inputs
 from raftsched.core.lifecycle import (
     allowed,
@@ -26,7 +25,6 @@ from raftsched.core.model import (
     OUTCOME_CANCELLED,
     OUTCOME_FAILED,
     OUTCOME_SUCCEEDED,
-    PENDING,
     RUNNING,
     START,
     SUCCEEDED,
@@ -47,7 +45,7 @@ from raftsched.core.results import (
     Started,
 )
 from raftsched.core.savepoint import Savepoint
-from raftsched.core.state import RunnableEntry, State, push_lease
+from raftsched.core.state import State, push_lease
 from raftsched.core.validate import (
     CLAIM_JOBS_MAX,
     CLAIM_QUEUES_MAX,
@@ -108,14 +106,17 @@ def apply_claim(
     rejected = _check_claim(command)
     if rejected is not None:
         return rejected
-    heaps = [state.runnable[q] for q in dict.fromkeys(command.queues) if q in state.runnable]
+    # Flow control decides which jobs (flow_claim): queue gates, the reserved
+    # high-priority share, weighted fair sharing among tenants.
+    selector = Selector(state, command.queues, savepoint)
     leases: list[Lease] = []
     for _ in range(command.max_jobs):
-        job = _pop_best(heaps)
+        job = _pop_best(selector)
         if job is None:
             break
         lease_ms = job.lease_ms if command.lease_ms is None else command.lease_ms
         leases.append(_grant(state, job, command.worker_id, lease_ms, savepoint))
+    selector.finish()
     return Claimed(tuple(leases))
 
 
@@ -134,17 +135,10 @@ def _check_claim(command: ClaimJobs) -> Rejected | None:
     )
 
 
-def _pop_best(heaps: list[list[RunnableEntry]]) -> Job | None:
-    """Pop the highest-priority, oldest pending job across the given queues."""
-    best: list[RunnableEntry] | None = None
-    for heap in heaps:
-        while heap and heap[0][2].status != PENDING:
-            heapq.heappop(heap)  # stale: the job left `pending` since
-        if heap and (best is None or heap[0] < best[0]):
-            best = heap
-    if best is None:
-        return None
-    return heapq.heappop(best)[2]
+def _pop_best(selector: Selector) -> Job | None:
+    """The next job to grant: the best candidate across the claimed queues
+    under their limits and shares; None when no queue offers one."""
+    return selector.pop()
 
 
 def _grant(state: State, job: Job, worker_id: str, lease_ms: int, savepoint: Savepoint) -> Lease:

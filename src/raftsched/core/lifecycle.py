@@ -7,6 +7,7 @@ savepoint before calling anything here.
 
 from __future__ import annotations
 
+from raftsched.core import flow
 from raftsched.core.job_events import job_finished
 from raftsched.core.model import (
     CANCEL,
@@ -76,6 +77,7 @@ def end_attempt(
     job.lease = None
     if counted:
         job.attempts_made += 1
+    flow.attempt_ended(state, job, outcome, counted)  # the queue's circuit
 
 
 def finish(state: State, job: Job) -> None:
@@ -83,6 +85,7 @@ def finish(state: State, job: Job) -> None:
     job.next_run_at_ms = None
     push_retention(state, job)
     job_finished(state, job)  # its outbox event and its workflow, same command
+    flow.job_finished(state, job)  # release its ordering key, or block it if dead-lettered
     schedule_job_finished(state, job)  # its schedule's buffered occurrence may start
 
 

@@ -90,6 +90,8 @@ def _table() -> dict[tuple[str, str], str]:
         # request or the lease expires while cancel is requested.
         table[status, CANCEL] = CANCELLED
         table[status, DEAD_LETTER_EVENT] = DEAD_LETTER
+    # An operator discards a dead letter; this also releases its ordering key.
+    table[DEAD_LETTER, CANCEL] = CANCELLED
     return dict(sorted(table.items()))
 
 

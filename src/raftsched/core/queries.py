@@ -6,7 +6,8 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from raftsched.core.model import INITIAL_STATUSES, PENDING, SCHEDULED, SUBMIT, Job
+from raftsched.core import flow_index
+from raftsched.core.model import INITIAL_STATUSES, SCHEDULED, SUBMIT, Job
 from raftsched.core.operator_commands import public_effect
 from raftsched.core.results import Effect
 from raftsched.core.state import State
@@ -87,7 +88,7 @@ def list_jobs(
 
 def queue_stats(state: State) -> dict[str, QueueStats]:
     """Per queue: pending depth, leased count, and when its longest-waiting
-    pending job became runnable. The last walks the queue's runnable heap."""
+    claimable job next in line became runnable (the oldest over its tenants)."""
     stats: dict[str, QueueStats] = {}
     for queue in sorted(state.queue_counts):
         pending, leased, _ = state.queue_counts[queue]
@@ -96,14 +97,8 @@ def queue_stats(state: State) -> dict[str, QueueStats]:
 
 
 def _oldest_runnable_ms(state: State, queue: str) -> int | None:
-    oldest: int | None = None
-    for _, _, job in state.runnable.get(queue, ()):
-        runnable_ms = job.next_run_at_ms
-        if job.status != PENDING or runnable_ms is None:
-            continue
-        if oldest is None or runnable_ms < oldest:
-            oldest = runnable_ms
-    return oldest
+    # The job next in line of each tenant (flow_index): O(tenants), not O(jobs).
+    return flow_index.oldest_runnable_ms(state.runnable, queue)
 
 
 def status_counts(state: State) -> dict[str, int]:

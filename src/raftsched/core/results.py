@@ -20,6 +20,7 @@ LEASE_LOST: Final = "lease_lost"  # 409
 INVALID_STATE: Final = "invalid_state"  # 409
 STALE_EPOCH: Final = "stale_epoch"  # 503: proposed by a deposed leader; retry elsewhere
 INTERNAL_ERROR: Final = "internal_error"  # 500: a bug, recorded instead of wedging the log
+QUEUE_FULL: Final = "queue_full"  # 429: the tenant's max_queued is reached; nothing stored
 
 RejectionCode = Literal[
     "invalid_request",
@@ -29,6 +30,7 @@ RejectionCode = Literal[
     "invalid_state",
     "stale_epoch",
     "internal_error",
+    "queue_full",
 ]
 
 

@@ -25,7 +25,8 @@ snapshot is decoded: status and per-queue counters, the idempotency map, the
 effects-ledger map, and five heaps that keep time-driven and claim work
 proportional to the work due rather than to the number of stored jobs:
 
-- `runnable[queue]`: (-priority, seq, job) for pending jobs; claims pop it.
+- `runnable`: the claimable pending jobs per queue and tenant, the tenants'
+  queued and leased counts, and the ordering-key chains (see `flow_index`).
 - `due`: (next_run_at_ms, seq, job) for scheduled and retry_wait jobs.
 - `leases`: (expires_at_ms, fencing_token, job) for leased jobs. Heartbeats
   and takeovers extend a lease without touching the heap: when an entry comes
@@ -48,6 +49,9 @@ import heapq
 from collections.abc import Iterable
 from typing import Any, Final, TypeVar
 
+from raftsched.core import flow_index
+from raftsched.core.flow_index import RunnableEntry as RunnableEntry
+from raftsched.core.flow_index import RunnableIndex
 from raftsched.core.model import (
     FINAL_STATUSES,
     JOB_STATUSES,
@@ -64,7 +68,6 @@ DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
 
 T = TypeVar("T")
 
-RunnableEntry = tuple[int, int, Job]
 TimedEntry = tuple[int, int, Job]
 
 
@@ -111,7 +114,7 @@ class State:
         self.queue_counts: dict[str, list[int]] = {}
         self.idempotency: dict[tuple[str, str], Job] = {}
         self.effects: dict[str, tuple[Job, StoredEffect]] = {}
-        self.runnable: dict[str, list[RunnableEntry]] = {}
+        self.runnable = RunnableIndex()
         self.due: list[TimedEntry] = []
         self.leases: list[TimedEntry] = []
         self.deadlines: list[TimedEntry] = []
@@ -156,6 +159,7 @@ def set_status(state: State, job: Job, new_status: str) -> None:
         queue_counts[0] += 1
     elif new_status in LEASED_STATUSES:
         queue_counts[1] += 1
+    flow_index.status_changed(state.runnable, job, old_status, new_status)
 
 
 def count_new_job(state: State, job: Job) -> None:
@@ -168,6 +172,7 @@ def count_new_job(state: State, job: Job) -> None:
         queue_counts[0] += 1
     elif job.status in LEASED_STATUSES:
         queue_counts[1] += 1
+    flow_index.add_new(state.runnable, job)
 
 
 def add_history(job: Job, record: HistoryRecord) -> None:
@@ -179,10 +184,8 @@ def add_history(job: Job, record: HistoryRecord) -> None:
 
 
 def push_runnable(state: State, job: Job) -> None:
-    heap = state.runnable.get(job.queue)
-    if heap is None:
-        heap = state.runnable[job.queue] = []
-    heapq.heappush(heap, (-job.priority, job.seq, job))
+    """`job` just became pending: claimable, or parked behind its ordering key."""
+    flow_index.push(state.runnable, job)
 
 
 def push_due(state: State, job: Job, due_ms: int) -> None:
@@ -234,8 +237,10 @@ def rebuild_indexes(state: State, decoded_jobs: Iterable[Job] | None = None) -> 
     """
     status_counts = state.status_counts = dict.fromkeys(JOB_STATUSES, 0)
     queue_counts: dict[str, list[int]] = {}
-    runnable: dict[str, list[RunnableEntry]] = {}
-    state.queue_counts, state.runnable = queue_counts, runnable
+    runnable = state.runnable = RunnableIndex()
+    state.queue_counts = queue_counts
+    pending: list[Job] = []
+    add_new = flow_index.add_new
     state.idempotency, state.effects = {}, {}
     state.due, state.leases, state.deadlines, state.retention = [], [], [], []
     jobs = state.jobs
@@ -252,20 +257,17 @@ def rebuild_indexes(state: State, decoded_jobs: Iterable[Job] | None = None) -> 
         if counts is None:
             counts = queue_counts[job.queue] = [0, 0, 0]
         counts[2] += 1
+        add_new(runnable, job)
         if status == PENDING:
             counts[0] += 1
-            heap = runnable.get(job.queue)
-            if heap is None:
-                heap = runnable[job.queue] = []
-            heap.append((-job.priority, job.seq, job))
+            pending.append(job)
         else:
             _index_unsorted(state, job, counts)
         if job.deadline_at_ms is not None or job.idempotency_key is not None or job.effects:
             _index_keys_unsorted(state, job)
     for timed in (state.due, state.leases, state.deadlines, state.retention):
         heapq.heapify(timed)
-    for heap in runnable.values():
-        heapq.heapify(heap)
+    flow_index.rebuild(runnable, pending)
 
 
 def _index_unsorted(state: State, job: Job, counts: list[int]) -> None:
@@ -301,6 +303,7 @@ def remove_job(state: State, job: Job) -> None:
     queue_counts[2] -= 1
     if queue_counts[2] == 0:
         del state.queue_counts[job.queue]
+    flow_index.purged(state.runnable, job, state.jobs)
     key = job.idempotency_key
     if key is not None and state.idempotency.get((job.tenant, key)) is job:
         del state.idempotency[job.tenant, key]

@@ -7,6 +7,7 @@ from hashlib import blake2b
 
 import msgpack
 
+from raftsched.core import flow
 from raftsched.core.codec import spec_row
 from raftsched.core.commands import Backoff, JobSpec, SubmitJobs
 from raftsched.core.model import DEFAULT_BACKOFF_MS, PENDING, SCHEDULED, BackoffMs, Job
@@ -77,6 +78,9 @@ def _submit_one(
         ):
             return SubmitItem(job_id, created=False)
         return invalid("job_ids", f"job id {job_id} is already in use")
+    rejected = flow.admit(state, spec)  # backpressure: the tenant's max_queued
+    if rejected is not None:
+        return rejected
     _create(state, spec, job_id, fingerprint)
     savepoint.created.append(job_id)
     return SubmitItem(job_id, created=True)

@@ -29,6 +29,7 @@ import aiohttp
 from raftsched import core
 from raftsched.config import NodeConfig
 from raftsched.core.commands import Barrier, ClaimJobs, Command, TakeOver, Tick
+from raftsched.core.flow_claim import claimable_at_ms
 from raftsched.core.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.metrics import Registry
 from raftsched.node.clock import IdSource, LeaderClock, random_u64
@@ -211,7 +212,11 @@ class Node:
         deadline = self.loop.time() + wait_s
         while True:
             changed = self._changed
-            if self._runnable(queues):
+            # Flow control may hold pending jobs back (a paused queue, a limit,
+            # an empty token bucket): propose only when something is claimable,
+            # else wait for a change or for the moment tokens refill.
+            wait_more_s = self._claim_wait_s(queues)
+            if wait_more_s == 0:
                 result = await self.propose(ClaimJobs(worker_id, queues, max_jobs, lease_ms))
                 if isinstance(result, Rejected):
                     return result
@@ -224,9 +229,20 @@ class Node:
             if remaining <= 0:
                 return []
             try:
-                await asyncio.wait_for(changed.wait(), remaining)
+                await asyncio.wait_for(changed.wait(), min(remaining, wait_more_s or remaining))
             except TimeoutError:
-                return []
+                if self.loop.time() >= deadline:
+                    return []
+
+    def _claim_wait_s(self, queues: tuple[str, ...]) -> float | None:
+        """0 when a claim of `queues` would be granted a job now, the seconds
+        until only time stands in the way no more, or None (wait for a change)."""
+        now_ms = self.clock.now_ms()
+        with self.reading() as state:
+            at_ms = claimable_at_ms(state, queues, now_ms)
+        if at_ms is None:
+            return None
+        return max(0.0, (at_ms - now_ms) / 1000)
 
     # -- the leader's dispatch loop -------------------------------------------
 
