@@ -28,7 +28,7 @@ from chaos import nemesis as nemesis_module
 from chaos.checkers import FINAL_STATUSES, check_all
 from chaos.cluster import REPO_ROOT, NsCluster
 from chaos.history import Recorder, operations, read_events
-from chaos.httpops import Session, send
+from chaos.httpops import Session
 from chaos.net import Network, ensure_tools, faketime_library
 from chaos.sink import FencedSink, read_sink_log
 from chaos.summary import render_text, summarize
@@ -169,30 +169,41 @@ def wait_recovered(
     return None, sorted(pending)
 
 
-def read_final(cluster: NsCluster) -> dict[str, Any]:
+def read_final(cluster: NsCluster, settle_s: float = 30.0) -> dict[str, Any]:
+    """Linearizable reads first (each commits a barrier entry), then the
+    replicas' digests once they stopped moving, then their stale listings."""
     final: dict[str, Any] = {"nodes": {}, "unreachable": [], "effects": {}}
     final["jobs"] = list_jobs(cluster.urls[0], stale=False)
-    for node in cluster.nodes.values():
-        try:
-            status, body, _ = send("GET", node.http_url + "/v1/debug/digest", None, 5.0)
-            jobs = list_jobs(node.http_url, stale=True)
-        except Exception:
-            final["unreachable"].append(node.id)
-            continue
-        if status != 200:
-            final["unreachable"].append(node.id)
-            continue
-        final["nodes"][node.id] = {
-            "digest": body["digest"],
-            "applied_index": body["applied_index"],
-            "jobs": jobs,
-        }
     session = Session(cluster.urls)
     for job in final["jobs"]:
         key = f"effect:{job['id']}"
         outcome = session.call("GET", f"/v1/effects/{key}", idempotent=True)
         final["effects"][key] = outcome.body.get("effect") if outcome.kind == "ok" else None
+    digests = _settled_digests(cluster, settle_s)
+    for node in cluster.nodes.values():
+        if node.id not in digests:
+            final["unreachable"].append(node.id)
+            continue
+        applied_index, digest = digests[node.id]
+        try:
+            jobs = list_jobs(node.http_url, stale=True)
+        except RuntimeError:
+            final["unreachable"].append(node.id)
+            continue
+        final["nodes"][node.id] = {"digest": digest, "applied_index": applied_index, "jobs": jobs}
     return final
+
+
+def _settled_digests(cluster: NsCluster, settle_s: float) -> dict[str, tuple[int, str]]:
+    """node id -> (applied index, digest), polled until every node answers
+    with the same pair or `settle_s` passes (then the last, differing, view)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        digests = cluster.digests(timeout_s=5.0)
+        settled = len(digests) == cluster.size and len(set(digests.values())) == 1
+        if settled or time.monotonic() > deadline:
+            return digests
+        time.sleep(0.5)
 
 
 def wait_converged(cluster: NsCluster, timeout_s: float) -> None:
