@@ -1,4 +1,7 @@
-"""Calls for workflows, the outbox (events) and webhook subscriptions."""
+"""Calls for workflows, the outbox (events) and webhook subscriptions.
+
+Reads change nothing, so they are marked safe to repeat after an unknown outcome.
+"""
 
 from __future__ import annotations
 
@@ -25,19 +28,19 @@ def submit_workflow(request: Mapping[str, Any]) -> Call[JsonObject]:
 
 def get_workflow(workflow_id: str, consistency: Consistency | None) -> Call[JsonObject]:
     path = f"/v1/workflows/{_segment(workflow_id)}"
-    return Call("GET", path, _field("workflow"), _query(consistency))
+    return Call("GET", path, _field("workflow"), _query(consistency), retry_unknown=True)
 
 
 def list_workflows(
     status: str | None, tenant: str | None, limit: int | None, consistency: Consistency | None
 ) -> Call[JsonObject]:
     query = _query(consistency, status=status, tenant=tenant, limit=limit)
-    return Call("GET", "/v1/workflows", _json_object, query)
+    return Call("GET", "/v1/workflows", _json_object, query, retry_unknown=True)
 
 
 def workflow_history(workflow_id: str, consistency: Consistency | None) -> Call[list[JsonObject]]:
     path = f"/v1/workflows/{_segment(workflow_id)}/history"
-    return Call("GET", path, _field("events"), _query(consistency))
+    return Call("GET", path, _field("events"), _query(consistency), retry_unknown=True)
 
 
 def cancel_workflow(workflow_id: str, reason: str | None) -> Call[JsonObject]:
@@ -56,7 +59,9 @@ def events(
 ) -> Call[JsonObject]:
     joined = ",".join(types) if types else None
     query = _query(consistency, after=after, types=joined, wait_s=wait_s, limit=limit)
-    return Call("GET", "/v1/events", _json_object, query, extra_timeout_s=wait_s or 0.0)
+    return Call(
+        "GET", "/v1/events", _json_object, query, retry_unknown=True, extra_timeout_s=wait_s or 0.0
+    )
 
 
 def create_subscription(
@@ -70,12 +75,14 @@ def create_subscription(
 
 
 def list_subscriptions(consistency: Consistency | None) -> Call[list[JsonObject]]:
-    return Call("GET", "/v1/subscriptions", _field("subscriptions"), _query(consistency))
+    return Call(
+        "GET", "/v1/subscriptions", _field("subscriptions"), _query(consistency), retry_unknown=True
+    )
 
 
 def get_subscription(subscription_id: str, consistency: Consistency | None) -> Call[JsonObject]:
     path = f"/v1/subscriptions/{_segment(subscription_id)}"
-    return Call("GET", path, _field("subscription"), _query(consistency))
+    return Call("GET", path, _field("subscription"), _query(consistency), retry_unknown=True)
 
 
 def _no_body(response: Response) -> None:
