@@ -87,7 +87,9 @@ def acknowledged_not_lost(ops: list[Op], final: dict[str, Any]) -> Check:
         if job is None:
             check.flag(problem="lost", job_id=job_id, op=op["id"])
         elif job["status"] not in FINAL_STATUSES:
-            check.flag(problem="not final within bound", job_id=job_id, status=job["status"])
+            check.flag(problem="not final", job_id=job_id, status=job["status"])
+    for job_id in final.get("unfinished_after_bound", []):
+        check.flag(problem="not final within the recovery bound after healing", job_id=job_id)
     return check
 
 

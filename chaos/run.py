@@ -277,6 +277,7 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         monitor.stop_event.set()
         wait_converged(cluster, 30)
         final = read_final(cluster)
+        final["unfinished_after_bound"] = unfinished
         (out / "final.json").write_text(json.dumps(final))
         sink.stop()
         events = read_events(sorted(out.glob("history-*.jsonl")))

@@ -45,6 +45,13 @@ def test_acknowledged_job_not_final_is_flagged() -> None:
     assert check.anomalies == 1
 
 
+def test_job_final_only_after_the_recovery_bound_is_flagged() -> None:
+    ops = [s.submit("c1:1", 0.0, 0.1, "k1", "j1")]
+    late = s.final(s.job("j1"))
+    late["unfinished_after_bound"] = ["j1"]
+    assert checkers.acknowledged_not_lost(ops, late).anomalies == 1
+
+
 def test_two_jobs_for_one_key_are_flagged() -> None:
     final = s.final(s.job("j1", key="k"), s.job("j2", key="k"))
     assert checkers.one_job_per_key([], final).anomalies == 1
