@@ -33,6 +33,9 @@ Figures (keys of the JSON object):
 - failover_s: median over several runs of: SIGKILL the leader (jobs already
   pending) -> the first claim answered with a lease by the new leader, while
   claimers poll the surviving nodes. failover_runs_s lists every run.
+- leader_cpu_ms_per_job_single / _batched: CPU time (user + system) the leader
+  process spent per job in each throughput phase; steadier than jobs/s on a
+  shared machine, so it is the figure to compare before and after a change.
 - loadavg_before / loadavg_after: /proc/loadavg, since the machine is shared.
 """
 
@@ -102,6 +105,15 @@ def ms(seconds: float) -> float:
 
 def log(message: str) -> None:
     print(message, flush=True)
+
+
+def cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of a process so far (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def loadavg() -> str:
@@ -365,7 +377,7 @@ def failover_runs(cluster: LocalCluster, runs: int) -> list[float]:
 # -- main -----------------------------------------------------------------------
 
 
-async def load_phases(leader_url: str, settings: Settings) -> dict[str, Any]:
+async def load_phases(leader_url: str, leader_pid: int, settings: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     http = Http(leader_url, 256)
     try:
@@ -375,6 +387,7 @@ async def load_phases(leader_url: str, settings: Settings) -> dict[str, Any]:
         log(f"idle submit: p50 {out['submit_p50_ms']} ms, p99 {out['submit_p99_ms']} ms")
 
         s = settings
+        cpu_before = cpu_s(leader_pid)
         single, elapsed = await run_phase(
             s.single_time_s,
             s.single_jobs,
@@ -387,6 +400,9 @@ async def load_phases(leader_url: str, settings: Settings) -> dict[str, Any]:
             ),
         )
         out["jobs_per_s_single"] = round(single.completed / elapsed, 1)
+        out["leader_cpu_ms_per_job_single"] = round(
+            (cpu_s(leader_pid) - cpu_before) * 1000 / max(1, single.completed), 3
+        )
         out["single_jobs_completed"] = single.completed
         out["single_elapsed_s"] = round(elapsed, 2)
         out["submit_loaded_p50_ms"] = ms(percentile(single.submit_latencies_s, 0.5))
@@ -397,6 +413,7 @@ async def load_phases(leader_url: str, settings: Settings) -> dict[str, Any]:
             f"{out['submit_loaded_p50_ms']} ms p99 {out['submit_loaded_p99_ms']} ms"
         )
 
+        cpu_before = cpu_s(leader_pid)
         batched, elapsed = await run_phase(
             s.batched_time_s,
             s.batched_jobs,
@@ -409,6 +426,9 @@ async def load_phases(leader_url: str, settings: Settings) -> dict[str, Any]:
             ),
         )
         out["jobs_per_s_batched"] = round(batched.completed / elapsed, 1)
+        out["leader_cpu_ms_per_job_batched"] = round(
+            (cpu_s(leader_pid) - cpu_before) * 1000 / max(1, batched.completed), 3
+        )
         out["batched_jobs_completed"] = batched.completed
         out["batched_elapsed_s"] = round(elapsed, 2)
         out["batch_submit_p50_ms"] = ms(percentile(batched.submit_latencies_s, 0.5))
@@ -439,6 +459,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a short run (about 30 s)")
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory")
     parser.add_argument("--no-failover", action="store_true", help="skip the failover runs")
+    parser.add_argument(
+        "--src", type=Path, help="run the nodes from this source tree (before/after comparisons)"
+    )
     args = parser.parse_args()
     settings = Settings.for_run(args.quick)
     root = Path(tempfile.mkdtemp(prefix="raftsched-bench-"))
@@ -448,12 +471,17 @@ def main() -> None:
         "loadavg_before": loadavg(),
         "durability": "fsync",
     }
-    cluster = LocalCluster(root, size=3, durability="fsync")
+    env = {"PYTHONPATH": str(args.src.resolve())} if args.src else {}
+    cluster = LocalCluster(root, size=3, durability="fsync", env=env)
     try:
         cluster.start()
         leader = cluster.wait_for_leader(timeout_s=60)
         time.sleep(1.0)  # let the take-over settle: "idle" means idle
-        result.update(asyncio.run(load_phases(cluster.nodes[leader].http_url, settings)))
+        process = cluster.nodes[leader].process
+        assert process is not None
+        result.update(
+            asyncio.run(load_phases(cluster.nodes[leader].http_url, process.pid, settings))
+        )
         if args.no_failover or settings.failover_runs == 0:
             result["failover_s"] = None
         else:

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from collections import Counter
 
-from core_support import T0, Cluster, assert_rejected_unchanged
+from core_support import Cluster, assert_rejected_unchanged
 
 from raftsched.core import decode_state, encode_state, state_digest
 from raftsched.core.commands import (
     ClaimJobs,
     CompleteJob,
     FailJob,
-    StartJob,
     JobSpec,
     PauseQueue,
     SetQueue,
     SetTenant,
+    StartJob,
     SubmitJobs,
 )
 from raftsched.core.flow_claim import claimable_at_ms

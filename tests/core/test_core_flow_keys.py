@@ -6,11 +6,11 @@ import random
 
 from core_support import Cluster
 
-from raftsched.core import decode_state, encode_state, state_digest
+from raftsched.core import decode_state, encode_state
 from raftsched.core.commands import (
     CancelJob,
-    Command,
     ClaimJobs,
+    Command,
     CompleteJob,
     FailJob,
     JobSpec,

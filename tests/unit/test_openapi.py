@@ -41,7 +41,7 @@ def _pending(name: str | None) -> bool:
 
 def _route_tables() -> list[Any]:
     try:
-        from raftsched.api import cluster, dashboard, events, jobs, leases, workflows
+        from raftsched.api import cluster, dashboard, events, jobs, leases, queues, workflows
     except ImportError as error:
         if _pending(error.name):
             pytest.skip(
@@ -56,6 +56,7 @@ def _route_tables() -> list[Any]:
         dashboard.routes,
         workflows.routes,
         events.routes,
+        queues.routes,
     ]
 
 

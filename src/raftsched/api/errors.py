@@ -84,7 +84,8 @@ _FIELD_NAMES = {
 
 
 def from_rejection(rejection: Rejected) -> ApiError:
-    headers = {"Retry-After": "1"} if rejection.code == "stale_epoch" else None
+    retry = rejection.code in ("stale_epoch", "queue_full")
+    headers = {"Retry-After": str(rejection.details.get("retry_after_s", 1))} if retry else None
     details = dict(rejection.details)
     field = details.get("field")
     if isinstance(field, str):

@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from raftsched import core
-from raftsched.api import render
+from raftsched.api import queues, render
 from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.validation import (
@@ -55,6 +55,7 @@ async def _submit(request: web.Request, specs: list[JobSpec], size_bytes: int) -
     if isinstance(result, Rejected):
         raise from_rejection(result)
     assert isinstance(result, Submitted)
+    queues.count_rejections(request, specs, result.items)  # flow-control metrics
     return result
 
 

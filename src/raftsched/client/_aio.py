@@ -15,6 +15,7 @@ import aiohttp
 from yarl import URL
 
 from raftsched.client import _calls as calls
+from raftsched.client import _flow_calls as flow_calls
 from raftsched.client import _workflow_calls as wf_calls
 from raftsched.client._calls import (
     Call,
@@ -288,6 +289,35 @@ class AsyncClient:
 
     async def cluster(self, *, consistency: Consistency | None = None) -> JsonObject:
         return await self.call(calls.cluster(consistency))
+
+    # --- flow control: queues and tenants ---------------------------------------
+
+    async def set_queue(self, name: str, **settings: Any) -> JsonObject:
+        """Replace a queue's settings: paused, rate_limit_per_s, burst,
+        concurrency_limit, circuit_window, circuit_probe_interval_s."""
+        return await self.call(flow_calls.set_queue(name, settings))
+
+    async def pause_queue(self, name: str) -> JsonObject:
+        return await self.call(flow_calls.pause_queue(name, True))
+
+    async def resume_queue(self, name: str) -> JsonObject:
+        return await self.call(flow_calls.pause_queue(name, False))
+
+    async def get_queue(self, name: str, *, consistency: Consistency | None = None) -> JsonObject:
+        return await self.call(flow_calls.get_queue(name, consistency))
+
+    async def list_queues(self, *, consistency: Consistency | None = None) -> list[JsonObject]:
+        return await self.call(flow_calls.list_queues(consistency))
+
+    async def set_tenant(self, name: str, **settings: Any) -> JsonObject:
+        """Replace a tenant's settings: weight, concurrency_limit, max_queued."""
+        return await self.call(flow_calls.set_tenant(name, settings))
+
+    async def get_tenant(self, name: str, *, consistency: Consistency | None = None) -> JsonObject:
+        return await self.call(flow_calls.get_tenant(name, consistency))
+
+    async def list_tenants(self, *, consistency: Consistency | None = None) -> list[JsonObject]:
+        return await self.call(flow_calls.list_tenants(consistency))
 
     # --- workflows, events and subscriptions ------------------------------------
 

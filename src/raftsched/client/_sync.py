@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from raftsched.client import _calls as calls
+from raftsched.client import _flow_calls as flow_calls
 from raftsched.client import _workflow_calls as wf_calls
 from raftsched.client._calls import (
     Call,
@@ -284,6 +285,35 @@ class Client:
 
     def cluster(self, *, consistency: Consistency | None = None) -> JsonObject:
         return self.call(calls.cluster(consistency))
+
+    # --- flow control: queues and tenants ---------------------------------------
+
+    def set_queue(self, name: str, **settings: Any) -> JsonObject:
+        """Replace a queue's settings: paused, rate_limit_per_s, burst,
+        concurrency_limit, circuit_window, circuit_probe_interval_s."""
+        return self.call(flow_calls.set_queue(name, settings))
+
+    def pause_queue(self, name: str) -> JsonObject:
+        return self.call(flow_calls.pause_queue(name, True))
+
+    def resume_queue(self, name: str) -> JsonObject:
+        return self.call(flow_calls.pause_queue(name, False))
+
+    def get_queue(self, name: str, *, consistency: Consistency | None = None) -> JsonObject:
+        return self.call(flow_calls.get_queue(name, consistency))
+
+    def list_queues(self, *, consistency: Consistency | None = None) -> list[JsonObject]:
+        return self.call(flow_calls.list_queues(consistency))
+
+    def set_tenant(self, name: str, **settings: Any) -> JsonObject:
+        """Replace a tenant's settings: weight, concurrency_limit, max_queued."""
+        return self.call(flow_calls.set_tenant(name, settings))
+
+    def get_tenant(self, name: str, *, consistency: Consistency | None = None) -> JsonObject:
+        return self.call(flow_calls.get_tenant(name, consistency))
+
+    def list_tenants(self, *, consistency: Consistency | None = None) -> list[JsonObject]:
+        return self.call(flow_calls.list_tenants(consistency))
 
     # --- workflows, events and subscriptions ------------------------------------
 

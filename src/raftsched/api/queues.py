@@ -1,0 +1,320 @@
+"""`/v1/queues` and `/v1/tenants`: flow-control settings and what they hold back.
+
+PUT replaces the settings (an omitted limit means none). Pause and resume
+change only `paused`. Reads show the settings with the live figures: depth,
+running, oldest runnable age, tokens, circuit, throttled and blocked keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from raftsched.api.app import node_of, prepare_read, read_json
+from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.validation import integer, path_id, reject_unknown, require_object
+from raftsched.core.commands import Command, PauseQueue, SetQueue, SetTenant
+from raftsched.core.flow import (
+    CIRCUIT_WINDOW_MAX,
+    CIRCUIT_WINDOW_MIN,
+    LIMIT_MAX,
+    RATE_MILLI_MAX,
+    WEIGHT_MAX,
+)
+from raftsched.core.flow_queries import (
+    QueueView,
+    TenantView,
+    queue_names,
+    queue_view,
+    tenant_names,
+    tenant_view,
+)
+from raftsched.core.results import Rejected
+from raftsched.timefmt import format_ms
+
+routes = web.RouteTableDef()
+
+QUEUE_FIELDS = frozenset(
+    {
+        "paused",
+        "rate_limit_per_s",
+        "burst",
+        "concurrency_limit",
+        "circuit_window",
+        "circuit_probe_interval_s",
+    }
+)
+TENANT_FIELDS = frozenset({"weight", "concurrency_limit", "max_queued"})
+PROBE_S_MAX = 86_400.0
+
+
+def parse_queue(name: str, value: object) -> SetQueue:
+    body = require_object(value)
+    reject_unknown(body, QUEUE_FIELDS)
+    paused = body.get("paused", False)
+    if not isinstance(paused, bool):
+        raise invalid("paused", "must be true or false")
+    rate_milli = _rate_milli(body)
+    burst = integer(body, "burst", 1, LIMIT_MAX)
+    if burst is not None and rate_milli is None:
+        raise invalid("burst", "a burst needs rate_limit_per_s")
+    probe_s = body.get("circuit_probe_interval_s", 5)
+    if isinstance(probe_s, bool) or not isinstance(probe_s, int | float):
+        raise invalid("circuit_probe_interval_s", "must be a number of seconds")
+    if not 0.001 <= probe_s <= PROBE_S_MAX:
+        raise invalid("circuit_probe_interval_s", f"must be between 0.001 and {PROBE_S_MAX:g}")
+    return SetQueue(
+        name,
+        paused,
+        rate_milli,
+        burst,
+        integer(body, "concurrency_limit", 0, LIMIT_MAX),
+        integer(body, "circuit_window", CIRCUIT_WINDOW_MIN, CIRCUIT_WINDOW_MAX),
+        round(probe_s * 1000),
+    )
+
+
+def _rate_milli(body: Mapping[str, Any]) -> int | None:
+    rate = body.get("rate_limit_per_s")
+    if rate is None:
+        return None
+    if isinstance(rate, bool) or not isinstance(rate, int | float):
+        raise invalid("rate_limit_per_s", "must be a number of claims per second")
+    milli = round(rate * 1000)
+    if not 1 <= milli <= RATE_MILLI_MAX:
+        raise invalid("rate_limit_per_s", f"must be between 0.001 and {RATE_MILLI_MAX // 1000}")
+    return milli
+
+
+def parse_tenant(name: str, value: object) -> SetTenant:
+    body = require_object(value)
+    reject_unknown(body, TENANT_FIELDS)
+    weight = integer(body, "weight", 1, WEIGHT_MAX)
+    return SetTenant(
+        name,
+        1 if weight is None else weight,
+        integer(body, "concurrency_limit", 0, LIMIT_MAX),
+        integer(body, "max_queued", 0, LIMIT_MAX),
+    )
+
+
+def render_queue(view: QueueView, now_ms: int) -> dict[str, Any]:
+    oldest = view.oldest_runnable_at_ms
+    body: dict[str, Any] = {
+        "name": view.name,
+        "depth": view.depth,
+        "running": view.running,
+        "oldest_runnable_at": None if oldest is None else format_ms(oldest),
+        "oldest_runnable_age_s": None if oldest is None else max(0, now_ms - oldest) / 1000,
+        "paused": view.paused,
+        "rate_limit_per_s": None
+        if view.rate_limit_milli_per_s is None
+        else view.rate_limit_milli_per_s / 1000,
+        "burst": view.burst,
+        "tokens": view.tokens,
+        "concurrency_limit": view.concurrency_limit,
+        "circuit": None
+        if view.circuit_window is None
+        else {
+            "window": view.circuit_window,
+            "probe_interval_s": view.circuit_probe_ms / 1000,
+            "open": view.circuit_open,
+            "recent_failures": view.circuit_failures,
+            "recent_outcomes": view.circuit_outcomes,
+        },
+        "throttled": view.throttled,
+        "blocked_keys": view.blocked_keys,
+    }
+    if view.blocked:
+        body["blocked"] = [
+            {"tenant": tenant, "ordering_key": key, "job_id": job_id}
+            for tenant, key, job_id in view.blocked
+        ]
+    return body
+
+
+def render_tenant(view: TenantView) -> dict[str, Any]:
+    return {
+        "name": view.name,
+        "weight": view.weight,
+        "concurrency_limit": view.concurrency_limit,
+        "max_queued": view.max_queued,
+        "queued": view.queued,
+        "running": view.running,
+        "throttled": view.throttled,
+    }
+
+
+async def _propose(request: web.Request, command: Command) -> None:
+    result = await node_of(request).propose(command)
+    if isinstance(result, Rejected):
+        raise from_rejection(result)
+
+
+def _queue_json(request: web.Request, name: str, with_blocked: bool) -> dict[str, Any]:
+    node = node_of(request)
+    now_ms = node.clock.now_ms()
+    with node.reading() as state:
+        return render_queue(queue_view(state, name, now_ms, with_blocked), now_ms)
+
+
+def _tenant_json(request: web.Request, name: str) -> dict[str, Any]:
+    with node_of(request).reading() as state:
+        return render_tenant(tenant_view(state, name))
+
+
+@routes.put("/v1/queues/{name}")
+async def put_queue(request: web.Request) -> web.Response:
+    name = path_id(request.match_info["name"], "name")
+    await _propose(request, parse_queue(name, await read_json(request)))
+    return web.json_response({"queue": _queue_json(request, name, True)})
+
+
+@routes.post("/v1/queues/{name}/pause")
+async def pause_queue(request: web.Request) -> web.Response:
+    name = path_id(request.match_info["name"], "name")
+    await _propose(request, PauseQueue(name, True))
+    return web.json_response({"queue": _queue_json(request, name, True)})
+
+
+@routes.post("/v1/queues/{name}/resume")
+async def resume_queue(request: web.Request) -> web.Response:
+    name = path_id(request.match_info["name"], "name")
+    await _propose(request, PauseQueue(name, False))
+    return web.json_response({"queue": _queue_json(request, name, True)})
+
+
+@routes.get("/v1/queues")
+async def list_queues(request: web.Request) -> web.Response:
+    reject_unknown(request.query, frozenset({"consistency"}))
+    headers = await prepare_read(request)
+    node = node_of(request)
+    now_ms = node.clock.now_ms()
+    with node.reading() as state:
+        views = [queue_view(state, name, now_ms) for name in queue_names(state)]
+    body = {"queues": [render_queue(view, now_ms) for view in views]}
+    return web.json_response(body, headers=headers)
+
+
+@routes.get("/v1/queues/{name}")
+async def get_queue(request: web.Request) -> web.Response:
+    reject_unknown(request.query, frozenset({"consistency"}))
+    headers = await prepare_read(request)
+    name = path_id(request.match_info["name"], "name")
+    with node_of(request).reading() as state:
+        if name not in queue_names(state):
+            raise ApiError("not_found", f"no queue {name}: no jobs and no settings")
+    return web.json_response({"queue": _queue_json(request, name, True)}, headers=headers)
+
+
+@routes.put("/v1/tenants/{name}")
+async def put_tenant(request: web.Request) -> web.Response:
+    name = path_id(request.match_info["name"], "name")
+    await _propose(request, parse_tenant(name, await read_json(request)))
+    return web.json_response({"tenant": _tenant_json(request, name)})
+
+
+@routes.get("/v1/tenants")
+async def list_tenants(request: web.Request) -> web.Response:
+    reject_unknown(request.query, frozenset({"consistency"}))
+    headers = await prepare_read(request)
+    with node_of(request).reading() as state:
+        views = [tenant_view(state, name) for name in tenant_names(state)]
+    return web.json_response({"tenants": [render_tenant(v) for v in views]}, headers=headers)
+
+
+@routes.get("/v1/tenants/{name}")
+async def get_tenant(request: web.Request) -> web.Response:
+    reject_unknown(request.query, frozenset({"consistency"}))
+    headers = await prepare_read(request)
+    name = path_id(request.match_info["name"], "name")
+    # Every tenant exists with the default settings; unknown ones show zeros.
+    return web.json_response({"tenant": _tenant_json(request, name)}, headers=headers)
+
+
+# -- metrics -----------------------------------------------------------------------
+
+# Label sets stay bounded: at most this many queues and tenants (the busiest
+# by queued jobs) get series of their own; the rest are summed under "_other".
+METRIC_SERIES_MAX = 100
+OTHER = "_other"
+Samples = list[tuple[tuple[str, ...], float]]
+REJECTED = web.AppKey("flow_rejected", object)
+
+
+def setup(app: web.Application, node: Any) -> None:
+    app.add_routes(routes)
+    m = node.metrics
+    rejected = m.counter(
+        "raftsched_flow_rejected_total",
+        "Submissions this node answered 429 queue_full, by tenant and queue.",
+        ["tenant", "queue"],
+    )
+    app[REJECTED] = rejected
+    for what, help_text in (
+        ("queued", "Jobs scheduled, pending or waiting to retry"),
+        ("running", "Jobs claimed or running"),
+        ("throttled", "Claimable jobs held back by the tenant's concurrency limit"),
+    ):
+        m.gauge(
+            f"raftsched_tenant_{what}",
+            f"{help_text}, per tenant.",
+            ["tenant"],
+            collect=lambda what=what: _tenant_samples(node, what),
+        )
+    for what, help_text in (
+        ("queued", "Pending jobs (ordering-key jobs waiting their turn included)"),
+        ("running", "Jobs claimed or running"),
+        ("throttled", "Claimable jobs held back by the queue's pause, limits or circuit"),
+        ("blocked_keys", "Ordering keys held by a dead-lettered job"),
+        ("circuit_open", "1 while the queue's circuit is open"),
+    ):
+        m.gauge(
+            f"raftsched_flow_queue_{what}",
+            f"{help_text}, per queue.",
+            ["queue"],
+            collect=lambda what=what: _queue_samples(node, what),
+        )
+
+
+def count_rejections(request: web.Request, specs: Any, items: Any) -> None:
+    """Count the queue_full answers of a submission (called by api/jobs)."""
+    counter = request.app.get(REJECTED)
+    if counter is None:
+        return
+    for spec, item in zip(specs, items, strict=True):
+        if isinstance(item, Rejected) and item.code == "queue_full":
+            counter.inc(spec.tenant, spec.queue)  # type: ignore[attr-defined]
+
+
+def _bounded(samples: dict[str, float], ranking: dict[str, float]) -> Samples:
+    keep = set(sorted(ranking, key=lambda name: (-ranking[name], name))[:METRIC_SERIES_MAX])
+    out: dict[str, float] = {}
+    for name, value in samples.items():
+        label = name if name in keep else OTHER
+        out[label] = out.get(label, 0.0) + value
+    return [((name,), value) for name, value in out.items()]
+
+
+def _tenant_samples(node: Any, what: str) -> Samples:
+    with node.reading() as state:
+        views = [tenant_view(state, name) for name in tenant_names(state)]
+    values = {view.name: float(getattr(view, what)) for view in views}
+    return _bounded(values, {view.name: float(view.queued) for view in views})
+
+
+def _queue_samples(node: Any, what: str) -> Samples:
+    now_ms = node.clock.now_ms()
+    with node.reading() as state:
+        views = [queue_view(state, name, now_ms) for name in queue_names(state)]
+    values: dict[str, float] = {}
+    for view in views:
+        if what == "queued":
+            values[view.name] = float(view.depth)
+        elif what == "circuit_open":
+            values[view.name] = 1.0 if view.circuit_open else 0.0
+        else:
+            values[view.name] = float(getattr(view, what))
+    return _bounded(values, {view.name: float(view.depth) for view in views})
