@@ -41,7 +41,16 @@ def _pending(name: str | None) -> bool:
 
 def _route_tables() -> list[Any]:
     try:
-        from raftsched.api import cluster, dashboard, events, jobs, leases, queues, workflows
+        from raftsched.api import (
+            cluster,
+            dashboard,
+            events,
+            jobs,
+            leases,
+            queues,
+            schedules,
+            workflows,
+        )
     except ImportError as error:
         if _pending(error.name):
             pytest.skip(
@@ -57,6 +66,7 @@ def _route_tables() -> list[Any]:
         workflows.routes,
         events.routes,
         queues.routes,
+        schedules.routes,
     ]
 
 

@@ -165,7 +165,7 @@ async def prepare_read(request: web.Request) -> dict[str, str]:
 
 
 def create_app(node: Node) -> web.Application:
-    from raftsched.api import cluster, dashboard, events, jobs, leases, queues, workflows
+    from raftsched.api import cluster, dashboard, events, jobs, leases, queues, schedules, workflows
 
     app = web.Application(
         middlewares=[request_id_middleware], client_max_size=node.config.max_body_bytes
@@ -177,5 +177,6 @@ def create_app(node: Node) -> web.Application:
     app.add_routes(workflows.routes)
     app.add_routes(events.routes)
     dashboard.setup(app)
+    schedules.setup(app, node)
     queues.setup(app, node)
     return app

@@ -28,12 +28,13 @@ from raftsched.client._calls import (
     request_headers,
 )
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
+from raftsched.client._schedules import AsyncSchedulesMixin
 from raftsched.client._sync import DEFAULT_URLS
 
 T = TypeVar("T")
 
 
-class AsyncClient:
+class AsyncClient(AsyncSchedulesMixin):
     """Async twin of `raftsched.client.Client`; see its documentation."""
 
     def __init__(

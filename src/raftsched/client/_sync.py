@@ -22,13 +22,14 @@ from raftsched.client._calls import (
 )
 from raftsched.client._http import HttpTransport
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
+from raftsched.client._schedules import SchedulesMixin
 
 T = TypeVar("T")
 
 DEFAULT_URLS = ("http://127.0.0.1:8701", "http://127.0.0.1:8702", "http://127.0.0.1:8703")
 
 
-class Client:
+class Client(SchedulesMixin):
     """Typed blocking client for the raftsched HTTP API.
 
     `urls`: node base URLs (a list, or one comma-separated string). Calls
