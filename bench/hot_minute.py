@@ -1,0 +1,222 @@
+"""The hot minute: a million jobs due in the same second (not a test).
+
+Starts a 3-node cluster on loopback with durability on (fsync), submits
+`--jobs` jobs (default 1,000,000) to queue `hot` with one `run_at` a little
+in the future (POST /v1/jobs/batch, 1,000 per request, several connections),
+then, from that instant, measures:
+
+- runnable_s: from `run_at` until every hot job is runnable or leased (the
+  leader's Ticks, bounded by TICK_ITEMS_MAX jobs each, made them pending);
+  polled with GET /v1/queues/hot (depth + running).
+- leased_s: from `run_at` until every hot job is leased, with `--workers`
+  connections claiming `max_jobs=1000` each in a loop (leases of an hour, so
+  none expires during the run). leased_per_s = jobs / leased_s.
+- unrelated_p99_ms (and _p50_ms, _max_ms, count): meanwhile one more worker
+  claims jobs of an unrelated queue one at a time, heartbeats each and
+  completes it; the client-side round trip of every claim and heartbeat.
+
+    .venv/bin/python bench/hot_minute.py                 # 1,000,000 jobs
+    .venv/bin/python bench/hot_minute.py --jobs 100000
+
+Prints progress on stderr and one JSON object as its last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from raftsched.testing import LocalCluster
+from raftsched.timefmt import format_ms
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+BATCH = 1000
+HOT, OTHER = "hot", "other"
+LEASE_S = 3600
+
+
+def log(message: str) -> None:
+    print(f"[hot_minute {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def percentile(samples: list[float], fraction: float) -> float:
+    if not samples:
+        return float("nan")
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+class Http:
+    def __init__(self, base_url: str, connections: int) -> None:
+        self.base_url = base_url
+        connector = aiohttp.TCPConnector(limit=connections)
+        self.session = aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+        )
+
+    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        async with self.session.request(
+            method, self.base_url + path, data=data, headers=JSON_HEADERS, allow_redirects=False
+        ) as response:
+            raw = await response.read()
+            return response.status, (json.loads(raw) if raw else None)
+
+    async def ok(self, method: str, path: str, body: Any = None) -> Any:
+        status, answer = await self.call(method, path, body)
+        if status not in (200, 201):
+            raise RuntimeError(f"{method} {path}: {status} {str(answer)[:300]}")
+        return answer
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+async def submit_all(http: Http, jobs: int, run_at_ms: int, connections: int) -> float:
+    run_at = format_ms(run_at_ms)
+    batches = asyncio.Queue[int]()
+    for base in range(0, jobs, BATCH):
+        batches.put_nowait(min(BATCH, jobs - base))
+    started = time.monotonic()
+
+    async def submitter() -> None:
+        while not batches.empty():
+            n = batches.get_nowait()
+            body = {"jobs": [{"queue": HOT, "run_at": run_at, "lease_s": LEASE_S}] * n}
+            answer = await http.ok("POST", "/v1/jobs/batch", body)
+            if any("error" in item for item in answer["results"]):
+                raise RuntimeError(f"a submission was refused: {answer['results'][:1]}")
+
+    await asyncio.gather(*(submitter() for _ in range(connections)))
+    return time.monotonic() - started
+
+
+async def wait_runnable(http: Http, jobs: int, stop: asyncio.Event) -> float:
+    while not stop.is_set():
+        view = (await http.ok("GET", f"/v1/queues/{HOT}?consistency=stale"))["queue"]
+        if view["depth"] + view["running"] >= jobs:
+            return time.time()
+        await asyncio.sleep(0.05)
+    return time.time()
+
+
+async def hot_worker(http: Http, name: str, counts: dict[str, int], jobs: int) -> None:
+    while counts["leased"] < jobs:
+        body = {
+            "worker_id": name, "queues": [HOT], "max_jobs": BATCH, "wait_s": 2, "lease_s": LEASE_S,
+        }  # fmt: skip
+        answer = await http.ok("POST", "/v1/leases", body)
+        counts["leased"] += len(answer["leases"])
+
+
+async def unrelated_worker(http: Http, latencies_s: list[float], stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        started = time.perf_counter()
+        body = {"worker_id": "unrelated", "queues": [OTHER], "max_jobs": 1, "wait_s": 1}
+        leases = (await http.ok("POST", "/v1/leases", body))["leases"]
+        latencies_s.append(time.perf_counter() - started)
+        for lease in leases:
+            path = f"/v1/leases/{lease['job_id']}"
+            token = {"fencing_token": lease["fencing_token"]}
+            started = time.perf_counter()
+            await http.ok("POST", path + "/heartbeat", token)
+            latencies_s.append(time.perf_counter() - started)
+            await http.ok("POST", path + "/complete", token)
+        await asyncio.sleep(0.02)
+
+
+async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    http = Http(leader_url, args.workers + args.submitters + 4)
+    try:
+        await http.ok("POST", "/v1/jobs/batch", {"jobs": [{"queue": OTHER}] * 1000})
+        # Pace: submit one batch to estimate the rate, then pick run_at.
+        probe_started = time.monotonic()
+        await submit_all(http, BATCH, int(time.time() * 1000) + 3_600_000, 1)
+        per_job_s = (time.monotonic() - probe_started) / BATCH
+        lead_s = args.lead_s or max(10.0, 2.0 * per_job_s * args.jobs / args.submitters + 5)
+        run_at_ms = int((time.time() + lead_s) * 1000)
+        log(f"submitting {args.jobs} jobs due in {lead_s:.0f} s")
+        submit_s = await submit_all(http, args.jobs, run_at_ms, args.submitters)
+        late = time.time() * 1000 > run_at_ms
+        log(f"submitted in {submit_s:.1f} s ({args.jobs / submit_s:.0f}/s); late={late}")
+        await asyncio.sleep(max(0.0, run_at_ms / 1000 - time.time()))
+        stop = asyncio.Event()
+        counts = {"leased": 0}
+        latencies_s: list[float] = []
+        unrelated = asyncio.ensure_future(unrelated_worker(http, latencies_s, stop))
+        runnable = asyncio.ensure_future(wait_runnable(http, args.jobs, stop))
+        workers = [
+            asyncio.ensure_future(hot_worker(http, f"hot{i}", counts, args.jobs))
+            for i in range(args.workers)
+        ]
+        deadline = time.monotonic() + args.time_limit_s
+        while counts["leased"] < args.jobs and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        leased_at = time.time()
+        stop.set()
+        runnable_at = await runnable
+        for task in [*workers, unrelated]:
+            task.cancel()
+        await asyncio.gather(*workers, unrelated, return_exceptions=True)
+        run_at_s = run_at_ms / 1000
+        leased_s = leased_at - run_at_s
+        return {
+            "jobs": args.jobs,
+            "leased": counts["leased"],
+            "submit_s": round(submit_s, 2),
+            "submitted_late": late,
+            "runnable_s": round(runnable_at - run_at_s, 2),
+            "leased_s": round(leased_s, 2),
+            "leased_per_s": round(counts["leased"] / leased_s) if leased_s > 0 else None,
+            "unrelated_p50_ms": round(percentile(latencies_s, 0.5) * 1000, 1),
+            "unrelated_p99_ms": round(percentile(latencies_s, 0.99) * 1000, 1),
+            "unrelated_max_ms": round(max(latencies_s, default=float("nan")) * 1000, 1),
+            "unrelated_count": len(latencies_s),
+        }
+    finally:
+        await http.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--workers", type=int, default=4, help="hot claim connections")
+    parser.add_argument("--submitters", type=int, default=4, help="submit connections")
+    parser.add_argument("--lead-s", type=float, help="run_at this far ahead (default: estimated)")
+    parser.add_argument("--time-limit-s", type=float, default=1800)
+    parser.add_argument("--keep", action="store_true", help="keep the cluster's directory")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="raftsched-hot-"))
+    result: dict[str, Any] = {"cpus": os.cpu_count(), "durability": "fsync"}
+    cluster = LocalCluster(root, size=3, durability="fsync")
+    try:
+        cluster.start()
+        leader = cluster.wait_for_leader(timeout_s=60)
+        time.sleep(1.0)
+        result["loadavg_before"] = Path("/proc/loadavg").read_text().strip()
+        result.update(asyncio.run(run(cluster.nodes[leader].http_url, args)))
+        result["leader_changed"] = cluster.wait_for_leader(timeout_s=10) != leader
+        result["loadavg_after"] = Path("/proc/loadavg").read_text().strip()
+    finally:
+        cluster.stop()
+        if args.keep:
+            log(f"cluster directory kept: {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
