@@ -133,3 +133,28 @@ def test_leader_killed_while_occurrences_are_due(cluster: LocalCluster, client: 
     assert all(count == 1 for count in keys.values())
     assert sorted(int(key.rsplit(":", 1)[1]) for key in keys) == nominal
     cluster.wait_converged()
+
+
+def test_cli_schedules(cluster: LocalCluster, capsys: pytest.CaptureFixture[str]) -> None:
+    from raftsched.cli import main
+
+    url = ["--url", ",".join(cluster.urls)]
+    create_args = ["schedules", "create", "nightly", "--cron", "0 2 * * *", "--queue", "q"]
+    assert main([*url, *create_args, "--timezone", "America/New_York"]) == 0
+    assert "America/New_York" in capsys.readouterr().out
+    assert main([*url, "schedules", "list"]) == 0
+    assert "nightly" in capsys.readouterr().out
+    assert main([*url, "--json", "schedules", "trigger", "nightly"]) == 0
+    assert '"triggered"' in capsys.readouterr().out
+    assert main([*url, "schedules", "occurrences", "nightly"]) == 0
+    assert "triggered" in capsys.readouterr().out
+    edit_args = ["schedules", "edit", "nightly", "--interval-s", "60", "--queue", "q"]
+    assert main([*url, *edit_args]) == 0
+    assert main([*url, "schedules", "pause", "nightly"]) == 0
+    assert main([*url, "schedules", "resume", "nightly"]) == 0
+    assert main([*url, *create_args[:2], "bad", "--cron", "0 2 * *", "--queue", "q"]) == 1
+    assert "field: cron" in capsys.readouterr().err
+    backfill = ["--from", "2020-01-01T00:00:00Z", "--to", "2020-01-01T00:00:00Z"]
+    assert main([*url, "schedules", "backfill", "nightly", *backfill]) == 0
+    assert main([*url, "schedules", "delete", "nightly"]) == 0
+    assert main([*url, "schedules", "get", "nightly"]) == 1

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from raftsched.cli import _dev, _events, _flow, _jobs, _node, _top, _worker, _workflows
+from raftsched.cli import _dev, _events, _flow, _jobs, _node, _schedules, _top, _worker, _workflows
 from raftsched.cli._common import EXIT_ERROR, client_options
 
 
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     _events.register(commands, common)
     _top.register(commands, common)
     _flow.register(commands, common)
+    _schedules.register(commands, common)
     return parser
 
 
