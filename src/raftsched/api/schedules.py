@@ -54,10 +54,12 @@ from raftsched.core.schedules import (
 )
 from raftsched.core.schedules_model import Schedule
 from raftsched.core.schedules_query import (
+    count_schedules,
+    first_schedules,
     get_schedule,
     is_running,
-    iter_schedules,
     list_schedules,
+    occurrence_totals,
     occurrences,
 )
 from raftsched.node.service import Node
@@ -467,24 +469,16 @@ def setup(app: web.Application, node: Node) -> None:
         ["schedule"],
         collect=lambda: _lags(node),
     )
-    metrics.gauge(
-        "raftsched_schedule_firing_lag_seconds_avg",
-        "Mean firing lag over every fired occurrence of every schedule.",
-        collect=lambda: _mean_lag(node),
-    )
     metrics.gauge("raftsched_schedules", "Stored schedules.", collect=lambda: _count(node))
 
 
 def _first_schedules(state: Any) -> list[Schedule]:
-    return sorted(iter_schedules(state), key=lambda schedule: schedule.id)[:METRIC_SCHEDULES_MAX]
+    return first_schedules(state, METRIC_SCHEDULES_MAX)
 
 
 def _totals(node: Node) -> Iterable[Sample]:
-    totals: dict[str, int] = {}
     with node.reading() as state:
-        for schedule in iter_schedules(state):
-            for key, count in schedule.counts.items():
-                totals[key] = totals.get(key, 0) + count
+        totals = occurrence_totals(state)
     return [((key,), float(count)) for key, count in sorted(totals.items())]
 
 
@@ -506,15 +500,6 @@ def _lags(node: Node) -> Iterable[Sample]:
         ]
 
 
-def _mean_lag(node: Node) -> Iterable[Sample]:
-    total_ms = count = 0
-    with node.reading() as state:
-        for schedule in iter_schedules(state):
-            total_ms += schedule.lag_ms_total
-            count += schedule.lag_count
-    return [((), total_ms / count / 1000 if count else 0.0)]
-
-
 def _count(node: Node) -> Iterable[Sample]:
     with node.reading() as state:
-        return [((), float(sum(1 for _ in iter_schedules(state))))]
+        return [((), float(count_schedules(state)))]

@@ -35,6 +35,7 @@ from raftsched.core.schedules_model import (
     BACKFILLED,
     TRIGGERED,
     Schedule,
+    add_totals,
     book,
     push_timer,
     releasable,
@@ -219,9 +220,11 @@ def apply_delete(
         ordered = sorted(schedules.schedules.values(), key=lambda each: each.seq)
         schedules.schedules = {each.id: each for each in ordered}
         push_timer(state, schedule)
+        add_totals(schedules, schedule.counts, 1)
 
     savepoint.on_rollback(undo)
     del schedules.schedules[schedule.id]
+    add_totals(schedules, schedule.counts, -1)
     schedules.ready.discard(schedule.id)
     return ScheduleSaved(schedule.id, created=False)
 

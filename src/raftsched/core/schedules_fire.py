@@ -182,16 +182,19 @@ def add_record(
 ) -> OccurrenceDecided:
     records = schedule.records
     evicted = records[0] if len(records) == records.maxlen else None
+    key = count_key or decision
+    totals = book(state).totals
 
     def undo() -> None:
         records.pop()
         if evicted is not None:
             records.appendleft(evicted)
+        totals[key] -= 1
 
     records.append((nominal_ms, state.now_ms, decision, job_id, reason))
     savepoint.on_rollback(undo)
-    key = count_key or decision
     schedule.counts[key] = schedule.counts.get(key, 0) + 1
+    totals[key] = totals.get(key, 0) + 1
     return OccurrenceDecided(schedule.id, nominal_ms, decision, job_id, reason)
 
 

@@ -118,13 +118,22 @@ class Schedule:
 class ScheduleBook:
     """The section object: schedules in creation order, and derived indexes."""
 
-    __slots__ = ("schedules", "next_seq", "timers", "ready")
+    __slots__ = ("schedules", "next_seq", "timers", "ready", "totals")
 
     def __init__(self) -> None:
         self.schedules: dict[str, Schedule] = {}
         self.next_seq = 1
         self.timers: list[tuple[int, int, Schedule]] = []
         self.ready: set[str] = set()
+        # Derived: the sum of every stored schedule's `counts` (for metrics,
+        # so that a scrape does not walk 100,000 schedules).
+        self.totals: dict[str, int] = {}
+
+
+def add_totals(schedules: ScheduleBook, counts: dict[str, int], sign: int) -> None:
+    totals = schedules.totals
+    for key, count in counts.items():
+        totals[key] = totals.get(key, 0) + sign * count
 
 
 def book(state: State) -> ScheduleBook:
@@ -215,6 +224,7 @@ def _decode(state: State, data: Any) -> None:
     heapq.heapify(schedules.timers)
     state.sections[SCHEDULES] = schedules
     for schedule in schedules.schedules.values():
+        add_totals(schedules, schedule.counts, 1)
         if releasable(state, schedule):
             schedules.ready.add(schedule.id)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from itertools import islice
 
@@ -45,6 +46,17 @@ def occurrences(schedule: Schedule, limit: int) -> list[OccurrenceRecord]:
     return list(islice(reversed(schedule.records), limit))
 
 
+def occurrence_totals(state: State) -> dict[str, int]:
+    """Decisions (and `missed:<reason>`) summed over every stored schedule."""
+    return {key: count for key, count in book(state).totals.items() if count}
+
+
+def first_schedules(state: State, count: int) -> list[Schedule]:
+    """The first `count` schedules by id (bounded metric labels)."""
+    schedules = book(state).schedules
+    return [schedules[schedule_id] for schedule_id in heapq.nsmallest(count, schedules)]
+
+
 def is_running(state: State, schedule: Schedule) -> bool:
     return running(state, schedule)
 
@@ -55,6 +67,12 @@ def check(state: State) -> list[str]:
     schedules = book(state)
     timers = {(id(schedule), key) for key, _, schedule in schedules.timers}
     previous_seq = 0
+    expected: dict[str, int] = {}
+    for schedule in schedules.schedules.values():
+        for key, count in schedule.counts.items():
+            expected[key] = expected.get(key, 0) + count
+    if expected != occurrence_totals(state):
+        problems.append("schedule occurrence totals disagree with the schedules")
     for schedule_id, schedule in schedules.schedules.items():
         where = f"schedule {schedule_id}"
         if schedule.id != schedule_id or schedule.spec.id != schedule_id:
