@@ -25,8 +25,10 @@ def run_node(config: NodeConfig) -> None:
 
 async def _serve(config: NodeConfig) -> None:
     from raftsched.api.app import create_app
+    from raftsched.node import gc_tuning
     from raftsched.node.service import Node
 
+    gc_tuning.configure()
     loop = asyncio.get_running_loop()
     node = Node(config, loop)
     node.start()
@@ -42,9 +44,11 @@ async def _serve(config: NodeConfig) -> None:
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    gc_task = loop.create_task(gc_tuning.freeze_periodically())
     try:
         await stop.wait()
     finally:
+        gc_task.cancel()
         log.info("node stopping")
         await runner.cleanup()
         await node.close()
