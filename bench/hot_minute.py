@@ -111,11 +111,19 @@ async def wait_runnable(http: Http, jobs: int, stop: asyncio.Event) -> float:
 
 
 async def hot_worker(http: Http, name: str, counts: dict[str, int], jobs: int) -> None:
+    body = {"worker_id": name, "queues": [HOT], "max_jobs": BATCH, "wait_s": 2, "lease_s": LEASE_S}
     while counts["leased"] < jobs:
-        body = {
-            "worker_id": name, "queues": [HOT], "max_jobs": BATCH, "wait_s": 2, "lease_s": LEASE_S,
-        }  # fmt: skip
-        answer = await http.ok("POST", "/v1/leases", body)
+        try:
+            status, answer = await http.call("POST", "/v1/leases", body)
+        except (aiohttp.ClientError, TimeoutError) as error:
+            counts["errors"] += 1
+            log(f"{name}: claim failed: {error!r}")
+            continue
+        if status != 200:
+            counts["errors"] += 1
+            log(f"{name}: claim answered {status}: {str(answer)[:200]}")
+            await asyncio.sleep(0.1)
+            continue
         counts["leased"] += len(answer["leases"])
 
 
@@ -123,15 +131,19 @@ async def unrelated_worker(http: Http, latencies_s: list[float], stop: asyncio.E
     while not stop.is_set():
         started = time.perf_counter()
         body = {"worker_id": "unrelated", "queues": [OTHER], "max_jobs": 1, "wait_s": 1}
-        leases = (await http.ok("POST", "/v1/leases", body))["leases"]
-        latencies_s.append(time.perf_counter() - started)
-        for lease in leases:
-            path = f"/v1/leases/{lease['job_id']}"
-            token = {"fencing_token": lease["fencing_token"]}
-            started = time.perf_counter()
-            await http.ok("POST", path + "/heartbeat", token)
+        try:
+            leases = (await http.ok("POST", "/v1/leases", body))["leases"]
             latencies_s.append(time.perf_counter() - started)
-            await http.ok("POST", path + "/complete", token)
+            for lease in leases:
+                path = f"/v1/leases/{lease['job_id']}"
+                token = {"fencing_token": lease["fencing_token"]}
+                started = time.perf_counter()
+                await http.ok("POST", path + "/heartbeat", token)
+                latencies_s.append(time.perf_counter() - started)
+                await http.ok("POST", path + "/complete", token)
+        except (aiohttp.ClientError, TimeoutError, RuntimeError) as error:
+            latencies_s.append(time.perf_counter() - started)  # counted, not hidden
+            log(f"unrelated: {error!r}")
         await asyncio.sleep(0.02)
 
 
@@ -143,7 +155,7 @@ async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
         probe_started = time.monotonic()
         await submit_all(http, BATCH, int(time.time() * 1000) + 3_600_000, 1)
         per_job_s = (time.monotonic() - probe_started) / BATCH
-        lead_s = args.lead_s or max(10.0, 2.0 * per_job_s * args.jobs / args.submitters + 5)
+        lead_s = args.lead_s or max(10.0, 3.0 * per_job_s * args.jobs + 10)
         run_at_ms = int((time.time() + lead_s) * 1000)
         log(f"submitting {args.jobs} jobs due in {lead_s:.0f} s")
         submit_s = await submit_all(http, args.jobs, run_at_ms, args.submitters)
@@ -151,7 +163,7 @@ async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
         log(f"submitted in {submit_s:.1f} s ({args.jobs / submit_s:.0f}/s); late={late}")
         await asyncio.sleep(max(0.0, run_at_ms / 1000 - time.time()))
         stop = asyncio.Event()
-        counts = {"leased": 0}
+        counts = {"leased": 0, "errors": 0}
         latencies_s: list[float] = []
         unrelated = asyncio.ensure_future(unrelated_worker(http, latencies_s, stop))
         runnable = asyncio.ensure_future(wait_runnable(http, args.jobs, stop))
@@ -162,6 +174,8 @@ async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
         deadline = time.monotonic() + args.time_limit_s
         while counts["leased"] < args.jobs and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+            if unrelated.done() and unrelated.exception() is not None:
+                raise RuntimeError("the unrelated worker failed") from unrelated.exception()
         leased_at = time.time()
         stop.set()
         runnable_at = await runnable
@@ -173,6 +187,7 @@ async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
         return {
             "jobs": args.jobs,
             "leased": counts["leased"],
+            "claim_errors": counts["errors"],
             "submit_s": round(submit_s, 2),
             "submitted_late": late,
             "runnable_s": round(runnable_at - run_at_s, 2),
@@ -197,10 +212,12 @@ def main() -> None:
     parser.add_argument("--lead-s", type=float, help="run_at this far ahead (default: estimated)")
     parser.add_argument("--time-limit-s", type=float, default=1800)
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory")
+    parser.add_argument("--src", type=Path, help="run the nodes from this source tree")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="raftsched-hot-"))
     result: dict[str, Any] = {"cpus": os.cpu_count(), "durability": "fsync"}
-    cluster = LocalCluster(root, size=3, durability="fsync")
+    env = {"PYTHONPATH": str(args.src.resolve())} if args.src else {}
+    cluster = LocalCluster(root, size=3, durability="fsync", env=env)
     try:
         cluster.start()
         leader = cluster.wait_for_leader(timeout_s=60)

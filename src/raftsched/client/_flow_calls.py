@@ -24,11 +24,17 @@ def pause_queue(name: str, paused: bool) -> Call[JsonObject]:
 
 
 def get_queue(name: str, consistency: Consistency | None) -> Call[JsonObject]:
-    return Call("GET", f"/v1/queues/{_segment(name)}", _field("queue"), _query(consistency))
+    return Call(
+        "GET",
+        f"/v1/queues/{_segment(name)}",
+        _field("queue"),
+        _query(consistency),
+        retry_unknown=True,
+    )
 
 
 def list_queues(consistency: Consistency | None) -> Call[list[JsonObject]]:
-    return Call("GET", "/v1/queues", _field("queues"), _query(consistency))
+    return Call("GET", "/v1/queues", _field("queues"), _query(consistency), retry_unknown=True)
 
 
 def set_tenant(name: str, settings: Mapping[str, Any]) -> Call[JsonObject]:
@@ -37,8 +43,14 @@ def set_tenant(name: str, settings: Mapping[str, Any]) -> Call[JsonObject]:
 
 
 def get_tenant(name: str, consistency: Consistency | None) -> Call[JsonObject]:
-    return Call("GET", f"/v1/tenants/{_segment(name)}", _field("tenant"), _query(consistency))
+    return Call(
+        "GET",
+        f"/v1/tenants/{_segment(name)}",
+        _field("tenant"),
+        _query(consistency),
+        retry_unknown=True,
+    )
 
 
 def list_tenants(consistency: Consistency | None) -> Call[list[JsonObject]]:
-    return Call("GET", "/v1/tenants", _field("tenants"), _query(consistency))
+    return Call("GET", "/v1/tenants", _field("tenants"), _query(consistency), retry_unknown=True)
