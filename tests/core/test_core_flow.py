@@ -6,10 +6,11 @@ from collections import Counter
 
 from core_support import Cluster, assert_rejected_unchanged
 
-from raftsched.core import decode_state, encode_state, state_digest
+from raftsched.core import apply_entry, check_invariants, decode_state, encode_state, state_digest
 from raftsched.core.commands import (
     ClaimJobs,
     CompleteJob,
+    Entry,
     FailJob,
     JobSpec,
     PauseQueue,
@@ -30,9 +31,11 @@ def fill(cluster: Cluster, count: int, queue: str = "q", **fields: object) -> li
         batch = tuple(f"job_{cluster.next_id + i}" for i in range(n))
         cluster.next_id += n
         spec = JobSpec(queue=queue, **fields)  # type: ignore[arg-type]
-        result = cluster.one(SubmitJobs((spec,) * n, batch))
+        entry = Entry(cluster.epoch, cluster.now_ms, (SubmitJobs((spec,) * n, batch),))
+        (result,) = apply_entry(cluster.state, entry)  # invariants checked once, below
         assert isinstance(result, Submitted)
         ids.extend(batch)
+    assert check_invariants(cluster.state) == []
     return ids
 
 
