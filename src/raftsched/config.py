@@ -55,9 +55,15 @@ class NodeConfig:
     durability: str = "fsync"
     max_body_bytes: int = 1024 * 1024
     # A leader that has not heard from a majority for this long steps down.
-    # Lease decisions never rely on it (every grant commits through Raft), but
-    # a short value stops a cut-off leader's futile proposals sooner.
-    leader_fallback_timeout_s: float = 1.0
+    # Lease decisions never rely on it (every grant commits through Raft), so
+    # it only bounds how long a cut-off leader keeps proposing in vain; too
+    # short, and a briefly starved CPU makes a healthy leader step down.
+    leader_fallback_timeout_s: float = 3.0
+    # A follower that hears nothing from a leader for a random time in this
+    # range starts an election. Failover takes about this long; shorter values
+    # make a loaded machine hold needless elections (pysyncobj has no pre-vote).
+    election_timeout_min_s: float = 0.8
+    election_timeout_max_s: float = 1.6
     # Raft entries between snapshots (each entry may carry many commands).
     log_compaction_entries: int = 5000
     log_format: str = "auto"  # "json", "text" or "auto" (text on a terminal)
@@ -87,6 +93,8 @@ class NodeConfig:
             raise ConfigError("log_compaction_entries must be at least 10")
         if not 0.2 <= self.leader_fallback_timeout_s <= 60:
             raise ConfigError("leader_fallback_timeout_s must be between 0.2 and 60")
+        if not 0.2 <= self.election_timeout_min_s < self.election_timeout_max_s <= 30:
+            raise ConfigError("election timeouts must satisfy 0.2 <= min < max <= 30 seconds")
 
 
 def _check_host_port(text: str, what: str) -> None:

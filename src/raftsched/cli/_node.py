@@ -29,7 +29,7 @@ from raftsched.config import ConfigError, NodeConfig, Peer, load_toml, read_secr
 _FILE_KEYS = {
     "id", "data_dir", "http", "raft", "raft_bind", "http_url", "secret_file", "durability",
     "peers", "max_body_bytes", "log_format", "extra", "log_compaction_entries",
-    "leader_fallback_timeout_s",
+    "leader_fallback_timeout_s", "election_timeout_min_s", "election_timeout_max_s",
 }  # fmt: skip
 
 
@@ -122,7 +122,9 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
         max_body_bytes=int(settings.get("max_body_bytes", 1024 * 1024)),
         log_format=str(settings.get("log_format", "auto")),
         log_compaction_entries=int(settings.get("log_compaction_entries", 5000)),
-        leader_fallback_timeout_s=float(settings.get("leader_fallback_timeout_s", 1.0)),
+        leader_fallback_timeout_s=float(settings.get("leader_fallback_timeout_s", 3.0)),
+        election_timeout_min_s=float(settings.get("election_timeout_min_s", 0.8)),
+        election_timeout_max_s=float(settings.get("election_timeout_max_s", 1.6)),
         extra={str(k): str(v) for k, v in dict(settings.get("extra") or {}).items()},
     )
 
