@@ -77,6 +77,8 @@ class Node:
             durability=config.durability,
             on_leadership=self._leadership_threadsafe,
             leader_fallback_timeout_s=config.leader_fallback_timeout_s,
+            election_timeout_min_s=config.election_timeout_min_s,
+            election_timeout_max_s=config.election_timeout_max_s,
             log_compaction_entries=config.log_compaction_entries,
         )
         self._dispatch_task: asyncio.Task[None] | None = None
@@ -370,6 +372,11 @@ class Node:
             collect=self._m_snapshot_age,
         )
         m.gauge(
+            "raftsched_raft_snapshot_duration_seconds",
+            "How long this node's last snapshot took to encode and write (in a forked child).",
+            collect=self._m_snapshot_duration,
+        )
+        m.gauge(
             "raftsched_queue_depth",
             "Runnable jobs per queue.",
             ["queue"],
@@ -387,6 +394,10 @@ class Node:
             ["queue"],
             collect=lambda: self._m_queues("age"),
         )
+
+    def _m_snapshot_duration(self) -> list[tuple[tuple[str, ...], float]]:
+        duration_s = self.raft.last_snapshot_duration_s
+        return [] if duration_s is None else [((), duration_s)]
 
     def _m_snapshot_age(self) -> list[tuple[tuple[str, ...], float]]:
         try:
