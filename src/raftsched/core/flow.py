@@ -337,12 +337,14 @@ def admit(state: State, spec: JobSpec) -> Rejected | None:
 
 def job_finished(state: State, job: Job) -> None:
     """lifecycle.finish: release (or, dead-lettered, keep blocking) the job's ordering key."""
-    flow_index.finished(state.runnable, job, state.jobs)
+    if job.ordering_key is not None:
+        flow_index.finished(state.runnable, job, state.jobs)
 
 
 def attempt_ended(state: State, job: Job, outcome: str, counted: bool) -> None:
     """lifecycle.end_attempt: feed the queue's circuit, if it has one."""
-    record = flow_of(state).queues.get(job.queue)
+    queues: dict[str, QueueFlow] = state.sections[FLOW].queues
+    record = queues.get(job.queue) if queues else None
     if record is None or record.circuit_window is None:
         return
     if outcome == OUTCOME_SUCCEEDED:

@@ -33,6 +33,7 @@ from typing import Final, NamedTuple
 
 from raftsched.core.flow import (
     MICRO,
+    Flow,
     QueueFlow,
     drop_if_idle,
     flow_of,
@@ -52,13 +53,16 @@ class Pick(NamedTuple):
     job: Job
     tenant: str | None  # None: the reserved high-priority share
     left: int  # claims left in the tenant's turn, this one included
+    # Nothing to record: one tenant only and no bucket or circuit to settle,
+    # so the queue's record is left alone (the common case stays cheap).
+    stateless: bool = False
 
 
-def _at_limit(state: State, tenant: str) -> bool:
-    limit = tenant_flow(flow_of(state), tenant).concurrency_limit
-    if limit is None:
+def _at_limit(state: State, flow: Flow, tenant: str) -> bool:
+    settings = flow.tenants.get(tenant)
+    if settings is None or settings.concurrency_limit is None:
         return False
-    return state.runnable.tenants[tenant][1] >= limit
+    return state.runnable.tenants[tenant][1] >= settings.concurrency_limit
 
 
 def _high_top(lanes: Lanes) -> Job | None:
@@ -70,11 +74,19 @@ def _high_top(lanes: Lanes) -> Job | None:
 
 def pick(state: State, lanes: Lanes, record: QueueFlow | None) -> Pick | None:
     """The queue's next job by the share rules (no change but stale heap entries)."""
+    flow = flow_of(state)
     if record is not None and record.high_turn:
         job = _high_top(lanes)
-        if job is not None and not _at_limit(state, job.tenant):
+        if job is not None and not _at_limit(state, flow, job.tenant):
             return Pick(job, None, 0)
     ring = lanes.ring
+    if len(ring) == 1 and (
+        record is None or (record.rate_milli is None and not record.circuit_open)
+    ):
+        tenant = ring[0]
+        if _at_limit(state, flow, tenant):
+            return None
+        return Pick(lanes.top(tenant), tenant, 0, stateless=True)
     cursor = None if record is None else record.cursor
     left = 0 if record is None else record.left
     if cursor is None:
@@ -89,9 +101,9 @@ def pick(state: State, lanes: Lanes, record: QueueFlow | None) -> Pick | None:
         if index >= len(ring):
             index = 0
         tenant = ring[index]
-        if not _at_limit(state, tenant):
+        if not _at_limit(state, flow, tenant):
             if left <= 0:
-                left = tenant_flow(flow_of(state), tenant).weight
+                left = tenant_flow(flow, tenant).weight
             return Pick(lanes.top(tenant), tenant, left)
         index += 1
         left = 0
@@ -137,14 +149,24 @@ class Selector:
         records = flow_of(state).queues
         self.sources = [
             _Source(queue, gate_budget(state, queue, records.get(queue), state.now_ms))
-            for queue in dict.fromkeys(queues)
+            for queue in (queues if len(queues) == 1 else dict.fromkeys(queues))
         ]
 
     def pop(self) -> Job | None:
         """Take the best candidate across the claimed queues out of its heap."""
-        best: tuple[_Source, Lanes, Pick] | None = None
         records = flow_of(self.state).queues
         index_queues = self.state.runnable.queues
+        if len(self.sources) == 1:  # the common case, without comparisons
+            source = self.sources[0]
+            lanes = index_queues.get(source.queue)
+            if source.budget <= 0 or lanes is None:
+                return None
+            found = pick(self.state, lanes, records.get(source.queue))
+            if found is None:
+                return None
+            self._take(source, lanes, found)
+            return found.job
+        best: tuple[_Source, Lanes, Pick] | None = None
         for source in self.sources:
             lanes = index_queues.get(source.queue)
             if source.budget <= 0 or lanes is None:
@@ -162,6 +184,12 @@ class Selector:
         return found.job
 
     def _take(self, source: _Source, lanes: Lanes, found: Pick) -> None:
+        source.budget -= 1
+        source.granted += 1
+        if found.stateless:
+            assert found.tenant is not None
+            heapq.heappop(lanes.heaps[found.tenant])
+            return
         record = source.guarded
         if record is None:
             record = source.guarded = guard_queue(self.state, source.queue, self.savepoint)
@@ -173,8 +201,6 @@ class Selector:
             record.cursor = found.tenant
             record.left = found.left - 1
             record.high_turn = True
-        source.budget -= 1
-        source.granted += 1
 
     def finish(self) -> None:
         now_ms = self.state.now_ms
