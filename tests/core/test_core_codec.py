@@ -47,7 +47,9 @@ EVERY_COMMAND: tuple[c.Command, ...] = (
     c.Configure(60_000),
     c.Configure(),
     # Recurring schedules (issue 5).
-    c.CreateSchedule(c.ScheduleSpec("s", c.JobSpec("q"), cron="0 2 * * *", timezone="Europe/London")),
+    c.CreateSchedule(
+        c.ScheduleSpec("s", c.JobSpec("q"), cron="0 2 * * *", timezone="Europe/London")
+    ),
     c.UpdateSchedule(
         c.ScheduleSpec(
             "s", c.JobSpec("q", priority=2), None, 5_000, "UTC", 1, 2, 3, "buffer_all", "all",

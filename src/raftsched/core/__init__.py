@@ -6,8 +6,13 @@ state through the query functions. See `state` for the rules and the theory
 of operation, `model.TRANSITIONS` for the job life cycle.
 """
 
-from raftsched.core import flow, outbox, subscriptions, workflows  # noqa: F401  (register sections)
-from raftsched.core import schedules_model  # noqa: F401  (registers its section)
+from raftsched.core import (  # noqa: F401  (register sections)
+    flow,
+    outbox,
+    schedules_model,  # noqa: F401  (registers its section)
+    subscriptions,
+    workflows,
+)
 from raftsched.core.apply import apply_encoded, apply_entry
 from raftsched.core.codec import (
     COMMAND_TAGS,

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from raftsched.core import flow, outbox, subscriptions, workflows
-from raftsched.core import schedules_query
+from raftsched.core import flow, outbox, schedules_query, subscriptions, workflows
 from raftsched.core.model import (
     FINAL_STATUSES,
     JOB_STATUSES,

@@ -3,13 +3,14 @@
 Schedules, workflows, the outbox and flow-control settings each keep their
 records in a section of their own. A section is one object in
 `State.sections[name]`, encoded after the jobs as `[name, data]` pairs in
-the fixed order of `SECTIONS`, so the state's bytes stay deterministic, and
+the order of their names (never import order, which a formatter may change),
+so the state's bytes stay deterministic, and
 rebuilt by its own `decode` after the jobs exist (a section may refer to
 jobs by id). A section encodes to plain msgpack data only.
 
-Adding a section: give it a name and an `order` that no other section uses,
-and append it to `SECTIONS`. Never reuse or reorder a name: snapshots on
-disk name their sections.
+Adding a section: give it a name no other section uses and `register` it from
+its module (imported by `raftsched.core`). Never rename a section: snapshots
+on disk name their sections.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Section:
     decode: Callable[[State, Any], None]
 
 
-# Encoding order. Append only.
+# Encoding order: sorted by name.
 SECTIONS: list[Section] = []
 
 
@@ -41,6 +42,7 @@ def register(section: Section) -> Section:
     if any(existing.name == section.name for existing in SECTIONS):
         raise ValueError(f"section {section.name} registered twice")
     SECTIONS.append(section)
+    SECTIONS.sort(key=lambda registered: registered.name)
     return section
 
 
