@@ -223,7 +223,10 @@ def main() -> None:
         leader = cluster.wait_for_leader(timeout_s=60)
         time.sleep(1.0)
         result["loadavg_before"] = Path("/proc/loadavg").read_text().strip()
-        result.update(asyncio.run(run(cluster.nodes[leader].http_url, args)))
+        try:
+            result.update(asyncio.run(run(cluster.nodes[leader].http_url, args)))
+        except RuntimeError as error:  # e.g. 504 leader_changed during the submissions
+            result["error"] = str(error)[:500]
         result["leader_changed"] = cluster.wait_for_leader(timeout_s=10) != leader
         result["loadavg_after"] = Path("/proc/loadavg").read_text().strip()
     finally:
