@@ -143,3 +143,33 @@ def test_limits_and_ordering_hold_across_a_leader_kill(
     _check_rate(limited)
     _check_ordering(_attempts(client, "ord"))
     cluster.wait_converged()
+
+
+def _attempt(claimed_ms: int, ended_ms: int, token: int) -> dict[str, Any]:
+    from raftsched.timefmt import format_ms
+
+    return {
+        "claimed_at": format_ms(claimed_ms),
+        "ended_at": format_ms(ended_ms),
+        "fencing_token": token,
+    }
+
+
+def test_the_history_checkers_catch_violations() -> None:
+    """The checks above would fail on a history that breaks the limits."""
+    base = 1_800_000_000_000
+    job: dict[str, Any] = {"ordering_key": None, "created_at": "", "id": "j"}
+    overlapping = [(job, _attempt(base + i, base + 100, i)) for i in range(CONCURRENCY + 1)]
+    with pytest.raises(AssertionError):
+        _check_concurrency(overlapping)
+    _check_concurrency(overlapping[:CONCURRENCY])
+    too_fast = [(job, _attempt(base + i, base + i + 1, i)) for i in range(BURST + 1)]
+    with pytest.raises(AssertionError):
+        _check_rate(too_fast)
+    _check_rate(too_fast[:BURST])
+    first = {"ordering_key": KEYS[0], "created_at": "2", "id": "a"}
+    second = {"ordering_key": KEYS[0], "created_at": "1", "id": "b"}
+    with pytest.raises(AssertionError):  # a later job started first
+        _check_ordering(
+            [(first, _attempt(base, base + 5, 1)), (second, _attempt(base + 9, base + 9, 2))]
+        )
