@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck check bench chaos clean
+.PHONY: dev test lint typecheck check bench bench-core bench-cluster bench-schedules bench-hot-minute chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +27,21 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)
-	$(PY) bench/core.py
+## Benchmarks (not tests; each prints one JSON object as its last line).
+## BENCH_ARGS passes options, e.g. BENCH_ARGS=--quick or BENCH_ARGS="--jobs 200000".
+bench: bench-core bench-cluster bench-schedules bench-hot-minute
+
+bench-core: $(STAMP)
+	$(PY) bench/core.py $(BENCH_ARGS)
+
+bench-cluster: $(STAMP)
+	$(PY) bench/cluster.py $(BENCH_ARGS)
+
+bench-schedules: $(STAMP)
+	$(PY) bench/schedules.py $(BENCH_ARGS)
+
+bench-hot-minute: $(STAMP)
+	$(PY) bench/hot_minute.py $(BENCH_ARGS)
 
 ## Seeded chaos campaign (root: network namespaces, iptables, libfaketime). docs/chaos.md
 SEED     ?= 1

@@ -170,7 +170,9 @@ class Attempts:
         return self._spend(0.0, TransportError(f"gave up after a redirect to {location}"))
 
     def _unknown(self, cause: BaseException) -> float:
-        if not self._call.retry_unknown:
+        # Reads change nothing, so repeating one is always safe.
+        is_read = self._call.method in ("GET", "HEAD")
+        if not (self._call.retry_unknown or is_read):
             raise OutcomeUnknown(
                 f"{self._call.method} {self._call.path} to {self.base}: outcome unknown "
                 f"({cause}); not repeated because it is not idempotent"

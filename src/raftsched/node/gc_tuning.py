@@ -7,9 +7,10 @@ followers to miss heartbeats and start an election. Job records never form
 reference cycles (they are freed by reference counting), so there is
 nothing for the collector to find among them.
 
-Every `FREEZE_INTERVAL_S` the node collects the young generations (so that
-fresh cyclic garbage is not frozen) and then moves every surviving object to
-the permanent generation with `gc.freeze()`. Full collections afterwards
+Every `FREEZE_INTERVAL_S` (a few seconds, so that a bulk load of a million
+jobs is frozen as it arrives, not half a minute later) the node collects the
+young generations (so that fresh cyclic garbage is not frozen) and then moves
+every surviving object to the permanent generation with `gc.freeze()`. Full collections afterwards
 walk only what was allocated since. The cost is that cyclic garbage created
 before a freeze and still alive at it is never collected; it is bounded by
 what one interval produces, and young collections run first.
@@ -24,7 +25,7 @@ import time
 
 log = logging.getLogger("raftsched.gc")
 
-FREEZE_INTERVAL_S = 30.0
+FREEZE_INTERVAL_S = 5.0
 # Fewer young collections under load; each one is cheap either way.
 GENERATION0_THRESHOLD = 10_000
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from raftsched.core import encode_entry
-from raftsched.core.commands import Barrier, Command, Entry
+from raftsched.core.commands import Barrier, ClaimJobs, Command, Entry, SubmitJobs, Tick
 from raftsched.core.results import Result
 
 log = logging.getLogger("raftsched.proposer")
@@ -40,6 +40,24 @@ log = logging.getLogger("raftsched.proposer")
 # Adapter errors after which the entry certainly did not commit.
 NOT_LEADER_ERRORS = frozenset({"not_leader"})
 NOT_COMMITTED_ERRORS = frozenset({"busy", "queue_full", "discarded"})
+
+
+# Job changes one entry may carry. Every replica applies an entry in one go
+# and every command queued behind it waits for all of it: a 5,000-job Tick
+# and a few 1,000-job claims in one entry make an unrelated heartbeat wait
+# for ten thousand job changes. Counting commands alone would not see that.
+ENTRY_WORK_MAX = 4000
+
+
+def work_units(command: Command) -> int:
+    """About how many jobs a command changes when applied."""
+    if isinstance(command, ClaimJobs):
+        return max(1, command.max_jobs)
+    if isinstance(command, Tick):
+        return max(1, command.max_items)
+    if isinstance(command, SubmitJobs):
+        return max(1, len(command.specs))
+    return 1
 
 
 class NotLeader(Exception):
@@ -84,6 +102,7 @@ class Proposer:
         *,
         commands_per_entry_max: int = 4000,
         entry_bytes_max: int = 8 * 1024 * 1024,
+        entry_work_max: int = ENTRY_WORK_MAX,
         commit_timeout_s: float = 10.0,
         on_entry: Callable[[int, float], None] | None = None,
         on_results: Callable[[list[Command], list[object]], None] | None = None,
@@ -93,6 +112,7 @@ class Proposer:
         self._now_ms = now_ms
         self._commands_per_entry_max = commands_per_entry_max
         self._entry_bytes_max = entry_bytes_max
+        self._entry_work_max = entry_work_max
         self._commit_timeout_s = commit_timeout_s
         self._on_entry = on_entry
         # Told every committed entry's commands and results (metrics, logs).
@@ -146,15 +166,21 @@ class Proposer:
     def _take_batch(self) -> list[_Waiting]:
         batch: list[_Waiting] = []
         total_bytes = 0
+        total_work = 0
         while self._queue and len(batch) < self._commands_per_entry_max:
             head = self._queue[0]
-            if batch and total_bytes + head.size_bytes > self._entry_bytes_max:
+            work = work_units(head.command)
+            if batch and (
+                total_bytes + head.size_bytes > self._entry_bytes_max
+                or total_work + work > self._entry_work_max
+            ):
                 break
             self._queue.popleft()
             if head.future.done():  # the waiter gave up before it was sent
                 continue
             batch.append(head)
             total_bytes += head.size_bytes
+            total_work += work
         self._queued_barrier = None
         return batch
 

@@ -42,7 +42,10 @@ from raftsched.raft_journal import SNAPSHOT_NAME
 
 log = logging.getLogger("raftsched.node")
 
-TICK_ITEMS_MAX = 5_000
+# Small Ticks interleave with claims and heartbeats: a million jobs falling
+# due at once are made runnable a thousand at a time, each Tick one entry
+# among the others rather than one long stall (see proposer.ENTRY_WORK_MAX).
+TICK_ITEMS_MAX = 1_000
 # A Tick that found nothing to do although the core said something was due
 # would otherwise spin; this bounds how fast the dispatch loop can retry.
 IDLE_TICK_PAUSE_S = 0.05
@@ -197,11 +200,6 @@ class Node:
         return self._changed
 
     # -- claims (long-poll) ---------------------------------------------------
-
-    def _runnable(self, queues: tuple[str, ...]) -> bool:
-        with self.reading() as state:
-            stats = core.queue_stats(state)
-        return any(q in stats and stats[q].depth > 0 for q in queues)
 
     async def claim(
         self,

@@ -137,6 +137,15 @@ def test_unknown_outcome_is_not_retried_without_key(cluster: FakeCluster) -> Non
     assert sum(len(n.seen) for n in cluster.nodes) == 2
 
 
+def test_read_is_retried_after_unknown_outcome(cluster: FakeCluster) -> None:
+    script = slow_first_then(reply(200, {"jobs": [JOB], "next_cursor": None}), 1.0)
+    for node in cluster.nodes:
+        node.script = script
+    client = Client(cluster.urls, timeout_s=0.3)
+    assert client.list_jobs(queue="q")["jobs"][0]["id"] == "job_1"
+    assert sum(len(n.seen) for n in cluster.nodes) == 2
+
+
 def test_fenced_lease_op_is_retried_after_unknown_outcome(cluster: FakeCluster) -> None:
     script = slow_first_then(reply(200, {"expires_at": "x", "cancel_requested": False}), 1.0)
     for node in cluster.nodes:

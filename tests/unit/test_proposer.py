@@ -1,0 +1,65 @@
+"""Group commit: one entry in flight, batching behind it, bounded by work."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from raftsched.core import decode_entry
+from raftsched.core.commands import Barrier, ClaimJobs, Entry, Tick
+from raftsched.core.results import Ack, Result
+from raftsched.node.proposer import ENTRY_WORK_MAX, Proposer
+
+
+class FakeRaft:
+    """Commits on demand; records each entry it was handed."""
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self.callbacks: list[Callable[[object | None, str | None], None]] = []
+
+    def propose(self, data: bytes, callback: Callable[[object | None, str | None], None]) -> None:
+        self.entries.append(decode_entry(data))
+        self.callbacks.append(callback)
+
+    def commit_next(self) -> None:
+        callback = self.callbacks.pop(0)
+        entry = self.entries[len(self.entries) - len(self.callbacks) - 1]
+        callback([Ack() for _ in entry.commands], None)
+
+
+async def _run() -> tuple[FakeRaft, list[Result]]:
+    loop = asyncio.get_running_loop()
+    raft = FakeRaft()
+    proposer = Proposer(loop, raft, lambda: 1_000)
+    proposer.become_leader(3)
+    first = proposer.submit(Barrier())  # goes out alone: nothing is in flight
+    heavy = [proposer.submit(ClaimJobs("w", ("q",), 1000)) for _ in range(6)]
+    tick = proposer.submit(Tick(max_items=1000))
+    light = [proposer.submit(Barrier()) for _ in range(3)]  # shared barrier
+    pending = [first, *heavy, tick, *light]
+    while not all(f.done() for f in pending):
+        await asyncio.sleep(0)
+        if raft.callbacks:
+            raft.commit_next()
+            await asyncio.sleep(0)
+    return raft, [f.result() for f in pending]
+
+
+def test_one_entry_in_flight_and_entries_bounded_by_work() -> None:
+    raft, results = asyncio.run(_run())
+    assert all(result == Ack() for result in results)
+    sizes = [len(entry.commands) for entry in raft.entries]
+    assert sizes[0] == 1  # the first command did not wait for company
+    assert all(entry.epoch == 3 and entry.now_ms == 1_000 for entry in raft.entries)
+    for entry in raft.entries:
+        work = sum(
+            c.max_jobs if isinstance(c, ClaimJobs) else c.max_items if isinstance(c, Tick) else 1
+            for c in entry.commands
+        )
+        assert work <= ENTRY_WORK_MAX or len(entry.commands) == 1
+    # Six 1,000-job claims and a 1,000-item Tick cannot share one entry.
+    assert len(raft.entries) >= 3
+    # Concurrent reads share one barrier.
+    barriers = sum(isinstance(c, Barrier) for e in raft.entries[1:] for c in e.commands)
+    assert barriers == 1
