@@ -80,6 +80,7 @@ def node_command(node: DevNode, others: Sequence[DevNode], secret: Path) -> list
         sys.executable, "-m", "raftsched.cli", "node", "--id", node.id,
         "--data-dir", str(node.data_dir), "--http", node.http_address,
         "--raft", node.raft_address, "--http-url", node.http_url, "--secret-file", str(secret),
+        "--log-format", _log_format(),
     ]  # fmt: skip
     for peer in others:
         command += ["--peer", f"{peer.id}={peer.raft_address}@{peer.http_url}"]
@@ -90,8 +91,13 @@ def worker_command(nodes: Sequence[DevNode]) -> list[str]:
     return [
         sys.executable, "-m", "raftsched.cli", "worker", "--queue", "default",
         "--handler", "raftsched.demo:handle", "--worker-id", "dev-worker",
-        "--url", ",".join(node.http_url for node in nodes),
+        "--url", ",".join(node.http_url for node in nodes), "--log-format", _log_format(),
     ]  # fmt: skip
+
+
+def _log_format() -> str:
+    """Readable lines for a person at a terminal, JSON when output is captured."""
+    return "text" if sys.stdout.isatty() else "json"
 
 
 def check_layout(path: Path, nodes: Sequence[DevNode]) -> str | None:
