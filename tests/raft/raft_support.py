@@ -13,14 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raftsched.testing import free_port
+
 TOY_NODE = Path(__file__).with_name("toy_node.py")
 SECRET = "raft-test-secret-0123456789abcdef"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class ToyNode:

@@ -193,7 +193,7 @@ def propose_and_wait(node: RaftNode, data: bytes) -> tuple[object, str | None]:
 
 
 def test_single_node_busy_apply_failure_and_close(tmp_path: Path) -> None:
-    from raft_support import free_port
+    from raftsched.testing import free_port
 
     machine = Machine()
     calls: list[tuple[bool, int]] = []

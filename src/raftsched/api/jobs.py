@@ -23,18 +23,6 @@ from raftsched.core.results import CancelAccepted, Rejected, Replayed, SubmitIte
 
 routes = web.RouteTableDef()
 
-JOB_STATUSES = frozenset(
-    {
-        "scheduled",
-        "pending",
-        "claimed",
-        "running",
-        "retry_wait",
-        "succeeded",
-        "dead_letter",
-        "cancelled",
-    }
-)
 LIST_LIMIT_MAX = 1000
 
 
@@ -128,7 +116,7 @@ async def list_jobs(request: web.Request) -> web.Response:
         ),
     )
     status = query.get("status")
-    if status is not None and status not in JOB_STATUSES:
+    if status is not None and status not in core.JOB_STATUSES:
         raise invalid("status", "unknown status")
     cursor = query.get("cursor")
     if cursor is not None and not cursor.isdigit():

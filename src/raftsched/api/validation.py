@@ -223,16 +223,11 @@ def fencing_token(body: Mapping[str, Any], prefix: str = "") -> int:
     return token
 
 
-FAILURE_KINDS: frozenset[FailureKind] = frozenset(
-    {"transient", "permanent", "unknown", "cancelled"}
-)
-
-
 def failure(body: Mapping[str, Any], prefix: str = "") -> tuple[FailureKind, str, int | None]:
     error = require_object(body.get("error"), prefix + "error")
     reject_unknown(error, frozenset({"kind", "message", "retry_after_s"}), prefix + "error.")
     kind = error.get("kind")
-    if kind not in FAILURE_KINDS:
+    if kind not in core_limits.FAILURE_KINDS:
         raise invalid(prefix + "error.kind", "must be transient, permanent, unknown or cancelled")
     message = error.get("message", "")
     if not isinstance(message, str):
