@@ -10,6 +10,7 @@ from raftsched.core import (
     COMMAND_TAGS,
     CodecError,
     apply_encoded,
+    apply_entry,
     decode_entry,
     decode_state,
     encode_entry,
@@ -18,7 +19,9 @@ from raftsched.core import (
 )
 from raftsched.core import commands as c
 from raftsched.core.invariants import check_invariants
+from raftsched.core.model import JOB_FIELDS
 from raftsched.core.results import Rejected
+from raftsched.core.sections import SECTIONS
 
 EVERY_COMMAND: tuple[c.Command, ...] = (
     c.SubmitJobs(
@@ -169,5 +172,107 @@ def test_state_round_trips_with_every_kind_of_job() -> None:
 
 def test_garbage_states_raise_codec_error() -> None:
     for data in (b"", b"\x00", msgpack.packb([1, 2]), msgpack.packb([1] * 9)):
+        with pytest.raises(CodecError):
+            decode_state(data)
+
+
+def _mixed_state(jobs: int) -> Cluster:
+    """Jobs over several chunks: queues, tenants, priorities, ordering keys,
+    idempotency keys and deadlines, in every status."""
+    cluster = Cluster()
+    specs, ids = [], []
+    for i in range(jobs):
+        specs.append(
+            c.JobSpec(
+                f"q{i % 3}",
+                tenant=f"t{i % 5}",
+                priority=(i % 4) - 1,
+                ordering_key=f"k{i % 7}" if i % 11 == 0 else None,
+                idempotency_key=f"i{i}" if i % 13 == 0 else None,
+                deadline_ms=60_000 if i % 17 == 0 else None,
+                delay_ms=5_000 if i % 19 == 0 else None,
+            )
+        )
+        ids.append(f"job_{i:06d}")
+    for start in range(0, jobs, 1_000):
+        cluster.run(
+            c.SubmitJobs(tuple(specs[start : start + 1_000]), tuple(ids[start : start + 1_000]))
+        )
+    claimed = cluster.one(c.ClaimJobs("w1", ("q0", "q1"), 300))
+    leases = claimed.leases
+    cluster.run(*(c.StartJob(lease.job_id, lease.fencing_token) for lease in leases[:200]))
+    cluster.run(
+        *(c.CompleteJob(lease.job_id, lease.fencing_token, b"ok") for lease in leases[:100]),
+        *(
+            c.FailJob(lease.job_id, lease.fencing_token, "transient", "x", None, 1)
+            for lease in leases[100:150]
+        ),
+    )
+    return cluster
+
+
+def test_a_state_of_many_chunks_decodes_to_one_that_chooses_the_same() -> None:
+    cluster = _mixed_state(10_000)
+    data = encode_state(cluster.state)
+    decoded = decode_state(data)
+    assert check_invariants(decoded) == []
+    assert encode_state(decoded) == data
+    original = cluster.state
+    for name in ("status_counts", "queue_counts"):
+        assert getattr(decoded, name) == getattr(original, name)
+    assert decoded.idempotency.keys() == original.idempotency.keys()
+    assert decoded.runnable.tenants == original.runnable.tenants
+    # Both replicas grant the same jobs in the same order from here on.
+    later = c.Entry(
+        1, cluster.now_ms + 10_000, (c.Tick(), c.ClaimJobs("w2", ("q0", "q1", "q2"), 500))
+    )
+    assert apply_entry(decoded, later) == apply_entry(original, later)
+    assert encode_state(decoded) == encode_state(original)
+
+
+def test_decoded_jobs_share_names_statuses_and_instants() -> None:
+    cluster = _mixed_state(5_000)
+    decoded = decode_state(encode_state(cluster.state))
+    jobs = [job for job in decoded.jobs.values() if job.status == "pending"]
+    assert len({id(job.queue) for job in jobs}) == 3
+    assert len({id(job.status) for job in jobs}) == 1
+    assert all(job.updated_at_ms is job.created_at_ms for job in jobs[:100])
+
+
+def test_a_snapshot_in_the_row_format_still_decodes() -> None:
+    """Snapshots written before the column format (STATE_FORMAT 2): one row
+    per job, each the job's slots in JOB_FIELDS order."""
+    cluster = _mixed_state(3_000)
+    state = cluster.state
+
+    def records(value: object) -> object:
+        return tuple(getattr(value, name) for name in type(value).__slots__)
+
+    rows = [[getattr(job, name) for name in JOB_FIELDS] for job in state.jobs.values()]
+    sections = [[section.name, section.encode(state)] for section in SECTIONS]
+    header = [2, state.now_ms, state.epoch, state.last_fencing_token, state.retention_ms]
+    data = msgpack.packb([*header, state.next_seq, rows, sections], default=records)
+    decoded = decode_state(data)
+    assert check_invariants(decoded) == []
+    assert encode_state(decoded) == encode_state(state)
+
+
+def test_damaged_job_chunks_raise_codec_error() -> None:
+    cluster = _mixed_state(100)
+    good = msgpack.unpackb(encode_state(cluster.state), use_list=True)
+    chunk = good[6][0]
+    damaged = []
+    for change in ("short column", "negative index", "not arrays", "too few arrays"):
+        bad = [list(column) if isinstance(column, list) else column for column in chunk]
+        if change == "short column":
+            bad[1] = bad[1][:-1]
+        elif change == "negative index":
+            bad[1 + JOB_FIELDS.index("queue")][0] = -1
+        elif change == "not arrays":
+            bad[5] = 7
+        else:
+            bad = bad[:-1]
+        damaged.append(msgpack.packb([*good[:6], [bad], good[7]]))
+    for data in damaged:
         with pytest.raises(CodecError):
             decode_state(data)

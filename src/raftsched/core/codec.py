@@ -6,10 +6,11 @@ command type takes a new one. An entry is `[ENTRY_FORMAT, epoch, now_ms,
 every field's type exactly, so garbage becomes a `CodecError`, never a
 half-built command.
 
-A state is flat arrays, not maps: a header of scalars and one row per job in
-submission order, each row the job's slots in `model.JOB_FIELDS` order.
-Everything derived (counters, heaps, the idempotency and effects maps) is
-rebuilt on decode. Arrays in a fixed order keep the encoding deterministic:
+A state is flat arrays, not maps: a header of scalars, then the jobs in
+submission order as chunks of columns, one column per slot in
+`model.JOB_FIELDS` order (see `encode_state`), then the sections. Everything
+derived (counters, heaps, the idempotency and effects maps) is rebuilt on
+decode. Arrays in a fixed order keep the encoding deterministic:
 the same state always gives the same bytes. No pickle anywhere.
 """
 
@@ -18,9 +19,11 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from hashlib import sha256
 from io import BytesIO
-from operator import attrgetter
+from itertools import chain, compress, count, starmap
+from operator import attrgetter, is_not
 from typing import Any, Final
 
 import msgpack
@@ -34,8 +37,10 @@ from raftsched.core.model import (
     Attempt,
     HistoryRecord,
     Job,
+    JobColumns,
     JobLease,
     StoredEffect,
+    uniform,
 )
 from raftsched.core.sections import SECTIONS
 from raftsched.core.state import State, intern, rebuild_indexes
@@ -46,7 +51,7 @@ class CodecError(ValueError):
 
 
 ENTRY_FORMAT: Final = 1
-STATE_FORMAT: Final = 2
+STATE_FORMAT: Final = 3
 
 COMMAND_TAGS: Final[dict[type[Any], int]] = {
     c.SubmitJobs: 1,
@@ -341,7 +346,6 @@ def _gc_paused() -> Iterator[None]:
 _STATUS_NAMES: Final = {status: status for status in JOB_STATUSES}
 _EVENT_NAMES: Final = {event: event for event in JOB_EVENTS}
 _OUTCOME_NAMES: Final = {outcome: outcome for outcome in OUTCOMES}
-_job_fields = attrgetter(*JOB_FIELDS)
 _attempt_fields = attrgetter(*Attempt.__slots__)
 _effect_fields = attrgetter(*StoredEffect.__slots__)
 _lease_fields = attrgetter(*JobLease.__slots__)
@@ -361,14 +365,16 @@ def _pack_record(value: object) -> tuple[Any, ...]:
 
 def encode_state(state: State) -> bytes:
     """`[STATE_FORMAT, now_ms, epoch, last_fencing_token, retention_ms, next_seq,
-    jobs, sections]`, each job the tuple of its slots in `JOB_FIELDS` order,
-    sections as `[name, data]` pairs in `SECTIONS` order.
+    chunks, sections]`; sections are `[name, data]` pairs in `SECTIONS` order.
 
-    Rows are packed by msgpack's C packer straight from the slots (a pending
-    job runs no Python code of its own) into chunks that are joined once at
-    the end, so that no million-row list and no ever-growing buffer is built.
+    Jobs are stored in submission order, `_CHUNK_JOBS` to a chunk, column by
+    column: a chunk is `[values, column, ...]` with one column per slot in
+    `JOB_FIELDS` order. The columns in `_SHARED_COLUMNS` (names, statuses,
+    backoffs, timestamps) hold indexes into the chunk's `values`, each
+    distinct value once in order of first use. Columns let both sides do
+    their per-job work in C loops (`map`), and the shared values come back as
+    shared objects rather than millions of equal ones.
     """
-    jobs = state.jobs
     packer = msgpack.Packer(default=_pack_record, autoreset=False)
     header = (
         STATE_FORMAT,
@@ -381,21 +387,48 @@ def encode_state(state: State) -> bytes:
     packer.pack_array_header(8)
     for value in header:
         packer.pack(value)
-    packer.pack_array_header(len(jobs))
+    jobs = list(state.jobs.values())
     chunks: list[bytes] = []
-    pack, fields = packer.pack, _job_fields
     with _gc_paused():
-        for count, job in enumerate(jobs.values(), start=1):
-            pack(fields(job))
-            if count % _ROWS_PER_CHUNK == 0:
-                chunks.append(packer.bytes())
-                packer.reset()
-        pack([[section.name, section.encode(state)] for section in SECTIONS])
+        packer.pack_array_header((len(jobs) + _CHUNK_JOBS - 1) // _CHUNK_JOBS)
+        for start in range(0, len(jobs), _CHUNK_JOBS):
+            packer.pack(_job_columns(jobs[start : start + _CHUNK_JOBS]))
+            chunks.append(packer.bytes())
+            packer.reset()
+        packer.pack([[section.name, section.encode(state)] for section in SECTIONS])
         chunks.append(packer.bytes())
         return b"".join(chunks)
 
 
-_ROWS_PER_CHUNK: Final = 4096
+_CHUNK_JOBS: Final = 4096
+_SHARED_COLUMNS: Final = tuple(
+    JOB_FIELDS.index(name)
+    for name in (
+        "queue", "tenant", "status", "backoff",
+        "created_at_ms", "updated_at_ms", "run_at_ms", "next_run_at_ms",
+    )
+)  # fmt: skip
+_COLUMN_OF: Final = tuple(attrgetter(name) for name in JOB_FIELDS)
+_ID, _QUEUE, _TENANT, _STATUS, _PRIORITY, _SEQ = (
+    JOB_FIELDS.index(name) for name in ("id", "queue", "tenant", "status", "priority", "seq")
+)
+_LEASE, _ATTEMPTS, _HISTORY, _EFFECTS = (
+    JOB_FIELDS.index(name) for name in ("lease", "attempts", "history", "effects")
+)
+_DEADLINE, _IDEMPOTENCY_KEY, _ORDERING_KEY = (
+    JOB_FIELDS.index(name) for name in ("deadline_at_ms", "idempotency_key", "ordering_key")
+)
+
+
+def _job_columns(jobs: list[Job]) -> list[Any]:
+    columns: list[Any] = [list(map(column_of, jobs)) for column_of in _COLUMN_OF]
+    # Only str, int, None and int tuples occur in shared columns, so equal
+    # values are also of the same type.
+    values = dict.fromkeys(chain.from_iterable(columns[i] for i in _SHARED_COLUMNS))
+    position = dict(zip(values, count())).__getitem__
+    for i in _SHARED_COLUMNS:
+        columns[i] = list(map(position, columns[i]))
+    return [list(values), *columns]
 
 
 def state_digest(state: State) -> str:
@@ -419,22 +452,26 @@ def decode_state(data: bytes) -> State:
 
 
 def _decode_state(data: bytes) -> State:
-    # Rows are unpacked one at a time, so that the transient row tuples of a
-    # million jobs never all exist at once.
     unpacker = msgpack.Unpacker(BytesIO(data), use_list=False, read_size=1 << 20)
     if unpacker.read_array_header() != 8:
         raise CodecError("not a state")
     header = [unpacker.unpack() for _ in range(6)]
-    if header[0] != STATE_FORMAT:
+    if header[0] not in (STATE_FORMAT, _ROW_FORMAT):
         raise CodecError("unknown state format")
     for value in header[1:]:
         _expect(value, "int")
     state = State()
     _, state.now_ms, state.epoch, state.last_fencing_token, state.retention_ms = header[:5]
     state.next_seq = header[5]
-    count = unpacker.read_array_header()
-    rebuild_indexes(state, _decode_jobs(state, unpacker.unpack, count))
-    if len(state.jobs) != count:
+    length = unpacker.read_array_header()
+    columns = JobColumns()
+    if header[0] == STATE_FORMAT:
+        for _ in range(length):
+            _decode_chunk(state, unpacker.unpack(), columns)
+    else:
+        columns = JobColumns.from_jobs(list(_decode_rows(state, unpacker.unpack, length)))
+    rebuild_indexes(state, columns)
+    if len(state.jobs) != len(columns.jobs):
         raise CodecError("duplicate job ids")
     _decode_sections(state, unpacker.unpack())
     try:
@@ -442,6 +479,81 @@ def _decode_state(data: bytes) -> State:
     except msgpack.OutOfData:
         return state
     raise CodecError("trailing data after the state")
+
+
+_ROW_FORMAT: Final = 2
+"""The previous encoding, one row per job; still read, so that a node can
+restart from a snapshot written before the upgrade."""
+
+
+def _decode_chunk(state: State, chunk: object, into: JobColumns) -> None:
+    """One chunk of columns back into jobs (see `encode_state`), appended to
+    `into` with the columns that rebuilding the indexes reads."""
+    if type(chunk) is not tuple or len(chunk) != len(JOB_FIELDS) + 1:
+        raise CodecError(f"a job chunk has {len(JOB_FIELDS) + 1} arrays")
+    if not all(type(column) is tuple for column in chunk):
+        raise CodecError("a job chunk holds arrays")
+    size = len(chunk[1])
+    if any(len(column) != size for column in chunk[1:]):
+        raise CodecError("the columns of a job chunk differ in length")
+    values = [_shared_value(state, value) for value in chunk[0]]
+    columns: list[Any] = list(chunk[1:])
+    for i in _SHARED_COLUMNS:
+        column = columns[i]
+        if not column:
+            continue
+        if uniform(column):
+            if column[0] < 0:
+                raise CodecError("a negative value index")
+            columns[i] = [values[column[0]]] * size
+            continue
+        if min(column) < 0:
+            raise CodecError("a negative value index")
+        columns[i] = list(map(values.__getitem__, column))
+    # Records nested in a job are still plain tuples.
+    if columns[_LEASE].count(None) != size:
+        columns[_LEASE] = [None if lease is None else JobLease(*lease) for lease in columns[_LEASE]]
+    if columns[_ATTEMPTS].count(()) != size:
+        columns[_ATTEMPTS] = [_decode_attempts(rows) for rows in columns[_ATTEMPTS]]
+    if columns[_HISTORY].count(None) != size:
+        columns[_HISTORY] = [
+            None if rows is None else _decode_history(rows) for rows in columns[_HISTORY]
+        ]
+    if columns[_EFFECTS].count(None) != size:
+        columns[_EFFECTS] = [
+            None if rows is None else [StoredEffect(*effect) for effect in rows]
+            for rows in columns[_EFFECTS]
+        ]
+    jobs = list(starmap(Job, zip(*columns, strict=True)))
+    into.jobs += jobs
+    into.ids += columns[_ID]
+    into.statuses += columns[_STATUS]
+    into.queues += columns[_QUEUE]
+    into.tenants += columns[_TENANT]
+    into.priorities += columns[_PRIORITY]
+    into.seqs += columns[_SEQ]
+    marks = (columns[_DEADLINE], columns[_IDEMPOTENCY_KEY], columns[_EFFECTS])
+    if any(column.count(None) != size for column in marks):
+        into.marked += compress(jobs, map(_any_set, *marks))
+    if columns[_ORDERING_KEY].count(None) != size:
+        into.ordered += compress(jobs, map(_is_set, columns[_ORDERING_KEY]))
+
+
+def _any_set(*values: object) -> bool:
+    return any(value is not None for value in values)
+
+
+_is_set: Final = partial(is_not, None)
+
+
+def _shared_value(state: State, value: object) -> object:
+    """Statuses become the model's own strings; names and backoffs are interned."""
+    if type(value) is str:
+        status = _STATUS_NAMES.get(value)
+        return status if status is not None else intern(state, value)
+    if type(value) is tuple:
+        return intern(state, value)
+    return value
 
 
 def _decode_sections(state: State, rows: object) -> None:
@@ -453,9 +565,8 @@ def _decode_sections(state: State, rows: object) -> None:
         section.decode(state, row[1])
 
 
-def _decode_jobs(state: State, next_row: Callable[[], Any], count: int) -> Iterator[Job]:
-    """Rows back into jobs, with few calls per row: at a million jobs every
-    operation per row costs a measurable fraction of a second."""
+def _decode_rows(state: State, next_row: Callable[[], Any], count: int) -> Iterator[Job]:
+    """`_ROW_FORMAT` rows back into jobs."""
     names: dict[Any, Any] = state.interned
     statuses = _STATUS_NAMES
     make_job = Job

@@ -32,6 +32,8 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections import deque
+from itertools import compress
+from operator import neg
 from typing import Final
 
 from raftsched.core.model import (
@@ -42,6 +44,9 @@ from raftsched.core.model import (
     QUEUED_STATUSES,
     SUCCEEDED,
     Job,
+    JobColumns,
+    count_pairs,
+    uniform,
 )
 
 RunnableEntry = tuple[int, int, Job]
@@ -244,6 +249,74 @@ def rebuild(index: RunnableIndex, pending: list[Job]) -> None:
         heapq.heapify(lanes.high)
         for heap in lanes.heaps.values():
             heapq.heapify(heap)
+
+
+def rebuild_from_jobs(columns: JobColumns) -> RunnableIndex:
+    """The whole index from every job: what `add_new` for each job in
+    submission order and then `rebuild` give, computed a column at a time
+    for snapshots of a million jobs (see `state.rebuild_indexes`)."""
+    index = RunnableIndex()
+    jobs, statuses = columns.jobs, columns.statuses
+    tenants = index.tenants
+    for (tenant, status), count in count_pairs(columns.tenants, statuses).items():
+        counts = tenants.get(tenant)
+        if counts is None:
+            counts = tenants[tenant] = [0, 0]
+        if status in QUEUED_STATUSES:
+            counts[0] += count
+        elif status in LEASED_STATUSES:
+            counts[1] += count
+    keys, blocked = index.keys, index.blocked
+    for job in columns.ordered:
+        status = job.status
+        if status in _RELEASED:
+            continue
+        key: OrderingKey = (job.tenant, job.ordering_key)  # type: ignore[assignment]
+        chain = keys.get(key)
+        if chain is None:
+            keys[key] = deque((job,))
+            if status == DEAD_LETTER:
+                blocked[key] = job
+        else:
+            chain.append(job)
+    queues_of, tenants_of = columns.queues, columns.tenants
+    priorities, seqs, claimable = columns.priorities, columns.seqs, jobs
+    if statuses.count(PENDING) != len(jobs) or keys:
+        mask = list(map(PENDING.__eq__, statuses))
+        if keys:
+            mask = [
+                pending and (job.ordering_key is None or is_head(index, job))
+                for job, pending in zip(jobs, mask, strict=True)
+            ]
+        claimable = list(compress(jobs, mask))
+        queues_of = list(compress(queues_of, mask))
+        tenants_of = list(compress(tenants_of, mask))
+        priorities = list(compress(priorities, mask))
+        seqs = list(compress(seqs, mask))
+    entries = list(zip(map(neg, priorities), seqs, claimable, strict=True))
+    groups: dict[tuple[str, str], list[RunnableEntry]] = {}
+    if entries and uniform(queues_of) and uniform(tenants_of):
+        groups[queues_of[0], tenants_of[0]] = entries
+    else:
+        for queue, tenant, entry in zip(queues_of, tenants_of, entries, strict=True):
+            groups.setdefault((queue, tenant), []).append(entry)
+    queues = index.queues
+    for (queue, tenant), heap in groups.items():
+        lanes = queues.get(queue)
+        if lanes is None:
+            lanes = queues[queue] = Lanes()
+        lanes.heaps[tenant] = heap
+        lanes.counts[tenant] = len(heap)
+    if max(columns.priorities, default=0) > HIGH_PRIORITY_ABOVE:
+        for entry in entries:
+            if entry[0] < -HIGH_PRIORITY_ABOVE:
+                queues[entry[2].queue].high.append(entry)
+    for lanes in queues.values():
+        lanes.ring = sorted(lanes.counts)
+        heapq.heapify(lanes.high)
+        for heap in lanes.heaps.values():
+            heapq.heapify(heap)
+    return index
 
 
 def oldest_runnable_ms(index: RunnableIndex, queue: str) -> int | None:

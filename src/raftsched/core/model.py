@@ -8,9 +8,15 @@ everything outside the core treats them as read-only.
 
 from __future__ import annotations
 
-from typing import Final
+from collections import Counter
+from collections.abc import Sequence
+from operator import attrgetter
+from typing import Final, TypeVar
 
 from raftsched.core.commands import Backoff
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 SCHEDULED: Final = "scheduled"
 PENDING: Final = "pending"
@@ -327,3 +333,87 @@ class Job:
 
     def __repr__(self) -> str:
         return f"Job(id={self.id!r}, queue={self.queue!r}, status={self.status!r})"
+
+
+class JobColumns:
+    """Jobs in submission order with the columns that rebuilding the indexes
+    reads (`state.rebuild_indexes`), so that it need not visit every job: at
+    a million jobs each pass over the job objects costs a tenth of a second
+    in cache misses. A snapshot decoder fills the columns as it builds the
+    jobs; `from_jobs` reads them off the objects. `marked` are the jobs with
+    a deadline, an idempotency key or effects; `ordered` those with an
+    ordering key."""
+
+    __slots__ = (
+        "jobs", "ids", "statuses", "queues", "tenants",
+        "priorities", "seqs", "marked", "ordered",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.ids: list[str] = []
+        self.statuses: list[str] = []
+        self.queues: list[str] = []
+        self.tenants: list[str] = []
+        self.priorities: list[int] = []
+        self.seqs: list[int] = []
+        self.marked: list[Job] = []
+        self.ordered: list[Job] = []
+
+    @classmethod
+    def from_jobs(cls, jobs: list[Job]) -> JobColumns:
+        columns = cls()
+        columns.jobs = jobs
+        for name in ("ids", "statuses", "queues", "tenants", "priorities", "seqs"):
+            setattr(columns, name, list(map(_COLUMN_GETTERS[name], jobs)))
+        columns.marked = [
+            job
+            for job in jobs
+            if job.deadline_at_ms is not None or job.idempotency_key is not None or job.effects
+        ]
+        columns.ordered = [job for job in jobs if job.ordering_key is not None]
+        return columns
+
+
+def uniform(column: Sequence[object]) -> bool:
+    """Whether every element is the first (a C loop; identical objects compare
+    at pointer speed, and decoded columns share their objects)."""
+    return not column or column.count(column[0]) == len(column)
+
+
+def count_values(column: list[K]) -> dict[K, int]:
+    """`Counter(column)` in first-seen order. A column of a few distinct
+    values (statuses, queue names) is counted by C loops, one per value."""
+    if not column:
+        return {}
+    if uniform(column):
+        return {column[0]: len(column)}
+    distinct = set(column)
+    if len(distinct) > _FEW_VALUES:
+        return Counter(column)
+    return {value: column.count(value) for value in sorted(distinct, key=column.index)}
+
+
+_FEW_VALUES: Final = 16
+
+
+def count_pairs(first: list[K], second: list[V]) -> dict[tuple[K, V], int]:
+    """`Counter(zip(first, second))` in first-seen order, without a tuple per
+    element when either column is uniform (in a snapshot one usually is)."""
+    if second and uniform(second):
+        only = second[0]
+        return {(key, only): count for key, count in count_values(first).items()}
+    if first and uniform(first):
+        head = first[0]
+        return {(head, value): count for value, count in count_values(second).items()}
+    return Counter(zip(first, second, strict=True))
+
+
+_COLUMN_GETTERS: Final = {
+    "ids": attrgetter("id"),
+    "statuses": attrgetter("status"),
+    "queues": attrgetter("queue"),
+    "tenants": attrgetter("tenant"),
+    "priorities": attrgetter("priority"),
+    "seqs": attrgetter("seq"),
+}

@@ -35,14 +35,21 @@ class ReplicatedState:
             return core.encode_state(self.state)
 
     def restore(self, data: bytes) -> None:
-        restored = core.decode_state(data)
+        # A restored state is millions of long-lived objects. They are built
+        # with the collector off and frozen before it is back on, so that no
+        # collection walks them, neither the one that enabling it would set
+        # off at once nor full collections during apply later.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            restored = core.decode_state(data)
+        finally:
+            gc.freeze()
+            if was_enabled:
+                gc.enable()
         with self.lock:
             self.state = restored
-        # A restored state is millions of long-lived objects; moving them out
-        # of the collector's generations keeps full collections from scanning
-        # them again and again during apply.
         gc.collect()
-        gc.freeze()
         self._on_applied()
 
     def digest(self) -> str:
