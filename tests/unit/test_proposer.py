@@ -6,9 +6,15 @@ import asyncio
 from collections.abc import Callable
 
 from raftsched.core import decode_entry
-from raftsched.core.commands import Barrier, ClaimJobs, Entry, Tick
+from raftsched.core.commands import Barrier, ClaimJobs, Entry, HeartbeatJob, Tick
 from raftsched.core.results import Ack, Result
-from raftsched.node.proposer import ENTRY_WORK_MAX, Proposer
+from raftsched.node.proposer import (
+    ENTRY_WORK_MAX,
+    EXPRESS_WORK_MAX,
+    SMALL_WORK_MAX,
+    Proposer,
+    work_units,
+)
 
 
 class FakeRaft:
@@ -63,3 +69,40 @@ def test_one_entry_in_flight_and_entries_bounded_by_work() -> None:
     # Concurrent reads share one barrier.
     barriers = sum(isinstance(c, Barrier) for e in raft.entries[1:] for c in e.commands)
     assert barriers == 1
+
+
+async def _run_express() -> tuple[FakeRaft, list[object]]:
+    loop = asyncio.get_running_loop()
+    raft = FakeRaft()
+    proposer = Proposer(loop, raft, lambda: 1_000)
+    proposer.become_leader(3)
+    first = proposer.submit(Barrier())  # in flight while the rest queue up
+    big = [proposer.submit(ClaimJobs("w", ("hot",), 1000)) for _ in range(2)]
+    big.append(proposer.submit(Tick(max_items=1000)))
+    big += [proposer.submit(ClaimJobs("w", ("hot",), 1000)) for _ in range(2)]
+    small = proposer.submit(HeartbeatJob("j1", 7))  # arrives last
+    pending = [first, *big, small]
+    while not all(f.done() for f in pending):
+        await asyncio.sleep(0)
+        if raft.callbacks:
+            raft.commit_next()
+            await asyncio.sleep(0)
+    return raft, [*big]
+
+
+def test_small_commands_overtake_queued_big_work_in_a_short_entry() -> None:
+    raft, _ = asyncio.run(_run_express())
+    second = raft.entries[1]  # the first entry proposed after the one in flight
+    assert isinstance(second.commands[0], HeartbeatJob)
+    # Beside a small command an entry carries at most EXPRESS_WORK_MAX of big work.
+    assert sum(work_units(c) for c in second.commands[1:]) <= EXPRESS_WORK_MAX
+    # Big commands still go out in arrival order, and all of them do.
+    order = [
+        (type(c).__name__, getattr(c, "queues", None))
+        for entry in raft.entries[1:]
+        for c in entry.commands
+        if work_units(c) > SMALL_WORK_MAX
+    ]
+    assert order == [("ClaimJobs", ("hot",))] * 2 + [("Tick", None)] + [("ClaimJobs", ("hot",))] * 2
+    for entry in raft.entries[2:]:
+        assert sum(work_units(c) for c in entry.commands) <= ENTRY_WORK_MAX

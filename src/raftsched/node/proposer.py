@@ -52,6 +52,15 @@ NOT_COMMITTED_ERRORS = frozenset({"busy", "queue_full", "discarded"})
 ENTRY_WORK_MAX = 2000
 
 
+# Commands that change at most this many jobs (a heartbeat, a start, a
+# complete, a one-job claim, a read barrier) go first into the next entry,
+# and an entry that carries any holds at most EXPRESS_WORK_MAX of bigger work
+# beside them. An unrelated heartbeat then waits for the entry in flight and
+# one short entry, not for every 1,000-job claim and Tick queued before it.
+SMALL_WORK_MAX = 16
+EXPRESS_WORK_MAX = 1000
+
+
 def work_units(command: Command) -> int:
     """About how many jobs a command changes when applied."""
     if isinstance(command, ClaimJobs):
@@ -167,25 +176,52 @@ class Proposer:
         return len(self._queue)
 
     def _take_batch(self) -> list[_Waiting]:
-        batch: list[_Waiting] = []
+        """The next entry's commands: small ones first (see SMALL_WORK_MAX),
+        then big ones in arrival order up to the work cap, which is lower
+        when the entry carries small ones. The first big command is always
+        taken, so big work is never starved by a stream of small commands."""
+        taken: list[_Waiting] = []
+        left: deque[_Waiting] = deque()
         total_bytes = 0
         total_work = 0
-        while self._queue and len(batch) < self._commands_per_entry_max:
-            head = self._queue[0]
-            work = work_units(head.command)
-            if batch and (
-                total_bytes + head.size_bytes > self._entry_bytes_max
-                or total_work + work > self._entry_work_max
-            ):
-                break
-            self._queue.popleft()
-            if head.future.done():  # the waiter gave up before it was sent
+        small_taken = False
+        for waiting in self._queue:
+            if waiting.future.done():  # the waiter gave up before it was sent
                 continue
-            batch.append(head)
-            total_bytes += head.size_bytes
+            work = work_units(waiting.command)
+            if (
+                work > SMALL_WORK_MAX
+                or len(taken) >= self._commands_per_entry_max
+                or (taken and total_bytes + waiting.size_bytes > self._entry_bytes_max)
+            ):
+                left.append(waiting)
+                continue
+            taken.append(waiting)
+            total_bytes += waiting.size_bytes
             total_work += work
+            small_taken = True
+        work_max = EXPRESS_WORK_MAX if small_taken else self._entry_work_max
+        queue, self._queue = left, deque()
+        big_taken = full = False
+        for waiting in queue:
+            work = work_units(waiting.command)
+            if work <= SMALL_WORK_MAX or full:
+                self._queue.append(waiting)
+                continue
+            if big_taken and (
+                total_work + work > work_max
+                or total_bytes + waiting.size_bytes > self._entry_bytes_max
+                or len(taken) >= self._commands_per_entry_max
+            ):
+                full = True  # later big commands must not overtake this one
+                self._queue.append(waiting)
+                continue
+            taken.append(waiting)
+            total_bytes += waiting.size_bytes
+            total_work += work
+            big_taken = True
         self._queued_barrier = None
-        return batch
+        return taken
 
     def _pump(self) -> None:
         if self._in_flight is not None or not self._queue or self.term is None:
