@@ -10,10 +10,11 @@ nothing for the collector to find among them.
 Every `FREEZE_INTERVAL_S` (a few seconds, so that a bulk load of a million
 jobs is frozen as it arrives, not half a minute later) the node collects the
 young generations (so that fresh cyclic garbage is not frozen) and then moves
-every surviving object to the permanent generation with `gc.freeze()`. Full collections afterwards
-walk only what was allocated since. The cost is that cyclic garbage created
-before a freeze and still alive at it is never collected; it is bounded by
-what one interval produces, and young collections run first.
+every surviving object to the permanent generation with `gc.freeze()`.
+Automatic full collections are off (see GENERATION2_THRESHOLD). The cost is
+that cyclic garbage created before a freeze and still alive at it is never
+collected; it is bounded by what one interval produces, and young
+collections run first.
 """
 
 from __future__ import annotations
@@ -28,11 +29,18 @@ log = logging.getLogger("raftsched.gc")
 FREEZE_INTERVAL_S = 5.0
 # Fewer young collections under load; each one is cheap either way.
 GENERATION0_THRESHOLD = 10_000
+# No automatic full collections. Whatever survives the young generations is
+# frozen at the next interval anyway, so a full collection could only find
+# garbage from the last few seconds, and it pays for that by walking every
+# object allocated since the last freeze: during a hot minute that is about
+# a million (lease, attempt and history records), a pause of 100 ms or more
+# on every replica, every few seconds.
+GENERATION2_THRESHOLD = 1_000_000
 
 
 def configure() -> None:
-    _, generation1, generation2 = gc.get_threshold()
-    gc.set_threshold(GENERATION0_THRESHOLD, generation1, generation2)
+    _, generation1, _ = gc.get_threshold()
+    gc.set_threshold(GENERATION0_THRESHOLD, generation1, GENERATION2_THRESHOLD)
 
 
 async def freeze_periodically(interval_s: float = FREEZE_INTERVAL_S) -> None:
