@@ -44,7 +44,7 @@ def test_claim_records_worker_epoch_token_and_expiry() -> None:
     job_id = cluster.submit(lease_ms=5_000, idempotency_key="k", correlation_id="c")
     lease = cluster.claim_one(worker="w7")
     assert lease == Lease(
-        job_id, 1, 3, 1, T0 + 5_000, 5_000, "q", b"\xc0", "k", None, "c", None, None, None
+        job_id, 1, 3, 1, T0 + 5_000, 5_000, "q", b"\xc0", "k", None, "c", None, None, None, T0
     )
     job = cluster.job(job_id)
     assert job.status == "claimed"

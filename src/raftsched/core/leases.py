@@ -149,6 +149,7 @@ def _grant(state: State, job: Job, worker_id: str, lease_ms: int, savepoint: Sav
     state.last_fencing_token = token
     expires_at_ms = now_ms + lease_ms
     number = len(job.attempts) + 1
+    runnable_since_ms = job.next_run_at_ms  # when a pending job became runnable
     job.lease = JobLease(worker_id, epoch, token, expires_at_ms, lease_ms)
     job.attempts = (*job.attempts, Attempt(number, worker_id, epoch, token, now_ms))
     job.next_run_at_ms = None
@@ -169,6 +170,7 @@ def _grant(state: State, job: Job, worker_id: str, lease_ms: int, savepoint: Sav
         job.workflow_id,
         job.step,
         lease_inputs(state, job),
+        runnable_since_ms,
     )
 
 

@@ -74,6 +74,8 @@ class Lease(NamedTuple):
     workflow_id: str | None = None
     step: str | None = None
     inputs: bytes | None = None
+    # When the job became runnable (for the claim-wait metric).
+    runnable_since_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,6 @@ from typing import Any
 from raftsched import core
 from raftsched.core.commands import (
     CancelJob,
-    ClaimJobs,
     CompleteJob,
     FailJob,
     HeartbeatJob,
@@ -53,6 +52,7 @@ from raftsched.core.results import (
     Completed,
     Failed,
     HeartbeatAccepted,
+    Lease,
     Rejected,
     Replayed,
     Started,
@@ -147,26 +147,6 @@ def _attempt_by_token(job: core.Job, token: int) -> core.Attempt | None:
     for attempt in reversed(job.attempts):
         if attempt.fencing_token == token:
             return attempt
-    return None
-
-
-def runnable_since_ms(job: core.Job, token: int) -> int | None:
-    """When the job became runnable before the claim that granted `token`.
-
-    The history says it: the record before that claim moved the job to
-    pending (due, requeue, replay). A first claim of a job that was pending
-    from submission, or that was scheduled, was due at its `run_at`.
-    """
-    history = job.history or []
-    for index in range(len(history) - 1, -1, -1):
-        record = history[index]
-        if record[1] == "claim" and record[6] == token:
-            if index == 0:
-                return job.run_at_ms
-            previous = history[index - 1]
-            if previous[1] == "due" and previous[2] == "scheduled":
-                return job.run_at_ms
-            return previous[0]
     return None
 
 
@@ -321,9 +301,18 @@ class Observer:
     def observe(self, commands: Sequence[object], results: Sequence[object]) -> None:
         """Called with each committed entry of this node's, in order."""
         try:
-            with self._reading() as state:
-                for command, result in zip(commands, results, strict=False):
-                    self._observe_one(state, command, result)
+            rest = []
+            for command, result in zip(commands, results, strict=False):
+                if isinstance(result, Claimed):
+                    # Claims need no state: the lease says all. A 1,000-job
+                    # claim must not hold the state lock the applier waits for.
+                    self._on_claimed(result.leases)
+                else:
+                    rest.append((command, result))
+            if rest:
+                with self._reading() as state:
+                    for command, result in rest:
+                        self._observe_one(state, command, result)
         except Exception:  # observation must never break proposing
             log.exception("observing results failed")
 
@@ -334,14 +323,6 @@ class Observer:
                     if isinstance(item, SubmitItem) and item.created:
                         job = state.jobs.get(item.job_id)
                         self.m_submitted.inc(job.queue if job else "unknown")
-            case ClaimJobs(), Claimed(leases=leases):
-                for lease in leases:
-                    self._on_claim(
-                        state,
-                        lease.job_id,
-                        lease.fencing_token,
-                        lease.expires_at_ms - lease.lease_ms,
-                    )
             case StartJob(job_id=job_id), Started():
                 self._progress.setdefault(job_id, _Progress(wall_ms(), None, wall_ms()))
             case HeartbeatJob(job_id=job_id, progress=progress), HeartbeatAccepted():
@@ -387,16 +368,19 @@ class Observer:
             case _:
                 pass
 
-    def _on_claim(self, state: core.State, job_id: str, token: int, claimed_ms: int) -> None:
-        job = state.jobs.get(job_id)
-        if job is None:
-            return
-        self.m_attempts.inc(job.queue)
-        since_ms = runnable_since_ms(job, token)
-        if since_ms is not None:
-            self.m_claim_seconds.observe(max(0, claimed_ms - since_ms) / 1000, job.queue)
-        if len(self._leased) < TRACKED_JOBS_MAX:
-            self._leased[job_id] = token
+    def _on_claimed(self, leases: Sequence[Lease]) -> None:
+        observe = self.m_claim_seconds.observe
+        granted: dict[str, int] = {}
+        for lease in leases:
+            granted[lease.queue] = granted.get(lease.queue, 0) + 1
+            if lease.runnable_since_ms is not None:
+                claimed_ms = lease.expires_at_ms - lease.lease_ms
+                observe(max(0, claimed_ms - lease.runnable_since_ms) / 1000, lease.queue)
+        for queue, count in granted.items():
+            self.m_attempts.inc(queue, amount=count)
+        leased = self._leased
+        for lease in leases[: max(0, TRACKED_JOBS_MAX - len(leased))]:
+            leased[lease.job_id] = lease.fencing_token
 
     def _on_progress(self, job_id: str, progress: bytes | None) -> None:
         now = wall_ms()
