@@ -31,6 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,23 @@ async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
         await http.close()
 
 
+def gc_figures(base_url: str) -> dict[str, float]:
+    """Collections and their time in one node process (from /metrics)."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    figures: dict[str, float] = {}
+    for line in text.splitlines():
+        for name, key in (
+            ("raftsched_gc_pause_seconds_total", "seconds"),
+            ("raftsched_gc_pause_max_seconds", "max_s"),
+            ("raftsched_gc_collections_total", "count"),
+        ):
+            if line.startswith(name + "{"):
+                generation = line.split('generation="')[1].split('"')[0]
+                figures[f"gen{generation}_{key}"] = round(float(line.split()[-1]), 3)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
@@ -228,6 +246,7 @@ def main() -> None:
         except RuntimeError as error:  # e.g. 504 leader_changed during the submissions
             result["error"] = str(error)[:500]
         result["leader_changed"] = cluster.wait_for_leader(timeout_s=10) != leader
+        result["gc"] = {name: gc_figures(node.http_url) for name, node in cluster.nodes.items()}
         result["loadavg_after"] = Path("/proc/loadavg").read_text().strip()
     finally:
         cluster.stop()

@@ -38,9 +38,34 @@ GENERATION0_THRESHOLD = 10_000
 GENERATION2_THRESHOLD = 1_000_000
 
 
+class Pauses:
+    """Time spent in collections, per generation (for /metrics)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.longest = [0.0, 0.0, 0.0]
+        self._started = 0.0
+
+    def callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        generation = info.get("generation", 2)
+        elapsed = time.perf_counter() - self._started
+        self.count[generation] += 1
+        self.seconds[generation] += elapsed
+        self.longest[generation] = max(self.longest[generation], elapsed)
+
+
+pauses = Pauses()
+
+
 def configure() -> None:
     _, generation1, _ = gc.get_threshold()
     gc.set_threshold(GENERATION0_THRESHOLD, generation1, GENERATION2_THRESHOLD)
+    if pauses.callback not in gc.callbacks:
+        gc.callbacks.append(pauses.callback)
 
 
 async def freeze_periodically(interval_s: float = FREEZE_INTERVAL_S) -> None:

@@ -32,6 +32,7 @@ from raftsched.core.commands import Barrier, ClaimJobs, Command, TakeOver, Tick
 from raftsched.core.flow_claim import claimable_at_ms
 from raftsched.core.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.metrics import Registry
+from raftsched.node import gc_tuning
 from raftsched.node.clock import IdSource, LeaderClock, random_u64
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
@@ -324,6 +325,24 @@ class Node:
             "raftsched_leader_changes_total", "Times this node stopped being leader."
         )
         self.m_ticks = m.counter("raftsched_ticks_total", "Tick commands committed by this node.")
+        m.gauge(
+            "raftsched_gc_collections_total",
+            "Garbage collections in this process, by generation.",
+            ["generation"],
+            collect=lambda: [((str(g),), float(n)) for g, n in enumerate(gc_tuning.pauses.count)],
+        )
+        m.gauge(
+            "raftsched_gc_pause_seconds_total",
+            "Time spent in garbage collections, by generation.",
+            ["generation"],
+            collect=lambda: [((str(g),), s) for g, s in enumerate(gc_tuning.pauses.seconds)],
+        )
+        m.gauge(
+            "raftsched_gc_pause_max_seconds",
+            "The longest garbage collection so far, by generation.",
+            ["generation"],
+            collect=lambda: [((str(g),), s) for g, s in enumerate(gc_tuning.pauses.longest)],
+        )
         self.m_leases_expired = m.counter(
             "raftsched_leases_expired_total", "Leases expired by ticks this node proposed."
         )
