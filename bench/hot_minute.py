@@ -203,8 +203,9 @@ async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
         await http.close()
 
 
-def gc_figures(base_url: str) -> dict[str, float]:
-    """Collections and their time in one node process (from /metrics)."""
+def node_figures(base_url: str) -> dict[str, float]:
+    """Collections and their time in one node process, and on the leader
+    the entries it proposed and their commit time (from /metrics)."""
     with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
         text = response.read().decode()
     figures: dict[str, float] = {}
@@ -217,6 +218,12 @@ def gc_figures(base_url: str) -> dict[str, float]:
             if line.startswith(name + "{"):
                 generation = line.split('generation="')[1].split('"')[0]
                 figures[f"gen{generation}_{key}"] = round(float(line.split()[-1]), 3)
+        for name in ("raftsched_raft_commit_seconds", "raftsched_raft_entry_commands"):
+            for suffix in ("_sum", "_count"):
+                if line.startswith(name + suffix + " "):
+                    figures[name.removeprefix("raftsched_raft_") + suffix] = round(
+                        float(line.split()[-1]), 3
+                    )
     return figures
 
 
@@ -246,7 +253,7 @@ def main() -> None:
         except RuntimeError as error:  # e.g. 504 leader_changed during the submissions
             result["error"] = str(error)[:500]
         result["leader_changed"] = cluster.wait_for_leader(timeout_s=10) != leader
-        result["gc"] = {name: gc_figures(node.http_url) for name, node in cluster.nodes.items()}
+        result["nodes"] = {id: node_figures(node.http_url) for id, node in cluster.nodes.items()}
         result["loadavg_after"] = Path("/proc/loadavg").read_text().strip()
     finally:
         cluster.stop()
