@@ -23,8 +23,9 @@ Figures (keys of the JSON object):
 - submit_p50_ms / submit_p99_ms: single POST /v1/jobs on an otherwise idle
   cluster, one at a time, client-side round trip. submit_loaded_p50_ms /
   submit_loaded_p99_ms: the same during the single-request throughput phase.
-- due_to_lease_p50_ms / due_to_lease_p99_ms: workers are already waiting in
-  long-poll claims; jobs are submitted with `run_at` DUE_AHEAD_MS in the
+- due_to_lease_p50_ms / due_to_lease_p99_ms: after the replicas have applied
+  the throughput phases' backlog (settle_s: how long that took), workers are
+  already waiting in long-poll claims; jobs are submitted with `run_at` DUE_AHEAD_MS in the
   future. Lag = the wall-clock time this process receives the lease minus
   the job's `run_at` (same machine, same clock). It includes the leader's
   timer, the Tick entry, the claim entry and the HTTP response.
@@ -377,7 +378,30 @@ def failover_runs(cluster: LocalCluster, runs: int) -> list[float]:
 # -- main -----------------------------------------------------------------------
 
 
-async def load_phases(leader_url: str, leader_pid: int, settings: Settings) -> dict[str, Any]:
+async def settle(urls: list[str], timeout_s: float = 60.0) -> float:
+    """Wait until every replica has applied what the leader has committed.
+
+    After the throughput phases the followers are still applying their
+    backlog, and while pysyncobj applies it their tick threads answer no
+    appends; the due-to-lease phase measures the lag on a settled cluster.
+    Returns how long that took."""
+    started = time.monotonic()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        while time.monotonic() - started < timeout_s:
+            views = []
+            for url in urls:
+                async with session.get(url + "/v1/cluster") as response:
+                    views.append(await response.json())
+            leader_commit = max(view["commit_index"] for view in views)
+            if all(view["applied_index"] >= leader_commit for view in views):
+                break
+            await asyncio.sleep(0.1)
+    return round(time.monotonic() - started, 2)
+
+
+async def load_phases(
+    leader_url: str, leader_pid: int, settings: Settings, urls: list[str]
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     http = Http(leader_url, 256)
     try:
@@ -437,6 +461,7 @@ async def load_phases(leader_url: str, leader_pid: int, settings: Settings) -> d
             f"{out['jobs_per_s_batched']} jobs/s"
         )
 
+        out["settle_s"] = await settle(urls)
         lags = await due_to_lease(http, s)
         out["due_to_lease_p50_ms"] = ms(percentile(lags["due"], 0.5))
         out["due_to_lease_p99_ms"] = ms(percentile(lags["due"], 0.99))
@@ -480,7 +505,9 @@ def main() -> None:
         process = cluster.nodes[leader].process
         assert process is not None
         result.update(
-            asyncio.run(load_phases(cluster.nodes[leader].http_url, process.pid, settings))
+            asyncio.run(
+                load_phases(cluster.nodes[leader].http_url, process.pid, settings, cluster.urls)
+            )
         )
         if args.no_failover or settings.failover_runs == 0:
             result["failover_s"] = None
