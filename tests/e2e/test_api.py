@@ -251,6 +251,9 @@ def test_request_id_is_echoed_and_metrics_are_served(cluster: LocalCluster) -> N
         "raftsched_jobs",
         "raftsched_http_request_duration_seconds_bucket",
         "raftsched_raft_is_leader",
+        'raftsched_gc_pause_seconds_total{generation="0"}',
+        'raftsched_gc_pause_max_seconds{generation="1"}',
+        'raftsched_gc_collections_total{generation="2"}',
     ):
         assert name in text, name
 
