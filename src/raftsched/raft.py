@@ -26,9 +26,11 @@ Guard rails
 3. Power cuts are simulated by `RAFTSCHED_SIMULATE_POWER_CUT=1`; see
    `raft_journal`.
 4. Pickle on the wire. pysyncobj unpickles every message. The cluster secret
-   is required and passed as `password`: each message is a Fernet token
-   (AES plus HMAC), checked before anything is unpickled, so a stranger's
-   bytes only close the connection.
+   is required and passed as `password`: each message is an AES-256-GCM
+   token (`raft_cipher.RaftCipher`, installed in place of pysyncobj's
+   Fernet, which cost milliseconds per large entry), checked before
+   anything is unpickled, so a stranger's bytes only close the connection.
+   pysyncobj's per-message zlib compression is off for the same reason.
 5. Snapshots are the machine's own bytes (`StateMachine.snapshot`) behind a
    small msgpack header, through SyncObjConf's serializer/deserializer
    hooks. pysyncobj forks only for its own pickle serializer, so the adapter
@@ -97,11 +99,13 @@ from pathlib import Path
 from typing import Any, Final, Protocol
 
 import pysyncobj.syncobj as _pysyncobj_syncobj
+import pysyncobj.tcp_connection as _pysyncobj_tcp_connection
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.transport import TCPTransport
 
 from raftsched import raft_journal
+from raftsched.raft_cipher import RaftCipher
 from raftsched.raft_journal import DurableJournal, SnapshotHeader
 
 logger = logging.getLogger(__name__)
@@ -205,6 +209,25 @@ def _create_journal(journal_file: object = None) -> object:
 
 
 _pysyncobj_syncobj.createJournal = _create_journal
+
+
+class _NoCompression:
+    """Stands in for zlib in pysyncobj's connections: compressing every
+    message cost 0.2 ms per 30 KB (2.9 ms per 300 KB entry) at both ends."""
+
+    @staticmethod
+    def compress(data: bytes, level: int = -1) -> bytes:
+        return data
+
+    @staticmethod
+    def decompress(data: bytes) -> bytes:
+        return data
+
+
+# Guard rail 4: messages are AES-GCM tokens (`raft_cipher`), not Fernet ones,
+# and are not compressed. Every node of a cluster must run the same format.
+_pysyncobj_syncobj.getEncryptor = RaftCipher
+_pysyncobj_tcp_connection.zlib = _NoCompression
 
 
 class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is untyped
