@@ -11,10 +11,10 @@ Figures:
 - bytes_per_pending_job: RSS growth while storing the pending jobs (payload
   ~200 bytes of msgpack each, 30-char ids), divided by their number.
 - snapshot_encode_s: encode_state of that state.
-- snapshot_decode_s: decode_state of those bytes in a fresh interpreter, as
-  a node restarting from its snapshot does (this process frees its own state
-  first, as a restarting node's old process is gone), with the collector
-  paused and the result frozen as `ReplicatedState.restore` does.
+- snapshot_decode_s: `ReplicatedState.restore` of those bytes (decode with the
+  collector paused, result frozen) in a fresh interpreter, as a node
+  restarting from its snapshot does: the state is built and encoded in one
+  child process and decoded in another, so nothing else is in memory.
 - snapshot_decode_beside_state_s: the same decode in this process, with the
   original state still in memory (a follower that installs a snapshot while
   still serving reads from its old state). On this VM memory beyond what a
@@ -41,7 +41,6 @@ import msgpack
 from raftsched.core import (
     apply_encoded,
     apply_entry,
-    decode_state,
     encode_entry,
     encode_state,
     new_state,
@@ -59,6 +58,7 @@ from raftsched.core.commands import (
 )
 from raftsched.core.results import Claimed
 from raftsched.core.state import State
+from raftsched.node.machine import ReplicatedState
 
 T0 = 1_800_000_000_000
 BATCH = 1_000
@@ -149,14 +149,11 @@ def tick_cost(future_jobs: int, due_jobs: int) -> float:
 
 
 def restore(data: bytes) -> State:
-    """What a node does to load a snapshot (`ReplicatedState.restore`): decode
-    with the collector off, then freeze the result out of its way."""
-    gc.disable()
-    try:
-        return decode_state(data)
-    finally:
-        gc.freeze()
-        gc.enable()
+    """What a node does to load a snapshot: `ReplicatedState.restore` (decode
+    with the collector off, freeze the result, collect what is left)."""
+    machine = ReplicatedState(on_applied=lambda: None)
+    machine.restore(data)
+    return machine.state
 
 
 def run_child(*arguments: str) -> dict[str, float | int]:
