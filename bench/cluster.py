@@ -37,6 +37,10 @@ Figures (keys of the JSON object):
 - leader_cpu_ms_per_job_single / _batched: CPU time (user + system) the leader
   process spent per job in each throughput phase; steadier than jobs/s on a
   shared machine, so it is the figure to compare before and after a change.
+- cpu_ms_per_job_single / _batched: the same for every process that shares
+  the machine (leader, each follower, this load generator, and their total),
+  and cores_busy_single / _batched: that total CPU time over the phase's wall
+  time. With both cores busy, 1000 / (total / 2) bounds jobs/s on this machine.
 - loadavg_before / loadavg_after: /proc/loadavg, since the machine is shared.
 """
 
@@ -115,6 +119,37 @@ def cpu_s(pid: int) -> float:
     except OSError:
         return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds of the nodes and of this process over one phase."""
+
+    def __init__(self, pids: dict[str, int], leader_id: str) -> None:
+        self.pids = pids
+        self.leader_id = leader_id
+        self.started = (self._nodes(), time.process_time(), time.monotonic())
+
+    def _nodes(self) -> dict[str, float]:
+        return {node_id: cpu_s(pid) for node_id, pid in self.pids.items()}
+
+    def per_job(self, jobs: int) -> tuple[dict[str, Any], float]:
+        """(CPU ms per job by process, cores busy) since the meter started."""
+        nodes_before, own_before, wall_before = self.started
+        nodes = {n: cpu - nodes_before[n] for n, cpu in self._nodes().items()}
+        own = time.process_time() - own_before
+        total = sum(nodes.values()) + own
+        jobs = max(1, jobs)
+
+        def per(seconds: float) -> float:
+            return round(seconds * 1000 / jobs, 3)
+
+        figures = {
+            "leader": per(nodes[self.leader_id]),
+            "followers": [per(cpu) for n, cpu in sorted(nodes.items()) if n != self.leader_id],
+            "load_generator": per(own),
+            "total": per(total),
+        }
+        return figures, round(total / max(1e-9, time.monotonic() - wall_before), 2)
 
 
 def loadavg() -> str:
@@ -273,7 +308,8 @@ async def batch_worker(http: Http, queue: str, worker_id: str, p: Pipeline) -> N
 
 async def due_to_lease(http: Http, settings: Settings) -> dict[str, list[float]]:
     """Waiting workers; jobs due DUE_AHEAD_MS after submission, then immediate jobs."""
-    lags: dict[str, list[float]] = {"due": [], "immediate": []}
+    lags: dict[str, list[float]] = {"due": [], "due_at": [], "immediate": []}
+    phase_started = time.monotonic()
     expected = settings.due_jobs * 2
     sent_at: dict[int, float] = {}
     finished = asyncio.Event()
@@ -288,6 +324,7 @@ async def due_to_lease(http: Http, settings: Settings) -> dict[str, list[float]]
                 payload = lease["payload"]
                 if "run_at_ms" in payload:
                     lags["due"].append((received_ms - payload["run_at_ms"]) / 1000)
+                    lags["due_at"].append(time.monotonic() - phase_started)
                 else:
                     lags["immediate"].append((received_ms - sent_at[payload["n"]]) / 1000)
                 token = lease["fencing_token"]
@@ -400,9 +437,10 @@ async def settle(urls: list[str], timeout_s: float = 60.0) -> float:
 
 
 async def load_phases(
-    leader_url: str, leader_pid: int, settings: Settings, urls: list[str]
+    leader_url: str, pids: dict[str, int], leader_id: str, settings: Settings, urls: list[str]
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    leader_pid = pids[leader_id]
     http = Http(leader_url, 256)
     try:
         idle = await idle_submits(http, settings.idle_submits)
@@ -412,6 +450,7 @@ async def load_phases(
 
         s = settings
         cpu_before = cpu_s(leader_pid)
+        meter = CpuMeter(pids, leader_id)
         single, elapsed = await run_phase(
             s.single_time_s,
             s.single_jobs,
@@ -427,6 +466,7 @@ async def load_phases(
         out["leader_cpu_ms_per_job_single"] = round(
             (cpu_s(leader_pid) - cpu_before) * 1000 / max(1, single.completed), 3
         )
+        out["cpu_ms_per_job_single"], out["cores_busy_single"] = meter.per_job(single.completed)
         out["single_jobs_completed"] = single.completed
         out["single_elapsed_s"] = round(elapsed, 2)
         out["submit_loaded_p50_ms"] = ms(percentile(single.submit_latencies_s, 0.5))
@@ -438,6 +478,7 @@ async def load_phases(
         )
 
         cpu_before = cpu_s(leader_pid)
+        meter = CpuMeter(pids, leader_id)
         batched, elapsed = await run_phase(
             s.batched_time_s,
             s.batched_jobs,
@@ -453,6 +494,7 @@ async def load_phases(
         out["leader_cpu_ms_per_job_batched"] = round(
             (cpu_s(leader_pid) - cpu_before) * 1000 / max(1, batched.completed), 3
         )
+        out["cpu_ms_per_job_batched"], out["cores_busy_batched"] = meter.per_job(batched.completed)
         out["batched_jobs_completed"] = batched.completed
         out["batched_elapsed_s"] = round(elapsed, 2)
         out["batch_submit_p50_ms"] = ms(percentile(batched.submit_latencies_s, 0.5))
@@ -463,6 +505,11 @@ async def load_phases(
 
         out["settle_s"] = await settle(urls)
         lags = await due_to_lease(http, s)
+        worst = sorted(zip(lags["due"], lags["due_at"], strict=True), reverse=True)[:8]
+        log(
+            "due-to-lease worst (lag ms @ s into the phase): "
+            + ", ".join(f"{ms(lag)} @ {at:.2f}" for lag, at in worst)
+        )
         out["due_to_lease_p50_ms"] = ms(percentile(lags["due"], 0.5))
         out["due_to_lease_p99_ms"] = ms(percentile(lags["due"], 0.99))
         out["submit_to_lease_p50_ms"] = ms(percentile(lags["immediate"], 0.5))
@@ -502,11 +549,13 @@ def main() -> None:
         cluster.start()
         leader = cluster.wait_for_leader(timeout_s=60)
         time.sleep(1.0)  # let the take-over settle: "idle" means idle
-        process = cluster.nodes[leader].process
-        assert process is not None
+        pids: dict[str, int] = {}
+        for node_id, node in cluster.nodes.items():
+            assert node.process is not None
+            pids[node_id] = node.process.pid
         result.update(
             asyncio.run(
-                load_phases(cluster.nodes[leader].http_url, process.pid, settings, cluster.urls)
+                load_phases(cluster.nodes[leader].http_url, pids, leader, settings, cluster.urls)
             )
         )
         if args.no_failover or settings.failover_runs == 0:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from raftsched import raft_journal
-from raftsched.raft import ProposeError, RaftNode
+from raftsched.raft import ProposeError, RaftNode, staggered_compaction_entries
 from raftsched.raft_journal import Disk, DurableJournal, SnapshotHeader
 
 
@@ -234,3 +234,15 @@ def test_single_node_busy_apply_failure_and_close(tmp_path: Path) -> None:
     finally:
         node.close()
     assert propose_and_wait(node, b"late") == (None, ProposeError.CLOSED)
+
+
+def test_replicas_compact_at_different_log_indexes() -> None:
+    """Replicas that compact at the same index fork and encode at the same
+    moment; each gets its own threshold, from 1x up to 1.5x, by its id."""
+    ids = ["n1", "n2", "n3"]
+    thresholds = [staggered_compaction_entries(n, [i for i in ids if i != n], 6000) for n in ids]
+    assert thresholds == [6000, 7000, 8000]
+    five = [f"n{i}" for i in range(1, 6)]
+    spread = {staggered_compaction_entries(n, five, 5000) for n in five}
+    assert len(spread) == 5 and min(spread) == 5000 and max(spread) < 7500
+    assert staggered_compaction_entries("solo", [], 10) == 10
