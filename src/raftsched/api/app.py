@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from raftsched.api import jsonbody
 from raftsched.api.errors import ApiError, invalid
 from raftsched.logs import REQUEST_ID
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
@@ -133,8 +134,8 @@ async def read_json(request: web.Request) -> Any:
         raise invalid("body", "a JSON body is required")
     raw = await request.read()
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        return jsonbody.loads(raw)
+    except jsonbody.JsonError as error:
         raise invalid("body", f"not valid JSON: {error}") from None
 
 

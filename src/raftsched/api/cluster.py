@@ -8,6 +8,7 @@ from importlib import resources
 from aiohttp import web
 
 from raftsched.api.app import node_of
+from raftsched.api.jsonbody import json_response
 
 routes = web.RouteTableDef()
 
@@ -49,12 +50,12 @@ async def cluster(request: web.Request) -> web.Response:
         "applied_index": status.applied_index,
         "nodes": nodes,
     }
-    return web.json_response(body)
+    return json_response(body)
 
 
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "node_id": node_of(request).config.node_id})
+    return json_response({"status": "ok", "node_id": node_of(request).config.node_id})
 
 
 @routes.get("/readyz")
@@ -70,7 +71,7 @@ async def readyz(request: web.Request) -> web.Response:
         "commit_index": status.commit_index,
         "applied_index": status.applied_index,
     }
-    return web.json_response(body, status=200 if ready else 503)
+    return json_response(body, status=200 if ready else 503)
 
 
 @routes.get("/metrics")
@@ -87,7 +88,7 @@ async def metrics(request: web.Request) -> web.Response:
 @routes.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
     text = resources.files("raftsched").joinpath("static/openapi.json").read_text("utf-8")
-    return web.json_response(json.loads(text))
+    return json_response(json.loads(text))
 
 
 @routes.get("/v1/debug/digest")
@@ -97,6 +98,6 @@ async def digest(request: web.Request) -> web.Response:
     with node.reading():
         value = node.replica.digest()
         applied = node.status().applied_index
-    return web.json_response(
+    return json_response(
         {"node_id": node.config.node_id, "digest": value, "applied_index": applied}
     )

@@ -34,6 +34,7 @@ from raftsched import core
 from raftsched.api import render
 from raftsched.api.app import Handler, node_of
 from raftsched.api.errors import ApiError, invalid
+from raftsched.api.jsonbody import json_response
 from raftsched.api.validation import reject_unknown
 from raftsched.node.observability import wall_ms
 from raftsched.node.service import Node
@@ -90,7 +91,7 @@ async def static_file(request: web.Request) -> web.Response:
 
 @routes.get("/v1/time")
 async def node_time(request: web.Request) -> web.Response:
-    return web.json_response({"node_id": node_of(request).config.node_id, "wall_ms": wall_ms()})
+    return json_response({"node_id": node_of(request).config.node_id, "wall_ms": wall_ms()})
 
 
 @routes.get("/v1/overview")
@@ -112,7 +113,7 @@ async def overview(request: web.Request) -> web.Response:
         "outbox_lag": node.observer.outbox_lag(),
     }
     headers = {"Raftsched-Applied-Index": str(body["node"]["applied_index"])}
-    return web.json_response(body, headers=headers)
+    return json_response(body, headers=headers)
 
 
 def _node_json(node: Node) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from raftsched.api.jsonbody import json_response
 from raftsched.core.results import Rejected
 
 STATUS_BY_CODE: dict[str, int] = {
@@ -60,7 +61,7 @@ class ApiError(Exception):
         return {"error": {"code": self.code, "message": self.message, "details": self.details}}
 
     def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status, headers=self.headers)
+        return json_response(self.body(), status=self.status, headers=self.headers)
 
 
 def invalid(field: str, message: str) -> ApiError:

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
 from raftsched.api.validation import WAIT_S_MAX, path_id, reject_unknown, require_object, string
 from raftsched.core import outbox
@@ -80,7 +81,7 @@ async def list_events(request: web.Request) -> web.Response:
             }
         remaining = deadline - time.monotonic()
         if found or remaining <= 0:
-            return web.json_response(body, headers=headers)
+            return json_response(body, headers=headers)
         with suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), remaining)
 
@@ -148,7 +149,7 @@ async def create_subscription(request: web.Request) -> web.Response:
         raise from_rejection(result)
     assert isinstance(result, SubscriptionCreated)
     answer = {"subscription": _read_subscription(request, subscription_id)}
-    return web.json_response(answer, status=201 if result.created else 200)
+    return json_response(answer, status=201 if result.created else 200)
 
 
 @routes.get("/v1/subscriptions")
@@ -160,14 +161,14 @@ async def list_subscriptions(request: web.Request) -> web.Response:
             subscription_json(sub, state.now_ms, oldest_undelivered_at_ms(state, sub))
             for sub in subscriptions(state).values()
         ]
-    return web.json_response({"subscriptions": found}, headers=headers)
+    return json_response({"subscriptions": found}, headers=headers)
 
 
 @routes.get("/v1/subscriptions/{subscription_id}")
 async def get_subscription(request: web.Request) -> web.Response:
     headers = await prepare_read(request)
     subscription_id = path_id(request.match_info["subscription_id"], "subscription_id")
-    return web.json_response(
+    return json_response(
         {"subscription": _read_subscription(request, subscription_id)}, headers=headers
     )
 
@@ -189,4 +190,4 @@ async def retry_parked(request: web.Request) -> web.Response:
     if isinstance(result, Rejected):
         raise from_rejection(result)
     assert isinstance(result, ParkedRetried)
-    return web.json_response({"retried": result.count})
+    return json_response({"retried": result.count})

@@ -10,6 +10,7 @@ from raftsched import core
 from raftsched.api import queues, render
 from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.jsonbody import json_response
 from raftsched.api.validation import (
     BATCH_JOBS_MAX,
     parse_job,
@@ -56,8 +57,8 @@ async def submit_job(request: web.Request) -> web.Response:
         raise from_rejection(item)
     body = {"job": _job_json(request, item.job_id)}
     if item.created:
-        return web.json_response(body, status=201)
-    return web.json_response(body, status=200, headers={"Idempotent-Replayed": "true"})
+        return json_response(body, status=201)
+    return json_response(body, status=200, headers={"Idempotent-Replayed": "true"})
 
 
 @routes.post("/v1/jobs/batch")
@@ -80,7 +81,7 @@ async def submit_batch(request: web.Request) -> web.Response:
             results.append(entry)
         else:
             results.append(from_rejection(item).body())
-    return web.json_response({"results": results})
+    return json_response({"results": results})
 
 
 @routes.get("/v1/jobs/{job_id}")
@@ -92,7 +93,7 @@ async def get_job(request: web.Request) -> web.Response:
         if job is None:
             raise ApiError("not_found", f"no job {job_id}")
         body = {"job": render.job(job)}
-    return web.json_response(body, headers=headers)
+    return json_response(body, headers=headers)
 
 
 @routes.get("/v1/jobs")
@@ -127,7 +128,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     headers = await prepare_read(request)
     key = query.get("idempotency_key")
     if key is not None:
-        return web.json_response(_by_idempotency_key(request, key), headers=headers)
+        return json_response(_by_idempotency_key(request, key), headers=headers)
     with node_of(request).reading() as state:
         jobs, next_cursor = core.list_jobs(
             state,
@@ -141,7 +142,7 @@ async def list_jobs(request: web.Request) -> web.Response:
             correlation_id=query.get("correlation_id"),
         )
         body = {"jobs": [render.job(job) for job in jobs], "next_cursor": next_cursor}
-    return web.json_response(body, headers=headers)
+    return json_response(body, headers=headers)
 
 
 def _by_idempotency_key(request: web.Request, key: str) -> dict[str, Any]:
@@ -184,7 +185,7 @@ async def cancel_job(request: web.Request) -> web.Response:
     if isinstance(result, Rejected):
         raise from_rejection(result)
     assert isinstance(result, CancelAccepted)
-    return web.json_response({"job": _job_json(request, job_id)})
+    return json_response({"job": _job_json(request, job_id)})
 
 
 @routes.post("/v1/jobs/{job_id}/replay")
@@ -197,7 +198,7 @@ async def replay_job(request: web.Request) -> web.Response:
     if isinstance(result, Rejected):
         raise from_rejection(result)
     assert isinstance(result, Replayed)
-    return web.json_response({"job": _job_json(request, job_id)})
+    return json_response({"job": _job_json(request, job_id)})
 
 
 @routes.get("/v1/jobs/{job_id}/history")
@@ -209,4 +210,4 @@ async def job_history(request: web.Request) -> web.Response:
         if events is None:
             raise ApiError("not_found", f"no job {job_id}")
         body = {"events": [render.history_event(event) for event in events]}
-    return web.json_response(body, headers=headers)
+    return json_response(body, headers=headers)

@@ -16,6 +16,7 @@ from raftsched import core
 from raftsched.api import render, unsafe
 from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.jsonbody import json_response
 from raftsched.api.validation import (
     BATCH_OPS_MAX,
     CLAIM_JOBS_MAX,
@@ -89,7 +90,7 @@ async def claim(request: web.Request) -> web.Response:
     if isinstance(outcome, Rejected):
         raise from_rejection(outcome)
     node.m_leases_granted.inc(amount=len(outcome))
-    return web.json_response({"leases": [render.lease(grant) for grant in outcome]})
+    return json_response({"leases": [render.lease(grant) for grant in outcome]})
 
 
 def _command_for(op: str, job_id: str, body: Mapping[str, Any], prefix: str = "") -> Command:
@@ -150,7 +151,7 @@ def _op_route(op: str) -> None:
         body = unsafe.ignore_fencing(node_of(request), job_id, body)  # negative control only
         command = _command_for(op, job_id, body)
         result = await node_of(request).propose(command, request.content_length or 0)
-        return web.json_response(_answer(request, op, result))
+        return json_response(_answer(request, op, result))
 
     handler.__name__ = f"lease_{op}"
     routes.post(f"/v1/leases/{{job_id}}/{op}")(handler)
@@ -207,7 +208,7 @@ async def lease_batch(request: web.Request) -> web.Response:
                     {"reason": str(error)},
                 ).body()
             )
-    return web.json_response({"results": results})
+    return json_response({"results": results})
 
 
 @routes.post("/v1/effects")
@@ -228,7 +229,7 @@ async def record_effect(request: web.Request) -> web.Response:
         raise from_rejection(result)
     assert isinstance(result, EffectRecorded)
     answer = {"effect": render.effect(result.effect), "replayed": result.replayed}
-    return web.json_response(answer, status=200 if result.replayed else 201)
+    return json_response(answer, status=200 if result.replayed else 201)
 
 
 @routes.get("/v1/effects/{key}")
@@ -239,4 +240,4 @@ async def get_effect(request: web.Request) -> web.Response:
         effect = core.get_effect(state, key)
     if effect is None:
         raise ApiError("not_found", f"no effect {key}")
-    return web.json_response({"effect": render.effect(effect)}, headers=headers)
+    return json_response({"effect": render.effect(effect)}, headers=headers)

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.jsonbody import json_response
 from raftsched.api.validation import integer, path_id, reject_unknown, require_object
 from raftsched.core.commands import Command, PauseQueue, SetQueue, SetTenant
 from raftsched.core.flow import (
@@ -169,21 +170,21 @@ def _tenant_json(request: web.Request, name: str) -> dict[str, Any]:
 async def put_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
     await _propose(request, parse_queue(name, await read_json(request)))
-    return web.json_response({"queue": _queue_json(request, name, True)})
+    return json_response({"queue": _queue_json(request, name, True)})
 
 
 @routes.post("/v1/queues/{name}/pause")
 async def pause_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
     await _propose(request, PauseQueue(name, True))
-    return web.json_response({"queue": _queue_json(request, name, True)})
+    return json_response({"queue": _queue_json(request, name, True)})
 
 
 @routes.post("/v1/queues/{name}/resume")
 async def resume_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
     await _propose(request, PauseQueue(name, False))
-    return web.json_response({"queue": _queue_json(request, name, True)})
+    return json_response({"queue": _queue_json(request, name, True)})
 
 
 @routes.get("/v1/queues")
@@ -195,7 +196,7 @@ async def list_queues(request: web.Request) -> web.Response:
     with node.reading() as state:
         views = [queue_view(state, name, now_ms) for name in queue_names(state)]
     body = {"queues": [render_queue(view, now_ms) for view in views]}
-    return web.json_response(body, headers=headers)
+    return json_response(body, headers=headers)
 
 
 @routes.get("/v1/queues/{name}")
@@ -206,14 +207,14 @@ async def get_queue(request: web.Request) -> web.Response:
     with node_of(request).reading() as state:
         if name not in queue_names(state):
             raise ApiError("not_found", f"no queue {name}: no jobs and no settings")
-    return web.json_response({"queue": _queue_json(request, name, True)}, headers=headers)
+    return json_response({"queue": _queue_json(request, name, True)}, headers=headers)
 
 
 @routes.put("/v1/tenants/{name}")
 async def put_tenant(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
     await _propose(request, parse_tenant(name, await read_json(request)))
-    return web.json_response({"tenant": _tenant_json(request, name)})
+    return json_response({"tenant": _tenant_json(request, name)})
 
 
 @routes.get("/v1/tenants")
@@ -222,7 +223,7 @@ async def list_tenants(request: web.Request) -> web.Response:
     headers = await prepare_read(request)
     with node_of(request).reading() as state:
         views = [tenant_view(state, name) for name in tenant_names(state)]
-    return web.json_response({"tenants": [render_tenant(v) for v in views]}, headers=headers)
+    return json_response({"tenants": [render_tenant(v) for v in views]}, headers=headers)
 
 
 @routes.get("/v1/tenants/{name}")
@@ -231,7 +232,7 @@ async def get_tenant(request: web.Request) -> web.Response:
     headers = await prepare_read(request)
     name = path_id(request.match_info["name"], "name")
     # Every tenant exists with the default settings; unknown ones show zeros.
-    return web.json_response({"tenant": _tenant_json(request, name)}, headers=headers)
+    return json_response({"tenant": _tenant_json(request, name)}, headers=headers)
 
 
 # -- metrics -----------------------------------------------------------------------

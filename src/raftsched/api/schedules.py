@@ -15,6 +15,7 @@ from aiohttp import web
 
 from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.jsonbody import json_response
 from raftsched.api.validation import (
     instant_ms,
     integer,
@@ -304,7 +305,7 @@ async def create_schedule(request: web.Request) -> web.Response:
     result = await _propose(request, CreateSchedule(spec))
     assert isinstance(result, ScheduleSaved)
     status = 201 if result.created else 200
-    return web.json_response(_schedule_body(request, spec.id), status=status)
+    return json_response(_schedule_body(request, spec.id), status=status)
 
 
 @routes.post("/v1/schedules/batch")
@@ -328,7 +329,7 @@ async def create_schedules(request: web.Request) -> web.Response:
         else:
             assert isinstance(result, ScheduleSaved)
             answers.append({"id": spec.id, "created": result.created})
-    return web.json_response({"results": answers})
+    return json_response({"results": answers})
 
 
 @routes.get("/v1/schedules")
@@ -345,7 +346,7 @@ async def list_all(request: web.Request) -> web.Response:
             "schedules": [render_schedule(state, schedule) for schedule in page],
             "next_cursor": cursor,
         }
-    return web.json_response(body, headers=headers)
+    return json_response(body, headers=headers)
 
 
 @routes.get("/v1/schedules/{schedule_id}")
@@ -358,7 +359,7 @@ async def get_one(request: web.Request) -> web.Response:
         if schedule is None:
             raise ApiError("not_found", f"no schedule {schedule_id}")
         body = {"schedule": render_schedule(state, schedule)}
-    return web.json_response(body, headers=headers)
+    return json_response(body, headers=headers)
 
 
 @routes.put("/v1/schedules/{schedule_id}")
@@ -366,28 +367,28 @@ async def edit(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
     spec = parse_schedule(await read_json(request), path_id_value=schedule_id)
     await _propose(request, UpdateSchedule(spec))
-    return web.json_response(_schedule_body(request, schedule_id))
+    return json_response(_schedule_body(request, schedule_id))
 
 
 @routes.delete("/v1/schedules/{schedule_id}")
 async def delete(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
     await _propose(request, DeleteSchedule(schedule_id))
-    return web.json_response({"deleted": True, "id": schedule_id})
+    return json_response({"deleted": True, "id": schedule_id})
 
 
 @routes.post("/v1/schedules/{schedule_id}/pause")
 async def pause(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
     await _propose(request, PauseSchedule(schedule_id))
-    return web.json_response(_schedule_body(request, schedule_id))
+    return json_response(_schedule_body(request, schedule_id))
 
 
 @routes.post("/v1/schedules/{schedule_id}/resume")
 async def resume(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
     await _propose(request, ResumeSchedule(schedule_id))
-    return web.json_response(_schedule_body(request, schedule_id))
+    return json_response(_schedule_body(request, schedule_id))
 
 
 @routes.post("/v1/schedules/{schedule_id}/trigger")
@@ -397,7 +398,7 @@ async def trigger(request: web.Request) -> web.Response:
         reject_unknown(require_object(await read_json(request)), frozenset())
     result = await _propose(request, TriggerSchedule(schedule_id))
     assert isinstance(result, OccurrenceDecided)
-    return web.json_response({"occurrence": render_decided(result, result.nominal_ms)})
+    return json_response({"occurrence": render_decided(result, result.nominal_ms)})
 
 
 @routes.post("/v1/schedules/{schedule_id}/backfill")
@@ -420,7 +421,7 @@ async def backfill(request: web.Request) -> web.Response:
     with node_of(request).reading() as state:
         decided_at_ms = state.now_ms
     rendered = [render_decided(each, decided_at_ms) for each in result.decisions]
-    return web.json_response({"occurrences": rendered})
+    return json_response({"occurrences": rendered})
 
 
 @routes.get("/v1/schedules/{schedule_id}/occurrences")
@@ -438,7 +439,7 @@ async def list_occurrences(request: web.Request) -> web.Response:
             raise ApiError("not_found", f"no schedule {schedule_id}")
         records = occurrences(schedule, int(limit_text))
     body = {"occurrences": [render_occurrence(record) for record in records]}
-    return web.json_response(body, headers=headers)
+    return json_response(body, headers=headers)
 
 
 # -- metrics -------------------------------------------------------------------------------

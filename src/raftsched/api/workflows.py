@@ -9,6 +9,7 @@ from aiohttp import web
 
 from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
 from raftsched.api.validation import (
     JOB_FIELDS,
@@ -194,15 +195,15 @@ async def submit_workflow(request: web.Request) -> web.Response:
     assert isinstance(result, WorkflowSubmitted)
     body = {"workflow": _read_workflow(request, result.workflow_id)}
     if result.created:
-        return web.json_response(body, status=201)
-    return web.json_response(body, headers={"Idempotent-Replayed": "true"})
+        return json_response(body, status=201)
+    return json_response(body, headers={"Idempotent-Replayed": "true"})
 
 
 @routes.get("/v1/workflows/{workflow_id}")
 async def get_workflow(request: web.Request) -> web.Response:
     headers = await prepare_read(request)
     workflow_id = path_id(request.match_info["workflow_id"], "workflow_id")
-    return web.json_response({"workflow": _read_workflow(request, workflow_id)}, headers=headers)
+    return json_response({"workflow": _read_workflow(request, workflow_id)}, headers=headers)
 
 
 @routes.get("/v1/workflows/{workflow_id}/history")
@@ -217,7 +218,7 @@ async def workflow_history(request: web.Request) -> web.Response:
             {"at": format_ms(at_ms), "event": event, "detail": detail}
             for at_ms, event, detail in workflow.history
         ]
-    return web.json_response({"events": events}, headers=headers)
+    return json_response({"events": events}, headers=headers)
 
 
 @routes.get("/v1/workflows")
@@ -248,7 +249,7 @@ async def list_workflows(request: web.Request) -> web.Response:
                 break
             found.append(workflow_json(workflow, state.jobs, full=False))
             found_seq = workflow.seq
-    return web.json_response({"workflows": found, "next_cursor": next_cursor}, headers=headers)
+    return json_response({"workflows": found, "next_cursor": next_cursor}, headers=headers)
 
 
 def _query_int(query: Mapping[str, str], name: str, low: int, high: int) -> int | None:
@@ -273,4 +274,4 @@ async def cancel_workflow(request: web.Request) -> web.Response:
     if isinstance(result, Rejected):
         raise from_rejection(result)
     assert isinstance(result, WorkflowCancelAccepted)
-    return web.json_response({"workflow": _read_workflow(request, workflow_id)})
+    return json_response({"workflow": _read_workflow(request, workflow_id)})
