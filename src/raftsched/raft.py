@@ -311,7 +311,11 @@ class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         # the commit index first lets the followers apply while the leader
         # does. (This overrides a name-mangled method: SyncObj's own calls to
         # `self.__applyLogEntries` look up this name.)
+        # pysyncobj then sends the same commit index again after applying;
+        # with it already announced that message is redundant (heartbeats
+        # still go out on their period, new entries as they are appended).
         commit_index = int(self.raftCommitIndex)
+        announced = False
         if (
             commit_index > self._raftsched_commit_announced
             and commit_index > int(self.raftLastApplied)
@@ -319,7 +323,9 @@ class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         ):
             self._raftsched_commit_announced = commit_index
             self._SyncObj__sendAppendEntries()
-        return bool(super()._SyncObj__applyLogEntries())
+            announced = True
+        need_send = bool(super()._SyncObj__applyLogEntries())
+        return need_send and not announced
 
     @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
     def apply_command(self, data: bytes) -> object:
