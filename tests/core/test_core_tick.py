@@ -7,6 +7,7 @@ from core_support import T0, Cluster
 from raftsched.core import next_due_ms
 from raftsched.core.commands import (
     Backoff,
+    Barrier,
     CompleteJob,
     Configure,
     HeartbeatJob,
@@ -126,3 +127,33 @@ def test_next_due_ms_covers_every_kind_of_work() -> None:
     assert next_due_ms(cluster.state) == T0 + 3_000
     cluster.claim_one(lease_ms=2_000)
     assert next_due_ms(cluster.state) == T0 + 2_000
+
+
+def test_every_entry_drops_stale_heap_entries_so_no_tick_inherits_them() -> None:
+    """Only the leader settles the heaps in `next_due_ms`; a follower's kept
+    every finished lease until a Tick popped them all at once. Each entry now
+    drops a few per command, so the heaps stay the size of the live work."""
+    cluster = Cluster()
+    for batch in range(20):
+        specs = tuple(JobSpec("q", deadline_ms=3_600_000) for _ in range(100))
+        ids = tuple(f"job_{batch}_{i}" for i in range(100))
+        cluster.run(SubmitJobs(specs, ids))
+        leases = cluster.claim(n=100)
+        cluster.run(*(StartJob(lease.job_id, lease.fencing_token) for lease in leases))
+        cluster.run(*(CompleteJob(lease.job_id, lease.fencing_token) for lease in leases))
+        assert len(cluster.state.leases) == 0
+        assert len(cluster.state.deadlines) == 0
+    # A live lease at the top keeps the stale ones behind it until it ends;
+    # then the entries that follow drop them, a bounded number each.
+    long_running = cluster.start()
+    for batch in range(3):
+        ids = tuple(f"later_{batch}_{i}" for i in range(100))
+        cluster.run(SubmitJobs(tuple(JobSpec("q") for _ in ids), ids))
+        leases = cluster.claim(n=100)
+        cluster.run(*(CompleteJob(lease.job_id, lease.fencing_token) for lease in leases))
+    assert len(cluster.state.leases) == 301
+    cluster.run(CompleteJob(long_running.job_id, long_running.fencing_token))
+    assert 0 < len(cluster.state.leases) < 301
+    for _ in range(20):  # 18 steps per one-command entry: 300 in 17 entries
+        cluster.run(Barrier())
+    assert len(cluster.state.leases) == 0

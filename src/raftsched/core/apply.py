@@ -68,7 +68,7 @@ from raftsched.core.results import INTERNAL_ERROR, INVALID_REQUEST, Ack, Rejecte
 from raftsched.core.savepoint import Savepoint
 from raftsched.core.state import State
 from raftsched.core.submit import apply_submit
-from raftsched.core.tick import apply_tick, take_over
+from raftsched.core.tick import apply_tick, take_over, tidy_heaps
 from raftsched.core.validate import TIME_MS_MAX, TOKEN_MAX
 
 COMMAND_TYPES = frozenset(
@@ -134,7 +134,11 @@ def apply_entry(state: State, entry: Entry) -> list[Result]:
         return [Rejected(INTERNAL_ERROR, message, {})] * max(len(entry.commands), 1)
     stale = entry.epoch < state.epoch
     savepoint = Savepoint(state)
-    return [_apply_command(state, command, stale, savepoint) for command in entry.commands]
+    results = [_apply_command(state, command, stale, savepoint) for command in entry.commands]
+    # A bug in tidying touches derived data only, and Tick settles the heaps anyway.
+    with suppress(Exception):
+        tidy_heaps(state, len(entry.commands))
+    return results
 
 
 def _check_entry(entry: object) -> str | None:

@@ -234,6 +234,47 @@ def _due_valid(job: Job, key_ms: int) -> bool:
     return job.status in WAITING_STATUSES and job.next_run_at_ms == key_ms
 
 
+# Stale entries (a lease that ended, a deadline of a finished job) that one
+# committed entry may drop from the top of each time heap: a few per command
+# it carries. Every command makes at most one entry of each heap stale, so
+# this keeps up, and its cost follows the entry's own work.
+TIDY_STEPS_PER_COMMAND = 2
+TIDY_STEPS_MIN = 16
+
+
+def tidy_heaps(state: State, commands: int) -> None:
+    """Drop a bounded number of stale entries from the heaps' tops; run after
+    every entry, on every replica.
+
+    Only the leader calls `next_due_ms`, which settles the heaps as it goes,
+    so a follower's heaps kept every lease granted since the last Tick: the
+    first Tick after 70,000 completed jobs popped 70,000 entries (74 ms, on
+    the commit path of every replica) and stalled the cluster. The heaps are
+    derived data, never encoded; dropping stale entries changes no outcome.
+    """
+    steps = TIDY_STEPS_MIN + TIDY_STEPS_PER_COMMAND * commands
+    leases = state.leases
+    left = steps
+    while leases and left > 0:
+        key_ms, token, job = leases[0]
+        lease = job.lease
+        if lease is None or lease.fencing_token != token:
+            heapq.heappop(leases)
+        elif lease.expires_at_ms != key_ms:
+            heapq.heapreplace(leases, (lease.expires_at_ms, token, job))
+        else:
+            break
+        left -= 1
+    _tidy(state.deadlines, _deadline_valid, steps)
+    _tidy(state.due, _due_valid, steps)
+
+
+def _tidy(heap: list[TimedEntry], valid: _Validity, steps: int) -> None:
+    while heap and steps > 0 and not valid(heap[0][2], heap[0][0]):
+        heapq.heappop(heap)
+        steps -= 1
+
+
 def _settle(heap: list[TimedEntry], valid: _Validity) -> TimedEntry | None:
     while heap:
         top = heap[0]
