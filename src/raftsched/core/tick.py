@@ -87,14 +87,17 @@ def take_over(state: State) -> None:
                 lease.expires_at_ms = floor_ms
 
 
-def _current_lease_top(state: State) -> TimedEntry | None:
+def _current_lease_top(state: State, steps: int | None = None) -> TimedEntry | None:
     """The lease heap's top once stale and extended entries are settled.
 
     An extended lease's entry moves to its real expiry, so that leases are
-    processed in (expiry, token) order on every replica.
+    processed in (expiry, token) order on every replica. With `steps`, at
+    most that many entries are dropped or moved; None then may also mean
+    that the top is not settled yet.
     """
     heap = state.leases
-    while heap:
+    left = -1 if steps is None else steps  # -1 never counts down to 0
+    while heap and left != 0:
         key_ms, token, job = top = heap[0]
         lease = job.lease
         if lease is None or lease.fencing_token != token:
@@ -103,6 +106,7 @@ def _current_lease_top(state: State) -> TimedEntry | None:
             heapq.heapreplace(heap, (lease.expires_at_ms, token, job))
         else:
             return top
+        left -= 1
     return None
 
 
@@ -253,18 +257,7 @@ def tidy_heaps(state: State, commands: int) -> None:
     derived data, never encoded; dropping stale entries changes no outcome.
     """
     steps = TIDY_STEPS_MIN + TIDY_STEPS_PER_COMMAND * commands
-    leases = state.leases
-    left = steps
-    while leases and left > 0:
-        key_ms, token, job = leases[0]
-        lease = job.lease
-        if lease is None or lease.fencing_token != token:
-            heapq.heappop(leases)
-        elif lease.expires_at_ms != key_ms:
-            heapq.heapreplace(leases, (lease.expires_at_ms, token, job))
-        else:
-            break
-        left -= 1
+    _current_lease_top(state, steps)
     _tidy(state.deadlines, _deadline_valid, steps)
     _tidy(state.due, _due_valid, steps)
 
