@@ -258,20 +258,20 @@ def tidy_heaps(state: State, commands: int) -> None:
     """
     steps = TIDY_STEPS_MIN + TIDY_STEPS_PER_COMMAND * commands
     _current_lease_top(state, steps)
-    _tidy(state.deadlines, _deadline_valid, steps)
-    _tidy(state.due, _due_valid, steps)
+    _settle(state.deadlines, _deadline_valid, steps)
+    _settle(state.due, _due_valid, steps)
 
 
-def _tidy(heap: list[TimedEntry], valid: _Validity, steps: int) -> None:
-    while heap and steps > 0 and not valid(heap[0][2], heap[0][0]):
-        heapq.heappop(heap)
-        steps -= 1
-
-
-def _settle(heap: list[TimedEntry], valid: _Validity) -> TimedEntry | None:
-    while heap:
+def _settle(
+    heap: list[TimedEntry], valid: _Validity, steps: int | None = None
+) -> TimedEntry | None:
+    """The heap's first valid entry, dropping stale ones above it; with
+    `steps`, at most that many (None then may also mean not settled yet)."""
+    left = -1 if steps is None else steps  # -1 never counts down to 0
+    while heap and left != 0:
         top = heap[0]
         if valid(top[2], top[0]):
             return top
         heapq.heappop(heap)
+        left -= 1
     return None
