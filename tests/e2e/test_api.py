@@ -193,6 +193,18 @@ def test_bad_input_gets_400_naming_the_field_and_commits_nothing(cluster: LocalC
     # Raw garbage and oversized bodies.
     status, answer, _ = raw_post(leader_url + "/v1/jobs", b"{not json")
     assert status == 400 and answer["error"]["details"]["field"] == "body"
+    # Python's json module accepts these; they are not JSON and are refused.
+    for not_json in (
+        b'{"queue": "q", "payload": {"amount": NaN}}',
+        b'{"queue": "q", "payload": [Infinity]}',
+        b'{"queue": "q", "payload": "\\ud800"}',
+        b'{"queue": "q", "payload": "\xff"}',
+    ):
+        status, answer, _ = raw_post(leader_url + "/v1/jobs", not_json)
+        assert status == 400, (not_json, answer)
+        assert answer["error"]["code"] == "invalid_request"
+        assert answer["error"]["details"]["field"] == "body"
+        assert "not valid JSON" in answer["error"]["message"]
     status, answer, _ = raw_post(leader_url + "/v1/jobs", b'{"queue": "' + b"x" * 1_100_000 + b'"}')
     assert status == 413 and answer["error"]["code"] == "payload_too_large"
     assert cluster.digests()[cluster.wait_for_leader()] == before
