@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -9,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from raftsched import raft_journal
-from raftsched.raft import ProposeError, RaftNode, staggered_compaction_entries
+from raftsched.raft import (
+    SNAPSHOT_CHILD_NICE,
+    ProposeError,
+    RaftNode,
+    staggered_compaction_entries,
+)
 from raftsched.raft_journal import Disk, DurableJournal, SnapshotHeader
 
 
@@ -246,3 +252,44 @@ def test_replicas_compact_at_different_log_indexes() -> None:
     spread = {staggered_compaction_entries(n, five, 5000) for n in five}
     assert len(spread) == 5 and min(spread) == 5000 and max(spread) < 7500
     assert staggered_compaction_entries("solo", [], 10) == 10
+
+
+class NicenessMachine(Machine):
+    """Its snapshot is the CPU niceness of the process that encodes it."""
+
+    def snapshot(self) -> bytes:
+        return str(os.nice(0)).encode()
+
+
+def test_the_snapshot_child_encodes_at_a_lower_cpu_priority(tmp_path: Path) -> None:
+    """The child is background work beside the node's Raft and HTTP threads;
+    the node itself keeps its priority."""
+    from raftsched.testing import free_port
+
+    parent_nice = os.nice(0)
+    node = RaftNode(
+        **node_options(  # type: ignore[arg-type]
+            tmp_path,
+            raft_address=f"127.0.0.1:{free_port()}",
+            machine=NicenessMachine(),
+            log_compaction_entries=10,
+        )
+    )
+    node.start()
+    snapshot = tmp_path / raft_journal.SNAPSHOT_NAME
+    try:
+        deadline = time.monotonic() + 10
+        while not node.is_leader() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for i in range(40):
+            assert propose_and_wait(node, b"entry-%d" % i)[1] is None
+            if snapshot.exists():
+                break
+        deadline = time.monotonic() + 10
+        while not snapshot.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _, body = raft_journal.decode_snapshot(snapshot.read_bytes())
+    finally:
+        node.close()
+    assert int(body) == min(19, parent_nice + SNAPSHOT_CHILD_NICE)
+    assert os.nice(0) == parent_nice
