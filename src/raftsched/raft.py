@@ -36,8 +36,9 @@ Guard rails
    forks itself (`snapshot_in_child`, on by default): the tick thread takes
    the machine's lock (so no other thread holds it across the fork), forks,
    and goes straight back to Raft; the child encodes its copy-on-write image
-   of the state as of exactly the last applied entry, writes and fsyncs the
-   file, renames it into place and exits. pysyncobj's `serializeChecker` hook
+   of the state as of exactly the last applied entry, writing each piece
+   of the encoding as it comes (the whole encoding is never in memory),
+   fsyncs the file, renames it into place and exits. pysyncobj's `serializeChecker` hook
    polls the child, and the log is compacted only once the child succeeded.
    Encoding a million jobs takes seconds, far longer than an election
    timeout: done on the tick thread it would cost the leader its leadership.
@@ -140,15 +141,18 @@ class StateMachine(Protocol):
         """Apply one committed command. Runs on the tick thread, in log order."""
         ...
 
-    def snapshot(self) -> bytes:
-        """Encode the whole state as of the last applied entry. Runs in a forked
+    def snapshot(self) -> Iterable[bytes | memoryview]:
+        """Encode the whole state as of the last applied entry, as pieces that
+        joined in order are what `restore` reads. The adapter writes each piece
+        before it asks for the next, so a piece may be a view of a buffer that
+        the next one reuses. Runs in a forked
         child (or on the tick thread). A machine that other threads read must
         expose the lock they take as `lock` (a `threading.RLock`): the adapter
         holds it across the fork so the child never inherits it held by a
         thread that does not exist there."""
         ...
 
-    def restore(self, data: bytes) -> None:
+    def restore(self, data: bytes | memoryview) -> None:
         """Replace the whole state with a decoded snapshot."""
         ...
 
@@ -602,9 +606,9 @@ class RaftNode:
         )
         if not self._snapshot_in_child:
             started = time.monotonic()
-            data = raft_journal.encode_snapshot(header, self._machine.snapshot())
+            durable = self.durability == "fsync"
             raft_journal.write_snapshot_file(
-                Path(file_name), data, durable=self.durability == "fsync"
+                Path(file_name), header, self._machine.snapshot(), durable=durable
             )
             self.last_snapshot_duration_s = time.monotonic() - started
             return
@@ -631,8 +635,9 @@ class RaftNode:
                 os.nice(SNAPSHOT_CHILD_NICE)
             final = tmp_path.with_name(tmp_path.name.removesuffix(".tmp"))
             part = final.with_name(final.name + ".child")
-            data = raft_journal.encode_snapshot(header, self._machine.snapshot())
-            raft_journal.write_snapshot_file(part, data, durable=self.durability == "fsync")
+            raft_journal.write_snapshot_file(
+                part, header, self._machine.snapshot(), durable=self.durability == "fsync"
+            )
             os.replace(part, final)
             if self.durability == "fsync":
                 raft_journal.fsync_directory(final.parent)

@@ -47,7 +47,7 @@ import random
 import struct
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, overload
@@ -531,8 +531,8 @@ def _entry_from_wire(value: object) -> Entry:
     return (command, index, term)
 
 
-def encode_snapshot(header: SnapshotHeader, body: bytes) -> bytes:
-    header_bytes: bytes = msgpack.packb(
+def _snapshot_header_bytes(header: SnapshotHeader) -> bytes:
+    packed: bytes = msgpack.packb(
         {
             "version": 1,
             "last_entry": list(header.last_entry),
@@ -540,6 +540,12 @@ def encode_snapshot(header: SnapshotHeader, body: bytes) -> bytes:
             "cluster": list(header.cluster),
         }
     )
+    return packed
+
+
+def encode_snapshot(header: SnapshotHeader, body: bytes) -> bytes:
+    """A whole snapshot file's bytes (what `write_snapshot_file` writes)."""
+    header_bytes = _snapshot_header_bytes(header)
     prefix = _SNAPSHOT_PREFIX.pack(
         len(header_bytes), zlib.crc32(header_bytes), len(body), zlib.crc32(body)
     )
@@ -569,9 +575,11 @@ def _decode_snapshot_header(data: bytes) -> tuple[SnapshotHeader, int, int, int]
     return header, header_start + header_len, body_len, body_crc
 
 
-def decode_snapshot(data: bytes) -> tuple[SnapshotHeader, bytes]:
+def decode_snapshot(data: bytes) -> tuple[SnapshotHeader, memoryview]:
+    """The header and the machine's bytes, checked against their CRCs. The
+    body is a view of `data`, not a copy (a 1M-job state is ~270 MB)."""
     header, body_start, body_len, body_crc = _decode_snapshot_header(data)
-    body = data[body_start : body_start + body_len]
+    body = memoryview(data)[body_start : body_start + body_len]
     if len(body) != body_len or zlib.crc32(body) != body_crc:
         raise StorageError("snapshot body is torn or corrupt")
     return header, body
@@ -587,10 +595,26 @@ def read_snapshot_header(path: Path) -> SnapshotHeader:
     return _decode_snapshot_header(data)[0]
 
 
-def write_snapshot_file(path: Path, data: bytes, *, durable: bool) -> None:
-    """Write a snapshot to `path` (a temporary name that pysyncobj renames)."""
+def write_snapshot_file(
+    path: Path, header: SnapshotHeader, body: Iterable[bytes | memoryview], *, durable: bool
+) -> None:
+    """Write a snapshot to `path` (a temporary name that pysyncobj renames),
+    the machine's bytes as they come: `body` is read piece by piece and each
+    piece written before the next is asked for, so the whole state never
+    has to be in memory at once. Its length and CRC are known only at the
+    end, so the prefix is written last; until then it reads as torn."""
+    header_bytes = _snapshot_header_bytes(header)
     with open(path, "wb") as handle:
-        handle.write(data)
+        handle.write(_SNAPSHOT_MAGIC + b"\xff" * _SNAPSHOT_PREFIX.size + header_bytes)
+        length = crc = 0
+        for piece in body:
+            handle.write(piece)
+            crc = zlib.crc32(piece, crc)
+            length += len(piece)
+        handle.seek(len(_SNAPSHOT_MAGIC))
+        handle.write(
+            _SNAPSHOT_PREFIX.pack(len(header_bytes), zlib.crc32(header_bytes), length, crc)
+        )
         handle.flush()
         if durable:
             os.fsync(handle.fileno())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hashlib import sha256
+
 import msgpack
 import pytest
 from core_support import T0, Cluster
@@ -15,6 +17,7 @@ from raftsched.core import (
     decode_state,
     encode_entry,
     encode_state,
+    encode_state_pieces,
     state_digest,
 )
 from raftsched.core import commands as c
@@ -276,3 +279,24 @@ def test_damaged_job_chunks_raise_codec_error() -> None:
     for data in damaged:
         with pytest.raises(CodecError):
             decode_state(data)
+
+
+def test_the_pieces_of_a_state_are_its_encoding_and_each_is_lent_not_given() -> None:
+    """A snapshot is written piece by piece (`encode_state_pieces`), the
+    digest hashed the same way: joined, the pieces are exactly
+    `encode_state`, and each is a view of the encoder's buffer that is
+    released once the next piece is asked for."""
+    cluster = _mixed_state(10_000)
+    data = encode_state(cluster.state)
+    pieces = encode_state_pieces(cluster.state)
+    first = next(pieces)
+    kept = [bytes(first)]
+    assert len(first) < len(data) // 2
+    kept += (bytes(piece) for piece in pieces)
+    assert len(kept) > 2
+    assert b"".join(kept) == data
+    with pytest.raises(ValueError, match="released"):
+        bytes(first)
+    assert state_digest(cluster.state) == sha256(data).hexdigest()
+    # A view (of a snapshot file read whole) decodes like bytes.
+    assert encode_state(decode_state(memoryview(b"..." + data)[3:])) == data

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,28 @@ def test_snapshot_round_trip_and_corruption(tmp_path: Path) -> None:
         raft_journal.decode_snapshot(data[:-1] + b"X")
 
 
+def test_a_snapshot_written_piece_by_piece_is_the_same_file(tmp_path: Path) -> None:
+    """The machine's bytes are streamed to the file (a 1M-job state is never
+    in memory whole); the prefix, with the body's length and CRC, goes in
+    last, so a file cut off before then reads as torn."""
+    header = SnapshotHeader(last_entry=(b"b", 8, 2), previous_entry=(b"a", 7, 2), cluster=("x:1",))
+    pieces = [b"machine", memoryview(b"-state-"), b"", b"x" * 100_000]
+    path = tmp_path / "snapshot.tmp"
+    raft_journal.write_snapshot_file(path, header, iter(pieces), durable=True)
+    body = b"".join(pieces)
+    assert path.read_bytes() == raft_journal.encode_snapshot(header, body)
+    assert raft_journal.decode_snapshot(path.read_bytes()) == (header, body)
+
+    def cut_off() -> Iterator[bytes]:
+        yield b"machine"
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        raft_journal.write_snapshot_file(path, header, cut_off(), durable=False)
+    with pytest.raises(raft_journal.StorageError, match="torn"):
+        raft_journal.decode_snapshot(path.read_bytes())
+
+
 class Machine:
     def __init__(self) -> None:
         self.entries: list[bytes] = []
@@ -138,11 +161,11 @@ class Machine:
         self.entries.append(data)
         return len(self.entries)
 
-    def snapshot(self) -> bytes:
-        return b"".join(self.entries)
+    def snapshot(self) -> list[bytes]:
+        return [b"".join(self.entries)]
 
-    def restore(self, data: bytes) -> None:
-        self.entries = [data]
+    def restore(self, data: bytes | memoryview) -> None:
+        self.entries = [bytes(data)]
 
 
 def node_options(tmp_path: Path, **overrides: object) -> dict[str, object]:
@@ -257,8 +280,8 @@ def test_replicas_compact_at_different_log_indexes() -> None:
 class NicenessMachine(Machine):
     """Its snapshot is the CPU niceness of the process that encodes it."""
 
-    def snapshot(self) -> bytes:
-        return str(os.nice(0)).encode()
+    def snapshot(self) -> list[bytes]:
+        return [str(os.nice(0)).encode()]
 
 
 def test_the_snapshot_child_encodes_at_a_lower_cpu_priority(tmp_path: Path) -> None:
@@ -291,5 +314,5 @@ def test_the_snapshot_child_encodes_at_a_lower_cpu_priority(tmp_path: Path) -> N
         _, body = raft_journal.decode_snapshot(snapshot.read_bytes())
     finally:
         node.close()
-    assert int(body) == min(19, parent_nice + SNAPSHOT_CHILD_NICE)
+    assert int(bytes(body)) == min(19, parent_nice + SNAPSHOT_CHILD_NICE)
     assert os.nice(0) == parent_nice

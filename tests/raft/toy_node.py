@@ -45,11 +45,11 @@ class ListMachine:
             self.entries.append(data)
             return len(self.entries)
 
-    def snapshot(self) -> bytes:
+    def snapshot(self) -> list[bytes]:
         with self.lock:
-            return bytes(msgpack.packb(self.entries))
+            return [bytes(msgpack.packb(self.entries))]
 
-    def restore(self, data: bytes) -> None:
+    def restore(self, data: bytes | memoryview) -> None:
         entries = msgpack.unpackb(data)
         with self.lock:
             self.entries = list(entries)

@@ -21,6 +21,7 @@ from raftsched.core.codec import (
     decode_state,
     encode_entry,
     encode_state,
+    encode_state_pieces,
     state_digest,
 )
 from raftsched.core.invariants import check_invariants
@@ -68,6 +69,7 @@ __all__ = [
     "decode_state",
     "encode_entry",
     "encode_state",
+    "encode_state_pieces",
     "find_by_idempotency_key",
     "get_effect",
     "get_job",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gc
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from raftsched import core
 
@@ -30,11 +30,14 @@ class ReplicatedState:
         self._on_applied()
         return results
 
-    def snapshot(self) -> bytes:
+    def snapshot(self) -> Iterator[memoryview]:
+        # Called in the snapshot child, whose copy of the state nothing else
+        # changes, or on the tick thread, which is the only writer: either
+        # way the state holds still while the pieces are written.
         with self.lock:
-            return core.encode_state(self.state)
+            yield from core.encode_state_pieces(self.state)
 
-    def restore(self, data: bytes) -> None:
+    def restore(self, data: bytes | memoryview) -> None:
         # A restored state is millions of long-lived objects. They are built
         # with the collector off and frozen before it is back on, so that no
         # collection walks them, neither the one that enabling it would set
