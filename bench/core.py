@@ -32,6 +32,10 @@ Figures:
   old state). On this VM memory beyond what a process already touched
   costs about 2 s per GB in page faults, so this figure is mostly the
   machine, not the decoder.
+- machine_loop_ns_before / _after: a fixed pure-Python loop, ns per
+  iteration, timed at the start and the end. This VM's speed drifts (by
+  1.7 times within one day); compare figures only between runs whose loop
+  figures agree.
 - tick_s: one Tick making 10,000 due jobs runnable among `--jobs` future
   jobs; tick_s_100k the same among 100,000, to show the cost does not grow
   with the stored jobs.
@@ -78,6 +82,19 @@ from raftsched.raft_journal import SnapshotHeader
 T0 = 1_800_000_000_000
 BATCH = 1_000
 ENTRY_COMMANDS = 100
+
+
+def loop_ns() -> float:
+    """The machine's speed for plain Python: ns per iteration of a fixed loop
+    (best of three)."""
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        total = 0
+        for i in range(2_000_000):
+            total += i
+        best = min(best, time.perf_counter() - started)
+    return round(best / 2_000_000 * 1e9, 1)
 
 
 def rss_bytes() -> int:
@@ -253,6 +270,7 @@ def main() -> None:
     if args.build is not None:
         build(args)
         return
+    before_ns = loop_ns()
     # The stored state is built and encoded in one child and decoded in a
     # fresh one, as a node restarting from its snapshot does: the process
     # that held the old state is gone.
@@ -270,6 +288,8 @@ def main() -> None:
     figures["tick_s"] = round(tick_cost(args.jobs, 10_000), 4)
     gc.collect()
     figures["tick_s_100k"] = round(tick_cost(100_000, 10_000), 4)
+    figures["machine_loop_ns_before"] = before_ns
+    figures["machine_loop_ns_after"] = loop_ns()
     print(json.dumps(figures))
 
 

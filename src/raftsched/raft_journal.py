@@ -43,14 +43,16 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import random
 import struct
+import threading
 import time
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, overload
+from typing import Any, BinaryIO, Final, overload
 
 import msgpack
 
@@ -600,17 +602,26 @@ def write_snapshot_file(
 ) -> None:
     """Write a snapshot to `path` (a temporary name that pysyncobj renames),
     the machine's bytes as they come: `body` is read piece by piece and each
-    piece written before the next is asked for, so the whole state never
-    has to be in memory at once. Its length and CRC are known only at the
-    end, so the prefix is written last; until then it reads as torn."""
+    piece copied out before the next is asked for, so the whole state never
+    has to be in memory at once. A thread of its own writes the pieces, so
+    that the kernel's share (taking ~300 MB into its page cache at 1M jobs,
+    0.5-1.7 s on this VM) overlaps the encoding instead of following it.
+    The body's length and CRC are known only at the end, so the prefix is
+    written last; until then the file reads as torn."""
     header_bytes = _snapshot_header_bytes(header)
     with open(path, "wb") as handle:
         handle.write(_SNAPSHOT_MAGIC + b"\xff" * _SNAPSHOT_PREFIX.size + header_bytes)
         length = crc = 0
-        for piece in body:
-            handle.write(piece)
-            crc = zlib.crc32(piece, crc)
-            length += len(piece)
+        writer = _PieceWriter(handle)
+        try:
+            for piece in body:
+                crc = zlib.crc32(piece, crc)
+                length += len(piece)
+                writer.put(bytes(piece))
+        finally:
+            writer.close()
+        if writer.error is not None:
+            raise writer.error
         handle.seek(len(_SNAPSHOT_MAGIC))
         handle.write(
             _SNAPSHOT_PREFIX.pack(len(header_bytes), zlib.crc32(header_bytes), length, crc)
@@ -618,3 +629,39 @@ def write_snapshot_file(
         handle.flush()
         if durable:
             os.fsync(handle.fileno())
+
+
+_WRITE_AHEAD: Final = 4
+"""Pieces (about 1 MB each) that may wait for the snapshot writer thread."""
+
+
+class _PieceWriter:
+    """Writes pieces to a file on its own thread (a file write releases the
+    GIL). After a failed write it drops the rest, so `put` never blocks on a
+    writer that stopped; the first error is kept for the caller."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.error: BaseException | None = None
+        self._queue: queue.Queue[bytes | None] = queue.Queue(_WRITE_AHEAD)
+        self._thread = threading.Thread(
+            target=self._run, args=(handle,), name="snapshot-writer", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, handle: BinaryIO) -> None:
+        while (piece := self._queue.get()) is not None:
+            if self.error is None:
+                try:
+                    handle.write(piece)
+                except BaseException as error:  # handed to the caller
+                    self.error = error
+
+    def put(self, piece: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        self._queue.put(piece)
+
+    def close(self) -> None:
+        """Wait until every piece put so far is written (or dropped)."""
+        self._queue.put(None)
+        self._thread.join()

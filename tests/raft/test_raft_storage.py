@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -149,6 +150,17 @@ def test_a_snapshot_written_piece_by_piece_is_the_same_file(tmp_path: Path) -> N
         raft_journal.write_snapshot_file(path, header, cut_off(), durable=False)
     with pytest.raises(raft_journal.StorageError, match="torn"):
         raft_journal.decode_snapshot(path.read_bytes())
+
+
+def test_a_failed_snapshot_write_is_reported_not_lost(tmp_path: Path) -> None:
+    """The pieces are written on a thread of their own; its error reaches
+    the caller (and the snapshot child's exit status), and the encoder is
+    not left blocked behind a writer that stopped."""
+    header = SnapshotHeader(last_entry=(b"b", 8, 2), previous_entry=(b"a", 7, 2), cluster=())
+    pieces = (b"x" * 1_000_000 for _ in range(20))
+    with pytest.raises(OSError) as raised:
+        raft_journal.write_snapshot_file(Path("/dev/full"), header, pieces, durable=False)
+    assert raised.value.errno == errno.ENOSPC
 
 
 class Machine:
