@@ -32,8 +32,9 @@ Figures:
   old state). On this VM memory beyond what a process already touched
   costs about 2 s per GB in page faults, so this figure is mostly the
   machine, not the decoder.
-- machine_loop_ns_before / _after: a fixed pure-Python loop, ns per
-  iteration, timed at the start and the end. This VM's speed drifts (by
+- machine_loop_ns_before / _after / _at_encode / _at_decode: a fixed
+  pure-Python loop, ns per iteration, timed at the start and the end, and
+  just before the encode and the decode. This VM's speed drifts (by
   1.7 times within one day); compare figures only between runs whose loop
   figures agree.
 - tick_s: one Tick making 10,000 due jobs runnable among `--jobs` future
@@ -199,6 +200,7 @@ def run_child(*arguments: str) -> dict[str, float | int]:
 
 
 def decode_only(path: Path) -> None:
+    speed_ns = loop_ns()
     started = time.perf_counter()
     data = path.read_bytes()
     read_s = time.perf_counter() - started
@@ -206,8 +208,12 @@ def decode_only(path: Path) -> None:
     _, body = raft_journal.decode_snapshot(data)
     state = restore(body)
     seconds = time.perf_counter() - started
-    figures = {"jobs": len(state.jobs), "snapshot_decode_s": round(seconds, 3),
-               "snapshot_read_s": round(read_s, 3)}  # fmt: skip
+    figures = {
+        "jobs": len(state.jobs),
+        "snapshot_decode_s": round(seconds, 3),
+        "snapshot_read_s": round(read_s, 3),
+        "machine_loop_ns_at_decode": speed_ns,
+    }
     print(json.dumps(figures))
 
 
@@ -237,6 +243,7 @@ def build(args: argparse.Namespace) -> None:
     machine = ReplicatedState(on_applied=lambda: None)
     machine.state = state
     header = SnapshotHeader(last_entry=(b"", 2, 1), previous_entry=(b"", 1, 1), cluster=())
+    figures["machine_loop_ns_at_encode"] = loop_ns()
     started = time.perf_counter()
     raft_journal.write_snapshot_file(args.build, header, machine.snapshot(), durable=False)
     figures["snapshot_encode_s"] = round(time.perf_counter() - started, 3)
@@ -283,6 +290,7 @@ def main() -> None:
         assert decoded["jobs"] == figures["snapshot_jobs"], (decoded, figures)
         figures["snapshot_decode_s"] = decoded["snapshot_decode_s"]
         figures["snapshot_read_s"] = decoded["snapshot_read_s"]
+        figures["machine_loop_ns_at_decode"] = decoded["machine_loop_ns_at_decode"]
     print(f"snapshot: {figures}", flush=True)
 
     figures["tick_s"] = round(tick_cost(args.jobs, 10_000), 4)
