@@ -606,10 +606,7 @@ class RaftNode:
         )
         if not self._snapshot_in_child:
             started = time.monotonic()
-            durable = self.durability == "fsync"
-            raft_journal.write_snapshot_file(
-                Path(file_name), header, self._machine.snapshot(), durable=durable
-            )
+            self._write_snapshot(Path(file_name), header)
             self.last_snapshot_duration_s = time.monotonic() - started
             return
         if self._snapshot_child is not None:
@@ -635,15 +632,18 @@ class RaftNode:
                 os.nice(SNAPSHOT_CHILD_NICE)
             final = tmp_path.with_name(tmp_path.name.removesuffix(".tmp"))
             part = final.with_name(final.name + ".child")
-            raft_journal.write_snapshot_file(
-                part, header, self._machine.snapshot(), durable=self.durability == "fsync"
-            )
+            self._write_snapshot(part, header)
             os.replace(part, final)
             if self.durability == "fsync":
                 raft_journal.fsync_directory(final.parent)
             status = 0
         finally:
             os._exit(status)
+
+    def _write_snapshot(self, path: Path, header: SnapshotHeader) -> None:
+        raft_journal.write_snapshot_file(
+            path, header, self._machine.snapshot(), durable=self.durability == "fsync"
+        )
 
     def _check_snapshot(self) -> int:
         """pysyncobj's serializeChecker: the state of the snapshot child."""

@@ -545,12 +545,14 @@ def _snapshot_header_bytes(header: SnapshotHeader) -> bytes:
     return packed
 
 
+def _snapshot_prefix(header_bytes: bytes, body_len: int, body_crc: int) -> bytes:
+    return _SNAPSHOT_PREFIX.pack(len(header_bytes), zlib.crc32(header_bytes), body_len, body_crc)
+
+
 def encode_snapshot(header: SnapshotHeader, body: bytes) -> bytes:
     """A whole snapshot file's bytes (what `write_snapshot_file` writes)."""
     header_bytes = _snapshot_header_bytes(header)
-    prefix = _SNAPSHOT_PREFIX.pack(
-        len(header_bytes), zlib.crc32(header_bytes), len(body), zlib.crc32(body)
-    )
+    prefix = _snapshot_prefix(header_bytes, len(body), zlib.crc32(body))
     return _SNAPSHOT_MAGIC + prefix + header_bytes + body
 
 
@@ -623,9 +625,7 @@ def write_snapshot_file(
         if writer.error is not None:
             raise writer.error
         handle.seek(len(_SNAPSHOT_MAGIC))
-        handle.write(
-            _SNAPSHOT_PREFIX.pack(len(header_bytes), zlib.crc32(header_bytes), length, crc)
-        )
+        handle.write(_snapshot_prefix(header_bytes, length, crc))
         handle.flush()
         if durable:
             os.fsync(handle.fileno())
