@@ -1,0 +1,221 @@
+"""Schema-driven fuzzing of a live 3-node cluster.
+
+schemathesis reads the description a node serves at `/openapi.json` and sends
+the leader requests generated from it: the document's examples, boundary and
+wrong-typed values for every field (its coverage phase), random valid bodies
+(fuzzing), and chains of calls along inferred links (stateful). Each answer is
+checked for a server error, a status code the document does not list, a
+content type it does not list, and a body that does not match its schema.
+Any finding fails the test with schemathesis's own report, which shows a
+curl command that reproduces it.
+
+The run is bounded (a fixed number of examples per operation, one worker, a
+hard timeout) and deterministic, so a failure replays exactly. It sends
+nothing off this machine: the leader's loopback URL is the only base URL, and
+the one operation that makes a node connect to a URL taken from the request
+(creating a webhook subscription) is left out. Afterwards every node must
+still answer and the replicas must agree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raftsched.client import Client
+from raftsched.testing import LocalCluster, http_json
+
+pytestmark = pytest.mark.slow
+
+CHECKS = (
+    "not_a_server_error",
+    "response_schema_conformance",
+    "status_code_conformance",
+    "content_type_conformance",
+)
+EXAMPLES_PER_OPERATION = 10
+REQUEST_TIMEOUT_S = 20
+RUN_TIMEOUT_S = 280
+
+# Operations the fuzzer must not call, by operationId, and why. Membership
+# changes and backups belong here once they exist.
+EXCLUDED_OPERATIONS = {
+    "createSubscription": "makes the leader POST events to a URL taken from the request",
+}
+
+# Server errors on wrong-typed input that the API validation work (branch
+# i13-validation) fixes: (operation, schemathesis failure code) -> the cause.
+# TEMPORARY: delete this whole list once that branch is merged; the test must
+# then pass with it empty.
+KNOWN_VALIDATION_FINDINGS: dict[tuple[str, str], str] = {
+    ("POST /v1/leases/batch", "ST101"): "a non-string ops[].op or error.kind reaches a set lookup",
+    ("POST /v1/leases/{job_id}/fail", "ST101"): "a non-string error.kind reaches a set lookup",
+    ("POST /v1/schedules", "ST101"): "a non-string overlap or catchup.policy reaches a set lookup",
+    ("POST /v1/schedules/{schedule_id}/backfill", "ST101"): "a non-string overlap",
+}
+
+# Error-level node log lines that another branch fixes. TEMPORARY, like the
+# list above: pysyncobj's reassembly of an AppendEntries split in parts fails
+# on a large entry (fixed on branch i13-raftmsg, whose node-log check replaces
+# `_unexpected_error_lines` below once merged).
+KNOWN_LOG_ERRORS_FIXED_ELSEWHERE: dict[str, str] = {
+    "failed _onTick in _autoTickThread": "a large entry's parts are reassembled wrongly",
+}
+
+
+def _seed(client: Client) -> dict[str, list[str]]:
+    """Real objects for path parameters, so that not every call ends in 404."""
+    client.set_queue("payments", concurrency_limit=10)
+    client.set_tenant("acme", weight=1)
+    pending = client.submit("payments", {"n": 1}, tenant="acme", idempotency_key="fuzz:1")
+    leased = client.submit("payments", {"n": 2}, tenant="acme")
+    leases = client.claim("fuzz-worker", ["payments"], max_jobs=2, wait_s=5)
+    assert leases, "the seeded jobs could not be claimed"
+    lease = leases[0]
+    client.record_effect("charge:pay_1", lease["job_id"], lease["fencing_token"], {"ok": True})
+    workflow = client.submit_workflow(
+        {"steps": [{"name": "reserve", "queue": "inventory"},
+                   {"name": "charge", "queue": "payments", "depends_on": ["reserve"]}]}
+    )  # fmt: skip
+    schedule = {"id": "nightly-settlement", "cron": "0 2 * * *", "timezone": "UTC",
+                "paused": True, "job": {"queue": "settlement"}}  # fmt: skip
+    client.request("POST", "/v1/schedules", body=schedule)
+    return {
+        "job_ids": [pending["id"], leased["id"]],
+        "workflow_ids": [workflow["id"]],
+        "schedule_ids": ["nightly-settlement"],
+        "effect_keys": ["charge:pay_1"],
+        "names": ["payments", "acme", "app.js"],
+    }
+
+
+def _config(path: Path, seeds: dict[str, list[str]]) -> Path:
+    """A schemathesis config that draws path parameters from the seeded ids
+    half the time and generates them the other half."""
+    bindings = {
+        "path.job_id": "job_ids",
+        "path.workflow_id": "workflow_ids",
+        "path.schedule_id": "schedule_ids",
+        "path.key": "effect_keys",
+        "path.name": "names",
+    }
+    lines = ["[dictionaries]"]
+    lines += [f"{name} = {{ values = {json.dumps(values)} }}" for name, values in seeds.items()]
+    lines += ["", "[parameters]"]
+    lines += [
+        f'"{parameter}" = {{ dictionary = "{name}", probability = 0.5 }}'
+        for parameter, name in bindings.items()
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _run_fuzzer(base_url: str, config: Path, report: Path) -> tuple[dict[str, Any], str, float]:
+    command = [
+        str(Path(sys.executable).with_name("schemathesis")),
+        "--config-file", str(config),
+        "run", base_url + "/openapi.json",
+        "--url", base_url,
+        "--checks", ",".join(CHECKS),
+        "--max-examples", str(EXAMPLES_PER_OPERATION),
+        "--generation-deterministic",
+        "--workers", "1",
+        "--request-timeout", str(REQUEST_TIMEOUT_S),
+        "--no-color",
+        "--report", "json",
+        "--report-json-path", str(report),
+    ]  # fmt: skip
+    for operation_id in EXCLUDED_OPERATIONS:
+        command += ["--exclude-operation-id", operation_id]
+    here = str(Path(__file__).parent)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "SCHEMATHESIS_HOOKS": "fuzz_hooks"}
+    started = time.monotonic()
+    finished = subprocess.run(
+        command,
+        cwd=config.parent,  # schemathesis keeps a cache directory in its working directory
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    elapsed_s = time.monotonic() - started
+    output = finished.stdout + finished.stderr
+    assert report.exists(), f"schemathesis wrote no report (exit {finished.returncode}):\n{output}"
+    return json.loads(report.read_text()), output, elapsed_s
+
+
+def _findings(report: dict[str, Any]) -> list[tuple[str, str]]:
+    return sorted(
+        (operation, failure["code"])
+        for failure in report["failures"]
+        for operation in failure["operations"]
+    )
+
+
+def _operation_pattern(label: str) -> re.Pattern[str]:
+    method, path = label.split(" ", 1)
+    return re.compile(re.escape(method + " ") + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(path)))
+
+
+def _unexpected_error_lines(cluster: LocalCluster) -> list[str]:
+    """Error-level log lines, except those of the known findings above."""
+    known = [_operation_pattern(operation) for operation, _ in KNOWN_VALIDATION_FINDINGS]
+    unexpected = []
+    for node in cluster.nodes.values():
+        for line in node.log_path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("level") not in ("error", "critical"):
+                continue
+            message = record.get("msg", "")
+            where = message.removeprefix("unhandled error in ")
+            if any(pattern.fullmatch(where) for pattern in known):
+                continue
+            if message in KNOWN_LOG_ERRORS_FIXED_ELSEWHERE:
+                continue
+            unexpected.append(f"{node.id}: {line[:2000]}")
+    return unexpected
+
+
+def test_fuzzer_finds_nothing_and_the_cluster_survives(
+    tmp_path: Path, cluster: LocalCluster, client: Client
+) -> None:
+    seeds = _seed(client)
+    leader = cluster.wait_for_leader(timeout_s=30)
+    base_url = cluster.nodes[leader].http_url
+    config = _config(tmp_path / "schemathesis.toml", seeds)
+
+    report, output, elapsed_s = _run_fuzzer(base_url, config, tmp_path / "fuzz-report.json")
+    print(output)
+    print(
+        f"fuzzed {report['operations']['tested']} operations with "
+        f"{report['test_cases']['generated']} test cases in {elapsed_s:.0f}s; "
+        f"findings: {_findings(report)}"
+    )
+
+    assert report["complete"] and report["stop_reason"] == "completed", output
+    unknown = [f for f in _findings(report) if f not in KNOWN_VALIDATION_FINDINGS]
+    assert unknown == [], f"schemathesis found {unknown}:\n{output}"
+    assert report["errors"] == [], f"schemathesis could not test everything:\n{output}"
+    assert report["operations"]["tested"] == report["operations"]["selected"], output
+
+    for url in cluster.urls:
+        assert http_json("GET", url + "/healthz")[0] == 200, url
+    cluster.wait_for_leader(timeout_s=30)
+    for url in cluster.urls:
+        assert http_json("GET", url + "/readyz")[0] == 200, url
+    cluster.wait_converged(timeout_s=30)
+    assert _unexpected_error_lines(cluster) == []
+
