@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -219,3 +220,32 @@ def test_fuzzer_finds_nothing_and_the_cluster_survives(
     cluster.wait_converged(timeout_s=30)
     assert _unexpected_error_lines(cluster) == []
 
+
+def _log_records(cluster: LocalCluster, node_id: str) -> list[dict[str, Any]]:
+    records = []
+    for line in cluster.nodes[node_id].log_path.read_text(errors="replace").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def test_a_request_that_cannot_be_parsed_is_a_400_and_a_warning(cluster: LocalCluster) -> None:
+    """The fuzzer's first probe, a NUL byte in a header, made aiohttp log an
+    error: the client's fault must not read as the node's."""
+    node = cluster.nodes["n1"]
+    with socket.create_connection(("127.0.0.1", node.http_port), timeout=5) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Probe: \x00\r\n\r\n")
+        status_line = sock.recv(4096).split(b"\r\n", 1)[0]
+    assert status_line.split(b" ")[1] == b"400", status_line
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        records = _log_records(cluster, "n1")
+        if any("Error handling request" in r.get("msg", "") for r in records):
+            break
+        time.sleep(0.1)
+    reports = [r for r in records if "Error handling request" in r.get("msg", "")]
+    assert [r["level"] for r in reports] == ["warning"], reports
+    assert http_json("GET", node.http_url + "/healthz")[0] == 200
