@@ -19,13 +19,17 @@ still answer and the replicas must agree.
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +46,45 @@ CHECKS = (
     "status_code_conformance",
     "content_type_conformance",
 )
-EXAMPLES_PER_OPERATION = 10
+# Two passes: the leader handles everything; a follower validates, answers
+# reads with ?consistency=stale and redirects the rest (redirects not followed,
+# so that its 307 answers are checked against the document too).
+LEADER_EXAMPLES_PER_OPERATION = 50
+FOLLOWER_EXAMPLES_PER_OPERATION = 10
 REQUEST_TIMEOUT_S = 20
-RUN_TIMEOUT_S = 280
+PASS_TIMEOUT_S = 240
 
 # Operations the fuzzer must not call, by operationId, and why. Membership
 # changes and backups belong here once they exist.
 EXCLUDED_OPERATIONS = {
     "createSubscription": "makes the leader POST events to a URL taken from the request",
 }
+
+
+@contextlib.contextmanager
+def _webhook_receiver() -> Iterator[str]:
+    """A loopback endpoint for the one seeded subscription: it answers 204 to
+    every delivery, so the leader never retries or parks an event."""
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the standard library's name
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/hook"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
 
 # Server errors on wrong-typed input that the API validation work (branch
 # i13-validation) fixes: (operation, schemathesis failure code) -> the cause.
@@ -72,8 +106,9 @@ KNOWN_LOG_ERRORS_FIXED_ELSEWHERE: dict[str, str] = {
 }
 
 
-def _seed(client: Client) -> dict[str, list[str]]:
+def _seed(client: Client, webhook_url: str) -> dict[str, list[str]]:
     """Real objects for path parameters, so that not every call ends in 404."""
+    subscription = client.create_subscription(webhook_url, "fuzz-secret-fuzz-secret", [])
     client.set_queue("payments", concurrency_limit=10)
     client.set_tenant("acme", weight=1)
     pending = client.submit("payments", {"n": 1}, tenant="acme", idempotency_key="fuzz:1")
@@ -95,6 +130,7 @@ def _seed(client: Client) -> dict[str, list[str]]:
         "schedule_ids": ["nightly-settlement"],
         "effect_keys": ["charge:pay_1"],
         "names": ["payments", "acme", "app.js"],
+        "subscription_ids": [subscription["id"]],
     }
 
 
@@ -107,6 +143,7 @@ def _config(path: Path, seeds: dict[str, list[str]]) -> Path:
         "path.schedule_id": "schedule_ids",
         "path.key": "effect_keys",
         "path.name": "names",
+        "path.subscription_id": "subscription_ids",
     }
     lines = ["[dictionaries]"]
     lines += [f"{name} = {{ values = {json.dumps(values)} }}" for name, values in seeds.items()]
@@ -119,20 +156,25 @@ def _config(path: Path, seeds: dict[str, list[str]]) -> Path:
     return path
 
 
-def _run_fuzzer(base_url: str, config: Path, report: Path) -> tuple[dict[str, Any], str, float]:
+def _run_fuzzer(
+    base_url: str, config: Path, examples: int, extra: list[str]
+) -> tuple[dict[str, Any], str, float]:
+    """One schemathesis run: (its JSON report, its text output, seconds taken)."""
+    report = config.parent / f"report-{len(list(config.parent.glob('report-*')))}.json"
     command = [
         str(Path(sys.executable).with_name("schemathesis")),
         "--config-file", str(config),
         "run", base_url + "/openapi.json",
         "--url", base_url,
         "--checks", ",".join(CHECKS),
-        "--max-examples", str(EXAMPLES_PER_OPERATION),
+        "--max-examples", str(examples),
         "--generation-deterministic",
         "--workers", "1",
         "--request-timeout", str(REQUEST_TIMEOUT_S),
         "--no-color",
         "--report", "json",
         "--report-json-path", str(report),
+        *extra,
     ]  # fmt: skip
     for operation_id in EXCLUDED_OPERATIONS:
         command += ["--exclude-operation-id", operation_id]
@@ -146,7 +188,7 @@ def _run_fuzzer(base_url: str, config: Path, report: Path) -> tuple[dict[str, An
         env=env,
         capture_output=True,
         text=True,
-        timeout=RUN_TIMEOUT_S,
+        timeout=PASS_TIMEOUT_S,
         check=False,
     )
     elapsed_s = time.monotonic() - started
@@ -190,34 +232,40 @@ def _unexpected_error_lines(cluster: LocalCluster) -> list[str]:
     return unexpected
 
 
+@pytest.mark.timeout(2 * PASS_TIMEOUT_S + 120)
 def test_fuzzer_finds_nothing_and_the_cluster_survives(
     tmp_path: Path, cluster: LocalCluster, client: Client
 ) -> None:
-    seeds = _seed(client)
-    leader = cluster.wait_for_leader(timeout_s=30)
-    base_url = cluster.nodes[leader].http_url
-    config = _config(tmp_path / "schemathesis.toml", seeds)
+    with _webhook_receiver() as webhook_url:
+        seeds = _seed(client, webhook_url)
+        leader = cluster.wait_for_leader(timeout_s=30)
+        follower = next(node for node in cluster.nodes.values() if node.id != leader)
+        config = _config(tmp_path / "schemathesis.toml", seeds)
+        passes = [
+            (cluster.nodes[leader].http_url, LEADER_EXAMPLES_PER_OPERATION, []),
+            (follower.http_url, FOLLOWER_EXAMPLES_PER_OPERATION, ["--max-redirects", "0"]),
+        ]
+        for base_url, examples, extra in passes:
+            report, output, elapsed_s = _run_fuzzer(base_url, config, examples, extra)
+            print(output)
+            findings = _findings(report)
+            print(
+                f"fuzzed {report['operations']['tested']} operations at {base_url} with "
+                f"{report['test_cases']['generated']} test cases in {elapsed_s:.0f}s; "
+                f"findings: {findings}"
+            )
+            assert report["complete"] and report["stop_reason"] == "completed", output
+            unknown = [f for f in findings if f not in KNOWN_VALIDATION_FINDINGS]
+            assert unknown == [], f"schemathesis found {unknown}:\n{output}"
+            assert report["errors"] == [], f"schemathesis could not test everything:\n{output}"
+            assert report["operations"]["tested"] == report["operations"]["selected"], output
 
-    report, output, elapsed_s = _run_fuzzer(base_url, config, tmp_path / "fuzz-report.json")
-    print(output)
-    print(
-        f"fuzzed {report['operations']['tested']} operations with "
-        f"{report['test_cases']['generated']} test cases in {elapsed_s:.0f}s; "
-        f"findings: {_findings(report)}"
-    )
-
-    assert report["complete"] and report["stop_reason"] == "completed", output
-    unknown = [f for f in _findings(report) if f not in KNOWN_VALIDATION_FINDINGS]
-    assert unknown == [], f"schemathesis found {unknown}:\n{output}"
-    assert report["errors"] == [], f"schemathesis could not test everything:\n{output}"
-    assert report["operations"]["tested"] == report["operations"]["selected"], output
-
-    for url in cluster.urls:
-        assert http_json("GET", url + "/healthz")[0] == 200, url
-    cluster.wait_for_leader(timeout_s=30)
-    for url in cluster.urls:
-        assert http_json("GET", url + "/readyz")[0] == 200, url
-    cluster.wait_converged(timeout_s=30)
+        for url in cluster.urls:
+            assert http_json("GET", url + "/healthz")[0] == 200, url
+        cluster.wait_for_leader(timeout_s=30)
+        for url in cluster.urls:
+            assert http_json("GET", url + "/readyz")[0] == 200, url
+        cluster.wait_converged(timeout_s=30)
     assert _unexpected_error_lines(cluster) == []
 
 
