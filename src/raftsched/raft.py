@@ -48,7 +48,9 @@ Guard rails
    is fsynced before it is acknowledged. The child runs at a lower CPU
    priority, and each replica compacts at its own log index
    (`staggered_compaction_entries`), so the replicas do not all encode at
-   once on a shared machine.
+   once on a shared machine. The child is SIGKILLed when the tick thread
+   that forked it ends (`child_processes.die_with`): a node that stops or
+   dies never leaves a writer behind; its journal still holds everything.
 6. Latency: `appendEntriesUseBatch=False` sends each entry at once (about a
    millisecond per commit instead of the 0.1 s append period).
    `leaderFallbackTimeout` is a parameter and must stay below the shortest
