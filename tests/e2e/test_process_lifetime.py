@@ -33,9 +33,12 @@ root = Path(sys.argv[1])
 cluster = LocalCluster(root / "cluster", size=3)
 cluster.start()
 cluster.wait_for_leader(timeout_s=30)
-restarter = threading.Thread(target=lambda: (cluster.restart("n3"), cluster.wait_for_leader()))
+restarter = threading.Thread(target=cluster.restart, args=("n3",))
 restarter.start()
 restarter.join()
+deadline = time.monotonic() + 30
+while cluster.cluster_view("n3") is None and time.monotonic() < deadline:
+    time.sleep(0.1)  # until the restarted n3 serves (and so holds its ports)
 cluster.pause("n2")
 started = {
     "pids": [node.process.pid for node in cluster.nodes.values()],
@@ -103,7 +106,8 @@ def test_local_cluster_nodes_die_when_the_test_process_is_sigkilled(tmp_path: Pa
     pids: list[int] = []
     try:
         started = tmp_path / "started.json"
-        assert wait_for(started.exists, 90), (tmp_path / "parent.log").read_text()
+        assert wait_for(lambda: started.exists() or parent.poll() is not None, 90)
+        assert started.exists(), (tmp_path / "parent.log").read_text()
         layout = json.loads(started.read_text())
         pids, ports = layout["pids"], layout["ports"]
         # n3 was started by a thread that has exited; n2 is stopped (SIGSTOP).
