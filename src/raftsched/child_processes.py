@@ -49,6 +49,7 @@ def popen(
     command: Sequence[str],
     *,
     env: Mapping[str, str] | None = None,
+    stdin: int | IO[bytes] | None = None,
     stdout: int | IO[bytes] | None = None,
     stderr: int | IO[bytes] | None = None,
     start_new_session: bool = False,
@@ -61,6 +62,7 @@ def popen(
         return subprocess.Popen(
             list(command),
             env=child_env,
+            stdin=stdin,
             stdout=stdout,
             stderr=stderr,
             start_new_session=start_new_session,

@@ -255,7 +255,11 @@ class LocalCluster:
         while time.monotonic() < deadline:
             leader = self.leader_id()
             if leader is not None and leader != exclude:
-                status, _, _ = http_json("GET", self.nodes[leader].http_url + "/readyz")
+                try:
+                    status, _, _ = http_json("GET", self.nodes[leader].http_url + "/readyz")
+                except OSError:
+                    # The leader just restarted or died: not ready yet.
+                    status = 0
                 if status == 200:
                     return leader
             time.sleep(0.1)
