@@ -214,6 +214,7 @@ def test_queue_rate_limit_out_of_range_or_of_wrong_type_is_400(live: Live, rate:
         "/v1/workflows?limit=%C2%B2",
         "/v1/events?limit=%C2%B2",
         "/v1/events?after=1.5",
+        "/v1/overview?errors=%C2%B2",
     ],
 )
 def test_query_integers_that_are_not_ascii_digits_are_400(live: Live, path: str) -> None:
