@@ -66,7 +66,9 @@ def parse_queue(name: str, value: object) -> SetQueue:
     reject_unknown(body, QUEUE_FIELDS)
     paused = boolean(body, "paused", False)
     # The range is checked before scaling, so no rate can overflow to infinity.
-    rate = number(body, "rate_limit_per_s", RATE_PER_S_MIN, RATE_MILLI_MAX / 1000)
+    rate = number(
+        body, "rate_limit_per_s", RATE_PER_S_MIN, RATE_MILLI_MAX / 1000, unit="claims per second"
+    )
     rate_milli = None if rate is None else max(1, round(rate * 1000))
     burst = integer(body, "burst", 1, LIMIT_MAX)
     if burst is not None and rate_milli is None:

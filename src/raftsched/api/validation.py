@@ -133,7 +133,13 @@ def integer(
 
 
 def number(
-    body: Mapping[str, Any], name: str, low: float, high: float, *, prefix: str = ""
+    body: Mapping[str, Any],
+    name: str,
+    low: float,
+    high: float,
+    *,
+    prefix: str = "",
+    unit: str = "",
 ) -> float | None:
     """A number field (int or float, not bool) within [low, high].
 
@@ -144,10 +150,16 @@ def number(
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise invalid(prefix + name, "must be a number")
+        raise invalid(prefix + name, f"must be a number of {unit}" if unit else "must be a number")
     if not low <= value <= high:
-        raise invalid(prefix + name, f"must be between {low:g} and {high:g}")
+        in_unit = f" {unit}" if unit else ""
+        raise invalid(prefix + name, f"must be between {_plain(low)} and {_plain(high)}{in_unit}")
     return value
+
+
+def _plain(bound: float) -> str:
+    """A bound as people write it: 2592000, not 2.592e+06."""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
 def query_integer(
@@ -174,7 +186,7 @@ def seconds_ms(
     body: Mapping[str, Any], name: str, low_s: float, high_s: float, *, prefix: str = ""
 ) -> int | None:
     """A duration in seconds (int or float) as integer milliseconds."""
-    value = number(body, name, low_s, high_s, prefix=prefix)
+    value = number(body, name, low_s, high_s, prefix=prefix, unit="seconds")
     return None if value is None else round(value * 1000)
 
 
