@@ -51,6 +51,10 @@ ADMITS: dict[str, set[str]] = {
     "null": {"null"},
 }
 HUGE = 1e308
+# Sent at its maximum, a claim on an empty queue would wait that long.
+UNBOUNDED_WAITS = frozenset({"wait_s"})
+# A schedule's job template documents these JobRequest fields as not allowed.
+TEMPLATE_EXCLUDES = frozenset({"idempotency_key", "run_at", "delay_s"})
 
 
 # -- the cluster ----------------------------------------------------------------------
@@ -300,12 +304,13 @@ def _field_name(path: Path) -> str:
     text = ""
     for part in path:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
-    return text
+    return text or "body"
 
 
 @dataclass
 class Sweep:
     cases: list[Case] = field(default_factory=list)
+    bounds: list[Case] = field(default_factory=list)  # must be accepted
     undocumented_ranges: list[str] = field(default_factory=list)
 
     def value(self, schema: dict[str, Any], base: Any, path: Path, report_as: Path) -> None:
@@ -340,6 +345,9 @@ class Sweep:
             self.cases.append(Case(path, low - step, name))
         if high is not None and high + step < HUGE:
             self.cases.append(Case(path, high + step, name))
+        excluded = len(path) > 1 and path[-2] == "job" and path[-1] in TEMPLATE_EXCLUDES
+        if path[-1] not in UNBOUNDED_WAITS and not excluded:
+            self.bounds += [Case(path, bound, name) for bound in (low, high) if bound is not None]
 
     def object(self, schema: dict[str, Any], base: dict[str, Any], path: Path) -> None:
         for prop, prop_schema in schema.get("properties", {}).items():
@@ -375,6 +383,18 @@ def _apply(base: Any, path: Path, value: Any) -> Any:
     if path[-1] == "interval_s":  # exactly one of cron and interval_s
         target.pop("cron", None)
     return body
+
+
+# Documented rules between two fields, for the bounds to be valid requests.
+PARTNERS = {  # backoff: max_s must not be less than initial_s
+    "initial_s": ("max_s", 2_592_000),
+    "max_s": ("initial_s", 0),
+}
+
+
+def _with_partner(body: Any, case: Case) -> Any:
+    partner = PARTNERS.get(str(case.path[-1]))
+    return body if partner is None else _apply(body, (*case.path[:-1], partner[0]), partner[1])
 
 
 def _request_schemas() -> list[tuple[str, str, dict[str, Any]]]:
@@ -560,6 +580,7 @@ def test_every_field_of_every_request_body_rejects_wrong_types_and_ranges(live: 
     started = time.monotonic()
     failures: list[str] = []
     undocumented: set[str] = set()
+    bounds: list[tuple[str, str, dict[str, str], Any]] = []
     sent = 0
     for method, template, schema in operations:
         for params, base in bases[(method, template)]:
@@ -568,11 +589,15 @@ def test_every_field_of_every_request_body_rejects_wrong_types_and_ranges(live: 
             undocumented.update(
                 f"{method} {template}: {name}" for name in sweep.undocumented_ranges
             )
+            bounds += [
+                (method, template, params, _with_partner(_apply(base, case.path, case.value), case))
+                for case in sweep.bounds
+            ]
             in_slot = template == "/v1/leases/batch"  # a bad op fails in its slot
             for case in sweep.cases:
-                if not case.path:
-                    continue  # the body itself: covered by the "body" tests in test_api
-                body = _apply(base, case.path, case.value)
+                if not case.path and case.value is None:
+                    continue  # a JSON null body cannot be told from no body here
+                body = _apply(base, case.path, case.value) if case.path else case.value
                 status, answer = live.call(method, _target(template, params), body)
                 sent += 1
                 if in_slot and case.path[:2] == ("ops", 0) and status == 200:
@@ -597,12 +622,15 @@ def test_every_field_of_every_request_body_rejects_wrong_types_and_ranges(live: 
     print(f"{sent} bad requests in {elapsed:.1f} s")
 
     # Positive control: each base body passes validation (so every bad case
-    # above was rejected for its one bad value, not for something in the base).
-    for method, template, _ in operations:
-        for params, base in bases[(method, template)]:
-            status, answer = live.call(method, _target(template, params), base)
-            if template == "/v1/leases/batch" and status == 200:
-                answer = answer["results"][0]
-            code = answer.get("error", {}).get("code") if isinstance(answer, dict) else None
-            assert status < 500 and code != "invalid_request", (method, template, base, answer)
+    # above was rejected for its one bad value, not for something in the base),
+    # and so does each number at its documented minimum and maximum (so the
+    # documented range is the enforced one, not a narrower one).
+    controls = [(m, t, params, base) for m, t, _ in operations for params, base in bases[(m, t)]]
+    for method, template, params, body in controls + bounds:
+        status, answer = live.call(method, _target(template, params), body)
+        if template == "/v1/leases/batch" and status == 200:
+            answer = answer["results"][0]
+        code = answer.get("error", {}).get("code") if isinstance(answer, dict) else None
+        assert status < 500 and code != "invalid_request", (method, template, body, answer)
     live.call("DELETE", "/v1/subscriptions/bad-input-sub")
+    print(f"{len(controls)} base bodies and {len(bounds)} documented bounds accepted")
