@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openapi_schema_validator import OAS31Validator
+from openapi_spec_validator import validate as validate_description
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVED = ROOT / "src" / "raftsched" / "static" / "openapi.json"
@@ -91,6 +93,111 @@ def test_copies_are_identical_and_parse() -> None:
     document = _load(SERVED)
     assert document["openapi"].startswith("3.1.")
     assert document["paths"]
+
+
+def test_the_description_is_valid_openapi_3_1() -> None:
+    validate_description(_load(SERVED))
+
+
+_SCHEDULE = {
+    "id": "nightly-settlement",
+    "cron": "0 2 * * *",
+    "interval_s": None,
+    "timezone": "America/New_York",
+    "jitter_s": 0,
+    "overlap": "skip",
+    "catchup": {"policy": "latest", "window_s": 3600, "max_runs": 10},
+    "paused": False,
+    "job": {"queue": "settlement", "payload": {}, "priority": 0, "max_attempts": 3},
+}
+
+# One body per operation that takes one, each a request the server accepts
+# (the shapes of docs/api.md). A request schema that rejects its body here
+# promises a request nobody can send.
+ACCEPTED_BODIES: dict[str, Any] = {
+    "submitJob": {"queue": "payments", "payload": {"amount": 1200}, "idempotency_key": "k:1",
+                  "delay_s": 30, "backoff": {"initial_s": 1, "max_s": 300}, "tenant": "acme",
+                  "labels": {"team": "billing"}},
+    "submitJobs": {"jobs": [{"queue": "payments"}, {"queue": "payments", "priority": 5}]},
+    "cancelJob": {"reason": "customer asked"},
+    "replayJob": {"reason": "the bug is fixed"},
+    "claimLeases": {"worker_id": "w1", "queues": ["payments"], "max_jobs": 10, "wait_s": 20,
+                    "lease_s": 30},
+    "startLease": {"fencing_token": 1042},
+    "heartbeatLease": {"fencing_token": 1042, "extend_s": 30, "progress": {"done": 3}},
+    "completeLease": {"fencing_token": 1042, "result": {"charge": "ch_1"}},
+    "failLease": {"fencing_token": 1042,
+                  "error": {"kind": "transient", "message": "timeout", "retry_after_s": 10}},
+    "leaseBatch": {"ops": [
+        {"op": "start", "job_id": "job_1", "fencing_token": 1},
+        {"op": "heartbeat", "job_id": "job_2", "fencing_token": 2, "extend_s": 30},
+        {"op": "complete", "job_id": "job_3", "fencing_token": 3, "result": None},
+        {"op": "fail", "job_id": "job_4", "fencing_token": 4, "error": {"kind": "permanent"}},
+    ]},
+    "recordEffect": {"key": "charge:pay_1", "job_id": "job_1", "fencing_token": 1042,
+                     "result": {"charge": "ch_1"}},
+    "submitWorkflow": {
+        "idempotency_key": "order:77", "tenant": "acme", "timeout_s": 3600,
+        "on_failure": "fail_fast",
+        "steps": [
+            {"name": "reserve", "queue": "inventory", "payload": {}},
+            {"name": "charge", "queue": "payments", "payload": {}, "depends_on": ["reserve"],
+             "compensation": {"queue": "payments", "payload": {"refund": True}}},
+            {"name": "ship", "queue": "shipping", "depends_on": ["charge"]},
+        ],
+    },
+    "cancelWorkflow": {"reason": "order withdrawn"},
+    "createSubscription": {"url": "http://127.0.0.1:9000/hook", "types": ["job.succeeded"],
+                           "secret": "s3cret-s3cret-s3cret"},
+    "setQueue": {"paused": False, "rate_limit_per_s": 100, "burst": 200, "concurrency_limit": 50},
+    "setTenant": {"weight": 1, "concurrency_limit": 100, "max_queued": 100000},
+    "createSchedule": _SCHEDULE,
+    "createSchedules": {"schedules": [_SCHEDULE, {**_SCHEDULE, "id": "hourly"}]},
+    "updateSchedule": _SCHEDULE,
+    "backfillSchedule": {"from": "2026-11-30T00:00:00Z", "to": "2026-12-01T00:00:00Z",
+                         "overlap": "allow_all"},
+}  # fmt: skip
+
+# Bodies the server rejects with 400 that a loose schema would let through.
+REJECTED_BODIES: list[tuple[str, Any]] = [
+    ("submitWorkflow", {"steps": [{"name": "a", "queue": "q", "tenant": "acme"}]}),
+    ("submitWorkflow", {"steps": [{"queue": "q"}]}),
+    ("createSchedule", {**_SCHEDULE, "job": {"queue": "q", "idempotency_key": "k"}}),
+    ("createSchedule", {**_SCHEDULE, "job": {"queue": "q", "delay_s": 5}}),
+]
+
+
+def _request_schemas(document: dict[str, Any]) -> dict[str, Any]:
+    """operationId -> the JSON request body's schema, for operations that take one."""
+    return {
+        operation["operationId"]: operation["requestBody"]["content"]["application/json"]["schema"]
+        for item in document["paths"].values()
+        for method, operation in item.items()
+        if method in HTTP_METHODS and "requestBody" in operation
+    }
+
+
+def _validator(document: dict[str, Any], schema: dict[str, Any]) -> OAS31Validator:
+    # The components travel with the schema so that its "#/components/..." references resolve.
+    return OAS31Validator({**schema, "components": document["components"]})
+
+
+def test_every_request_schema_admits_a_request_the_server_accepts() -> None:
+    document = _load(SERVED)
+    schemas = _request_schemas(document)
+    assert sorted(schemas) == sorted(ACCEPTED_BODIES), "give every request body a case here"
+    for operation_id, body in ACCEPTED_BODIES.items():
+        errors = [
+            f"{'/'.join(map(str, error.absolute_path))}: {error.message}"
+            for error in _validator(document, schemas[operation_id]).iter_errors(body)
+        ]
+        assert errors == [], f"{operation_id} rejects a valid request: {errors}"
+
+
+@pytest.mark.parametrize(("operation_id", "body"), REJECTED_BODIES)
+def test_request_schemas_reject_what_the_server_rejects(operation_id: str, body: Any) -> None:
+    document = _load(SERVED)
+    assert not _validator(document, _request_schemas(document)[operation_id]).is_valid(body)
 
 
 def test_every_route_is_documented_and_every_documented_route_exists() -> None:

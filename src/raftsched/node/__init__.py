@@ -5,13 +5,32 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
+from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from raftsched.config import NodeConfig
 from raftsched.logs import configure_logging
 
 log = logging.getLogger("raftsched.node")
+server_log = logging.getLogger("aiohttp.server")
+
+
+class ClientFaultsAsWarnings(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's request handler reports a request it cannot parse (a header
+    with a NUL byte, a bad request line) with `logger.exception`, at error
+    level, and answers it 400 itself. That is the client's fault, not the
+    node's: it is logged as a warning with the parser's message, and every
+    other error stays an error."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(error, HttpProcessingError) and 400 <= error.code < 500:
+            self.warning("%s: %s", str(msg) % args if args else msg, error, **kwargs)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
 
 
 def run_node(config: NodeConfig) -> None:
@@ -33,7 +52,9 @@ async def _serve(config: NodeConfig) -> None:
     node = Node(config, loop)
     node.start()
     app = create_app(node)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, logger=ClientFaultsAsWarnings(server_log)
+    )
     await runner.setup()
     site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True)
     await site.start()
