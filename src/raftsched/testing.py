@@ -313,6 +313,9 @@ class LocalCluster:
 # such line unless they name it as expected, with the reason.
 
 _ERROR_LEVELS: Final = frozenset({"error", "critical"})
+_CUT_ERROR_LINE: Final = re.compile(r'^\{"ts": "[^"]*", "level": "(error|critical)"')
+_CHAINED_HEADERS: Final = ("During handling", "The above exception")
+_TRACEBACK_HEADERS: Final = ("Traceback", *_CHAINED_HEADERS)
 # Lines that Python itself writes to stderr when something escaped.
 _RAW_ERROR_STARTS: Final = (
     "Traceback (most recent call last):",
@@ -339,6 +342,9 @@ class LogError:
     line_number: int  # 1-based, where it starts
     text: str  # "logger: message", then the traceback if there is one
 
+    def expected_by(self, expected: Iterable[ExpectedLogError]) -> ExpectedLogError | None:
+        return next((entry for entry in expected if entry.matches(self.text)), None)
+
     def describe(self) -> str:
         """One line: where, the message, and a traceback's exception line."""
         lines = [line for line in self.text.splitlines() if line.strip()]
@@ -347,7 +353,13 @@ class LogError:
 
 
 def log_errors(path: Path, expected: Iterable[ExpectedLogError] = ()) -> list[LogError]:
-    """Every error-level line in one node log that no `expected` entry matches.
+    """Every error-level line in one node log that no `expected` entry matches."""
+    expected = tuple(expected)
+    return [error for error in read_log_errors(path) if error.expected_by(expected) is None]
+
+
+def read_log_errors(path: Path) -> list[LogError]:
+    """Every error-level line in one node log, expected or not.
 
     Nodes log one JSON object a line (`raftsched.logs`); a line whose level
     is error or critical counts, its traceback included. Anything else on
@@ -356,14 +368,13 @@ def log_errors(path: Path, expected: Iterable[ExpectedLogError] = ()) -> list[Lo
     """
     if not path.exists():
         return []
-    expected = tuple(expected)
     lines = path.read_text(errors="replace").splitlines()
     found: list[LogError] = []
     index = 0
     while index < len(lines):
         start = index
         text, index = _error_at(lines, index)
-        if text is not None and not any(entry.matches(text) for entry in expected):
+        if text is not None:
             found.append(LogError(path, start + 1, text))
     return found
 
@@ -375,7 +386,10 @@ def _error_at(lines: list[str], index: int) -> tuple[str | None, int]:
         try:
             entry = json.loads(line)
         except json.JSONDecodeError:
-            entry = None  # cut off by a kill; judged as text below
+            # Cut off by a kill (and the next run's first line appended).
+            if _CUT_ERROR_LINE.search(line):
+                return line, index + 1
+            entry = None
         if isinstance(entry, dict):
             if str(entry.get("level", "")).lower() not in _ERROR_LEVELS:
                 return None, index + 1
@@ -386,17 +400,21 @@ def _error_at(lines: list[str], index: int) -> tuple[str | None, int]:
     if not line.startswith(_RAW_ERROR_STARTS):
         return None, index + 1
     # A traceback runs until its exception line: the first line that is not
-    # indented and not one of the headers between chained tracebacks.
+    # indented, not blank and not a header; a chained one continues after
+    # "During handling ..." or "The above exception ...".
     end = index + 1
     while end < len(lines):
         current = lines[end]
         end += 1
-        if (
-            current
-            and not current[0].isspace()
-            and not current.startswith(("Traceback", "During handling", "The above exception"))
-        ):
-            break
+        if not current.strip() or current[0].isspace() or current.startswith(_TRACEBACK_HEADERS):
+            continue
+        following = end
+        while following < len(lines) and not lines[following].strip():
+            following += 1
+        if following < len(lines) and lines[following].startswith(_CHAINED_HEADERS):
+            end = following + 1
+            continue
+        break
     return "\n".join(lines[index:end]), end
 
 
