@@ -331,14 +331,17 @@ class _TransmissionLabels:
     def __init__(self, sync_obj: Any) -> None:
         self._sync_obj = sync_obj
         self._progress: dict[Any, tuple[int, int]] = {}  # node -> (pickle bytes, bytes sent)
+        # (index, term) names one entry (Raft's log matching), so the
+        # followers that are sent the same entry share one measurement.
+        self._measured: tuple[int, int, int] | None = None  # index, term, pickle bytes
 
     def label(self, node: Any, message: dict[str, Any]) -> dict[str, Any]:
         data = message["data"]
         if message["transmission"] == "start":
-            entries = self._sync_obj._SyncObj__getEntries(message["prevLogIdx"] + 1, 1)
-            if not entries:
-                return message  # not from the log; nothing to measure
-            total_bytes, sent_bytes = len(_pysyncobj_pickle.dumps(entries[0])), 0
+            total_bytes = self._pickle_bytes(message["prevLogIdx"] + 1)
+            if total_bytes is None:
+                return message  # not in the log; nothing to measure
+            sent_bytes = 0
         elif node in self._progress:
             total_bytes, sent_bytes = self._progress[node]
         else:
@@ -358,6 +361,19 @@ class _TransmissionLabels:
         if label == message["transmission"]:
             return message
         return {**message, "transmission": label}
+
+    def _pickle_bytes(self, index: int) -> int | None:
+        entries = self._sync_obj._SyncObj__getEntries(index, 1)
+        if not entries:
+            return None
+        entry = entries[0]
+        measured = self._measured
+        if measured is not None and measured[:2] == (index, entry[2]):
+            return measured[2]
+        # The same object through the same pickler as pysyncobj's slicing.
+        total_bytes = len(_pysyncobj_pickle.dumps(entry))
+        self._measured = (index, entry[2], total_bytes)
+        return total_bytes
 
 
 class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
