@@ -340,6 +340,7 @@ class _TransmissionLabels:
         if message["transmission"] == "start":
             total_bytes = self._pickle_bytes(message["prevLogIdx"] + 1)
             if total_bytes is None:
+                self._progress.pop(node, None)
                 return message  # not in the log; nothing to measure
             sent_bytes = 0
         elif node in self._progress:
