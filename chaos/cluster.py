@@ -1,7 +1,8 @@
 """The raftsched cluster under test: `raftsched.testing.LocalCluster`, except
 that each node runs inside its own network namespace (`ip netns exec`, which
-execs, so the process id is the node's) and under libfaketime with its own
-clock-offset file, the monotonic clock left real."""
+execs, so the process id is the node's and the harness stays its parent: the
+node dies with the harness, see raftsched.child_processes) and under
+libfaketime with its own clock-offset file, the monotonic clock left real."""
 
 from __future__ import annotations
 

@@ -40,6 +40,7 @@ from chaos.sink import FencedSink, read_sink_log
 from chaos.summary import render_text, summarize
 from chaos.worker import QUEUE
 from chaos.workload import Client
+from raftsched import child_processes
 from raftsched.testing import read_log_errors
 
 UNSAFE_ENV = "RAFTSCHED_UNSAFE_IGNORE_FENCING"
@@ -90,7 +91,7 @@ class WorkerPool:
             command += ["--lease-s", str(self.args.lease_s), "--stall-p", str(self.args.stall_p)]
             command += ["--seed", str(self.args.seed * 100 + index)]
             log = (Path(self.args.out) / f"w{index}.log").open("ab")
-            self.processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=log))
+            self.processes.append(child_processes.popen(command, env=env, stdout=log, stderr=log))
             log.close()
 
     def pause(self, index: int, paused: bool) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 
 from chaos.history import Recorder
 from chaos.httpops import Outcome, Session, send
+from raftsched.child_processes import die_with_parent
 
 QUEUE = "chaos"
 
@@ -105,6 +106,7 @@ class Worker:
 
 
 def main() -> int:
+    die_with_parent()  # the harness may be SIGKILLed (raftsched.child_processes)
     parser = argparse.ArgumentParser(prog="chaos.worker")
     parser.add_argument("--id", required=True)
     parser.add_argument("--urls", required=True)

@@ -7,9 +7,13 @@ Layout under the data directory (default ./data/dev):
     n1/ n2/ ...     each node's data; a second run resumes from it
     n1.log ...      each child's output (also printed, prefixed with its name)
 
-Ctrl-C or SIGTERM stops the worker first, then the nodes (SIGTERM, then
-SIGKILL for any that have not exited after a timeout). A node that dies on
-its own is reported and the others keep running.
+Ctrl-C, SIGTERM or SIGHUP (the terminal closed) stops the worker first, then
+the nodes (SIGTERM, then SIGKILL for any that have not exited after a
+timeout). A node that dies on its own is reported and the others keep
+running. If the launcher itself is killed outright (SIGKILL), every child
+dies with it (see child_processes). When the terminal or the pipe reading
+the launcher's output goes away (`make dev | tee`, terminal closed), output
+goes on to the logs only.
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from raftsched import child_processes
+
 STOP_TIMEOUT_S = 10.0
 POLL_S = 0.2
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 COLORS = ["36", "33", "35", "32", "34", "31"]
 
 
@@ -161,7 +168,13 @@ class Output:
 
     def say(self, text: str) -> None:
         with self._lock:
-            print(text, flush=True)
+            try:
+                print(text, flush=True)
+            except OSError:
+                # Nobody reads our output any more (the terminal closed, or
+                # the `tee` we were piped to died). Keep going, logs only:
+                # stopping the children must not fail on a print.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
     def forward(self, name: str, index: int, stream: IO[bytes], log_path: Path) -> None:
         label = f"{name:<6}|"
@@ -179,8 +192,9 @@ def spawn(
 ) -> Child:
     environment = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # A session of its own: Ctrl-C reaches only the launcher, which then stops
-    # the children in order (worker first) instead of all at once.
-    process = subprocess.Popen(
+    # the children in order (worker first) instead of all at once. If the
+    # launcher is killed instead, the child dies with it.
+    process = child_processes.popen(
         command,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -263,7 +277,7 @@ def run_dev(
         return 2
     secret = ensure_secret(data_dir / "secret")
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, lambda *_: stop.set())
     children = []
     for index, node in enumerate(plan):

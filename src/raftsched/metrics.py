@@ -73,11 +73,23 @@ class _Family:
 
 
 class Counter(_Family):
+    """A counter incremented directly, or read at scrape time from a callback
+    that returns totals kept elsewhere (they must never decrease)."""
+
     kind = "counter"
 
-    def __init__(self, name: str, help_text: str, label_names: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        label_names: Sequence[str] = (),
+        collect: Callable[[], Iterable[tuple[LabelValues, float]]] | None = None,
+    ) -> None:
+        if not name.endswith("_total"):
+            raise ValueError(f"counter {name!r}: Prometheus counter names end in _total")
         super().__init__(name, help_text, label_names)
         self._values: dict[LabelValues, float] = {}
+        self._collect = collect
 
     def inc(self, *labels: str, amount: float = 1.0) -> None:
         with self._lock:
@@ -91,8 +103,11 @@ class Counter(_Family):
             return sorted(self._values.items())
 
     def render(self) -> list[str]:
-        with self._lock:
-            items = sorted(self._values.items())
+        if self._collect is not None:
+            items = sorted(self._collect())
+        else:
+            with self._lock:
+                items = sorted(self._values.items())
         return [f"{self.name}{_labels_text(self.label_names, k)} {_number(v)}" for k, v in items]
 
 
@@ -108,6 +123,8 @@ class Gauge(_Family):
         label_names: Sequence[str] = (),
         collect: Callable[[], Iterable[tuple[LabelValues, float]]] | None = None,
     ) -> None:
+        if name.endswith("_total"):
+            raise ValueError(f"gauge {name!r}: a name ending in _total is a counter's")
         super().__init__(name, help_text, label_names)
         self._values: dict[LabelValues, float] = {}
         self._collect = collect
@@ -176,8 +193,14 @@ class Registry:
         self._families.append(family)
         return family
 
-    def counter(self, name: str, help_text: str, labels: Sequence[str] = ()) -> Counter:
-        return self.register(Counter(name, help_text, labels))
+    def counter(
+        self,
+        name: str,
+        help_text: str,
+        labels: Sequence[str] = (),
+        collect: Callable[[], Iterable[tuple[LabelValues, float]]] | None = None,
+    ) -> Counter:
+        return self.register(Counter(name, help_text, labels, collect))
 
     def gauge(
         self,

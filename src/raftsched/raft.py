@@ -48,7 +48,9 @@ Guard rails
    is fsynced before it is acknowledged. The child runs at a lower CPU
    priority, and each replica compacts at its own log index
    (`staggered_compaction_entries`), so the replicas do not all encode at
-   once on a shared machine.
+   once on a shared machine. The child is SIGKILLed when the tick thread
+   that forked it ends (`child_processes.die_with`): a node that stops or
+   dies never leaves a writer behind; its journal still holds everything.
 6. Latency: `appendEntriesUseBatch=False` sends each entry at once (about a
    millisecond per commit instead of the 0.1 s append period).
    `leaderFallbackTimeout` is a parameter and must stay below the shortest
@@ -113,7 +115,7 @@ from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.transport import TCPTransport
 
-from raftsched import raft_journal
+from raftsched import child_processes, raft_journal
 from raftsched.raft_cipher import RaftCipher
 from raftsched.raft_journal import DurableJournal, SnapshotHeader
 
@@ -704,19 +706,24 @@ class RaftNode:
         # it in the child, where that thread would not exist to release it.
         lock = getattr(self._machine, "lock", None)
         with lock if lock is not None else _NO_LOCK:
+            parent_pid = os.getpid()
             pid = os.fork()
             if pid == 0:
-                self._snapshot_child_main(Path(file_name), header)
+                self._snapshot_child_main(Path(file_name), header, parent_pid)
         self._snapshot_child = pid
         self._snapshot_started = time.monotonic()
         # pysyncobj now renames `file_name` into place; it does not exist (the
         # child writes elsewhere and renames its own file), so that rename
         # fails harmlessly and `_check_snapshot` reports the real outcome.
 
-    def _snapshot_child_main(self, tmp_path: Path, header: SnapshotHeader) -> None:
+    def _snapshot_child_main(self, tmp_path: Path, header: SnapshotHeader, parent_pid: int) -> None:
         """In the forked child: write the snapshot and exit. Never returns."""
         status = 1
         try:
+            # Killed with the tick thread that forked us: never a writer left
+            # behind by a dead node (holding its ports, renaming a snapshot
+            # into the data directory of the node restarted there).
+            child_processes.die_with(parent_pid)
             with contextlib.suppress(OSError):
                 os.nice(SNAPSHOT_CHILD_NICE)
             final = tmp_path.with_name(tmp_path.name.removesuffix(".tmp"))

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from raftsched import child_processes
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -162,7 +164,8 @@ class LocalCluster:
                 continue
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
             log_file = node.log_path.open("ab")
-            node.process = subprocess.Popen(
+            # Dies with this process, even if it is SIGKILLed (child_processes).
+            node.process = child_processes.popen(
                 self.command(node),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -256,7 +259,11 @@ class LocalCluster:
         while time.monotonic() < deadline:
             leader = self.leader_id()
             if leader is not None and leader != exclude:
-                status, _, _ = http_json("GET", self.nodes[leader].http_url + "/readyz")
+                try:
+                    status, _, _ = http_json("GET", self.nodes[leader].http_url + "/readyz")
+                except OSError:
+                    # The leader just restarted or died: not ready yet.
+                    status = 0
                 if status == 200:
                     return leader
             time.sleep(0.1)

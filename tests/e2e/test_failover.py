@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from e2e_support import cluster_env
 
+from raftsched import child_processes
 from raftsched.client import Client, LeaseLost
 from raftsched.testing import LocalCluster, http_json
 
@@ -31,7 +32,7 @@ def start_workers(cluster: LocalCluster, sink: Path, queue: str) -> list[subproc
     for index in range(WORKERS):
         log = (cluster.root / f"worker{index}.log").open("ab")
         workers.append(
-            subprocess.Popen(
+            child_processes.popen(
                 [sys.executable, "-m", "raftsched", "worker", "--queue", queue,
                  "--handler", "tests.e2e.handlers:effect_once", "--concurrency", "16",
                  "--worker-id", f"w{index}", "--lease-s", "30", "--poll-wait-s", "5",
@@ -153,7 +154,9 @@ def test_no_leader_while_majority_is_down(cluster: LocalCluster) -> None:
 PAUSED_WORKER = textwrap.dedent(
     """
     import json, sys, time
+    from raftsched.child_processes import die_with_parent
     from raftsched.client import Client, LeaseLost
+    die_with_parent()
     client = Client(sys.argv[1].split(","), retry_budget_s=30)
     [lease] = client.claim("paused-worker", ["pause"], wait_s=10, lease_s=1)
     client.start(lease["job_id"], lease["fencing_token"])
@@ -171,7 +174,7 @@ PAUSED_WORKER = textwrap.dedent(
 def test_paused_worker_loses_lease_to_a_higher_token(cluster: LocalCluster) -> None:
     with Client(cluster.urls, retry_budget_s=30) as client:
         job = client.submit("pause", {"n": 1}, max_attempts=3)
-        paused = subprocess.Popen(
+        paused = child_processes.popen(
             [sys.executable, "-c", PAUSED_WORKER, ",".join(cluster.urls)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, **cluster_env()},
         )  # fmt: skip

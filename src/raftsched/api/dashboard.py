@@ -33,9 +33,9 @@ from aiohttp import web
 from raftsched import core
 from raftsched.api import render
 from raftsched.api.app import Handler, node_of
-from raftsched.api.errors import ApiError, invalid
+from raftsched.api.errors import ApiError
 from raftsched.api.jsonbody import json_response
-from raftsched.api.validation import reject_unknown
+from raftsched.api.validation import query_integer, reject_unknown
 from raftsched.node.observability import wall_ms
 from raftsched.node.service import Node
 from raftsched.timefmt import format_ms
@@ -97,16 +97,15 @@ async def node_time(request: web.Request) -> web.Response:
 @routes.get("/v1/overview")
 async def overview(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"errors"}))
-    text = request.query.get("errors", str(ERRORS_SHOWN))
-    if not text.isdigit() or not 0 <= int(text) <= 200:
-        raise invalid("errors", "must be an integer from 0 to 200")
+    errors_shown = query_integer(request.query, "errors", 0, 200, default=ERRORS_SHOWN)
+    assert errors_shown is not None
     node = node_of(request)
     body = {
         "node": _node_json(node),
         **_state_json(node),
         "stuck_jobs": _stuck_json(node),
         "stuck_after_s": node.observer.stuck_after_ms / 1000,
-        "recent_errors": node.observer.errors_json(int(text)),
+        "recent_errors": node.observer.errors_json(errors_shown),
         "leader_history": node.observer.history_json(),
         "clock_skew": node.observer.skew_json(),
         "counters": _counters(node),

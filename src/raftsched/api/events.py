@@ -14,7 +14,14 @@ from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
-from raftsched.api.validation import WAIT_S_MAX, path_id, reject_unknown, require_object, string
+from raftsched.api.validation import (
+    WAIT_S_MAX,
+    path_id,
+    query_integer,
+    reject_unknown,
+    require_object,
+    string,
+)
 from raftsched.core import outbox
 from raftsched.core.commands import CreateSubscription, DeleteSubscription, RetryParked
 from raftsched.core.outbox import OutboxEvent, decode_data
@@ -61,9 +68,10 @@ async def list_events(request: web.Request) -> web.Response:
     """Events with seq > `after`, waiting up to `wait_s` for the first one."""
     query = request.query
     reject_unknown(query, frozenset({"after", "types", "wait_s", "limit", "consistency"}))
-    after = int(_query_number(query, "after", 0, 2**63 - 1) or 0)
+    after = query_integer(query, "after", 0, 2**63 - 1, default=0)
     wait_s = _query_number(query, "wait_s", 0, WAIT_S_MAX) or 0.0
-    limit = int(_query_number(query, "limit", 1, EVENTS_LIMIT_MAX) or 100)
+    limit = query_integer(query, "limit", 1, EVENTS_LIMIT_MAX, default=100)
+    assert after is not None and limit is not None
     types = [t for t in query.get("types", "").split(",") if t] or None
     headers = await prepare_read(request)
     node = node_of(request)
@@ -134,7 +142,9 @@ async def create_subscription(request: web.Request) -> web.Response:
         raise invalid("url", "must be an http:// or https:// URL")
     secret = string(body, "secret", required=True, length_max=SECRET_CHARS_MAX)
     assert secret is not None
-    types = body.get("types", [])
+    types = body.get("types")
+    if types is None:
+        types = []
     if (
         not isinstance(types, list)
         or len(types) > TYPES_MAX

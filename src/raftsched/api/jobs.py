@@ -15,6 +15,7 @@ from raftsched.api.validation import (
     BATCH_JOBS_MAX,
     parse_job,
     path_id,
+    query_integer,
     reason,
     reject_unknown,
     require_object,
@@ -120,11 +121,10 @@ async def list_jobs(request: web.Request) -> web.Response:
     if status is not None and status not in core.JOB_STATUSES:
         raise invalid("status", "unknown status")
     cursor = query.get("cursor")
-    if cursor is not None and not cursor.isdigit():
+    if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
         raise invalid("cursor", "not a cursor this API returned")
-    limit_text = query.get("limit", "50")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= LIST_LIMIT_MAX:
-        raise invalid("limit", f"must be an integer from 1 to {LIST_LIMIT_MAX}")
+    limit = query_integer(query, "limit", 1, LIST_LIMIT_MAX, default=50)
+    assert limit is not None
     headers = await prepare_read(request)
     key = query.get("idempotency_key")
     if key is not None:
@@ -135,7 +135,7 @@ async def list_jobs(request: web.Request) -> web.Response:
             queue=query.get("queue"),
             status=status,
             tenant=query.get("tenant"),
-            limit=int(limit_text),
+            limit=limit,
             cursor=cursor,
             schedule_id=query.get("schedule_id"),
             workflow_id=query.get("workflow_id"),

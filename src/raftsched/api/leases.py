@@ -25,6 +25,7 @@ from raftsched.api.validation import (
     LEASE_S_MAX,
     LEASE_S_MIN,
     WAIT_S_MAX,
+    choice,
     failure,
     fencing_token,
     integer,
@@ -178,9 +179,9 @@ async def lease_batch(request: web.Request) -> web.Response:
         prefix = f"ops[{index}]."
         try:
             item = require_object(raw, f"ops[{index}]")
-            op = item.get("op")
-            if op not in OP_FIELDS:
-                raise invalid(prefix + "op", "must be start, heartbeat, complete or fail")
+            op = choice(item, "op", OP_FIELDS, prefix=prefix)
+            if op is None:
+                raise invalid(prefix + "op", "is required")
             job_id = string(item, "job_id", required=True, prefix=prefix)
             assert job_id is not None
             command = _command_for(op, job_id, item, prefix)

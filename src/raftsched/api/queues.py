@@ -7,7 +7,6 @@ running, oldest runnable age, tokens, circuit, throttled and blocked keys.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -15,7 +14,15 @@ from aiohttp import web
 from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
-from raftsched.api.validation import integer, path_id, reject_unknown, require_object
+from raftsched.api.validation import (
+    boolean,
+    integer,
+    number,
+    path_id,
+    reject_unknown,
+    require_object,
+    seconds_ms,
+)
 from raftsched.core.commands import Command, PauseQueue, SetQueue, SetTenant
 from raftsched.core.flow import (
     CIRCUIT_WINDOW_MAX,
@@ -48,24 +55,25 @@ QUEUE_FIELDS = frozenset(
     }
 )
 TENANT_FIELDS = frozenset({"weight", "concurrency_limit", "max_queued"})
+RATE_PER_S_MIN = 0.001  # one milli-claim per second, the core's unit
+PROBE_S_MIN = 0.001
 PROBE_S_MAX = 86_400.0
+PROBE_MS_DEFAULT = 5_000
 
 
 def parse_queue(name: str, value: object) -> SetQueue:
     body = require_object(value)
     reject_unknown(body, QUEUE_FIELDS)
-    paused = body.get("paused", False)
-    if not isinstance(paused, bool):
-        raise invalid("paused", "must be true or false")
-    rate_milli = _rate_milli(body)
+    paused = boolean(body, "paused", False)
+    # The range is checked before scaling, so no rate can overflow to infinity.
+    rate = number(
+        body, "rate_limit_per_s", RATE_PER_S_MIN, RATE_MILLI_MAX / 1000, unit="claims per second"
+    )
+    rate_milli = None if rate is None else max(1, round(rate * 1000))
     burst = integer(body, "burst", 1, LIMIT_MAX)
     if burst is not None and rate_milli is None:
         raise invalid("burst", "a burst needs rate_limit_per_s")
-    probe_s = body.get("circuit_probe_interval_s", 5)
-    if isinstance(probe_s, bool) or not isinstance(probe_s, int | float):
-        raise invalid("circuit_probe_interval_s", "must be a number of seconds")
-    if not 0.001 <= probe_s <= PROBE_S_MAX:
-        raise invalid("circuit_probe_interval_s", f"must be between 0.001 and {PROBE_S_MAX:g}")
+    probe_ms = seconds_ms(body, "circuit_probe_interval_s", PROBE_S_MIN, PROBE_S_MAX)
     return SetQueue(
         name,
         paused,
@@ -73,20 +81,8 @@ def parse_queue(name: str, value: object) -> SetQueue:
         burst,
         integer(body, "concurrency_limit", 0, LIMIT_MAX),
         integer(body, "circuit_window", CIRCUIT_WINDOW_MIN, CIRCUIT_WINDOW_MAX),
-        round(probe_s * 1000),
+        PROBE_MS_DEFAULT if probe_ms is None else probe_ms,
     )
-
-
-def _rate_milli(body: Mapping[str, Any]) -> int | None:
-    rate = body.get("rate_limit_per_s")
-    if rate is None:
-        return None
-    if isinstance(rate, bool) or not isinstance(rate, int | float):
-        raise invalid("rate_limit_per_s", "must be a number of claims per second")
-    milli = round(rate * 1000)
-    if not 1 <= milli <= RATE_MILLI_MAX:
-        raise invalid("rate_limit_per_s", f"must be between 0.001 and {RATE_MILLI_MAX // 1000}")
-    return milli
 
 
 def parse_tenant(name: str, value: object) -> SetTenant:

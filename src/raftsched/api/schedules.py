@@ -17,10 +17,13 @@ from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.validation import (
+    boolean,
+    choice,
     instant_ms,
     integer,
     parse_job,
     path_id,
+    query_integer,
     reject_unknown,
     require_object,
     seconds_ms,
@@ -165,27 +168,18 @@ def _parse_calendar(body: Mapping[str, Any], prefix: str) -> dict[str, Any]:
 
 def _parse_policies(body: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     fields: dict[str, Any] = {}
-    overlap = body.get("overlap")
+    overlap = choice(body, "overlap", OVERLAP_POLICIES, prefix=prefix)
     if overlap is not None:
-        if overlap not in OVERLAP_POLICIES:
-            raise invalid(
-                prefix + "overlap", f"must be one of {', '.join(sorted(OVERLAP_POLICIES))}"
-            )
         fields["overlap"] = overlap
-    paused = body.get("paused")
-    if paused is not None:
-        if not isinstance(paused, bool):
-            raise invalid(prefix + "paused", "must be true or false")
-        fields["paused"] = paused
+    if body.get("paused") is not None:
+        fields["paused"] = boolean(body, "paused", False, prefix=prefix)
     catchup = body.get("catchup")
     if catchup is not None:
         where = prefix + "catchup."
         catchup_body = require_object(catchup, where.rstrip("."))
         reject_unknown(catchup_body, CATCHUP_FIELDS, where)
-        policy = catchup_body.get("policy")
+        policy = choice(catchup_body, "policy", CATCHUP_POLICIES, prefix=where)
         if policy is not None:
-            if policy not in CATCHUP_POLICIES:
-                raise invalid(where + "policy", "must be skip, latest or all")
             fields["catchup_policy"] = policy
         optional = {
             "catchup_window_ms": seconds_ms(catchup_body, "window_s", 0, 366 * DAY_S, prefix=where),
@@ -336,12 +330,11 @@ async def create_schedules(request: web.Request) -> web.Response:
 async def list_all(request: web.Request) -> web.Response:
     query = request.query
     reject_unknown(query, frozenset({"limit", "cursor", "consistency"}))
-    limit_text = query.get("limit", "50")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= LIST_LIMIT_MAX:
-        raise invalid("limit", f"must be an integer from 1 to {LIST_LIMIT_MAX}")
+    limit = query_integer(query, "limit", 1, LIST_LIMIT_MAX, default=50)
+    assert limit is not None
     headers = await prepare_read(request)
     with node_of(request).reading() as state:
-        page, cursor = list_schedules(state, int(limit_text), query.get("cursor"))
+        page, cursor = list_schedules(state, limit, query.get("cursor"))
         body = {
             "schedules": [render_schedule(state, schedule) for schedule in page],
             "next_cursor": cursor,
@@ -413,9 +406,7 @@ async def backfill(request: web.Request) -> web.Response:
         raise invalid("to", "is required")
     if to_ms < from_ms:
         raise invalid("to", "must not be before from")
-    overlap = body.get("overlap")
-    if overlap is not None and overlap not in OVERLAP_POLICIES:
-        raise invalid("overlap", f"must be one of {', '.join(sorted(OVERLAP_POLICIES))}")
+    overlap = choice(body, "overlap", OVERLAP_POLICIES)
     result = await _propose(request, BackfillSchedule(schedule_id, from_ms, to_ms, overlap))
     assert isinstance(result, ScheduleBackfilled)
     with node_of(request).reading() as state:
@@ -428,16 +419,15 @@ async def backfill(request: web.Request) -> web.Response:
 async def list_occurrences(request: web.Request) -> web.Response:
     query = request.query
     reject_unknown(query, frozenset({"limit", "consistency"}))
-    limit_text = query.get("limit", "100")
-    if not limit_text.isdigit() or not 1 <= int(limit_text) <= LIST_LIMIT_MAX:
-        raise invalid("limit", f"must be an integer from 1 to {LIST_LIMIT_MAX}")
+    limit = query_integer(query, "limit", 1, LIST_LIMIT_MAX, default=100)
+    assert limit is not None
     headers = await prepare_read(request)
     schedule_id = _schedule_id(request)
     with node_of(request).reading() as state:
         schedule = get_schedule(state, schedule_id)
         if schedule is None:
             raise ApiError("not_found", f"no schedule {schedule_id}")
-        records = occurrences(schedule, int(limit_text))
+        records = occurrences(schedule, limit)
     body = {"occurrences": [render_occurrence(record) for record in records]}
     return json_response(body, headers=headers)
 

@@ -10,8 +10,8 @@ order the client wrote the keys in.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Collection, Mapping
+from typing import Any, cast
 
 import msgpack
 
@@ -88,9 +88,40 @@ def string(
     return value
 
 
+def choice(
+    body: Mapping[str, Any],
+    name: str,
+    allowed: Collection[str],
+    *,
+    default: str | None = None,
+    prefix: str = "",
+) -> str | None:
+    """An enum-like field: one of the strings in `allowed` (null or absent: `default`).
+
+    The type is checked before the lookup: an object or a list is unhashable,
+    so `value in allowed` would raise instead of answering 400.
+    """
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, str) or value not in allowed:
+        raise invalid(prefix + name, f"must be one of {', '.join(sorted(allowed))}")
+    return value
+
+
+def boolean(body: Mapping[str, Any], name: str, default: bool, *, prefix: str = "") -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(prefix + name, "must be true or false")
+    return value
+
+
 def integer(
     body: Mapping[str, Any], name: str, low: int, high: int, *, prefix: str = ""
 ) -> int | None:
+    """An integer field within [low, high] (a bool or a float is not one)."""
     value = body.get(name)
     if value is None:
         return None
@@ -101,18 +132,62 @@ def integer(
     return value
 
 
-def seconds_ms(
-    body: Mapping[str, Any], name: str, low_s: float, high_s: float, *, prefix: str = ""
-) -> int | None:
-    """A duration in seconds (int or float) as integer milliseconds."""
+def number(
+    body: Mapping[str, Any],
+    name: str,
+    low: float,
+    high: float,
+    *,
+    prefix: str = "",
+    unit: str = "",
+) -> float | None:
+    """A number field (int or float, not bool) within [low, high].
+
+    Every number has a finite range, checked before any arithmetic, so that
+    scaling it (seconds to milliseconds, rates to milli-rates) cannot overflow.
+    """
     value = body.get(name)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise invalid(prefix + name, "must be a number of seconds")
-    if not low_s <= value <= high_s:
-        raise invalid(prefix + name, f"must be between {low_s:g} and {high_s:g} seconds")
-    return round(value * 1000)
+        raise invalid(prefix + name, f"must be a number of {unit}" if unit else "must be a number")
+    if not low <= value <= high:
+        in_unit = f" {unit}" if unit else ""
+        raise invalid(prefix + name, f"must be between {_plain(low)} and {_plain(high)}{in_unit}")
+    return value
+
+
+def _plain(bound: float) -> str:
+    """A bound as people write it: 2592000, not 2.592e+06."""
+    return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+
+def query_integer(
+    query: Mapping[str, str], name: str, low: int, high: int, default: int | None = None
+) -> int | None:
+    """A query parameter of ASCII digits within [low, high].
+
+    `str.isdigit` alone is not enough: it accepts digits such as "²" that
+    `int` refuses, and a string of thousands of digits that `int` will not
+    convert; both would otherwise escape as a 500.
+    """
+    raw = query.get(name)
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.isdigit() or len(raw) > len(str(high)):
+        raise invalid(name, f"must be an integer from {low} to {high}")
+    value = int(raw)
+    if not low <= value <= high:
+        raise invalid(name, f"must be an integer from {low} to {high}")
+    return value
+
+
+def seconds_ms(
+    body: Mapping[str, Any], name: str, low_s: float, high_s: float, *, prefix: str = ""
+) -> int | None:
+    """A duration in seconds (int or float) as integer milliseconds."""
+    value = number(body, name, low_s, high_s, prefix=prefix, unit="seconds")
+    return None if value is None else round(value * 1000)
 
 
 def instant_ms(body: Mapping[str, Any], name: str, *, prefix: str = "") -> int | None:
@@ -226,14 +301,16 @@ def fencing_token(body: Mapping[str, Any], prefix: str = "") -> int:
 def failure(body: Mapping[str, Any], prefix: str = "") -> tuple[FailureKind, str, int | None]:
     error = require_object(body.get("error"), prefix + "error")
     reject_unknown(error, frozenset({"kind", "message", "retry_after_s"}), prefix + "error.")
-    kind = error.get("kind")
-    if kind not in core_limits.FAILURE_KINDS:
-        raise invalid(prefix + "error.kind", "must be transient, permanent, unknown or cancelled")
-    message = error.get("message", "")
+    kind = choice(error, "kind", core_limits.FAILURE_KINDS, prefix=prefix + "error.")
+    if kind is None:
+        raise invalid(prefix + "error.kind", "is required")
+    message = error.get("message")
+    if message is None:
+        message = ""
     if not isinstance(message, str):
         raise invalid(prefix + "error.message", "must be a string")
     retry_after = seconds_ms(error, "retry_after_s", 0, 30 * 86_400, prefix=prefix + "error.")
-    return kind, message[:MESSAGE_LENGTH_MAX], retry_after
+    return cast(FailureKind, kind), message[:MESSAGE_LENGTH_MAX], retry_after
 
 
 def reason(body: Mapping[str, Any]) -> str:

@@ -14,9 +14,11 @@ from raftsched.api.render import time_or_none
 from raftsched.api.validation import (
     JOB_FIELDS,
     KEY_LENGTH_MAX,
-    integer,
+    boolean,
+    choice,
     parse_job,
     path_id,
+    query_integer,
     reason,
     reject_unknown,
     require_object,
@@ -59,14 +61,8 @@ def parse_workflow(value: object) -> dict[str, Any]:
         "idempotency_key": string(body, "idempotency_key", length_max=KEY_LENGTH_MAX),
         "timeout_ms": seconds_ms(body, "timeout_s", 0.001, 366 * 86_400),
     }
-    on_failure = body.get("on_failure", "fail_fast")
-    if on_failure not in FAILURE_POLICIES:
-        raise invalid("on_failure", "must be fail_fast or continue")
-    fields["on_failure"] = on_failure
-    compensate = body.get("compensate_on_cancel", True)
-    if not isinstance(compensate, bool):
-        raise invalid("compensate_on_cancel", "must be a boolean")
-    fields["compensate_on_cancel"] = compensate
+    fields["on_failure"] = choice(body, "on_failure", FAILURE_POLICIES, default="fail_fast")
+    fields["compensate_on_cancel"] = boolean(body, "compensate_on_cancel", True)
     _check_graph(fields["steps"])
     return fields
 
@@ -76,7 +72,9 @@ def _parse_step(value: object, prefix: str) -> StepSpec:
     reject_unknown(body, STEP_FIELDS, prefix)
     name = string(body, "name", required=True, length_max=STEP_NAME_CHARS_MAX, prefix=prefix)
     assert name is not None
-    depends_on = body.get("depends_on", [])
+    depends_on = body.get("depends_on")
+    if depends_on is None:
+        depends_on = []
     if not isinstance(depends_on, list) or not all(isinstance(d, str) for d in depends_on):
         raise invalid(prefix + "depends_on", "must be a list of step names")
     if len(set(depends_on)) != len(depends_on):
@@ -228,8 +226,9 @@ async def list_workflows(request: web.Request) -> web.Response:
     status = query.get("status")
     if status is not None and status not in WORKFLOW_STATUSES:
         raise invalid("status", f"must be one of {', '.join(WORKFLOW_STATUSES)}")
-    limit = _query_int(query, "limit", 1, LIST_LIMIT_MAX) or 50
-    cursor = _query_int(query, "cursor", 0, 2**63 - 1)
+    limit = query_integer(query, "limit", 1, LIST_LIMIT_MAX, default=50)
+    assert limit is not None
+    cursor = query_integer(query, "cursor", 0, 2**63 - 1)
     tenant = query.get("tenant")
     headers = await prepare_read(request)
     found: list[dict[str, Any]] = []
@@ -250,17 +249,6 @@ async def list_workflows(request: web.Request) -> web.Response:
             found.append(workflow_json(workflow, state.jobs, full=False))
             found_seq = workflow.seq
     return json_response({"workflows": found, "next_cursor": next_cursor}, headers=headers)
-
-
-def _query_int(query: Mapping[str, str], name: str, low: int, high: int) -> int | None:
-    raw = query.get(name)
-    if raw is None:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise invalid(name, "must be an integer") from None
-    return integer({name: value}, name, low, high)
 
 
 @routes.post("/v1/workflows/{workflow_id}/cancel")

@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from raftsched.child_processes import die_with_parent
 from raftsched.cli import _dev, _events, _flow, _jobs, _node, _schedules, _top, _worker, _workflows
 from raftsched.cli._common import EXIT_ERROR, client_options
 
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # A node or worker started by `raftsched dev`, raftsched.testing or the
+    # chaos harness dies with it, however it ends (see child_processes).
+    die_with_parent()
     args = build_parser().parse_args(argv)
     try:
         code: int = args.run(args)

@@ -325,13 +325,13 @@ class Node:
             "raftsched_leader_changes_total", "Times this node stopped being leader."
         )
         self.m_ticks = m.counter("raftsched_ticks_total", "Tick commands committed by this node.")
-        m.gauge(
+        m.counter(
             "raftsched_gc_collections_total",
             "Garbage collections in this process, by generation.",
             ["generation"],
             collect=lambda: [((str(g),), float(n)) for g, n in enumerate(gc_tuning.pauses.count)],
         )
-        m.gauge(
+        m.counter(
             "raftsched_gc_pause_seconds_total",
             "Time spent in garbage collections, by generation.",
             ["generation"],

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from raftsched import devcluster
+from raftsched import child_processes, devcluster
 from raftsched.client import Client
 from raftsched.testing import free_port_block
 
@@ -54,7 +54,8 @@ def test_layout_check_refuses_a_different_cluster(tmp_path: Path) -> None:
 
 
 def launch(data_dir: Path, http_port: int, raft_port: int) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
+    # Dies with this test process, and its nodes with it (child_processes).
+    return child_processes.popen(
         [sys.executable, "-m", "raftsched.cli", "dev", "--data-dir", str(data_dir),
          "--http-port", str(http_port), "--raft-port", str(raft_port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

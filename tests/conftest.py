@@ -1,0 +1,24 @@
+"""Fixtures shared by every test directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    """Debian's `promtool` (package `prometheus`; .ci/run installs it when it is
+    missing). Tests that need it skip, with the reason in the summary, only
+    when it cannot be found; CI says so loudly."""
+    configured = os.environ.get("RAFTSCHED_PROMTOOL")
+    found = configured if configured and Path(configured).exists() else shutil.which("promtool")
+    if found is None:
+        pytest.skip(
+            "promtool tests SKIPPED: no promtool found "
+            "(apt-get install -y prometheus, or set RAFTSCHED_PROMTOOL)"
+        )
+    return found

@@ -1,0 +1,67 @@
+"""The field helpers every request body goes through: type first, then range."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from raftsched.api.errors import ApiError
+from raftsched.api.validation import boolean, choice, integer, number, query_integer, seconds_ms
+
+POLICIES = frozenset({"skip", "all"})
+
+
+def _field_of(call: Any) -> str:
+    with pytest.raises(ApiError) as caught:
+        call()
+    assert caught.value.code == "invalid_request"
+    return str(caught.value.details["field"])
+
+
+@pytest.mark.parametrize("value", [{}, [], ["skip"], 1, True, "latest"])
+def test_choice_rejects_other_types_and_strings_naming_the_field(value: Any) -> None:
+    body = {"policy": value}
+    assert _field_of(lambda: choice(body, "policy", POLICIES, prefix="catchup.")) == (
+        "catchup.policy"
+    )
+
+
+def test_choice_null_or_absent_is_the_default() -> None:
+    assert choice({"policy": None}, "policy", POLICIES, default="skip") == "skip"
+    assert choice({}, "policy", POLICIES) is None
+    assert choice({"policy": "all"}, "policy", POLICIES) == "all"
+
+
+@pytest.mark.parametrize("value", [1e308, -1e308, 1_000.5, -0.5, True, "1", [], {}])
+def test_number_checks_type_and_range_before_any_arithmetic(value: Any) -> None:
+    body = {"rate": value}
+    assert _field_of(lambda: number(body, "rate", 0, 1_000)) == "rate"
+    assert _field_of(lambda: seconds_ms(body, "rate", 0, 1_000)) == "rate"
+
+
+def test_number_and_seconds_accept_ints_and_fractions_in_range() -> None:
+    assert number({"rate": 0.001}, "rate", 0.001, 10) == 0.001
+    assert seconds_ms({"wait_s": 2.5}, "wait_s", 0, 60) == 2_500
+    assert seconds_ms({"wait_s": None}, "wait_s", 0, 60) is None
+
+
+@pytest.mark.parametrize("value", [5.0, True, "5", 1e308, 101, -101])
+def test_integer_rejects_floats_bools_and_out_of_range(value: Any) -> None:
+    assert _field_of(lambda: integer({"priority": value}, "priority", -100, 100)) == "priority"
+
+
+@pytest.mark.parametrize("value", [0, 1, "true", [], {}])
+def test_boolean_is_only_true_or_false(value: Any) -> None:
+    assert _field_of(lambda: boolean({"paused": value}, "paused", False)) == "paused"
+    assert boolean({"paused": None}, "paused", True) is True
+
+
+@pytest.mark.parametrize("raw", ["²", "٣", "-1", "1.5", " 5", "0", "1001", "9" * 5000, ""])
+def test_query_integer_takes_only_ascii_digits_in_range(raw: str) -> None:
+    assert _field_of(lambda: query_integer({"limit": raw}, "limit", 1, 1000)) == "limit"
+
+
+def test_query_integer_default_and_value() -> None:
+    assert query_integer({}, "limit", 1, 1000, default=50) == 50
+    assert query_integer({"limit": "1000"}, "limit", 1, 1000) == 1000
