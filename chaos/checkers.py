@@ -11,15 +11,19 @@ Inputs:
                                  read with consistency=stale}},
             "unreachable": [node ids that did not answer]}
 - `sink`: the fenced sink's log (chaos.sink).
+- `node_log_errors`: node id -> every error-level line of its log
+  (`raftsched.testing.read_log_errors`), for checker 8.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
+
+from raftsched.testing import ExpectedLogError, LogError
 
 FINAL_STATUSES = frozenset({"succeeded", "dead_letter", "cancelled"})
 EXAMPLES_MAX = 5
@@ -343,3 +347,40 @@ def check_all(ops: list[Op], final: dict[str, Any], sink: list[dict[str, Any]]) 
         linearizable_reads(ops),
         replicas_converged(final),
     ]
+
+
+# -- 8 ---------------------------------------------------------------------------
+
+# Error-level node log lines that the faults cause on purpose, each with the
+# reason. Any other error line, or traceback, in any node's log makes the run
+# invalid: a node that logged an error did something wrong even if every
+# guarantee held (pysyncobj logs its own failures and carries on).
+EXPECTED_NODE_LOG_ERRORS: Final[tuple[ExpectedLogError, ...]] = ()
+
+
+def node_logs_clean(
+    node_log_errors: Mapping[str, list[LogError]],
+    expected: Iterable[ExpectedLogError] = EXPECTED_NODE_LOG_ERRORS,
+) -> Check:
+    check = Check("8_no_unexpected_node_log_errors")
+    expected = tuple(expected)
+    for node_id, errors in sorted(node_log_errors.items()):
+        for error in errors:
+            if error.expected_by(expected) is None:
+                check.flag(node=node_id, line=error.describe())
+    return check
+
+
+def expected_log_errors_seen(
+    node_log_errors: Mapping[str, list[LogError]],
+    expected: Iterable[ExpectedLogError] = EXPECTED_NODE_LOG_ERRORS,
+) -> dict[str, int]:
+    """How many error lines each expected entry's reason accounts for."""
+    counts: dict[str, int] = {}
+    expected = tuple(expected)
+    for errors in node_log_errors.values():
+        for error in errors:
+            entry = error.expected_by(expected)
+            if entry is not None:
+                counts[entry.reason] = counts.get(entry.reason, 0) + 1
+    return counts

@@ -5,7 +5,8 @@ the workers and the clients; let the nemesis run its schedule for
 `--duration` seconds; then heal everything (partitions, pauses, dead nodes,
 clocks), stop the clients, give the cluster `--recovery-bound-s` to finish
 every acknowledged job, stop the workers, read the final state from every
-node, run the checkers and print the summary -- its JSON is the last line.
+node, stop the nodes, run the checkers (the eighth reads the node logs) and
+print the summary -- its JSON is the last line.
 Everything is torn down on the way out, even on failure.
 """
 
@@ -25,7 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from chaos import nemesis as nemesis_module
-from chaos.checkers import FINAL_STATUSES, check_all
+from chaos.checkers import (
+    FINAL_STATUSES,
+    check_all,
+    expected_log_errors_seen,
+    node_logs_clean,
+)
 from chaos.cluster import REPO_ROOT, NsCluster
 from chaos.history import Recorder, operations, read_events
 from chaos.httpops import Session
@@ -35,6 +41,7 @@ from chaos.summary import render_text, summarize
 from chaos.worker import QUEUE
 from chaos.workload import Client
 from raftsched import child_processes
+from raftsched.testing import read_log_errors
 
 UNSAFE_ENV = "RAFTSCHED_UNSAFE_IGNORE_FENCING"
 
@@ -284,9 +291,14 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         events = read_events(sorted(out.glob("history-*.jsonl")))
         ops = operations(events)
         checks = check_all(ops, final, read_sink_log(out / "sink.jsonl"))
+        # The nodes' logs are complete only once they have stopped.
+        cluster.stop()
+        log_errors = {node.id: read_log_errors(node.log_path) for node in cluster.nodes.values()}
+        checks.append(node_logs_clean(log_errors))
         return summarize(
             args, ops, events, final, checks, nemesis.applied, nemesis.errors,
             recover_s, unfinished, healed_at - started,
+            expected_log_errors=expected_log_errors_seen(log_errors),
         )  # fmt: skip
     finally:
         stop_clients.set()

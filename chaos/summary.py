@@ -23,6 +23,7 @@ def summarize(
     recover_s: float | None,
     unfinished: list[str],
     fault_phase_s: float,
+    expected_log_errors: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     by_f: dict[str, Counter[str]] = defaultdict(Counter)
     for op in ops:
@@ -63,6 +64,9 @@ def summarize(
         "time_to_recover_s": None if recover_s is None else round(recover_s, 1),
         "unfinished_after_bound": unfinished[:20],
         "anomalies": anomalies,
+        # Error-level node log lines the faults explain (reason -> count);
+        # any other one is an anomaly of checker 8.
+        "expected_log_errors": dict(sorted((expected_log_errors or {}).items())),
         "examples": {check.name: check.examples for check in checks if check.anomalies},
         "history": str(args.out),
         "valid": all(count == 0 for count in anomalies.values()),
@@ -110,5 +114,7 @@ def render_text(summary: dict[str, Any]) -> str:
         lines.append(f"  {name:<34} {count}")
         for example in summary["examples"].get(name, [])[:3]:
             lines.append(f"      e.g. {example}")
+    for reason, count in summary.get("expected_log_errors", {}).items():
+        lines.append(f"expected node log errors: {count} ({reason})")
     lines.append(f"valid: {summary['valid']}")
     return "\n".join(lines)

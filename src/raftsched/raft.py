@@ -63,6 +63,12 @@ Guard rails
 7. pysyncobj exposes no term or index at apply time; `raftLastApplied + 1`
    inside the replicated method is the entry's index (`applying_index`).
    `status().applied_index` is the last applied index.
+8. Large entries. pysyncobj sends an entry of 64 KiB or more in parts and
+   labels the last few `finish` too early (it compares the slice position
+   with the command's length, not the pickle's), so followers unpickled a
+   prefix and logged `failed _onTick` with `pickle data was truncated`. The
+   transport relabels the parts from the pickle's real length
+   (`_TransmissionLabels`).
 
 Threads
 -------
@@ -103,6 +109,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+import pysyncobj.pickle as _pysyncobj_pickle
 import pysyncobj.syncobj as _pysyncobj_syncobj
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf, replicated
 from pysyncobj.config import SERIALIZER_STATE
@@ -258,10 +265,14 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
         self, syncObj: Any, selfNode: Any, otherNodes: Any, *, journal: DurableJournal
     ) -> None:  # noqa: N803 - pysyncobj's names
         self._raftsched_journal = journal
+        self._raftsched_parts = _TransmissionLabels(syncObj)
         super().__init__(syncObj, selfNode, otherNodes)
 
     def send(self, node: Any, message: Any) -> bool:
-        if not (isinstance(message, dict) and message.get("type") == "append_entries"):
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            if "transmission" in message:
+                message = self._raftsched_parts.label(node, message)
+        else:
             self._raftsched_journal.sync()
         return bool(super().send(node, message))
 
@@ -288,6 +299,84 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
             after = next_index.get(node)
             if after is not None and after < before:
                 next_index[node] = before
+
+
+class _TransmissionLabels:
+    """Labels the parts of pysyncobj's multi-part AppendEntries correctly.
+
+    pysyncobj sends an entry of `appendEntriesBatchSizeBytes` (64 KiB) or
+    more to a follower as a transmission: it pickles the entry and sends the
+    pickle in slices of that size labelled `start`, `process` ... `finish`;
+    the follower concatenates them and unpickles at `finish`. pysyncobj
+    0.3.17 labels a slice `finish` when `pos + batchSizeBytes >=
+    len(entry[0])`: it compares with the length of the entry's command, not
+    of the pickle it slices. The pickle is longer: pysyncobj pickles with
+    protocol 2, which stores bytes as latin-1 text in UTF-8, so every byte of
+    0x80 or more takes two (msgpack commands are full of them, and the
+    command is itself such a pickle of our bytes). Each slice ending between
+    the two lengths is labelled `finish` too early: the follower unpickles a
+    prefix and `pickle data was truncated`, `EOFError` or
+    `UnicodeDecodeError` escapes `_onTick` (pysyncobj logs `failed _onTick`,
+    sleeps a tick, and the messages already read wait for the next bytes to
+    arrive). Followers recovered only because a failed unpickle leaves the
+    buffer in place, so the next slice, labelled `finish` again, completed it.
+
+    The slices of one transmission are sent back to back from one loop on
+    the tick thread (nothing else goes to that follower in between; a broken
+    connection ends the transmission, and the next one starts with `start`).
+    So `send` relabels them: at `start` it pickles the same log entry the
+    same way to learn the length, then counts the bytes sent; only the slice
+    that reaches the length is `finish`. The receiving side is pysyncobj's,
+    unchanged.
+    """
+
+    def __init__(self, sync_obj: Any) -> None:
+        self._sync_obj = sync_obj
+        self._progress: dict[Any, tuple[int, int]] = {}  # node -> (pickle bytes, bytes sent)
+        # (index, term) names one entry (Raft's log matching), so the
+        # followers that are sent the same entry share one measurement.
+        self._measured: tuple[int, int, int] | None = None  # index, term, pickle bytes
+
+    def label(self, node: Any, message: dict[str, Any]) -> dict[str, Any]:
+        data = message["data"]
+        if message["transmission"] == "start":
+            total_bytes = self._pickle_bytes(message["prevLogIdx"] + 1)
+            if total_bytes is None:
+                self._progress.pop(node, None)
+                return message  # not in the log; nothing to measure
+            sent_bytes = 0
+        elif node in self._progress:
+            total_bytes, sent_bytes = self._progress[node]
+        else:
+            return message  # a part of nothing we saw start; pysyncobj's own label
+        first = sent_bytes == 0
+        sent_bytes += len(data)
+        if first:
+            label = "start"
+        elif sent_bytes >= total_bytes:
+            label = "finish"
+        else:
+            label = "process"
+        if label == "finish":
+            self._progress.pop(node, None)
+        else:
+            self._progress[node] = (total_bytes, sent_bytes)
+        if label == message["transmission"]:
+            return message
+        return {**message, "transmission": label}
+
+    def _pickle_bytes(self, index: int) -> int | None:
+        entries = self._sync_obj._SyncObj__getEntries(index, 1)
+        if not entries:
+            return None
+        entry = entries[0]
+        measured = self._measured
+        if measured is not None and measured[:2] == (index, entry[2]):
+            return measured[2]
+        # The same object through the same pickler as pysyncobj's slicing.
+        total_bytes = len(_pysyncobj_pickle.dumps(entry))
+        self._measured = (index, entry[2], total_bytes)
+        return total_bytes
 
 
 class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped

@@ -8,8 +8,10 @@ Raft and real HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -18,9 +20,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from raftsched import child_processes
 
@@ -112,6 +115,7 @@ class LocalCluster:
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _note_created(self)
         self.root.mkdir(parents=True, exist_ok=True)
         self.secret_file = self.root / "secret"
         if not self.secret_file.exists():
@@ -293,9 +297,149 @@ class LocalCluster:
             time.sleep(0.2)
         raise AssertionError(f"replicas did not converge: {last}")
 
+    def unexpected_log_errors(self, expected: Iterable[ExpectedLogError] = ()) -> list[LogError]:
+        """Unexpected error-level lines in every node's log (see `log_errors`)."""
+        expected = tuple(expected)
+        return [
+            error for node in self.nodes.values() for error in log_errors(node.log_path, expected)
+        ]
+
     def logs(self) -> str:
         parts = []
         for node in self.nodes.values():
             if node.log_path.exists():
                 parts.append(f"--- {node.id} ---\n" + node.log_path.read_text(errors="replace"))
         return "\n".join(parts)
+
+
+# -- log checks -------------------------------------------------------------
+#
+# A node that logs at error level, or lets a traceback reach stderr, did
+# something wrong even if the test's assertions passed (pysyncobj logs its
+# own failures and carries on). Tests and the chaos campaign fail on any
+# such line unless they name it as expected, with the reason.
+
+_ERROR_LEVELS: Final = frozenset({"error", "critical"})
+_CUT_ERROR_LINE: Final = re.compile(r'^\{"ts": "[^"]*", "level": "(error|critical)"')
+_CHAINED_HEADERS: Final = ("During handling", "The above exception")
+_TRACEBACK_HEADERS: Final = ("Traceback", *_CHAINED_HEADERS)
+# Lines that Python itself writes to stderr when something escaped.
+_RAW_ERROR_STARTS: Final = (
+    "Traceback (most recent call last):",
+    "Fatal Python error",
+    "Exception in thread",
+    "Exception ignored in",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpectedLogError:
+    """An error-level log line that a test or a fault causes on purpose."""
+
+    pattern: str  # a regular expression searched in the line's text
+    reason: str
+
+    def matches(self, text: str) -> bool:
+        return re.search(self.pattern, text) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class LogError:
+    path: Path
+    line_number: int  # 1-based, where it starts
+    text: str  # "logger: message", then the traceback if there is one
+
+    def expected_by(self, expected: Iterable[ExpectedLogError]) -> ExpectedLogError | None:
+        return next((entry for entry in expected if entry.matches(self.text)), None)
+
+    def describe(self) -> str:
+        """One line: where, the message, and a traceback's exception line."""
+        lines = [line for line in self.text.splitlines() if line.strip()]
+        summary = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1].strip()}"
+        return f"{self.path}:{self.line_number}: {summary}"
+
+
+def log_errors(path: Path, expected: Iterable[ExpectedLogError] = ()) -> list[LogError]:
+    """Every error-level line in one node log that no `expected` entry matches."""
+    expected = tuple(expected)
+    return [error for error in read_log_errors(path) if error.expected_by(expected) is None]
+
+
+def read_log_errors(path: Path) -> list[LogError]:
+    """Every error-level line in one node log, expected or not.
+
+    Nodes log one JSON object a line (`raftsched.logs`); a line whose level
+    is error or critical counts, its traceback included. Anything else on
+    the stream was written around logging: a traceback (with the lines up to
+    its exception line) or one of Python's own fatal messages counts too.
+    """
+    if not path.exists():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    found: list[LogError] = []
+    index = 0
+    while index < len(lines):
+        start = index
+        text, index = _error_at(lines, index)
+        if text is not None:
+            found.append(LogError(path, start + 1, text))
+    return found
+
+
+def _error_at(lines: list[str], index: int) -> tuple[str | None, int]:
+    """(the error starting at `lines[index]` or None, the index after it)."""
+    line = lines[index]
+    if line.startswith("{"):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            # Cut off by a kill (and the next run's first line appended).
+            if _CUT_ERROR_LINE.search(line):
+                return line, index + 1
+            entry = None
+        if isinstance(entry, dict):
+            if str(entry.get("level", "")).lower() not in _ERROR_LEVELS:
+                return None, index + 1
+            text = f"{entry.get('logger', '')}: {entry.get('msg', '')}"
+            if entry.get("exc"):
+                text += "\n" + str(entry["exc"])
+            return text, index + 1
+    if not line.startswith(_RAW_ERROR_STARTS):
+        return None, index + 1
+    # A traceback runs until its exception line: the first line that is not
+    # indented, not blank and not a header; a chained one continues after
+    # "During handling ..." or "The above exception ...".
+    end = index + 1
+    while end < len(lines):
+        current = lines[end]
+        end += 1
+        if not current.strip() or current[0].isspace() or current.startswith(_TRACEBACK_HEADERS):
+            continue
+        following = end
+        while following < len(lines) and not lines[following].strip():
+            following += 1
+        if following < len(lines) and lines[following].startswith(_CHAINED_HEADERS):
+            end = following + 1
+            continue
+        break
+    return "\n".join(lines[index:end]), end
+
+
+_watches: list[list[LocalCluster]] = []
+
+
+def _note_created(cluster: LocalCluster) -> None:
+    for watch in _watches:
+        watch.append(cluster)
+
+
+@contextlib.contextmanager
+def watch_clusters() -> Iterator[list[LocalCluster]]:
+    """Collects every `LocalCluster` made inside the block, so that a test
+    fixture can check the logs of clusters that tests build themselves."""
+    watch: list[LocalCluster] = []
+    _watches.append(watch)
+    try:
+        yield watch
+    finally:
+        _watches.remove(watch)

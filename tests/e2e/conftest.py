@@ -1,4 +1,10 @@
-"""End-to-end fixtures: a real 3-node cluster of `raftsched node` processes."""
+"""End-to-end fixtures: a real 3-node cluster of `raftsched node` processes.
+
+Every cluster a test makes (with the fixture or by itself) has its node logs
+checked after the test: an error-level line or a traceback fails it, unless
+the test declares the line with `@pytest.mark.expect_log_errors(pattern,
+reason=...)`.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,33 @@ import pytest
 from e2e_support import cluster_env
 
 from raftsched.client import Client
-from raftsched.testing import LocalCluster
+from raftsched.testing import ExpectedLogError, LocalCluster, watch_clusters
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "expect_log_errors(pattern, reason=...): an error-level node log line that the "
+        "test causes on purpose (a regular expression, and why)",
+    )
+
+
+@pytest.fixture(autouse=True)
+def node_logs_without_errors(request: pytest.FixtureRequest) -> Iterator[None]:
+    # Autouse, so set up before and torn down after the cluster fixture:
+    # the nodes have stopped and their logs are complete when this reads them.
+    with watch_clusters() as clusters:
+        yield
+    expected = [
+        ExpectedLogError(mark.args[0], reason=mark.kwargs["reason"])
+        for mark in request.node.iter_markers("expect_log_errors")
+    ]
+    found = [error for cluster in clusters for error in cluster.unexpected_log_errors(expected)]
+    if found:
+        pytest.fail(
+            "error-level lines in node logs:\n" + "\n".join(e.describe() for e in found),
+            pytrace=False,
+        )
 
 
 @pytest.fixture

@@ -17,10 +17,8 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import logging
 import signal
 import socketserver
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ from typing import Any
 
 import msgpack
 
+from raftsched.logs import configure_logging
 from raftsched.raft import RaftNode
 
 
@@ -95,11 +94,9 @@ def main() -> None:
     parser.add_argument("--durability", default="fsync")
     parser.add_argument("--compaction", type=int, default=5000)
     args = parser.parse_args()
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format=f"%(asctime)s {args.id} %(threadName)s %(name)s %(levelname)s %(message)s",
-    )
+    # The node's own JSON lines, so that tests check these logs as they check
+    # a node's (`raftsched.testing.log_errors`).
+    configure_logging("json", node_id=args.id)
     peers = dict(item.split("=", 1) for item in args.peer)
     machine = ListMachine()
     leadership_log: list[tuple[bool, int, float]] = []
