@@ -249,11 +249,8 @@ def _merge_all_of(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _with_job_fields(schema: dict[str, Any]) -> dict[str, Any]:
-    """A step or compensation: its job fields are documented by JobRequest.
-
-    WorkflowStepRequest says "a job request (see JobRequest)" and lists the
-    job fields with their types only; their ranges are JobRequest's.
-    """
+    """A schema built on JobRequest (a schedule's job template): its job
+    fields are checked as JobRequest documents them, ranges included."""
     job = SCHEMAS["JobRequest"]["properties"]
     properties = {
         name: job.get(name, prop) if name != "compensation" else _with_job_fields(prop)
