@@ -7,8 +7,15 @@ import pytest
 from core_support import Cluster
 
 from raftsched.core import job_history
-from raftsched.core.commands import CancelJob, FailJob, HeartbeatJob, ReplayJob
-from raftsched.core.results import HeartbeatAccepted, Rejected, Replayed
+from raftsched.core.commands import (
+    CancelJob,
+    CompleteJob,
+    FailJob,
+    HeartbeatJob,
+    ReplayJob,
+    StartJob,
+)
+from raftsched.core.results import Failed, HeartbeatAccepted, Rejected, Replayed
 
 
 def last_event(cluster: Cluster, job_id: str) -> tuple[object, ...]:
@@ -133,3 +140,58 @@ def test_operator_commands_name_the_field_they_refuse(command: object, expected:
     before = cluster.digest()
     assert cluster.one(command) == expected
     assert cluster.digest() == before
+
+
+def test_claim_start_and_complete_record_the_worker_and_token() -> None:
+    cluster = Cluster()
+    job_id = cluster.submit()
+    lease = cluster.claim_one(worker="w7")
+    assert cluster.job(job_id).next_run_at_ms is None
+    assert last_event(cluster, job_id) == ("claimed", "w7", lease.fencing_token, None)
+    cluster.one(StartJob(job_id, lease.fencing_token), at=cluster.now_ms + 3)
+    assert cluster.job(job_id).attempts[-1].started_at_ms == cluster.now_ms
+    assert last_event(cluster, job_id) == ("running", "w7", lease.fencing_token, None)
+    cluster.one(CompleteJob(job_id, lease.fencing_token))
+    assert last_event(cluster, job_id) == ("succeeded", "w7", lease.fencing_token, None)
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (
+            FailJob("job_1", 1, "odd"),
+            invalid("kind", "kind is transient, permanent, unknown or cancelled"),
+        ),
+        (
+            FailJob("job_1", 1, "transient", 5),  # type: ignore[arg-type]
+            invalid("message", "message must be a string of at most 10000 chars"),
+        ),
+        (
+            FailJob("job_1", 1, "transient", retry_after_ms=-1),
+            invalid("retry_after", "retry_after must be an integer from 0 to 9007199254740992"),
+        ),
+        (
+            FailJob("job_1", 1, "transient", random_u32=-1),
+            invalid("random_u32", "random_u32 must be an integer from 0 to 4294967295"),
+        ),
+        (
+            CompleteJob("job_1", 1, "done"),  # type: ignore[arg-type]
+            invalid("result", "result must be at most 1048576 bytes"),
+        ),
+    ],
+    ids=["kind", "message", "retry-after", "random", "result"],
+)
+def test_worker_commands_name_the_field_they_refuse(command: object, expected: Rejected) -> None:
+    cluster = Cluster()
+    lease = cluster.start()
+    assert lease.job_id == "job_1" and lease.fencing_token == 1
+    before = cluster.digest()
+    assert cluster.one(command) == expected
+    assert cluster.digest() == before
+
+
+def test_a_retry_after_of_zero_is_accepted_and_leaves_the_backoff() -> None:
+    cluster = Cluster()
+    lease = cluster.start(max_attempts=2)  # the default backoff starts at 1 s, no jitter
+    failed = cluster.one(FailJob(lease.job_id, lease.fencing_token, "transient", retry_after_ms=0))
+    assert failed == Failed(lease.job_id, "retry_wait", cluster.now_ms + 1_000)
