@@ -9,6 +9,7 @@ from core_support import Cluster
 from raftsched.core import job_history
 from raftsched.core.commands import (
     CancelJob,
+    ClaimJobs,
     CompleteJob,
     FailJob,
     HeartbeatJob,
@@ -195,3 +196,42 @@ def test_a_retry_after_of_zero_is_accepted_and_leaves_the_backoff() -> None:
     lease = cluster.start(max_attempts=2)  # the default backoff starts at 1 s, no jitter
     failed = cluster.one(FailJob(lease.job_id, lease.fencing_token, "transient", retry_after_ms=0))
     assert failed == Failed(lease.job_id, "retry_wait", cluster.now_ms + 1_000)
+
+
+QUEUES = invalid("queues", "claim from 1 to 100 queues")
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (ClaimJobs("w", (), 1), QUEUES),
+        (ClaimJobs("w", tuple(f"q{i}" for i in range(101)), 1), QUEUES),
+        (
+            ClaimJobs("w", ("q", ""), 1),
+            invalid("queues", "queues must be a non-empty string of at most 200 chars"),
+        ),
+        (
+            ClaimJobs("", ("q",), 1),
+            invalid("worker_id", "worker_id must be a non-empty string of at most 200 chars"),
+        ),
+        (
+            ClaimJobs("w", ("q",), 0),
+            invalid("max_jobs", "max_jobs must be an integer from 1 to 1000"),
+        ),
+    ],
+    ids=["no-queue", "101-queues", "empty-queue", "worker", "max-jobs"],
+)
+def test_claim_names_the_field_it_refuses(command: ClaimJobs, expected: Rejected) -> None:
+    cluster = Cluster()
+    cluster.submit()
+    before = cluster.digest()
+    assert cluster.one(command) == expected
+    assert cluster.digest() == before
+
+
+def test_a_claim_may_name_a_hundred_queues_and_the_lease_carries_the_ordering_key() -> None:
+    cluster = Cluster()
+    job_id = cluster.submit(queue="q99", ordering_key="account-7")
+    queues = tuple(f"q{i}" for i in range(100))
+    (lease,) = cluster.claim(queues=queues)
+    assert (lease.job_id, lease.queue, lease.ordering_key) == (job_id, "q99", "account-7")
