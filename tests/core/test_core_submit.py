@@ -6,7 +6,7 @@ import pytest
 from core_support import T0, Cluster, assert_rejected_unchanged
 
 from raftsched.core import find_by_idempotency_key, get_job
-from raftsched.core.commands import Backoff, JobSpec, SubmitJobs
+from raftsched.core.commands import Backoff, JobSpec, StepSpec, SubmitJobs, SubmitWorkflow
 from raftsched.core.results import Rejected, SubmitItem, Submitted
 
 
@@ -160,3 +160,14 @@ def test_a_reapplied_submission_returns_the_job_it_created() -> None:
     assert cluster.digest() == before
     clash = cluster.one(SubmitJobs((JobSpec("other"),), ("job_a",)))
     assert clash.items[0].details == {"field": "job_ids"}
+
+
+def test_a_workflow_step_job_does_not_take_its_specs_idempotency_key() -> None:
+    # The workflow holds the key; a step job carrying it as well would be
+    # a second, unregistered owner of the same key.
+    cluster = Cluster()
+    spec = JobSpec("q", idempotency_key="order-1")
+    cluster.one(SubmitWorkflow("wf_1", (StepSpec("only", spec),), idempotency_key="wf-key"))
+    (lease,) = cluster.claim()
+    assert cluster.job(lease.job_id).idempotency_key is None
+    assert lease.idempotency_key is None
