@@ -218,8 +218,12 @@ QUEUES = invalid("queues", "claim from 1 to 100 queues")
             ClaimJobs("w", ("q",), 0),
             invalid("max_jobs", "max_jobs must be an integer from 1 to 1000"),
         ),
+        (
+            ClaimJobs("w", ("q",), 1, 99),
+            invalid("lease", "lease must be an integer from 100 to 86400000"),
+        ),
     ],
-    ids=["no-queue", "101-queues", "empty-queue", "worker", "max-jobs"],
+    ids=["no-queue", "101-queues", "empty-queue", "worker", "max-jobs", "lease"],
 )
 def test_claim_names_the_field_it_refuses(command: ClaimJobs, expected: Rejected) -> None:
     cluster = Cluster()
