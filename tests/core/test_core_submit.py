@@ -171,3 +171,30 @@ def test_a_workflow_step_job_does_not_take_its_specs_idempotency_key() -> None:
     (lease,) = cluster.claim()
     assert cluster.job(lease.job_id).idempotency_key is None
     assert lease.idempotency_key is None
+
+
+def test_an_idempotency_conflict_names_the_key_and_the_job_that_holds_it() -> None:
+    cluster = Cluster()
+    cluster.submit(JobSpec("q", payload=b"\x01", idempotency_key="k"), "job_a")
+    result = cluster.one(SubmitJobs((JobSpec("q", payload=b"\x02", idempotency_key="k"),), ("b",)))
+    assert isinstance(result, Submitted)
+    assert result.items == (
+        Rejected(
+            "idempotency_conflict",
+            "this idempotency key was used with a different request",
+            {"field": "idempotency_key", "job_id": "job_a"},
+        ),
+    )
+
+
+def test_a_job_id_that_is_not_a_name_is_refused_as_job_ids() -> None:
+    cluster = Cluster()
+    result = cluster.one(SubmitJobs((JobSpec("q"),), ("",)))
+    assert isinstance(result, Submitted)
+    assert result.items == (
+        Rejected(
+            "invalid_request",
+            "job_ids must be a non-empty string of at most 200 chars",
+            {"field": "job_ids"},
+        ),
+    )
