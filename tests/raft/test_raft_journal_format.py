@@ -7,6 +7,7 @@ saves, and each way a snapshot file can be corrupt.
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from raftsched import raft_journal
+from raftsched import power_cut, raft_journal
 from raftsched.raft_journal import Disk, DurableJournal, SnapshotHeader, StorageError
 
 
@@ -162,3 +163,147 @@ HEADER_AT = 8 + 20  # magic, then the prefix
 def test_each_corrupt_snapshot_is_refused_with_its_reason(data: bytes, message: str) -> None:
     with pytest.raises(StorageError, match=f"^{message}"):
         raft_journal.decode_snapshot(data)
+
+
+def test_a_file_syncs_only_after_a_write_and_counts_each_sync(tmp_path: Path) -> None:
+    data = disk()
+    assert (data.fsync_count, data.fsync_delay_s) == (0, 0.0)
+    handle = data.open_append_file(tmp_path / "raft.file")
+    assert handle.sync() is False
+    handle.write(0, b"x")
+    assert handle.sync() is True
+    assert handle.sync() is False
+    handle.truncate(0)
+    assert handle.sync() is True
+    assert data.fsync_count == 2
+    handle.close()
+
+
+def test_reopening_a_clean_journal_syncs_nothing(tmp_path: Path) -> None:
+    journal = DurableJournal(tmp_path, disk())
+    journal.add(b"e1", 1, 1)
+    journal._destroy()
+    reopened = DurableJournal(tmp_path, disk())
+    reopened.sync()
+    assert reopened.fsync_count == 0
+
+
+def test_the_journal_file_is_created_readable_by_all_writable_by_its_owner(
+    tmp_path: Path,
+) -> None:
+    previous = os.umask(0o022)
+    try:
+        DurableJournal(tmp_path, disk())._destroy()
+    finally:
+        os.umask(previous)
+    assert (tmp_path / raft_journal.JOURNAL_NAME).stat().st_mode & 0o777 == 0o644
+
+
+def test_a_text_command_is_stored_as_utf8(tmp_path: Path) -> None:
+    journal = DurableJournal(tmp_path, disk())
+    journal.add("zürich", 1, 1)
+    assert journal[0] == ("zürich".encode(), 1, 1)
+    journal._destroy()
+    assert commands(tmp_path) == ["zürich".encode()]
+
+
+def test_an_empty_command_is_a_record_like_any_other(tmp_path: Path) -> None:
+    journal = DurableJournal(tmp_path, disk())
+    journal.add(b"", 1, 1)
+    journal._destroy()
+    assert raft_journal.read_journal_entries(tmp_path) == [(b"", 1, 1)]
+
+
+def test_two_identical_reappends_adopt_the_stale_tail_in_order(tmp_path: Path) -> None:
+    journal = DurableJournal(tmp_path, disk())
+    for index in range(1, 6):
+        journal.add(b"e%d" % index, index, 1)
+    journal.sync()
+    before = (tmp_path / raft_journal.JOURNAL_NAME).read_bytes()
+    journal.deleteEntriesFrom(2)
+    journal.add(b"e3", 3, 1)
+    journal.add(b"e4", 4, 1)
+    journal.sync()
+    assert journal[:] == [(b"e%d" % index, index, 1) for index in range(1, 5)]
+    assert (tmp_path / raft_journal.JOURNAL_NAME).read_bytes() == before
+
+
+def test_recovery_stops_at_a_corrupt_or_out_of_sequence_record(tmp_path: Path) -> None:
+    journal = DurableJournal(tmp_path, disk())
+    for index in range(1, 4):
+        journal.add(b"e%d" % index, index, 1)
+    journal._destroy()
+    path = tmp_path / raft_journal.JOURNAL_NAME
+    good = path.read_bytes()
+    path.write_bytes(good[:-1] + b"X")  # the last record's CRC fails
+    assert commands(tmp_path) == [b"e1", b"e2"]
+    record = raft_journal._encode_record((b"e5", 5, 1))  # an index gap
+    path.write_bytes(good + record)
+    assert commands(tmp_path) == [b"e1", b"e2", b"e3"]
+    record = raft_journal._encode_record((b"e4", 4, 0))  # a term going back
+    path.write_bytes(good + record)
+    assert commands(tmp_path) == [b"e1", b"e2", b"e3"]
+    with pytest.raises(StorageError, match="^journal file does not start with the raftsched"):
+        raft_journal.parse_journal(b"NOTMAGIC" + good[8:])
+
+
+def test_a_reopened_journal_knows_where_each_record_is(tmp_path: Path) -> None:
+    journal = DurableJournal(tmp_path, disk())
+    for index in range(1, 4):
+        journal.add(b"e%d" % index, index, 1)
+    journal._destroy()
+    reopened = DurableJournal(tmp_path, disk())
+    reopened.deleteEntriesFrom(1)
+    reopened.add(b"x2", 2, 2)
+    reopened._destroy()
+    assert commands(tmp_path) == [b"e1", b"x2"]
+
+
+def test_disk_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        raft_journal.SIMULATE_POWER_CUT_ENV,
+        raft_journal.SIMULATE_WRITEBACK_ENV,
+        raft_journal.SIMULATE_FSYNC_DELAY_ENV,
+    ):
+        monkeypatch.delenv(name, raising=False)
+    plain = Disk.from_env(fsync=True)
+    assert (plain.fsync, plain.simulate_power_cut, plain.fsync_delay_s) == (True, False, 0.0)
+    assert plain._writeback_s == 30.0
+    monkeypatch.setenv(raft_journal.SIMULATE_POWER_CUT_ENV, "0")
+    assert Disk.from_env(fsync=False).simulate_power_cut is False
+    monkeypatch.setenv(raft_journal.SIMULATE_POWER_CUT_ENV, "1")
+    monkeypatch.setenv(raft_journal.SIMULATE_WRITEBACK_ENV, "5")
+    monkeypatch.setenv(raft_journal.SIMULATE_FSYNC_DELAY_ENV, "0.25")
+    simulated = Disk.from_env(fsync=False)
+    assert (simulated.fsync, simulated.simulate_power_cut) == (False, True)
+    assert (simulated._writeback_s, simulated.fsync_delay_s) == (5.0, 0.25)
+    monkeypatch.setenv(raft_journal.SIMULATE_WRITEBACK_ENV, "soon")
+    assert Disk.from_env(fsync=True)._writeback_s == 30.0
+    # The slow disk is a knob of the simulation only.
+    plain = Disk(fsync=True, simulate_power_cut=False, writeback_s=1, fsync_delay_s=0.25)
+    assert plain.fsync_delay_s == 0.0
+
+
+def test_a_slow_simulated_disk_still_syncs(tmp_path: Path) -> None:
+    slow = Disk(fsync=True, simulate_power_cut=True, writeback_s=3600, fsync_delay_s=0.001)
+    journal = DurableJournal(tmp_path, slow)
+    journal.add(b"e1", 1, 1)
+    journal.sync()
+    power_cut.cut_power(tmp_path)
+    assert commands(tmp_path) == [b"e1"]
+
+
+def test_the_emulated_writeback_runs_when_it_is_due(tmp_path: Path) -> None:
+    due = Disk(fsync=False, simulate_power_cut=True, writeback_s=0)
+    journal = DurableJournal(tmp_path, due)
+    journal.add(b"e1", 1, 1)
+    journal.onOneSecondTimer()  # due at once: everything is written back
+    journal.onOneSecondTimer()
+    power_cut.cut_power(tmp_path)
+    assert commands(tmp_path) == [b"e1"]
+    later = Disk(fsync=False, simulate_power_cut=True, writeback_s=3600)
+    journal = DurableJournal(tmp_path, later)
+    journal.add(b"e2", 2, 1)
+    journal.onOneSecondTimer()  # not due for an hour
+    power_cut.cut_power(tmp_path)
+    assert commands(tmp_path) == [b"e1"]
