@@ -143,3 +143,21 @@ def test_a_workflow_submit_failing_after_its_step_jobs_removes_them(
     assert isinstance(result, Rejected) and result.code == "internal_error"
     assert cluster.digest() == before
     assert cluster.state.jobs == {}
+
+
+def test_a_submit_failing_after_it_created_its_jobs_removes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = Cluster()
+    real = apply_module.apply_submit
+
+    def broken(state: Any, command: Any, savepoint: Any) -> Any:
+        real(state, command, savepoint)
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(apply_module, "apply_submit", broken)
+    before = cluster.digest()
+    result = cluster.one(SubmitJobs((JobSpec("q"), JobSpec("q")), ("job_a", "job_b")))
+    assert isinstance(result, Rejected) and result.code == "internal_error"
+    assert cluster.digest() == before
+    assert cluster.state.jobs == {}

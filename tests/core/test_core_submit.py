@@ -198,3 +198,37 @@ def test_a_job_id_that_is_not_a_name_is_refused_as_job_ids() -> None:
             {"field": "job_ids"},
         ),
     )
+
+
+def test_a_submission_names_the_field_it_refuses() -> None:
+    cluster = Cluster()
+    assert cluster.one(SubmitJobs((), ())) == Rejected(
+        "invalid_request", "a submission carries 1 to 1000 specs", {"field": "specs"}
+    )
+    assert cluster.one(SubmitJobs((JobSpec("q"),), ())) == Rejected(
+        "invalid_request", "one job id per spec", {"field": "job_ids"}
+    )
+    cluster.submit(JobSpec("q", payload=b"\x01"), "job_a")
+    result = cluster.one(SubmitJobs((JobSpec("q", payload=b"\x02"),), ("job_a",)))
+    assert isinstance(result, Submitted)
+    assert result.items == (
+        Rejected("invalid_request", "job id job_a is already in use", {"field": "job_ids"}),
+    )
+
+
+def test_labels_in_any_order_are_the_same_request() -> None:
+    cluster = Cluster()
+    first = cluster.submit(
+        JobSpec("q", labels=(("b", "a"), ("a", "z")), idempotency_key="k"), "job_a"
+    )
+    result = cluster.one(
+        SubmitJobs((JobSpec("q", labels=(("a", "z"), ("b", "a")), idempotency_key="k"),), ("b",))
+    )
+    assert result == Submitted((SubmitItem(first, created=False),))
+
+
+def test_a_job_due_in_the_past_is_runnable_since_its_submission() -> None:
+    cluster = Cluster()
+    cluster.submit(JobSpec("q", run_at_ms=T0 - 500))
+    (lease,) = cluster.claim()
+    assert lease.runnable_since_ms == T0
