@@ -7,6 +7,7 @@ saves, and each way a snapshot file can be corrupt.
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import zlib
@@ -307,3 +308,70 @@ def test_the_emulated_writeback_runs_when_it_is_due(tmp_path: Path) -> None:
     journal.onOneSecondTimer()  # not due for an hour
     power_cut.cut_power(tmp_path)
     assert commands(tmp_path) == [b"e1"]
+
+
+def test_reopening_a_clean_journal_cuts_nothing_and_saves_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal = DurableJournal(tmp_path, disk())
+    journal.add(b"e1", 1, 1)
+    journal._destroy()
+    with caplog.at_level(logging.WARNING, logger="raftsched.raft_journal"):
+        reopened = DurableJournal(tmp_path, disk())
+        reopened.onOneSecondTimer()
+    assert caplog.records == []
+    assert reopened.fsync_count == 0
+
+
+def snapshot_at(directory: Path, previous: raft_journal.Entry, last: raft_journal.Entry) -> None:
+    header = SnapshotHeader(last_entry=last, previous_entry=previous, cluster=())
+    (directory / raft_journal.SNAPSHOT_NAME).write_bytes(
+        raft_journal.encode_snapshot(header, b"state")
+    )
+
+
+def journal_of(directory: Path, entries: list[raft_journal.Entry]) -> None:
+    journal = DurableJournal(directory, disk())
+    for entry in entries:
+        journal.add(*entry)
+    journal._destroy()
+
+
+ENTRIES = [(b"e%d" % index, index, 1) for index in range(1, 11)]
+
+
+def test_the_journal_is_cut_to_a_snapshot_one_entry_in(tmp_path: Path) -> None:
+    journal_of(tmp_path, ENTRIES)
+    snapshot_at(tmp_path, ENTRIES[1], ENTRIES[2])
+    assert DurableJournal(tmp_path, disk())[:] == ENTRIES[1:]
+
+
+def test_a_journal_already_aligned_with_the_snapshot_is_left_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    journal_of(tmp_path, ENTRIES)
+    snapshot_at(tmp_path, ENTRIES[0], ENTRIES[1])
+    with caplog.at_level(logging.WARNING, logger="raftsched.raft_journal"):
+        assert DurableJournal(tmp_path, disk())[:] == ENTRIES
+    assert caplog.records == []
+
+
+def test_a_snapshot_of_another_log_does_not_cut_the_journal(tmp_path: Path) -> None:
+    journal_of(tmp_path, ENTRIES)
+    snapshot_at(tmp_path, (b"other", 6, 2), (b"other", 7, 2))
+    assert DurableJournal(tmp_path, disk())[:] == ENTRIES
+
+
+def test_a_meta_record_that_is_not_a_map_is_refused(tmp_path: Path) -> None:
+    (tmp_path / raft_journal.META_NAME).write_bytes(msgpack.packb([1, 2]))
+    with pytest.raises(StorageError, match="raft.meta does not hold a msgpack map$"):
+        DurableJournal(tmp_path, disk())
+
+
+def test_a_snapshot_file_shorter_than_its_prefix_has_no_header(tmp_path: Path) -> None:
+    path = tmp_path / raft_journal.SNAPSHOT_NAME
+    path.write_bytes(GOOD[:10])
+    with pytest.raises(StorageError, match="^snapshot is shorter than its prefix$"):
+        raft_journal.read_snapshot_header(path)
+    path.write_bytes(GOOD)
+    assert raft_journal.read_snapshot_header(path) == HEADER
