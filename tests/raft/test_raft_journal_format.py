@@ -227,6 +227,10 @@ def test_two_identical_reappends_adopt_the_stale_tail_in_order(tmp_path: Path) -
     journal.sync()
     assert journal[:] == [(b"e%d" % index, index, 1) for index in range(1, 5)]
     assert (tmp_path / raft_journal.JOURNAL_NAME).read_bytes() == before
+    journal.deleteEntriesFrom(3)  # at an adopted record's offset
+    journal.add(b"x4", 4, 2)
+    journal._destroy()
+    assert commands(tmp_path) == [b"e1", b"e2", b"e3", b"x4"]
 
 
 def test_recovery_stops_at_a_corrupt_or_out_of_sequence_record(tmp_path: Path) -> None:
@@ -273,6 +277,8 @@ def test_disk_settings_come_from_the_environment(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv(raft_journal.SIMULATE_POWER_CUT_ENV, "0")
     assert Disk.from_env(fsync=False).simulate_power_cut is False
     monkeypatch.setenv(raft_journal.SIMULATE_POWER_CUT_ENV, "1")
+    assert Disk.from_env(fsync=True).fsync_delay_s == 0.0  # no slow disk unless asked
+    assert Disk(fsync=True, simulate_power_cut=True, writeback_s=1).fsync_delay_s == 0.0
     monkeypatch.setenv(raft_journal.SIMULATE_WRITEBACK_ENV, "5")
     monkeypatch.setenv(raft_journal.SIMULATE_FSYNC_DELAY_ENV, "0.25")
     simulated = Disk.from_env(fsync=False)
