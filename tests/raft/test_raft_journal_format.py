@@ -381,3 +381,16 @@ def test_a_snapshot_file_shorter_than_its_prefix_has_no_header(tmp_path: Path) -
         raft_journal.read_snapshot_header(path)
     path.write_bytes(GOOD)
     assert raft_journal.read_snapshot_header(path) == HEADER
+
+
+def test_clear_drops_every_entry_but_keeps_them_on_disk_until_a_conflict(
+    tmp_path: Path,
+) -> None:
+    journal = DurableJournal(tmp_path, disk())
+    for entry in ENTRIES[:3]:
+        journal.add(*entry)
+    journal.clear()
+    assert len(journal) == 0
+    journal.add(b"x1", 1, 2)
+    journal._destroy()
+    assert commands(tmp_path) == [b"x1"]
