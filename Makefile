@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck check bench bench-core bench-cluster bench-schedules bench-hot-minute chaos clean
+.PHONY: dev test lint typecheck check mutate bench bench-core bench-cluster bench-schedules bench-hot-minute chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,17 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+## Mutation testing of the fencing, lease, effects, idempotency and journal code
+## (docs/mutation.md). Not part of `make test` or CI; one worker, so it is slow.
+MUTATE_STAMP := $(VENV)/.mutation-installed
+$(MUTATE_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,mutation]'
+	touch $(MUTATE_STAMP)
+
+mutate: $(MUTATE_STAMP)
+	$(VENV)/bin/mutmut run --max-children 1 $(MUTATE_ARGS)
+	$(VENV)/bin/mutmut results
 
 ## Benchmarks (not tests; each prints one JSON object as its last line).
 ## BENCH_ARGS passes options, e.g. BENCH_ARGS=--quick or BENCH_ARGS="--jobs 200000".
@@ -51,4 +62,4 @@ chaos: $(STAMP)
 	PYTHONPATH=. $(PY) -m chaos --seed $(SEED) --duration $(DURATION) --nodes $(NODES) $(CHAOS_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache mutants

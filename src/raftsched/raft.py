@@ -524,7 +524,7 @@ class RaftNode:
         self._data_dir.mkdir(parents=True, exist_ok=True)
         disk = raft_journal.Disk.from_env(fsync=self.durability == "fsync")
         if disk.simulate_power_cut:
-            logger.warning("power-cut simulation is on: unsynced writes are held in memory")
+            logger.warning("power-cut simulation is on: a kill loses every unsynced write")
         journal = DurableJournal(self._data_dir, disk)
         journal_path = _JournalPath(str(self._data_dir / raft_journal.JOURNAL_NAME))
         journal_path.journal = journal

@@ -23,20 +23,18 @@ On disk, in the node's data directory:
   bookkeeping (the last two applied log entries, which it needs to resume the
   log) and the state machine's own bytes. Never pickle of our state.
 
-Power-cut simulation (`RAFTSCHED_SIMULATE_POWER_CUT=1`): `kill -9` keeps
-whatever a process wrote, because the kernel's page cache survives the
-process. To make `kill -9` behave like a power cut, every write this module
-makes is held in process memory (an emulated page cache) until it is synced;
-only then is it written to the real file. A periodic emulated writeback
+Power-cut simulation (`RAFTSCHED_SIMULATE_POWER_CUT=1`, `raftsched.power_cut`):
+`kill -9` keeps whatever a process wrote, because the kernel's page cache
+survives the process. In the simulation a file's bytes count as on the disk
+only once a real `os.fsync`/`os.fdatasync` of that file has returned, and a
+new name or a rename once the directory's has; a node that starts again
+finds everything else gone, as after a power cut. So a sync left out here
+loses data in the power-cut tests. A periodic emulated writeback
 (`RAFTSCHED_SIMULATE_WRITEBACK_S`, default 30 s like Linux's
-`dirty_expire_centisecs`) writes unsynced data as the kernel eventually
-would. `RAFTSCHED_SIMULATE_FSYNC_DELAY_S` makes each journal fsync take a random
-time up to that long before its bytes count as written (a slow, uneven disk),
-which widens the window in which code that acknowledges before syncing would
-be caught. Limitation:
-files that pysyncobj itself writes (a snapshot received from the leader,
-before our deserializer fsyncs it) and the snapshot file in durability "none"
-go straight to the real file.
+`dirty_expire_centisecs`) makes everything durable as the kernel eventually
+would. `RAFTSCHED_SIMULATE_FSYNC_DELAY_S` makes each journal fsync take a
+random time up to that long (a slow, uneven disk), which widens the window
+in which code that acknowledges before syncing would be caught.
 """
 
 from __future__ import annotations
@@ -50,11 +48,13 @@ import threading
 import time
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Final, overload
 
 import msgpack
+
+from raftsched import power_cut
 
 logger = logging.getLogger(__name__)
 
@@ -103,18 +103,12 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-@dataclass
-class _PendingOps:
-    """Writes to one file that the emulated page cache has not written yet."""
-
-    ops: list[tuple[str, int, bytes]] = field(default_factory=list)
-
-
 class Disk:
-    """Writes files straight through, or into an emulated page cache.
+    """Writes files, syncs them, and (in the simulation) reports both.
 
     `fsync=False` is durability "none": nothing is ever synced, as in
-    pysyncobj. With `simulate_power_cut`, unsynced bytes stay in memory.
+    pysyncobj. With `simulate_power_cut`, a watched directory's files lose
+    everything after their last sync when the node is killed.
     """
 
     def __init__(
@@ -130,8 +124,7 @@ class Disk:
         self.fsync_delay_s = fsync_delay_s if simulate_power_cut else 0.0
         self._writeback_s = writeback_s
         self._last_writeback = time.monotonic()
-        self._files: list[AppendFile] = []
-        self._pending_replacements: dict[Path, bytes] = {}
+        self.shadow: power_cut.Shadow | None = None
         self.fsync_count = 0
 
     @classmethod
@@ -143,28 +136,23 @@ class Disk:
             fsync_delay_s=_float_from_env(SIMULATE_FSYNC_DELAY_ENV, 0.0),
         )
 
-    def open_append_file(self, path: Path) -> AppendFile:
-        handle = AppendFile(self, path)
-        self._files.append(handle)
-        return handle
+    def watch(self, directory: Path) -> None:
+        """Start the power-cut simulation for `directory` (when it is on)."""
+        if self.simulate_power_cut and self.shadow is None:
+            self.shadow = power_cut.watch(directory)
 
-    def forget(self, handle: AppendFile) -> None:
-        if handle in self._files:
-            self._files.remove(handle)
+    def open_append_file(self, path: Path) -> AppendFile:
+        return AppendFile(self, path)
 
     def replace_file(self, path: Path, data: bytes) -> None:
         """Atomically replace `path`; durable on return when fsync is on."""
-        if self.simulate_power_cut and not self.fsync:
-            self._pending_replacements[path] = data
-            return
-        self._pending_replacements.pop(path, None)
         _write_replace(path, data, durable=self.fsync)
         if self.fsync:
             self.fsync_count += 1
 
     def maybe_writeback(self) -> None:
         """Emulate the kernel flushing old dirty pages (simulation only)."""
-        if not self.simulate_power_cut:
+        if self.shadow is None:
             return
         if time.monotonic() - self._last_writeback < self._writeback_s:
             return
@@ -172,11 +160,15 @@ class Disk:
 
     def writeback_all(self) -> None:
         self._last_writeback = time.monotonic()
-        for handle in list(self._files):
-            handle.write_pending_to_file()
-        for path, data in list(self._pending_replacements.items()):
-            _write_replace(path, data, durable=False)
-        self._pending_replacements.clear()
+        if self.shadow is not None:
+            self.shadow.writeback()
+
+    def close(self) -> None:
+        """A clean shutdown: the kernel writes everything, and the watch ends."""
+        if self.shadow is not None:
+            self.shadow.writeback()
+            power_cut.unwatch(self.shadow)
+            self.shadow = None
 
 
 def _write_replace(path: Path, data: bytes, *, durable: bool) -> None:
@@ -197,8 +189,11 @@ class AppendFile:
     def __init__(self, disk: Disk, path: Path) -> None:
         self._disk = disk
         self.path = path
+        self.created = not path.exists()
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._pending = _PendingOps()
+        self._shadow = disk.shadow
+        if self._shadow is not None:
+            self._shadow.track(self._fd)
         self._dirty = False
 
     def read_all(self) -> bytes:
@@ -207,17 +202,15 @@ class AppendFile:
 
     def write(self, offset: int, data: bytes) -> None:
         self._dirty = True
-        if self._disk.simulate_power_cut:
-            self._pending.ops.append(("write", offset, data))
-        else:
-            os.pwrite(self._fd, data, offset)
+        os.pwrite(self._fd, data, offset)
+        if self._shadow is not None:
+            self._shadow.wrote(self._fd, offset, data)
 
     def truncate(self, size: int) -> None:
         self._dirty = True
-        if self._disk.simulate_power_cut:
-            self._pending.ops.append(("truncate", size, b""))
-        else:
-            os.ftruncate(self._fd, size)
+        os.ftruncate(self._fd, size)
+        if self._shadow is not None:
+            self._shadow.truncated(self._fd, size)
 
     def sync(self) -> bool:
         """Make everything written so far durable. Returns whether it synced."""
@@ -225,25 +218,15 @@ class AppendFile:
             return False
         if self._disk.fsync_delay_s:
             time.sleep(random.uniform(0.0, self._disk.fsync_delay_s))
-        self.write_pending_to_file()
+        # The durability point, also of the power-cut simulation.
         os.fdatasync(self._fd)
         self._dirty = False
         self._disk.fsync_count += 1
         return True
 
-    def write_pending_to_file(self) -> None:
-        for kind, offset, data in self._pending.ops:
-            if kind == "write":
-                os.pwrite(self._fd, data, offset)
-            else:
-                os.ftruncate(self._fd, offset)
-        self._pending.ops.clear()
-
     def close(self) -> None:
-        # A clean close behaves like a clean shutdown: the kernel would
-        # eventually write everything, so the emulated cache is written too.
-        self.write_pending_to_file()
-        self._disk.forget(self)
+        if self._shadow is not None:
+            self._shadow.untrack(self._fd)
         os.close(self._fd)
 
 
@@ -291,6 +274,7 @@ class DurableJournal:
         self._disk = disk
         self._path = directory / JOURNAL_NAME
         self._meta_path = directory / META_NAME
+        disk.watch(directory)
         self._file = disk.open_append_file(self._path)
         entries, offsets, end = parse_journal(self._file.read_all())
         self._entries = entries
@@ -309,6 +293,9 @@ class DurableJournal:
         self._meta_dirty = False
         self._align_with_snapshot(directory / SNAPSHOT_NAME)
         self._file.sync()
+        if self._file.created and disk.fsync:
+            # A new file's name is durable only once its directory is synced.
+            fsync_directory(directory)
 
     # -- what the adapter adds -------------------------------------------
 
@@ -448,7 +435,7 @@ class DurableJournal:
         self._save_meta()
         self._file.sync()
         self._file.close()
-        self._disk.writeback_all()
+        self._disk.close()
 
     def flush(self) -> None:
         self._file.sync()

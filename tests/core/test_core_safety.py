@@ -11,6 +11,7 @@ from raftsched.core import apply as apply_module
 from raftsched.core import apply_entry, check_invariants
 from raftsched.core import leases as leases_module
 from raftsched.core import tick as tick_module
+from raftsched.core import workflows as workflows_module
 from raftsched.core.commands import (
     Barrier,
     ClaimJobs,
@@ -18,7 +19,9 @@ from raftsched.core.commands import (
     Entry,
     JobSpec,
     StartJob,
+    StepSpec,
     SubmitJobs,
+    SubmitWorkflow,
     Tick,
 )
 from raftsched.core.results import Rejected, Submitted
@@ -121,3 +124,40 @@ def test_garbage_never_raises(entry: Any) -> None:
     assert results and all(isinstance(result, Rejected) for result in results)
     assert all(result.code == "invalid_request" for result in results)
     assert cluster.digest() == before
+
+
+def test_a_workflow_submit_failing_after_its_step_jobs_removes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = Cluster()
+    real = workflows_module.apply_submit_workflow
+
+    def broken(state: Any, command: Any, savepoint: Any) -> Any:
+        real(state, command, savepoint)  # creates the first steps' jobs, then fails
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(workflows_module, "apply_submit_workflow", broken)
+    before = cluster.digest()
+    steps = (StepSpec("a", JobSpec("q")), StepSpec("b", JobSpec("q")))
+    result = cluster.one(SubmitWorkflow("wf_1", steps))
+    assert isinstance(result, Rejected) and result.code == "internal_error"
+    assert cluster.digest() == before
+    assert cluster.state.jobs == {}
+
+
+def test_a_submit_failing_after_it_created_its_jobs_removes_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = Cluster()
+    real = apply_module.apply_submit
+
+    def broken(state: Any, command: Any, savepoint: Any) -> Any:
+        real(state, command, savepoint)
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(apply_module, "apply_submit", broken)
+    before = cluster.digest()
+    result = cluster.one(SubmitJobs((JobSpec("q"), JobSpec("q")), ("job_a", "job_b")))
+    assert isinstance(result, Rejected) and result.code == "internal_error"
+    assert cluster.digest() == before
+    assert cluster.state.jobs == {}

@@ -6,7 +6,7 @@ import pytest
 from core_support import T0, Cluster, assert_rejected_unchanged
 
 from raftsched.core import find_by_idempotency_key, get_job
-from raftsched.core.commands import Backoff, JobSpec, SubmitJobs
+from raftsched.core.commands import Backoff, JobSpec, StepSpec, SubmitJobs, SubmitWorkflow
 from raftsched.core.results import Rejected, SubmitItem, Submitted
 
 
@@ -160,3 +160,81 @@ def test_a_reapplied_submission_returns_the_job_it_created() -> None:
     assert cluster.digest() == before
     clash = cluster.one(SubmitJobs((JobSpec("other"),), ("job_a",)))
     assert clash.items[0].details == {"field": "job_ids"}
+
+
+def test_a_workflow_step_job_does_not_take_its_specs_idempotency_key() -> None:
+    # The workflow holds the key; a step job carrying it as well would be
+    # a second, unregistered owner of the same key.
+    cluster = Cluster()
+    spec = JobSpec("q", idempotency_key="order-1")
+    cluster.one(SubmitWorkflow("wf_1", (StepSpec("only", spec),), idempotency_key="wf-key"))
+    (lease,) = cluster.claim()
+    assert cluster.job(lease.job_id).idempotency_key is None
+    assert lease.idempotency_key is None
+
+
+def test_an_idempotency_conflict_names_the_key_and_the_job_that_holds_it() -> None:
+    cluster = Cluster()
+    cluster.submit(JobSpec("q", payload=b"\x01", idempotency_key="k"), "job_a")
+    result = cluster.one(SubmitJobs((JobSpec("q", payload=b"\x02", idempotency_key="k"),), ("b",)))
+    assert isinstance(result, Submitted)
+    assert result.items == (
+        Rejected(
+            "idempotency_conflict",
+            "this idempotency key was used with a different request",
+            {"field": "idempotency_key", "job_id": "job_a"},
+        ),
+    )
+
+
+def test_a_job_id_that_is_not_a_name_is_refused_as_job_ids() -> None:
+    cluster = Cluster()
+    result = cluster.one(SubmitJobs((JobSpec("q"),), ("",)))
+    assert isinstance(result, Submitted)
+    assert result.items == (
+        Rejected(
+            "invalid_request",
+            "job_ids must be a non-empty string of at most 200 chars",
+            {"field": "job_ids"},
+        ),
+    )
+
+
+def test_a_submission_names_the_field_it_refuses() -> None:
+    cluster = Cluster()
+    assert cluster.one(SubmitJobs((), ())) == Rejected(
+        "invalid_request", "a submission carries 1 to 1000 specs", {"field": "specs"}
+    )
+    assert cluster.one(SubmitJobs((JobSpec("q"),), ())) == Rejected(
+        "invalid_request", "one job id per spec", {"field": "job_ids"}
+    )
+    cluster.submit(JobSpec("q", payload=b"\x01"), "job_a")
+    result = cluster.one(SubmitJobs((JobSpec("q", payload=b"\x02"),), ("job_a",)))
+    assert isinstance(result, Submitted)
+    assert result.items == (
+        Rejected("invalid_request", "job id job_a is already in use", {"field": "job_ids"}),
+    )
+
+
+def test_labels_in_any_order_are_the_same_request() -> None:
+    cluster = Cluster()
+    first = cluster.submit(
+        JobSpec("q", labels=(("b", "a"), ("a", "z")), idempotency_key="k"), "job_a"
+    )
+    result = cluster.one(
+        SubmitJobs((JobSpec("q", labels=(("a", "z"), ("b", "a")), idempotency_key="k"),), ("b",))
+    )
+    assert result == Submitted((SubmitItem(first, created=False),))
+    labels = (("b", "1"), ("a", "2"), ("c", "3"))
+    third = cluster.submit(JobSpec("q", labels=labels, idempotency_key="k3"), "job_c")
+    result = cluster.one(
+        SubmitJobs((JobSpec("q", labels=tuple(sorted(labels)), idempotency_key="k3"),), ("d",))
+    )
+    assert result == Submitted((SubmitItem(third, created=False),))
+
+
+def test_a_job_due_in_the_past_is_runnable_since_its_submission() -> None:
+    cluster = Cluster()
+    cluster.submit(JobSpec("q", run_at_ms=T0 - 500))
+    (lease,) = cluster.claim()
+    assert lease.runnable_since_ms == T0

@@ -1,11 +1,13 @@
 """A power cut of the whole cluster loses no acknowledged job.
 
-With RAFTSCHED_SIMULATE_POWER_CUT=1 every byte a node writes but has not
-fsynced lives only in its process memory, so SIGKILL of every node at once
-throws away exactly what a power cut would. A 2xx means the job was on a
-majority's disks: after the restart every acknowledged job must be there.
-The same run with durability "none" (pysyncobj's own behaviour) is the
-control that shows the test can fail.
+With RAFTSCHED_SIMULATE_POWER_CUT=1 (`raftsched.power_cut`) a byte a node
+writes counts as on its disk only once a real fsync of that file has
+returned; a node started again after SIGKILL finds everything else gone, so
+SIGKILL of every node at once throws away exactly what a power cut would. A
+2xx means the job was on a majority's disks: after the restart every
+acknowledged job must be there. The same run with durability "none"
+(pysyncobj's own behaviour) is the control that shows the test can fail;
+leaving the journal's fdatasync out fails it too.
 """
 
 from __future__ import annotations

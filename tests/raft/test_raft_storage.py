@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from raftsched import raft_journal
+from raftsched import power_cut, raft_journal
 from raftsched.raft import (
     SNAPSHOT_CHILD_NICE,
     ProposeError,
@@ -119,6 +119,7 @@ def test_power_cut_simulation_loses_exactly_the_unsynced_bytes(tmp_path: Path) -
     journal.sync()
     journal.add(b"unsynced", 2, 1)
     # No close: the process "dies" here.
+    power_cut.cut_power(tmp_path)
     assert [entry[0] for entry in raft_journal.read_journal_entries(tmp_path)] == [b"synced"]
 
 
