@@ -54,7 +54,7 @@ class Receiver:
         asyncio.set_event_loop(self.loop)
         app = web.Application()
         app.router.add_post("/hook", self._hook)
-        runner = web.AppRunner(app)
+        runner = self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         self.loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
         self.loop.run_until_complete(site.start())
@@ -83,7 +83,19 @@ class Receiver:
         return web.Response(status=204)
 
     def stop(self) -> None:
+        async def cleanup() -> None:
+            await self._runner.cleanup()
+            # Handlers still sleeping (a "slow" answer) end here, not as
+            # tasks destroyed while pending, which asyncio logs as errors.
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(cleanup(), self.loop).result(5)
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
 
 
 @pytest.fixture

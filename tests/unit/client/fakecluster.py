@@ -95,10 +95,22 @@ class FakeCluster:
         async def cleanup() -> None:
             for runner in self._runners:
                 await runner.cleanup()
+            await finish_pending_tasks()
 
         asyncio.run_coroutine_threadsafe(cleanup(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()
+
+
+async def finish_pending_tasks() -> None:
+    """Cancel the loop's other tasks (handlers of requests a test abandoned)
+    and let them end, so none is destroyed while pending when the loop goes:
+    asyncio logs that at error level."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def dead_url() -> str:
