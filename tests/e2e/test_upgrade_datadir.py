@@ -70,7 +70,10 @@ def unpack(release: Path, expected: dict[str, Any], root: Path) -> None:
         f"{path} is not the file {release.name} wrote.\n{golden.RULE}"
     )
     with tarfile.open(path) as archive:
-        archive.extractall(root, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later
+            archive.extractall(root, filter="data")
+        else:  # our own archive of plain files
+            archive.extractall(root)
 
 
 def get(url: str, path: str) -> tuple[int, dict[str, Any]]:
@@ -118,7 +121,7 @@ def test_a_data_directory_of_the_release_starts_in_place(release: Path, tmp_path
     assert sorted(cluster.nodes) == sorted(expected["nodes"])
     try:
         for node_id in cluster.nodes:
-            restart_alone(cluster, node_id, expected, check_objects=node_id == "n1")
+            restart_alone(cluster, node_id, expected)
         cluster.start()
         cluster.wait_for_leader(timeout_s=60)
         cluster.wait_converged(timeout_s=60)
@@ -128,9 +131,7 @@ def test_a_data_directory_of_the_release_starts_in_place(release: Path, tmp_path
         cluster.stop()
 
 
-def restart_alone(
-    cluster: LocalCluster, node_id: str, expected: dict[str, Any], check_objects: bool
-) -> None:
+def restart_alone(cluster: LocalCluster, node_id: str, expected: dict[str, Any]) -> None:
     node = cluster.nodes[node_id]
     recorded = expected["nodes"][node_id]
     cluster.start(node_id)
@@ -148,8 +149,7 @@ def restart_alone(
         assert digest == digests.get(str(codec.STATE_FORMAT)), (
             f"{node_id} restarted on {expected['file']} holds another state.\n{golden.RULE}"
         )
-        if check_objects:
-            check_found(node.http_url, expected["found"])
+        check_found(node.http_url, expected["found"])
     finally:
         cluster.kill(node_id, signal.SIGTERM)
 
