@@ -99,7 +99,7 @@ def pick(rendered: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
 
 def check_same(what: str, old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...]) -> None:
     assert pick(new, keys) == pick(old, keys), (
-        f"{what} differs from what {old.get('id', '')} was before the upgrade"
+        f"{what} is not as the old release left it in its data directory.\n{golden.RULE}"
     )
 
 
