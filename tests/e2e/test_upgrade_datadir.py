@@ -1,0 +1,249 @@
+"""A data directory written by an earlier release starts in place on today's code.
+
+Each release's `tests/fixtures/<release>/datadir.tar.gz` holds the data
+directories (journal, snapshot, meta) of a real three-node cluster of that
+release, stopped cleanly after a story that used every feature (see
+tests/fixtures/datadir_scenario.py). Today's nodes start on them:
+
+1. each node alone, as a rolling upgrade restarts it: with no leader nothing
+   new is committed, so it must reach exactly the recorded applied index and
+   state digest (its snapshot, then its journal), and answer every recorded
+   object over HTTP as the old release did;
+2. then all three together: a leader of today's code takes over, the
+   replicas agree, and the old objects work: a resubmit with the same
+   idempotency key returns the same job, the running job's lease token still
+   completes it, effects, schedules, workflows, tenants, queues and the
+   subscription are there.
+
+The nodes get new ports and a new secret: neither is part of the data.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_support import cluster_env
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+import golden  # noqa: E402  (tests/fixtures is not a package)
+
+from raftsched.core import codec  # noqa: E402
+from raftsched.testing import LocalCluster, http_json  # noqa: E402
+
+RELEASES = [path for path in golden.release_dirs() if (path / golden.DATADIR_NAME).exists()]
+
+# What of each object must be as the old release left it. Other fields may
+# be new, or depend on the wall clock (ages, queue statistics).
+JOB_KEYS = (
+    "id", "queue", "tenant", "status", "payload", "result", "priority", "max_attempts",
+    "idempotency_key", "ordering_key", "correlation_id", "labels", "schedule_id",
+    "workflow_id", "step", "created_at", "attempts",
+)  # fmt: skip
+SCHEDULE_KEYS = ("id", "cron", "interval_s", "timezone", "overlap", "paused", "job", "created_at")
+WORKFLOW_KEYS = ("id", "status", "outcome", "tenant", "idempotency_key", "reason", "created_at")
+TENANT_KEYS = ("name", "weight", "concurrency_limit", "max_queued")
+QUEUE_KEYS = (
+    "name", "paused", "rate_limit_per_s", "burst", "concurrency_limit", "circuit_window",
+)  # fmt: skip
+SUBSCRIPTION_KEYS = ("id", "url", "types", "created_at")
+FINAL_JOB_STATUSES = frozenset({"succeeded", "dead_letter", "cancelled"})
+FINAL_WORKFLOW_STATUSES = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+
+
+def release_ids(paths: list[Path]) -> list[str]:
+    return [path.name for path in paths]
+
+
+def test_the_first_release_has_a_data_directory_fixture() -> None:
+    assert "v0.1.0" in release_ids(RELEASES)
+
+
+def unpack(release: Path, expected: dict[str, Any], root: Path) -> None:
+    path = release / expected["file"]
+    assert golden.file_sha256(path) == expected["sha256"], (
+        f"{path} is not the file {release.name} wrote.\n{golden.RULE}"
+    )
+    with tarfile.open(path) as archive:
+        if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later
+            archive.extractall(root, filter="data")
+        else:  # our own archive of plain files
+            archive.extractall(root)
+
+
+def get(url: str, path: str) -> tuple[int, dict[str, Any]]:
+    separator = "&" if "?" in path else "?"
+    status, body, _ = http_json("GET", f"{url}{path}{separator}consistency=stale", timeout_s=10)
+    return status, body
+
+
+def wait_for(what: str, predicate: Any, timeout_s: float = 60) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def pick(rendered: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {key: rendered.get(key) for key in keys if key in rendered}
+
+
+def check_same(what: str, old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...]) -> None:
+    assert pick(new, keys) == pick(old, keys), (
+        f"{what} is not as the old release left it in its data directory.\n{golden.RULE}"
+    )
+
+
+def purged_by_now(expected: dict[str, Any]) -> bool:
+    """Whether retention may have purged the story's finished jobs by now: the
+    restarted leader's clock is the real one, and finished jobs are kept
+    `retention_ms` after they finished. An hour of margin either side."""
+    now_ms = time.time() * 1000
+    return bool(now_ms > expected["state_now_ms"] + expected["retention_ms"] - 3_600_000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("release", RELEASES, ids=release_ids(RELEASES))
+def test_a_data_directory_of_the_release_starts_in_place(release: Path, tmp_path: Path) -> None:
+    expected = golden.read_expected(release)["datadir"]
+    root = tmp_path / "cluster"
+    unpack(release, expected, root)
+    cluster = LocalCluster(root, size=3, env=cluster_env())
+    assert sorted(cluster.nodes) == sorted(expected["nodes"])
+    try:
+        for node_id in cluster.nodes:
+            restart_alone(cluster, node_id, expected)
+        cluster.start()
+        cluster.wait_for_leader(timeout_s=60)
+        cluster.wait_converged(timeout_s=60)
+        use_after_upgrade(cluster, expected)
+        cluster.wait_converged(timeout_s=60)
+    finally:
+        cluster.stop()
+
+
+def restart_alone(cluster: LocalCluster, node_id: str, expected: dict[str, Any]) -> None:
+    node = cluster.nodes[node_id]
+    recorded = expected["nodes"][node_id]
+    cluster.start(node_id)
+    try:
+
+        def applied() -> tuple[int, str] | None:
+            found = cluster.digests().get(node_id)
+            if found is None or found[0] < recorded["applied_index"]:
+                return None
+            return found
+
+        index, digest = wait_for(f"{node_id} to apply its journal", applied)
+        assert index == recorded["applied_index"]
+        digests = recorded["state_digests"]
+        assert digest == digests.get(str(codec.STATE_FORMAT)), (
+            f"{node_id} restarted on {expected['file']} holds another state.\n{golden.RULE}"
+        )
+        check_found(node.http_url, expected["found"])
+    finally:
+        cluster.kill(node_id, signal.SIGTERM)
+
+
+def check_found(url: str, found: dict[str, Any]) -> None:
+    """Every recorded object, read from one replica that applied nothing new."""
+    for job_id, old in found["jobs"].items():
+        status, body = get(url, f"/v1/jobs/{job_id}")
+        assert status == 200, (job_id, body)
+        check_same(f"job {job_id}", old, body["job"], JOB_KEYS)
+    for key, old in found["effects"].items():
+        status, body = get(url, f"/v1/effects/{key}")
+        assert status == 200, (key, body)
+        assert body["effect"] == old
+    for schedule_id, old in found["schedules"].items():
+        status, body = get(url, f"/v1/schedules/{schedule_id}")
+        assert status == 200, (schedule_id, body)
+        check_same(f"schedule {schedule_id}", old, body["schedule"], SCHEDULE_KEYS)
+    for schedule_id, old in found["occurrences"].items():
+        status, body = get(url, f"/v1/schedules/{schedule_id}/occurrences?limit=100")
+        assert status == 200, (schedule_id, body)
+        assert body["occurrences"] == old
+    for workflow_id, old in found["workflows"].items():
+        status, body = get(url, f"/v1/workflows/{workflow_id}")
+        assert status == 200, (workflow_id, body)
+        check_same(f"workflow {workflow_id}", old, body["workflow"], WORKFLOW_KEYS)
+        assert body["workflow"]["steps"] == old["steps"]
+    for name, old in found["tenants"].items():
+        status, body = get(url, f"/v1/tenants/{name}")
+        assert status == 200, (name, body)
+        check_same(f"tenant {name}", old, body["tenant"], TENANT_KEYS)
+    for name, old in found["queues"].items():
+        status, body = get(url, f"/v1/queues/{name}")
+        assert status == 200, (name, body)
+        check_same(f"queue {name}", old, body["queue"], QUEUE_KEYS)
+    for subscription_id, old in found["subscriptions"].items():
+        status, body = get(url, f"/v1/subscriptions/{subscription_id}")
+        assert status == 200, (subscription_id, body)
+        check_same(f"subscription {subscription_id}", old, body["subscription"], SUBSCRIPTION_KEYS)
+        assert body["subscription"]["cursor_seq"] == old["cursor_seq"]
+
+
+def use_after_upgrade(cluster: LocalCluster, expected: dict[str, Any]) -> None:
+    """With a leader of today's code: the old objects are there and work."""
+    leader = cluster.nodes[cluster.wait_for_leader()].http_url
+    found = expected["found"]
+    may_be_purged = purged_by_now(expected)
+
+    def post(path: str, body: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
+        return http_json("POST", leader + path, body, timeout_s=10)
+
+    jobs_by_key = {
+        job["idempotency_key"]: job for job in found["jobs"].values() if job["idempotency_key"]
+    }
+    for key, request in expected["submit_requests"].items():
+        old = jobs_by_key[key]
+        if may_be_purged and old["status"] in FINAL_JOB_STATUSES:
+            continue
+        status, body, headers = post("/v1/jobs", request)
+        assert (status, body["job"]["id"]) == (200, old["id"]), (key, status, body)
+        assert headers.get("Idempotent-Replayed") == "true"
+    for workflow_id, request in expected["workflow_requests"].items():
+        if may_be_purged and found["workflows"][workflow_id]["status"] in FINAL_WORKFLOW_STATUSES:
+            continue
+        status, body, _ = post("/v1/workflows", request)
+        assert (status, body["workflow"]["id"]) == (200, workflow_id), (status, body)
+    for schedule_id, request in expected["schedule_requests"].items():
+        status, body, _ = post("/v1/schedules", request)
+        assert (status, body["schedule"]["id"]) == (200, schedule_id), (status, body)
+    for key, old in found["effects"].items():
+        if may_be_purged and found["jobs"][old["job_id"]]["status"] in FINAL_JOB_STATUSES:
+            continue
+        status, body = get(leader, f"/v1/effects/{key}")
+        assert (status, body.get("effect")) == (200, old), key
+    for name, old in found["tenants"].items():
+        status, body = get(leader, f"/v1/tenants/{name}")
+        check_same(f"tenant {name}", old, body["tenant"], TENANT_KEYS)
+    for name, old in found["queues"].items():
+        status, body = get(leader, f"/v1/queues/{name}")
+        check_same(f"queue {name}", old, body["queue"], QUEUE_KEYS)
+    for schedule_id, old in found["occurrences"].items():
+        status, body = get(leader, f"/v1/schedules/{schedule_id}/occurrences?limit=100")
+        assert body["occurrences"][: len(old)] == old  # a paused schedule adds none
+    for subscription_id, old in found["subscriptions"].items():
+        status, body = get(leader, f"/v1/subscriptions/{subscription_id}")
+        check_same(f"subscription {subscription_id}", old, body["subscription"], SUBSCRIPTION_KEYS)
+        assert body["subscription"]["cursor_seq"] >= old["cursor_seq"]
+    # The lease taken before the upgrade still holds: the takeover extended
+    # it, and its fencing token completes the job.
+    lease = expected["running_lease"]
+    status, body, _ = post(
+        f"/v1/leases/{lease['job_id']}/complete",
+        {"fencing_token": lease["fencing_token"], "result": {"after": "upgrade"}},
+    )
+    assert status == 200, body
+    status, body = get(leader, f"/v1/jobs/{lease['job_id']}")
+    assert body["job"]["status"] == "succeeded"
