@@ -90,7 +90,7 @@ async def claim(request: web.Request) -> web.Response:
     )
     if isinstance(outcome, Rejected):
         raise from_rejection(outcome)
-    node.m_leases_granted.inc(amount=len(outcome))
+    node.metrics.leases_granted.inc(len(outcome))
     return json_response({"leases": [render.lease(grant) for grant in outcome]})
 
 
@@ -116,7 +116,7 @@ def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
     node = node_of(request)
     if isinstance(result, Rejected):
         if result.code == "lease_lost":
-            node.m_lease_lost.inc(op)
+            node.metrics.lease_lost.labels(op).inc()
         raise from_rejection(result)
     if isinstance(result, Started):
         return {
@@ -226,7 +226,7 @@ async def record_effect(request: web.Request) -> web.Response:
     result = await node_of(request).propose(command, request.content_length or 0)
     if isinstance(result, Rejected):
         if result.code == "lease_lost":
-            node_of(request).m_lease_lost.inc("effect")
+            node_of(request).metrics.lease_lost.labels("effect").inc()
         raise from_rejection(result)
     assert isinstance(result, EffectRecorded)
     answer = {"effect": render.effect(result.effect), "replayed": result.replayed}
