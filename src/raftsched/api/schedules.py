@@ -313,8 +313,10 @@ async def create_schedules(request: web.Request) -> web.Response:
         for i, item in enumerate(items)
     ]
     node = node_of(request)
-    # One proposal per schedule; group commit packs them into a few entries.
-    results = await asyncio.gather(*(node.propose(CreateSchedule(spec)) for spec in specs))
+    # One command per schedule, queued all or none (503 unavailable when the
+    # proposer's queue has no room); group commit packs them into a few entries.
+    commands = [CreateSchedule(spec) for spec in specs]
+    results = await asyncio.gather(*node.submit_all(commands, request.content_length or 0))
     answers: list[dict[str, Any]] = []
     for spec, result in zip(specs, results, strict=True):
         if isinstance(result, Rejected):

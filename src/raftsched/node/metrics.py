@@ -248,6 +248,22 @@ QUEUE_OLDEST_AGE = Family(
     "Age of the oldest runnable job per queue.",
     ("queue",),
 )
+# The proposer's queue (node/proposer.py).
+PROPOSER_QUEUED_COMMANDS = Family(
+    "raftsched_proposer_queued_commands",
+    "gauge",
+    "Commands waiting in this leader's proposer queue for a Raft entry.",
+)
+PROPOSER_QUEUED_BYTES = Family(
+    "raftsched_proposer_queued_bytes",
+    "gauge",
+    "Request bytes of the commands waiting in this leader's proposer queue.",
+)
+PROPOSER_REFUSED = Family(
+    "raftsched_proposer_refused_total",
+    "counter",
+    "Commands answered 503 unavailable because the proposer queue was full.",
+)
 # What the leader observes (node/observability.py).
 JOBS_STUCK = Family(
     "raftsched_jobs_stuck",
@@ -357,7 +373,8 @@ SCHEDULES = Family("raftsched_schedules", "gauge", "Stored schedules.")
 SAMPLED = (
     GC_COLLECTIONS, GC_PAUSE_SECONDS, GC_PAUSE_MAX, RAFT_IS_LEADER, RAFT_TERM,
     RAFT_COMMIT_INDEX, RAFT_APPLIED_INDEX, JOBS, SNAPSHOT_AGE, SNAPSHOT_DURATION, QUEUE_DEPTH,
-    QUEUE_RUNNING, QUEUE_OLDEST_AGE, JOBS_STUCK, STUCK_THRESHOLD, OUTBOX_LAG, FOLLOWER_LAG,
+    QUEUE_RUNNING, QUEUE_OLDEST_AGE, PROPOSER_QUEUED_COMMANDS, PROPOSER_QUEUED_BYTES,
+    PROPOSER_REFUSED, JOBS_STUCK, STUCK_THRESHOLD, OUTBOX_LAG, FOLLOWER_LAG,
     CLOCK_SKEW, CLOCK_SKEW_UNCERTAINTY, OUTBOX_DEPTH, WEBHOOK_OLDEST_AGE, TENANT_QUEUED,
     TENANT_RUNNING, TENANT_THROTTLED, FLOW_QUEUE_QUEUED, FLOW_QUEUE_RUNNING, FLOW_QUEUE_THROTTLED,
     FLOW_QUEUE_BLOCKED_KEYS, FLOW_QUEUE_CIRCUIT_OPEN, SCHEDULE_OCCURRENCES,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
@@ -94,6 +94,8 @@ class Node:
             loop,
             self.raft,
             self.clock.now_ms,
+            queue_commands_max=config.proposal_queue_commands_max,
+            queue_bytes_max=config.proposal_queue_bytes_max,
             on_entry=self._entry_done,
             on_results=self.observer.observe,
         )
@@ -184,14 +186,27 @@ class Node:
         and this node was still leader after the call arrived."""
         if not self.is_leader:
             raise NotLeader()
-        result = await self.proposer.propose(Barrier())
+        result = await self.proposer.propose(Barrier(), bounded=False)  # shared by reads
         if isinstance(result, Rejected):
             raise OutcomeUnknown(result.message)
 
-    async def propose(self, command: Command, size_bytes: int = 0) -> Result:
+    async def propose(
+        self, command: Command, size_bytes: int = 0, *, bounded: bool = True
+    ) -> Result:
+        """Propose one command and wait for its result. A request's commands
+        are `bounded` by the proposer's queue (QueueFull: 503 unavailable);
+        the leader's own duties pass False (see node.proposer)."""
         if not self.is_leader:
             raise NotLeader()
-        return await self.proposer.propose(command, size_bytes)
+        return await self.proposer.propose(command, size_bytes, bounded=bounded)
+
+    def submit_all(
+        self, commands: Sequence[Command], size_bytes: int = 0
+    ) -> list[asyncio.Future[Result]]:
+        """Queue a request's commands together, all or none (QueueFull)."""
+        if not self.is_leader:
+            raise NotLeader()
+        return self.proposer.submit_all(commands, size_bytes)
 
     def status(self) -> RaftStatus:
         return self.raft.status()
@@ -271,14 +286,15 @@ class Node:
     async def _take_over(self, term: int) -> None:
         while self._leader_term == term:
             try:
-                await self.propose(TakeOver())
+                await self.propose(TakeOver(), bounded=False)
                 return
             except OutcomeUnknown:
                 await asyncio.sleep(0.1)
 
     async def _tick(self, now_ms: int) -> None:
         try:
-            result = await self.propose(Tick(seed=random_u64(), max_items=TICK_ITEMS_MAX))
+            tick = Tick(seed=random_u64(), max_items=TICK_ITEMS_MAX)
+            result = await self.propose(tick, bounded=False)
         except OutcomeUnknown:
             await asyncio.sleep(IDLE_TICK_PAUSE_S)
             return
@@ -320,7 +336,7 @@ class Node:
         self.metrics.commit_seconds.observe(elapsed_s)
 
     def _init_metrics(self) -> None:
-        """Bind the families read from Raft and the replica."""
+        """Bind the families read from Raft, the replica and the proposer."""
         sample = self.metrics.sample
         sample(families.RAFT_IS_LEADER, self._m_role)
         sample(families.RAFT_TERM, lambda: [((), self.status().term)])
@@ -333,6 +349,10 @@ class Node:
             (families.QUEUE_DEPTH, families.QUEUE_RUNNING, families.QUEUE_OLDEST_AGE),
             self._m_queues,
         )
+        proposer = self.proposer
+        sample(families.PROPOSER_QUEUED_COMMANDS, lambda: [((), float(proposer.queued))])
+        sample(families.PROPOSER_QUEUED_BYTES, lambda: [((), float(proposer.queued_bytes))])
+        sample(families.PROPOSER_REFUSED, lambda: [((), float(proposer.refused_commands))])
 
     def _m_snapshot_duration(self) -> Samples:
         duration_s = self.raft.last_snapshot_duration_s

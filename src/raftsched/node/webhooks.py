@@ -222,15 +222,15 @@ class WebhookDelivery:
 
         parks = [cmd for cmd in await asyncio.gather(*(one(e) for e in events)) if cmd]
         for command in parks:
-            await self.node.propose(command)
+            await self.node.propose(command, bounded=False)
         if through_seq is not None:
-            await self.node.propose(AckDelivery(target.id, through_seq))
+            await self.node.propose(AckDelivery(target.id, through_seq), bounded=False)
 
     async def _redeliver(self, target: _Target, events: list[OutboxEvent]) -> None:
         for event in events:
             command = await self._deliver(target, event, AckParked(target.id, event.seq))
             if command is not None:
-                await self.node.propose(command)
+                await self.node.propose(command, bounded=False)
 
     async def _deliver(
         self,
