@@ -95,6 +95,15 @@ def test_claim_latency_is_due_to_leased_in_replicated_time() -> None:
     assert h.metric('raftsched_jobs_submitted_total{queue="q"}') == 1
 
 
+def test_a_batch_counts_the_jobs_it_created_per_queue() -> None:
+    h = Harness()
+    specs = (JobSpec("a"), JobSpec("b"), JobSpec("a"), JobSpec("a", idempotency_key="k"))
+    h.run(SubmitJobs(specs, ("job_1", "job_2", "job_3", "job_4")))
+    h.run(SubmitJobs((JobSpec("a", idempotency_key="k"),), ("job_5",)))  # a repeat
+    assert h.metric('raftsched_jobs_submitted_total{queue="a"}') == 3
+    assert h.metric('raftsched_jobs_submitted_total{queue="b"}') == 1
+
+
 def test_claim_latency_of_a_delayed_job_counts_from_its_run_at() -> None:
     h = Harness()
     job_id = h.submit(delay_ms=1_000)

@@ -252,10 +252,14 @@ class Observer:
     def _observe_one(self, state: core.State, command: object, result: object) -> None:
         match command, result:
             case SubmitJobs(), Submitted(items=items):
+                created: dict[str, int] = {}  # one increment per queue, not per job
                 for item in items:
                     if isinstance(item, SubmitItem) and item.created:
                         job = state.jobs.get(item.job_id)
-                        self.metrics.jobs_submitted.labels(job.queue if job else "unknown").inc()
+                        queue = job.queue if job else "unknown"
+                        created[queue] = created.get(queue, 0) + 1
+                for queue, count in created.items():
+                    self.metrics.jobs_submitted.labels(queue).inc(count)
             case StartJob(job_id=job_id), Started():
                 self._progress.setdefault(job_id, _Progress(wall_ms(), None, wall_ms()))
             case HeartbeatJob(job_id=job_id, progress=progress), HeartbeatAccepted():
