@@ -12,6 +12,16 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# The proposer's queue (node/proposer.py): commands waiting behind the Raft
+# entry in flight. Four full entries' worth (an entry carries at most 4,000
+# commands and 8 MiB of requests): sixteen 1,000-op lease batches, or 32
+# max-size (1 MiB) submissions arriving at once, fit; beyond that a request is
+# answered 503 unavailable with Retry-After rather than held in memory that
+# would grow with the backlog. A request that finds the queue empty is always
+# taken: one bigger than a (lowered) bound is refused only while others wait.
+PROPOSAL_QUEUE_COMMANDS_MAX = 16_000
+PROPOSAL_QUEUE_BYTES_MAX = 32 * 1024 * 1024
+
 
 class ConfigError(ValueError):
     """The configuration cannot start a node; the message says what to fix."""
@@ -67,6 +77,10 @@ class NodeConfig:
     # Raft entries between snapshots (each entry may carry many commands).
     log_compaction_entries: int = 5000
     log_format: str = "auto"  # "json", "text" or "auto" (text on a terminal)
+    # Commands and request bytes that may wait for the next Raft entries
+    # (see PROPOSAL_QUEUE_COMMANDS_MAX); more are answered 503 unavailable.
+    proposal_queue_commands_max: int = PROPOSAL_QUEUE_COMMANDS_MAX
+    proposal_queue_bytes_max: int = PROPOSAL_QUEUE_BYTES_MAX
     extra: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -95,6 +109,8 @@ class NodeConfig:
             raise ConfigError("leader_fallback_timeout_s must be between 0.2 and 60")
         if not 0.2 <= self.election_timeout_min_s < self.election_timeout_max_s <= 30:
             raise ConfigError("election timeouts must satisfy 0.2 <= min < max <= 30 seconds")
+        if self.proposal_queue_commands_max < 1 or self.proposal_queue_bytes_max < 1:
+            raise ConfigError("proposal queue bounds must be at least 1")
 
 
 def _check_host_port(text: str, what: str) -> None:

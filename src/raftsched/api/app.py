@@ -21,7 +21,7 @@ from aiohttp import web
 from raftsched.api import jsonbody
 from raftsched.api.errors import ApiError, invalid
 from raftsched.logs import REQUEST_ID
-from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
+from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, QueueFull
 from raftsched.node.service import Node
 
 log = logging.getLogger("raftsched.api")
@@ -82,9 +82,9 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
     finally:
         route = request.match_info.route.resource
         route_name = route.canonical if route is not None else "unmatched"
-        node_of(request).m_http_seconds.observe(
-            time.perf_counter() - started, request.method, route_name, str(status)
-        )
+        node_of(request).metrics.http_seconds.labels(
+            request.method, route_name, str(status)
+        ).observe(time.perf_counter() - started)
 
 
 async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -97,6 +97,17 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
             return leader_redirect(request)
         except ApiError as error:
             return error.response()
+    except QueueFull as error:
+        return ApiError(
+            "unavailable",
+            f"{error}; nothing was committed, retry after Retry-After",
+            {
+                "reason": "proposal_queue_full",
+                "queue_commands_max": error.commands_max,
+                "queue_bytes_max": error.bytes_max,
+            },
+            headers={"Retry-After": "1"},
+        ).response()
     except NotCommitted as error:
         return ApiError(
             "unavailable",

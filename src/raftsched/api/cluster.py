@@ -9,6 +9,7 @@ from aiohttp import web
 
 from raftsched.api.app import node_of
 from raftsched.api.jsonbody import json_response
+from raftsched.node.metrics import CONTENT_TYPE
 
 routes = web.RouteTableDef()
 
@@ -76,12 +77,9 @@ async def readyz(request: web.Request) -> web.Response:
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
-    text = node_of(request).metrics.render()
     return web.Response(
-        text=text,
-        content_type="text/plain",
-        charset="utf-8",
-        headers={"X-Content-Type-Options": "nosniff"},
+        body=node_of(request).metrics.render(),
+        headers={"Content-Type": CONTENT_TYPE, "X-Content-Type-Options": "nosniff"},
     )
 
 

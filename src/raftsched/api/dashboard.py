@@ -36,6 +36,7 @@ from raftsched.api.app import Handler, node_of
 from raftsched.api.errors import ApiError
 from raftsched.api.jsonbody import json_response
 from raftsched.api.validation import query_integer, reject_unknown
+from raftsched.node import metrics as families
 from raftsched.node.observability import wall_ms
 from raftsched.node.service import Node
 from raftsched.timefmt import format_ms
@@ -186,16 +187,16 @@ def _stuck_json(node: Node) -> list[dict[str, Any]]:
 
 def _counters(node: Node) -> dict[str, dict[str, float]]:
     """Per-queue totals this node proposed, for the page to turn into rates."""
-    observer = node.observer
+    metrics = node.metrics
     totals: dict[str, dict[str, float]] = {}
     for name, family in (
-        ("submitted", observer.m_submitted),
-        ("succeeded", observer.m_succeeded),
-        ("retried", observer.m_retries),
+        ("submitted", families.JOBS_SUBMITTED),
+        ("succeeded", families.JOBS_SUCCEEDED),
+        ("retried", families.JOB_RETRIES),
     ):
-        for labels, value in family.items():
+        for labels, value in sorted(metrics.totals(family).items()):
             totals.setdefault(labels[0], {})[name] = value
-    for labels, value in observer.m_failures.items():
+    for labels, value in sorted(metrics.totals(families.JOB_FAILURES).items()):
         entry = totals.setdefault(labels[0], {})
         entry["failed"] = entry.get("failed", 0.0) + value
     return totals

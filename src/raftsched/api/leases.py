@@ -90,7 +90,7 @@ async def claim(request: web.Request) -> web.Response:
     )
     if isinstance(outcome, Rejected):
         raise from_rejection(outcome)
-    node.m_leases_granted.inc(amount=len(outcome))
+    node.metrics.leases_granted.inc(len(outcome))
     return json_response({"leases": [render.lease(grant) for grant in outcome]})
 
 
@@ -116,7 +116,7 @@ def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
     node = node_of(request)
     if isinstance(result, Rejected):
         if result.code == "lease_lost":
-            node.m_lease_lost.inc(op)
+            node.metrics.lease_lost.labels(op).inc()
         raise from_rejection(result)
     if isinstance(result, Started):
         return {
@@ -174,7 +174,10 @@ async def lease_batch(request: web.Request) -> web.Response:
         raise NotLeader()
     # Each op succeeds or fails on its own, exactly as its single form would;
     # the valid ones are queued together, so group commit puts them in one entry.
+    # They are queued all or none: when the proposer's queue has no room for
+    # them the whole request is answered 503 unavailable and nothing commits.
     slots: list[tuple[str, Any]] = []
+    commands: list[Command] = []
     for index, raw in enumerate(ops):
         prefix = f"ops[{index}]."
         try:
@@ -184,10 +187,12 @@ async def lease_batch(request: web.Request) -> web.Response:
                 raise invalid(prefix + "op", "is required")
             job_id = string(item, "job_id", required=True, prefix=prefix)
             assert job_id is not None
-            command = _command_for(op, job_id, item, prefix)
-            slots.append((op, node.proposer.submit(command)))
+            commands.append(_command_for(op, job_id, item, prefix))
+            slots.append((op, None))
         except ApiError as error:
             slots.append(("error", error))
+    futures = iter(node.submit_all(commands, request.content_length or 0) if commands else [])
+    slots = [(op, pending if op == "error" else next(futures)) for op, pending in slots]
     results: list[dict[str, Any]] = []
     for op, pending in slots:
         if op == "error":
@@ -226,7 +231,7 @@ async def record_effect(request: web.Request) -> web.Response:
     result = await node_of(request).propose(command, request.content_length or 0)
     if isinstance(result, Rejected):
         if result.code == "lease_lost":
-            node_of(request).m_lease_lost.inc("effect")
+            node_of(request).metrics.lease_lost.labels("effect").inc()
         raise from_rejection(result)
     assert isinstance(result, EffectRecorded)
     answer = {"effect": render.effect(result.effect), "replayed": result.replayed}

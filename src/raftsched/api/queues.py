@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Counter
 
 from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
@@ -40,6 +41,8 @@ from raftsched.core.flow_queries import (
     tenant_view,
 )
 from raftsched.core.results import Rejected
+from raftsched.node import metrics as families
+from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
@@ -237,43 +240,27 @@ async def get_tenant(request: web.Request) -> web.Response:
 # by queued jobs) get series of their own; the rest are summed under "_other".
 METRIC_SERIES_MAX = 100
 OTHER = "_other"
-Samples = list[tuple[tuple[str, ...], float]]
-REJECTED = web.AppKey("flow_rejected", object)
+TENANT_FAMILIES = {
+    "queued": families.TENANT_QUEUED,
+    "running": families.TENANT_RUNNING,
+    "throttled": families.TENANT_THROTTLED,
+}
+QUEUE_FAMILIES = {
+    "queued": families.FLOW_QUEUE_QUEUED,
+    "running": families.FLOW_QUEUE_RUNNING,
+    "throttled": families.FLOW_QUEUE_THROTTLED,
+    "blocked_keys": families.FLOW_QUEUE_BLOCKED_KEYS,
+    "circuit_open": families.FLOW_QUEUE_CIRCUIT_OPEN,
+}
+REJECTED = web.AppKey("flow_rejected", Counter)
 
 
 def setup(app: web.Application, node: Any) -> None:
     app.add_routes(routes)
-    m = node.metrics
-    rejected = m.counter(
-        "raftsched_flow_rejected_total",
-        "Submissions this node answered 429 queue_full, by tenant and queue.",
-        ["tenant", "queue"],
-    )
-    app[REJECTED] = rejected
-    for what, help_text in (
-        ("queued", "Jobs scheduled, pending or waiting to retry"),
-        ("running", "Jobs claimed or running"),
-        ("throttled", "Claimable jobs held back by the tenant's concurrency limit"),
-    ):
-        m.gauge(
-            f"raftsched_tenant_{what}",
-            f"{help_text}, per tenant.",
-            ["tenant"],
-            collect=lambda what=what: _tenant_samples(node, what),
-        )
-    for what, help_text in (
-        ("queued", "Pending jobs (ordering-key jobs waiting their turn included)"),
-        ("running", "Jobs claimed or running"),
-        ("throttled", "Claimable jobs held back by the queue's pause, limits or circuit"),
-        ("blocked_keys", "Ordering keys held by a dead-lettered job"),
-        ("circuit_open", "1 while the queue's circuit is open"),
-    ):
-        m.gauge(
-            f"raftsched_flow_queue_{what}",
-            f"{help_text}, per queue.",
-            ["queue"],
-            collect=lambda what=what: _queue_samples(node, what),
-        )
+    metrics: NodeMetrics = node.metrics
+    app[REJECTED] = metrics.flow_rejected
+    metrics.sample_together(tuple(TENANT_FAMILIES.values()), lambda: _tenant_samples(node))
+    metrics.sample_together(tuple(QUEUE_FAMILIES.values()), lambda: _queue_samples(node))
 
 
 def count_rejections(request: web.Request, specs: Any, items: Any) -> None:
@@ -283,7 +270,7 @@ def count_rejections(request: web.Request, specs: Any, items: Any) -> None:
         return
     for spec, item in zip(specs, items, strict=True):
         if isinstance(item, Rejected) and item.code == "queue_full":
-            counter.inc(spec.tenant, spec.queue)  # type: ignore[attr-defined]
+            counter.labels(spec.tenant, spec.queue).inc()
 
 
 def _bounded(samples: dict[str, float], ranking: dict[str, float]) -> Samples:
@@ -295,23 +282,30 @@ def _bounded(samples: dict[str, float], ranking: dict[str, float]) -> Samples:
     return [((name,), value) for name, value in out.items()]
 
 
-def _tenant_samples(node: Any, what: str) -> Samples:
+def _tenant_samples(node: Any) -> dict[str, Samples]:
     with node.reading() as state:
         views = [tenant_view(state, name) for name in tenant_names(state)]
-    values = {view.name: float(getattr(view, what)) for view in views}
-    return _bounded(values, {view.name: float(view.queued) for view in views})
+    ranking = {view.name: float(view.queued) for view in views}
+    return {
+        family.name: _bounded({view.name: float(getattr(view, what)) for view in views}, ranking)
+        for what, family in TENANT_FAMILIES.items()
+    }
 
 
-def _queue_samples(node: Any, what: str) -> Samples:
+def _queue_value(view: Any, what: str) -> float:
+    if what == "queued":
+        return float(view.depth)
+    if what == "circuit_open":
+        return 1.0 if view.circuit_open else 0.0
+    return float(getattr(view, what))
+
+
+def _queue_samples(node: Any) -> dict[str, Samples]:
     now_ms = node.clock.now_ms()
     with node.reading() as state:
         views = [queue_view(state, name, now_ms) for name in queue_names(state)]
-    values: dict[str, float] = {}
-    for view in views:
-        if what == "queued":
-            values[view.name] = float(view.depth)
-        elif what == "circuit_open":
-            values[view.name] = 1.0 if view.circuit_open else 0.0
-        else:
-            values[view.name] = float(getattr(view, what))
-    return _bounded(values, {view.name: float(view.depth) for view in views})
+    ranking = {view.name: float(view.depth) for view in views}
+    return {
+        family.name: _bounded({view.name: _queue_value(view, what) for view in views}, ranking)
+        for what, family in QUEUE_FAMILIES.items()
+    }

@@ -66,6 +66,8 @@ from raftsched.core.schedules_query import (
     occurrence_totals,
     occurrences,
 )
+from raftsched.node import metrics as families
+from raftsched.node.metrics import METRIC_SCHEDULES_MAX
 from raftsched.node.service import Node
 from raftsched.timefmt import format_ms
 
@@ -90,9 +92,6 @@ CATCHUP_FIELDS: Final = frozenset({"policy", "window_s", "max_runs", "grace_s"})
 LIST_LIMIT_MAX: Final = 1000
 BATCH_MAX: Final = 1000
 DAY_S: Final = 86_400
-# Per-schedule metric series are exported for at most this many schedules (the
-# first by id); totals over all schedules are always exported.
-METRIC_SCHEDULES_MAX: Final = 100
 
 
 def _time(ms: int | None) -> str | None:
@@ -314,8 +313,10 @@ async def create_schedules(request: web.Request) -> web.Response:
         for i, item in enumerate(items)
     ]
     node = node_of(request)
-    # One proposal per schedule; group commit packs them into a few entries.
-    results = await asyncio.gather(*(node.propose(CreateSchedule(spec)) for spec in specs))
+    # One command per schedule, queued all or none (503 unavailable when the
+    # proposer's queue has no room); group commit packs them into a few entries.
+    commands = [CreateSchedule(spec) for spec in specs]
+    results = await asyncio.gather(*node.submit_all(commands, request.content_length or 0))
     answers: list[dict[str, Any]] = []
     for spec, result in zip(specs, results, strict=True):
         if isinstance(result, Rejected):
@@ -441,26 +442,11 @@ Sample = tuple[tuple[str, ...], float]
 def setup(app: web.Application, node: Node) -> None:
     """Routes and the schedule metrics of this node."""
     app.add_routes(routes)
-    metrics = node.metrics
-    metrics.gauge(
-        "raftsched_schedule_occurrences",
-        "Decided schedule occurrences by decision and missed reason (all schedules).",
-        ["decision"],
-        collect=lambda: _totals(node),
-    )
-    metrics.gauge(
-        "raftsched_schedule_occurrences_by_schedule",
-        f"Decided occurrences per schedule (the first {METRIC_SCHEDULES_MAX} schedules by id).",
-        ["schedule", "decision"],
-        collect=lambda: _per_schedule(node),
-    )
-    metrics.gauge(
-        "raftsched_schedule_firing_lag_seconds",
-        f"Last firing lag (fired - nominal time) per schedule (first {METRIC_SCHEDULES_MAX}).",
-        ["schedule"],
-        collect=lambda: _lags(node),
-    )
-    metrics.gauge("raftsched_schedules", "Stored schedules.", collect=lambda: _count(node))
+    sample = node.metrics.sample
+    sample(families.SCHEDULE_OCCURRENCES, lambda: _totals(node))
+    sample(families.SCHEDULE_OCCURRENCES_BY_SCHEDULE, lambda: _per_schedule(node))
+    sample(families.SCHEDULE_FIRING_LAG, lambda: _lags(node))
+    sample(families.SCHEDULES, lambda: _count(node))
 
 
 def _first_schedules(state: Any) -> list[Schedule]:

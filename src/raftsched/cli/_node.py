@@ -13,7 +13,8 @@ TOML keys mirror the flags (relative paths are relative to the file):
     durability = "fsync"                 # or "none"
     peers = ["n2=127.0.0.1:9702@http://127.0.0.1:8702"]
     # optional: max_body_bytes, log_format, log_compaction_entries,
-    # leader_fallback_timeout_s, and an [extra] table
+    # leader_fallback_timeout_s, proposal_queue_commands_max,
+    # proposal_queue_bytes_max, and an [extra] table
 """
 
 from __future__ import annotations
@@ -24,12 +25,21 @@ from pathlib import Path
 from typing import Any
 
 from raftsched.cli._common import EXIT_USAGE
-from raftsched.config import ConfigError, NodeConfig, Peer, load_toml, read_secret
+from raftsched.config import (
+    PROPOSAL_QUEUE_BYTES_MAX,
+    PROPOSAL_QUEUE_COMMANDS_MAX,
+    ConfigError,
+    NodeConfig,
+    Peer,
+    load_toml,
+    read_secret,
+)
 
 _FILE_KEYS = {
     "id", "data_dir", "http", "raft", "raft_bind", "http_url", "secret_file", "durability",
     "peers", "max_body_bytes", "log_format", "extra", "log_compaction_entries",
     "leader_fallback_timeout_s", "election_timeout_min_s", "election_timeout_max_s",
+    "proposal_queue_commands_max", "proposal_queue_bytes_max",
 }  # fmt: skip
 
 
@@ -53,6 +63,15 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     node.add_argument(
         "--leader-fallback-timeout-s", type=float,
         help="a leader that has not heard from a majority this long steps down",
+    )  # fmt: skip
+    node.add_argument(
+        "--proposal-queue-commands-max", type=int,
+        help="commands that may wait for the next Raft entries (default 16000); "
+        "more are answered 503 unavailable",
+    )  # fmt: skip
+    node.add_argument(
+        "--proposal-queue-bytes-max", type=int,
+        help="request bytes that may wait likewise (default 32 MiB)",
     )  # fmt: skip
     node.set_defaults(run=run_node_command)
 
@@ -86,6 +105,8 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         "log_format": args.log_format,
         "log_compaction_entries": args.log_compaction_entries,
         "leader_fallback_timeout_s": args.leader_fallback_timeout_s,
+        "proposal_queue_commands_max": args.proposal_queue_commands_max,
+        "proposal_queue_bytes_max": args.proposal_queue_bytes_max,
     }
     settings.update({key: value for key, value in flags.items() if value is not None})
     return _to_config(settings)
@@ -125,6 +146,12 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
         leader_fallback_timeout_s=float(settings.get("leader_fallback_timeout_s", 3.0)),
         election_timeout_min_s=float(settings.get("election_timeout_min_s", 0.8)),
         election_timeout_max_s=float(settings.get("election_timeout_max_s", 1.6)),
+        proposal_queue_commands_max=int(
+            settings.get("proposal_queue_commands_max", PROPOSAL_QUEUE_COMMANDS_MAX)
+        ),
+        proposal_queue_bytes_max=int(
+            settings.get("proposal_queue_bytes_max", PROPOSAL_QUEUE_BYTES_MAX)
+        ),
         extra={str(k): str(v) for k, v in dict(settings.get("extra") or {}).items()},
     )
 

@@ -35,6 +35,8 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from prometheus_client import Histogram
+
 from raftsched import core
 from raftsched.core.commands import (
     CancelJob,
@@ -60,7 +62,8 @@ from raftsched.core.results import (
     Submitted,
     Ticked,
 )
-from raftsched.metrics import Registry
+from raftsched.node import metrics as families
+from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.raft import RaftStatus
 
 log = logging.getLogger("raftsched.observe")
@@ -74,10 +77,6 @@ SKEW_PERIOD_S = 5.0
 SKEW_TIMEOUT_S = 1.0
 DEFAULT_STUCK_AFTER_S = 600.0
 
-CLAIM_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
-RUN_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
-
-Samples = list[tuple[tuple[str, ...], float]]
 SkewFetch = Callable[[str], Awaitable[float]]
 
 
@@ -157,7 +156,7 @@ class Observer:
     def __init__(
         self,
         node_id: str,
-        registry: Registry,
+        metrics: NodeMetrics,
         reading: Callable[[], AbstractContextManager[core.State]],
         status: Callable[[], RaftStatus],
         *,
@@ -174,91 +173,25 @@ class Observer:
         self._leased: dict[str, int] = {}  # job id -> token, leases this leader granted
         self._last_leader: tuple[str | None, int] | None = None
         self.is_leader: Callable[[], bool] = lambda: False
-        self._init_metrics(registry)
+        self.metrics = metrics
+        self._init_metrics(metrics)
 
     # -- metrics families -----------------------------------------------------
 
-    def _init_metrics(self, m: Registry) -> None:
-        self.m_submitted = m.counter(
-            "raftsched_jobs_submitted_total", "Jobs created through this node.", ["queue"]
+    def _init_metrics(self, metrics: NodeMetrics) -> None:
+        """Bind the families read from what this node observed."""
+        sample = metrics.sample
+        sample(families.JOBS_STUCK, self._m_stuck)
+        sample(families.STUCK_THRESHOLD, lambda: [((), self.stuck_after_ms / 1000)])
+        sample(families.OUTBOX_LAG, self._m_outbox_lag)
+        sample(families.FOLLOWER_LAG, self._m_follower_lag)
+        sample(
+            families.CLOCK_SKEW,
+            lambda: [((s.node_id,), s.skew_ms / 1000) for s in self.clock_skew.values()],
         )
-        self.m_claim_seconds = m.histogram(
-            "raftsched_job_claim_latency_seconds",
-            "From runnable (due) to leased, per granted lease.",
-            ["queue"],
-            buckets=CLAIM_BUCKETS_S,
-        )
-        self.m_run_seconds = m.histogram(
-            "raftsched_job_execution_seconds",
-            "From handler start (or claim) to the attempt's outcome.",
-            ["queue", "outcome"],
-            buckets=RUN_BUCKETS_S,
-        )
-        self.m_attempts = m.counter(
-            "raftsched_job_attempts_total", "Attempts started (leases granted).", ["queue"]
-        )
-        self.m_retries = m.counter(
-            "raftsched_job_retries_total", "Failed attempts that will be retried.", ["queue"]
-        )
-        self.m_failures = m.counter(
-            "raftsched_job_failures_total", "Failed attempts by failure kind.", ["queue", "kind"]
-        )
-        self.m_succeeded = m.counter(
-            "raftsched_jobs_succeeded_total", "Jobs that succeeded.", ["queue"]
-        )
-        self.m_dead_letters = m.counter(
-            "raftsched_dead_letters_total", "Jobs dead-lettered, by reason.", ["reason"]
-        )
-        self.m_replays = m.counter("raftsched_replays_total", "Dead-letter replays.")
-        self.m_cancels = m.counter("raftsched_cancels_total", "Accepted cancel requests.")
-        self.m_renewals = m.counter(
-            "raftsched_lease_renewals_total", "Heartbeats that were accepted."
-        )
-        self.m_expired_logged = m.counter(
-            "raftsched_lease_expirations_total",
-            "Leases expired, by the status before expiry.",
-            ["status"],
-        )
-        self.m_leader_observed = m.counter(
-            "raftsched_raft_leader_changes_observed_total",
-            "Changes of the known leader seen by this node (including losing it).",
-        )
-        m.gauge(
-            "raftsched_jobs_stuck",
-            "Running jobs without heartbeat progress for longer than the threshold "
-            "(exported by the leader).",
-            collect=self._m_stuck,
-        )
-        m.gauge(
-            "raftsched_stuck_threshold_seconds",
-            "The threshold behind raftsched_jobs_stuck.",
-            collect=lambda: [((), self.stuck_after_ms / 1000)],
-        )
-        m.gauge(
-            "raftsched_outbox_lag_events",
-            "Outbox events not yet delivered, per webhook subscription.",
-            ["subscription"],
-            collect=self._m_outbox_lag,
-        )
-        m.gauge(
-            "raftsched_raft_follower_lag_entries",
-            "Commit index minus a follower's match index (exported by the leader).",
-            ["node"],
-            collect=self._m_follower_lag,
-        )
-        m.gauge(
-            "raftsched_clock_skew_seconds",
-            "Node's wall clock minus the leader's (exported by the leader).",
-            ["node"],
-            collect=lambda: [((s.node_id,), s.skew_ms / 1000) for s in self.clock_skew.values()],
-        )
-        m.gauge(
-            "raftsched_clock_skew_uncertainty_seconds",
-            "Half the round trip of the skew measurement.",
-            ["node"],
-            collect=lambda: [
-                ((s.node_id,), s.round_trip_ms / 2000) for s in self.clock_skew.values()
-            ],
+        sample(
+            families.CLOCK_SKEW_UNCERTAINTY,
+            lambda: [((s.node_id,), s.round_trip_ms / 2000) for s in self.clock_skew.values()],
         )
 
     def outbox_lag(self) -> dict[str, int] | None:
@@ -319,14 +252,18 @@ class Observer:
     def _observe_one(self, state: core.State, command: object, result: object) -> None:
         match command, result:
             case SubmitJobs(), Submitted(items=items):
+                created: dict[str, int] = {}  # one increment per queue, not per job
                 for item in items:
                     if isinstance(item, SubmitItem) and item.created:
                         job = state.jobs.get(item.job_id)
-                        self.m_submitted.inc(job.queue if job else "unknown")
+                        queue = job.queue if job else "unknown"
+                        created[queue] = created.get(queue, 0) + 1
+                for queue, count in created.items():
+                    self.metrics.jobs_submitted.labels(queue).inc(count)
             case StartJob(job_id=job_id), Started():
                 self._progress.setdefault(job_id, _Progress(wall_ms(), None, wall_ms()))
             case HeartbeatJob(job_id=job_id, progress=progress), HeartbeatAccepted():
-                self.m_renewals.inc()
+                self.metrics.lease_renewals.inc()
                 self._on_progress(job_id, progress)
             case CompleteJob(job_id=job_id, fencing_token=token), Completed(replayed=False):
                 self._on_outcome(state, job_id, token, "succeeded")
@@ -335,7 +272,7 @@ class Observer:
             case Tick(), Ticked() as ticked:
                 self._on_tick(state, ticked)
             case ReplayJob(job_id=job_id, reason=reason, actor=actor), Replayed():
-                self.m_replays.inc()
+                self.metrics.replays.inc()
                 fields = _job_fields(state.jobs.get(job_id))
                 log.info(
                     "audit: job replayed from the dead-letter queue",
@@ -350,7 +287,7 @@ class Observer:
             case CancelJob(job_id=job_id, reason=reason, actor=actor), CancelAccepted(
                 status=status
             ):
-                self.m_cancels.inc()
+                self.metrics.cancels.inc()
                 fields = _job_fields(state.jobs.get(job_id))
                 log.info(
                     "audit: job cancel accepted",
@@ -369,15 +306,19 @@ class Observer:
                 pass
 
     def _on_claimed(self, leases: Sequence[Lease]) -> None:
-        observe = self.m_claim_seconds.observe
+        family = self.metrics.claim_latency
+        latency: dict[str, Histogram] = {}  # a claim's leases are mostly of one queue
         granted: dict[str, int] = {}
         for lease in leases:
             granted[lease.queue] = granted.get(lease.queue, 0) + 1
             if lease.runnable_since_ms is not None:
                 claimed_ms = lease.expires_at_ms - lease.lease_ms
-                observe(max(0, claimed_ms - lease.runnable_since_ms) / 1000, lease.queue)
+                series = latency.get(lease.queue) or latency.setdefault(
+                    lease.queue, family.labels(lease.queue)
+                )
+                series.observe(max(0, claimed_ms - lease.runnable_since_ms) / 1000)
         for queue, count in granted.items():
-            self.m_attempts.inc(queue, amount=count)
+            self.metrics.job_attempts.labels(queue).inc(count)
         leased = self._leased
         for lease in leases[: max(0, TRACKED_JOBS_MAX - len(leased))]:
             leased[lease.job_id] = lease.fencing_token
@@ -402,20 +343,20 @@ class Observer:
         attempt = _attempt_by_token(job, token)
         if attempt is not None and attempt.ended_at_ms is not None:
             began_ms = attempt.started_at_ms or attempt.claimed_at_ms
-            self.m_run_seconds.observe(
-                max(0, attempt.ended_at_ms - began_ms) / 1000, job.queue, outcome
+            self.metrics.execution_seconds.labels(job.queue, outcome).observe(
+                max(0, attempt.ended_at_ms - began_ms) / 1000
             )
         if outcome == "succeeded":
-            self.m_succeeded.inc(job.queue)
+            self.metrics.jobs_succeeded.labels(job.queue).inc()
 
     def _on_failed(self, state: core.State, fail: FailJob, token: int, status: str) -> None:
         self._on_outcome(state, fail.job_id, token, "failed")
         job = state.jobs.get(fail.job_id)
         queue = job.queue if job else "unknown"
-        self.m_failures.inc(queue, fail.kind)
+        self.metrics.job_failures.labels(queue, fail.kind).inc()
         fields = {**_job_fields(job, token), "kind": fail.kind, "status": status}
         if status in ("retry_wait", "pending"):
-            self.m_retries.inc(queue)
+            self.metrics.job_retries.labels(queue).inc()
         fields["epoch"] = state.epoch
         if status == "dead_letter":
             reason = "permanent" if fail.kind == "permanent" else "attempts_exhausted"
@@ -425,14 +366,14 @@ class Observer:
             log.info("job attempt failed", extra={**fields, "error": fail.message[:500]})
 
     def _dead_lettered(self, reason: str, fields: dict[str, Any], message: str) -> None:
-        self.m_dead_letters.inc(reason)
+        self.metrics.dead_letters.labels(reason).inc()
         log.warning("job dead-lettered", extra={**fields, "reason": reason, "error": message[:500]})
         self.record_error("dead_letter", reason, message, fields.get("job_id"), fields.get("queue"))
 
     def _on_tick(self, state: core.State, ticked: Ticked) -> None:
         if ticked.dead_lettered:
             # Deadline dead letters: Ticked carries only their count.
-            self.m_dead_letters.inc("deadline", amount=ticked.dead_lettered)
+            self.metrics.dead_letters.labels("deadline").inc(ticked.dead_lettered)
             log.warning(
                 "jobs dead-lettered: deadline exceeded",
                 extra={"count": ticked.dead_lettered, "epoch": state.epoch},
@@ -454,7 +395,7 @@ class Observer:
             self._leased.pop(job_id, None)
             self._progress.pop(job_id, None)
             was = "running" if attempt.started_at_ms is not None else "claimed"
-            self.m_expired_logged.inc(was)
+            self.metrics.lease_expirations.labels(was).inc()
             fields = {**_job_fields(job, token), "epoch": attempt.epoch, "status": job.status}
             log.warning("lease expired", extra={**fields, "was": was})
             self.record_error("lease_expired", was, "lease expired", job_id, job.queue)
@@ -529,7 +470,7 @@ class Observer:
             return
         self.leader_history.append(LeaderChange(wall_ms(), status.term, current[0], previous))
         if last is not None:
-            self.m_leader_observed.inc()
+            self.metrics.leader_observed.inc()
         level = logging.WARNING if current[0] is None else logging.INFO
         log.log(
             level,

@@ -11,11 +11,23 @@ Every entry is stamped with this leader's term (the epoch) and clock. The
 proposer runs on the asyncio loop; the Raft adapter calls back on its own
 thread, so completions cross over with `call_soon_threadsafe`.
 
+The queue behind the entry in flight is bounded, in commands and in request
+bytes (`PROPOSAL_QUEUE_COMMANDS_MAX`, `PROPOSAL_QUEUE_BYTES_MAX` in
+raftsched.config): a request whose commands would not fit is refused with
+`QueueFull` before any of them is queued, so nothing of it commits. A request
+that finds the queue empty is always taken, however big. The leader's own
+duties (`TakeOver`, `Tick`, webhook acknowledgements) and read barriers pass
+`bounded=False`: each of those loops has at most one command queued at a time
+(reads share one barrier), so they cannot grow the queue, and refusing them
+would stall the leader rather than shed load.
+
 Outcomes a waiter can see:
 - a `Result` from the core (which may be a `Rejected`);
 - `NotLeader`: this node is not the leader; nothing was committed;
 - `NotCommitted`: Raft refused or discarded the entry (busy, queue full,
-  overwritten by a new leader); nothing was committed, retry shortly;
+  overwritten by a new leader), or the proposer's own queue was full
+  (`QueueFull`, raised by `submit` itself); nothing was committed, retry
+  shortly;
 - `OutcomeUnknown`: the entry was handed to Raft and we do not know whether
   it committed (leadership lost mid-flight, or no answer by the deadline).
   Retrying is safe only for commands that are idempotent in the core.
@@ -27,10 +39,11 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from raftsched.config import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
 from raftsched.core import encode_entry
 from raftsched.core.commands import Barrier, ClaimJobs, Command, Entry, SubmitJobs, Tick
 from raftsched.core.results import Result
@@ -80,6 +93,19 @@ class NotCommitted(Exception):
     """Raft refused or discarded the entry; nothing was committed."""
 
 
+class QueueFull(NotCommitted):
+    """The proposer's queue had no room for the request; none of its
+    commands was queued, nothing was committed."""
+
+    def __init__(self, commands_max: int, bytes_max: int) -> None:
+        super().__init__(
+            f"the leader's proposal queue is full (at most {commands_max} commands "
+            f"and {bytes_max} request bytes wait for the next entries)"
+        )
+        self.commands_max = commands_max
+        self.bytes_max = bytes_max
+
+
 class OutcomeUnknown(Exception):
     """The command may or may not have committed."""
 
@@ -116,6 +142,8 @@ class Proposer:
         entry_bytes_max: int = 8 * 1024 * 1024,
         entry_work_max: int = ENTRY_WORK_MAX,
         commit_timeout_s: float = 10.0,
+        queue_commands_max: int = PROPOSAL_QUEUE_COMMANDS_MAX,
+        queue_bytes_max: int = PROPOSAL_QUEUE_BYTES_MAX,
         on_entry: Callable[[int, float], None] | None = None,
         on_results: Callable[[list[Command], list[object]], None] | None = None,
     ) -> None:
@@ -130,6 +158,10 @@ class Proposer:
         # Told every committed entry's commands and results (metrics, logs).
         self._on_results = on_results
         self._queue: deque[_Waiting] = deque()
+        self._queued_bytes = 0
+        self._queue_commands_max = queue_commands_max
+        self._queue_bytes_max = queue_bytes_max
+        self.refused_commands = 0  # refused with QueueFull, for /metrics
         self._in_flight: _InFlight | None = None
         self._batch_ids = itertools.count(1)
         self._queued_barrier: asyncio.Future[Result] | None = None
@@ -148,12 +180,16 @@ class Proposer:
             waiting = self._queue.popleft()
             if not waiting.future.done():
                 waiting.future.set_exception(NotLeader())
+        self._queued_bytes = 0
         self._queued_barrier = None
 
     # -- proposing ------------------------------------------------------------
 
-    def submit(self, command: Command, size_bytes: int = 0) -> asyncio.Future[Result]:
-        """Queue a command for the next entry and return its future."""
+    def submit(
+        self, command: Command, size_bytes: int = 0, *, bounded: bool = True
+    ) -> asyncio.Future[Result]:
+        """Queue a command for the next entry and return its future (raises
+        `QueueFull` when the queue has no room and `bounded`)."""
         if self.term is None:
             raise NotLeader()
         # Reads that arrive while a barrier is still queued share it: it will be
@@ -161,19 +197,61 @@ class Proposer:
         queued = self._queued_barrier
         if isinstance(command, Barrier) and queued is not None and not queued.done():
             return queued
-        future: asyncio.Future[Result] = self._loop.create_future()
-        self._queue.append(_Waiting(command, future, size_bytes))
-        if isinstance(command, Barrier):
-            self._queued_barrier = future
+        if bounded:
+            self._make_room(1, size_bytes)
+        future = self._enqueue(command, size_bytes)
         self._pump()
         return future
 
-    async def propose(self, command: Command, size_bytes: int = 0) -> Result:
-        return await self.submit(command, size_bytes)
+    def submit_all(
+        self, commands: Sequence[Command], size_bytes: int = 0
+    ) -> list[asyncio.Future[Result]]:
+        """Queue the commands of one request together, all or none: either
+        every one gets a future or `QueueFull` is raised and none is queued.
+        `size_bytes` is the request's, shared out among its commands."""
+        if self.term is None:
+            raise NotLeader()
+        self._make_room(len(commands), size_bytes)
+        share, extra = divmod(size_bytes, max(1, len(commands)))
+        futures = [
+            self._enqueue(command, share + (1 if index < extra else 0))
+            for index, command in enumerate(commands)
+        ]
+        self._pump()
+        return futures
+
+    async def propose(
+        self, command: Command, size_bytes: int = 0, *, bounded: bool = True
+    ) -> Result:
+        return await self.submit(command, size_bytes, bounded=bounded)
 
     @property
     def queued(self) -> int:
+        """Commands waiting behind the entry in flight."""
         return len(self._queue)
+
+    @property
+    def queued_bytes(self) -> int:
+        """Their request bytes."""
+        return self._queued_bytes
+
+    def _make_room(self, commands: int, size_bytes: int) -> None:
+        if not self._queue:
+            return  # an empty queue takes any request, or a big one could never pass
+        if (
+            len(self._queue) + commands > self._queue_commands_max
+            or self._queued_bytes + size_bytes > self._queue_bytes_max
+        ):
+            self.refused_commands += commands
+            raise QueueFull(self._queue_commands_max, self._queue_bytes_max)
+
+    def _enqueue(self, command: Command, size_bytes: int) -> asyncio.Future[Result]:
+        future: asyncio.Future[Result] = self._loop.create_future()
+        self._queue.append(_Waiting(command, future, size_bytes))
+        self._queued_bytes += size_bytes
+        if isinstance(command, Barrier):
+            self._queued_barrier = future
+        return future
 
     def _take_batch(self) -> list[_Waiting]:
         """The next entry's commands: small ones first (see SMALL_WORK_MAX),
@@ -220,6 +298,7 @@ class Proposer:
             total_bytes += waiting.size_bytes
             total_work += work
             big_taken = True
+        self._queued_bytes = sum(waiting.size_bytes for waiting in self._queue)
         self._queued_barrier = None
         return taken
 

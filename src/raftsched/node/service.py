@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
@@ -31,10 +31,10 @@ from raftsched.config import NodeConfig
 from raftsched.core.commands import Barrier, ClaimJobs, Command, TakeOver, Tick
 from raftsched.core.flow_claim import claimable_at_ms
 from raftsched.core.results import Claimed, Lease, Rejected, Result, Ticked
-from raftsched.metrics import Registry
-from raftsched.node import gc_tuning
+from raftsched.node import metrics as families
 from raftsched.node.clock import IdSource, LeaderClock, random_u64
 from raftsched.node.machine import ReplicatedState
+from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
 from raftsched.node.proposer import NotLeader, OutcomeUnknown, Proposer
 from raftsched.node.webhooks import WebhookDelivery
@@ -62,7 +62,7 @@ class Node:
     def __init__(self, config: NodeConfig, loop: asyncio.AbstractEventLoop) -> None:
         self.config = config
         self.loop = loop
-        self.metrics = Registry()
+        self.metrics = NodeMetrics()
         self.clock = LeaderClock()
         self.ids = IdSource()
         self.replica = ReplicatedState(self._applied_threadsafe)
@@ -87,7 +87,6 @@ class Node:
         )
         self._dispatch_task: asyncio.Task[None] | None = None
         self._leader_term: int | None = None
-        self._init_metrics()
         self.observer = Observer(config.node_id, self.metrics, self.reading, self.status)
         self.webhooks = WebhookDelivery(self)  # leader-only, started below
         self.observer.is_leader = lambda: self.is_leader
@@ -95,9 +94,12 @@ class Node:
             loop,
             self.raft,
             self.clock.now_ms,
+            queue_commands_max=config.proposal_queue_commands_max,
+            queue_bytes_max=config.proposal_queue_bytes_max,
             on_entry=self._entry_done,
             on_results=self.observer.observe,
         )
+        self._init_metrics()
         self._sampler_task: asyncio.Task[None] | None = None
         self._http_session: aiohttp.ClientSession | None = None
         self._skew_measured_at = 0.0
@@ -147,7 +149,7 @@ class Node:
                 self._dispatch_task = None
             self._leader_term = None
             self.webhooks.stop()
-            self.m_leader_changes.inc()
+            self.metrics.leader_changes.inc()
         if is_leader:
             log.info("became leader", extra={"epoch": term})
             self._leader_term = term
@@ -184,14 +186,27 @@ class Node:
         and this node was still leader after the call arrived."""
         if not self.is_leader:
             raise NotLeader()
-        result = await self.proposer.propose(Barrier())
+        result = await self.proposer.propose(Barrier(), bounded=False)  # shared by reads
         if isinstance(result, Rejected):
             raise OutcomeUnknown(result.message)
 
-    async def propose(self, command: Command, size_bytes: int = 0) -> Result:
+    async def propose(
+        self, command: Command, size_bytes: int = 0, *, bounded: bool = True
+    ) -> Result:
+        """Propose one command and wait for its result. A request's commands
+        are `bounded` by the proposer's queue (QueueFull: 503 unavailable);
+        the leader's own duties pass False (see node.proposer)."""
         if not self.is_leader:
             raise NotLeader()
-        return await self.proposer.propose(command, size_bytes)
+        return await self.proposer.propose(command, size_bytes, bounded=bounded)
+
+    def submit_all(
+        self, commands: Sequence[Command], size_bytes: int = 0
+    ) -> list[asyncio.Future[Result]]:
+        """Queue a request's commands together, all or none (QueueFull)."""
+        if not self.is_leader:
+            raise NotLeader()
+        return self.proposer.submit_all(commands, size_bytes)
 
     def status(self) -> RaftStatus:
         return self.raft.status()
@@ -271,20 +286,21 @@ class Node:
     async def _take_over(self, term: int) -> None:
         while self._leader_term == term:
             try:
-                await self.propose(TakeOver())
+                await self.propose(TakeOver(), bounded=False)
                 return
             except OutcomeUnknown:
                 await asyncio.sleep(0.1)
 
     async def _tick(self, now_ms: int) -> None:
         try:
-            result = await self.propose(Tick(seed=random_u64(), max_items=TICK_ITEMS_MAX))
+            tick = Tick(seed=random_u64(), max_items=TICK_ITEMS_MAX)
+            result = await self.propose(tick, bounded=False)
         except OutcomeUnknown:
             await asyncio.sleep(IDLE_TICK_PAUSE_S)
             return
         if isinstance(result, Ticked):
-            self.m_ticks.inc()
-            self.m_leases_expired.inc(amount=result.leases_expired)
+            self.metrics.ticks.inc()
+            self.metrics.leases_expired.inc(result.leases_expired)
             did_work = result.made_runnable or result.leases_expired or result.dead_lettered
             if not (did_work or result.purged or result.more):
                 await asyncio.sleep(IDLE_TICK_PAUSE_S)
@@ -315,134 +331,62 @@ class Node:
     # -- metrics --------------------------------------------------------------
 
     def _entry_done(self, commands: int, elapsed_s: float) -> None:
-        self.m_entries.inc()
-        self.m_entry_commands.observe(commands)
-        self.m_commit_seconds.observe(elapsed_s)
+        self.metrics.entries_proposed.inc()
+        self.metrics.entry_commands.observe(commands)
+        self.metrics.commit_seconds.observe(elapsed_s)
 
     def _init_metrics(self) -> None:
-        m = self.metrics
-        self.m_leader_changes = m.counter(
-            "raftsched_leader_changes_total", "Times this node stopped being leader."
+        """Bind the families read from Raft, the replica and the proposer."""
+        sample = self.metrics.sample
+        sample(families.RAFT_IS_LEADER, self._m_role)
+        sample(families.RAFT_TERM, lambda: [((), self.status().term)])
+        sample(families.RAFT_COMMIT_INDEX, lambda: [((), self.status().commit_index)])
+        sample(families.RAFT_APPLIED_INDEX, lambda: [((), self.status().applied_index)])
+        sample(families.JOBS, self._m_jobs)
+        sample(families.SNAPSHOT_AGE, self._m_snapshot_age)
+        sample(families.SNAPSHOT_DURATION, self._m_snapshot_duration)
+        self.metrics.sample_together(
+            (families.QUEUE_DEPTH, families.QUEUE_RUNNING, families.QUEUE_OLDEST_AGE),
+            self._m_queues,
         )
-        self.m_ticks = m.counter("raftsched_ticks_total", "Tick commands committed by this node.")
-        m.counter(
-            "raftsched_gc_collections_total",
-            "Garbage collections in this process, by generation.",
-            ["generation"],
-            collect=lambda: [((str(g),), float(n)) for g, n in enumerate(gc_tuning.pauses.count)],
-        )
-        m.counter(
-            "raftsched_gc_pause_seconds_total",
-            "Time spent in garbage collections, by generation.",
-            ["generation"],
-            collect=lambda: [((str(g),), s) for g, s in enumerate(gc_tuning.pauses.seconds)],
-        )
-        m.gauge(
-            "raftsched_gc_pause_max_seconds",
-            "The longest garbage collection so far, by generation.",
-            ["generation"],
-            collect=lambda: [((str(g),), s) for g, s in enumerate(gc_tuning.pauses.longest)],
-        )
-        self.m_leases_expired = m.counter(
-            "raftsched_leases_expired_total", "Leases expired by ticks this node proposed."
-        )
-        self.m_leases_granted = m.counter(
-            "raftsched_leases_granted_total", "Leases granted through this node."
-        )
-        self.m_lease_lost = m.counter(
-            "raftsched_lease_lost_total", "Lease operations rejected for a stale token.", ["op"]
-        )
-        self.m_entries = m.counter(
-            "raftsched_raft_entries_proposed_total", "Raft entries this node proposed."
-        )
-        self.m_entry_commands = m.histogram(
-            "raftsched_raft_entry_commands",
-            "Commands per proposed Raft entry (group commit).",
-            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 4000),
-        )
-        self.m_commit_seconds = m.histogram(
-            "raftsched_raft_commit_seconds", "Time from proposing an entry to applying it."
-        )
-        self.m_http_seconds = m.histogram(
-            "raftsched_http_request_duration_seconds",
-            "HTTP request latency by route and status.",
-            ["method", "route", "status"],
-        )
-        m.gauge("raftsched_raft_is_leader", "1 if this node is the leader.", collect=self._m_role)
-        m.gauge(
-            "raftsched_raft_term", "Current Raft term.", collect=lambda: [((), self.status().term)]
-        )
-        m.gauge(
-            "raftsched_raft_commit_index",
-            "Raft commit index.",
-            collect=lambda: [((), self.status().commit_index)],
-        )
-        m.gauge(
-            "raftsched_raft_applied_index",
-            "Raft applied index.",
-            collect=lambda: [((), self.status().applied_index)],
-        )
-        m.gauge("raftsched_jobs", "Jobs by status.", ["status"], collect=self._m_jobs)
-        m.gauge(
-            "raftsched_raft_snapshot_age_seconds",
-            "Seconds since this node last wrote (or received) a snapshot.",
-            collect=self._m_snapshot_age,
-        )
-        m.gauge(
-            "raftsched_raft_snapshot_duration_seconds",
-            "How long this node's last snapshot took to encode and write (in a forked child).",
-            collect=self._m_snapshot_duration,
-        )
-        m.gauge(
-            "raftsched_queue_depth",
-            "Runnable jobs per queue.",
-            ["queue"],
-            collect=lambda: self._m_queues("depth"),
-        )
-        m.gauge(
-            "raftsched_queue_running",
-            "Claimed or running jobs per queue.",
-            ["queue"],
-            collect=lambda: self._m_queues("running"),
-        )
-        m.gauge(
-            "raftsched_queue_oldest_runnable_age_seconds",
-            "Age of the oldest runnable job per queue.",
-            ["queue"],
-            collect=lambda: self._m_queues("age"),
-        )
+        proposer = self.proposer
+        sample(families.PROPOSER_QUEUED_COMMANDS, lambda: [((), float(proposer.queued))])
+        sample(families.PROPOSER_QUEUED_BYTES, lambda: [((), float(proposer.queued_bytes))])
+        sample(families.PROPOSER_REFUSED, lambda: [((), float(proposer.refused_commands))])
 
-    def _m_snapshot_duration(self) -> list[tuple[tuple[str, ...], float]]:
+    def _m_snapshot_duration(self) -> Samples:
         duration_s = self.raft.last_snapshot_duration_s
         return [] if duration_s is None else [((), duration_s)]
 
-    def _m_snapshot_age(self) -> list[tuple[tuple[str, ...], float]]:
+    def _m_snapshot_age(self) -> Samples:
         try:
             written_s = (self.config.data_dir / "raft" / SNAPSHOT_NAME).stat().st_mtime
         except OSError:
             return []
         return [((), max(0.0, time.time() - written_s))]
 
-    def _m_role(self) -> list[tuple[tuple[str, ...], float]]:
+    def _m_role(self) -> Samples:
         return [((), 1.0 if self.is_leader else 0.0)]
 
-    def _m_jobs(self) -> list[tuple[tuple[str, ...], float]]:
+    def _m_jobs(self) -> Samples:
         with self.reading() as state:
             counts = core.status_counts(state)
         return [((status,), float(count)) for status, count in counts.items()]
 
-    def _m_queues(self, what: str) -> list[tuple[tuple[str, ...], float]]:
+    def _m_queues(self) -> dict[str, Samples]:
         with self.reading() as state:
             stats = core.queue_stats(state)
             now_ms = state.now_ms
-        samples: list[tuple[tuple[str, ...], float]] = []
+        depth: list[tuple[tuple[str, ...], float]] = []
+        running: list[tuple[tuple[str, ...], float]] = []
+        age: list[tuple[tuple[str, ...], float]] = []
         for queue, stat in stats.items():
-            if what == "depth":
-                value = float(stat.depth)
-            elif what == "running":
-                value = float(stat.running)
-            else:
-                oldest = stat.oldest_runnable_at_ms
-                value = 0.0 if oldest is None else max(0, now_ms - oldest) / 1000
-            samples.append(((queue,), value))
-        return samples
+            depth.append(((queue,), float(stat.depth)))
+            running.append(((queue,), float(stat.running)))
+            oldest = stat.oldest_runnable_at_ms
+            age.append(((queue,), 0.0 if oldest is None else max(0, now_ms - oldest) / 1000))
+        return {
+            families.QUEUE_DEPTH.name: depth,
+            families.QUEUE_RUNNING.name: running,
+            families.QUEUE_OLDEST_AGE.name: age,
+        }

@@ -41,6 +41,8 @@ from raftsched.core import outbox
 from raftsched.core.commands import AckDelivery, AckParked, Command, ParkDelivery
 from raftsched.core.outbox import OutboxEvent, decode_data
 from raftsched.core.subscriptions import Subscription, pending_events, subscriptions
+from raftsched.node import metrics as families
+from raftsched.node.metrics import Samples
 from raftsched.timefmt import format_ms
 
 if TYPE_CHECKING:
@@ -115,25 +117,9 @@ class WebhookDelivery:
         self._task: asyncio.Task[None] | None = None
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
-        m = node.metrics
-        self.m_attempts = m.counter(
-            "raftsched_webhook_attempts_total", "Webhook POSTs made.", ("subscription",)
-        )
-        self.m_failures = m.counter(
-            "raftsched_webhook_failures_total",
-            "Webhook POSTs that failed (non-2xx, timeout, connection).",
-            ("subscription",),
-        )
-        self.m_parked = m.counter(
-            "raftsched_webhook_parked_total", "Events parked after max attempts.", ("subscription",)
-        )
-        m.gauge("raftsched_outbox_depth", "Events held in the outbox.", collect=self._m_depth)
-        m.gauge(
-            "raftsched_webhook_oldest_undelivered_age_seconds",
-            "Age of the oldest matching event not yet delivered, per subscription.",
-            ("subscription",),
-            collect=self._m_oldest,
-        )
+        self.metrics = node.metrics
+        node.metrics.sample(families.OUTBOX_DEPTH, self._m_depth)
+        node.metrics.sample(families.WEBHOOK_OLDEST_AGE, self._m_oldest)
 
     # -- leadership -----------------------------------------------------------
 
@@ -236,15 +222,15 @@ class WebhookDelivery:
 
         parks = [cmd for cmd in await asyncio.gather(*(one(e) for e in events)) if cmd]
         for command in parks:
-            await self.node.propose(command)
+            await self.node.propose(command, bounded=False)
         if through_seq is not None:
-            await self.node.propose(AckDelivery(target.id, through_seq))
+            await self.node.propose(AckDelivery(target.id, through_seq), bounded=False)
 
     async def _redeliver(self, target: _Target, events: list[OutboxEvent]) -> None:
         for event in events:
             command = await self._deliver(target, event, AckParked(target.id, event.seq))
             if command is not None:
-                await self.node.propose(command)
+                await self.node.propose(command, bounded=False)
 
     async def _deliver(
         self,
@@ -265,12 +251,12 @@ class WebhookDelivery:
             if attempt:
                 cap_s = min(settings.backoff_max_s, settings.backoff_s * 2 ** (attempt - 1))
                 await asyncio.sleep(random.uniform(cap_s / 2, cap_s))  # jittered
-            self.m_attempts.inc(target.id)
+            self.metrics.webhook_attempts.labels(target.id).inc()
             error = await self._post(target.url, body, headers)
             if not error:
                 return on_success
-            self.m_failures.inc(target.id)
-        self.m_parked.inc(target.id)
+            self.metrics.webhook_failures.labels(target.id).inc()
+        self.metrics.webhook_parked.labels(target.id).inc()
         log.warning(
             "webhook event parked",
             extra={"subscription": target.id, "seq": event.seq, "error": error},
@@ -297,11 +283,11 @@ class WebhookDelivery:
 
     # -- metrics --------------------------------------------------------------
 
-    def _m_depth(self) -> list[tuple[tuple[str, ...], float]]:
+    def _m_depth(self) -> Samples:
         with self.node.reading() as state:
             return [((), float(len(outbox.outbox(state))))]
 
-    def _m_oldest(self) -> list[tuple[tuple[str, ...], float]]:
+    def _m_oldest(self) -> Samples:
         samples: list[tuple[tuple[str, ...], float]] = []
         with self.node.reading() as state:
             for sub in subscriptions(state).values():

@@ -8,7 +8,12 @@ from typing import Any
 import pytest
 
 from raftsched.cli import main
-from raftsched.config import NodeConfig, Peer
+from raftsched.config import (
+    PROPOSAL_QUEUE_BYTES_MAX,
+    PROPOSAL_QUEUE_COMMANDS_MAX,
+    NodeConfig,
+    Peer,
+)
 
 SECRET = "s" * 24
 
@@ -34,6 +39,7 @@ def test_flags_build_the_config(tmp_path: Path, captured: list[NodeConfig]) -> N
         "--raft", "10.0.0.1:9701", "--raft-bind", "0.0.0.0:9701",
         "--http-url", "http://10.0.0.1:8701/", "--secret-file", str(secret_file(tmp_path)),
         "--peer", "n2=10.0.0.2:9701@http://10.0.0.2:8701", "--durability", "none",
+        "--proposal-queue-commands-max", "40", "--proposal-queue-bytes-max", "4096",
     ])  # fmt: skip
     assert code == 0
     [config] = captured
@@ -42,6 +48,7 @@ def test_flags_build_the_config(tmp_path: Path, captured: list[NodeConfig]) -> N
     assert config.http_url == "http://10.0.0.1:8701" and config.secret == SECRET
     assert config.peers == (Peer("n2", "10.0.0.2:9701", "http://10.0.0.2:8701"),)
     assert config.durability == "none"
+    assert (config.proposal_queue_commands_max, config.proposal_queue_bytes_max) == (40, 4096)
 
 
 def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) -> None:
@@ -57,6 +64,8 @@ def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) 
     assert config.data_dir == tmp_path / "data" / "n1"  # relative to the file
     assert config.http_port == 9999 and config.max_body_bytes == 2048
     assert [peer.id for peer in config.peers] == ["n2", "n3"]
+    assert config.proposal_queue_commands_max == PROPOSAL_QUEUE_COMMANDS_MAX
+    assert config.proposal_queue_bytes_max == PROPOSAL_QUEUE_BYTES_MAX
 
 
 @pytest.mark.parametrize(
@@ -65,6 +74,12 @@ def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) 
         ('id = "n1"\nhttps = "x"\n', [], "unknown keys in"),
         ("", ["--id", "n1"], "--data-dir is required"),
         ("", ["--id", "n1", "--data-dir", "d", "--http", "nope", "--raft", "h:1"], "HOST:PORT"),
+        (
+            "",
+            ["--id", "n1", "--data-dir", "d", "--http", "127.0.0.1:1", "--raft", "h:1",
+             "--proposal-queue-commands-max", "0"],
+            "proposal queue bounds",
+        ),  # fmt: skip
     ],
 )
 def test_mistakes_exit_2(
