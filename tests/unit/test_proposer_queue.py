@@ -1,7 +1,7 @@
 """The proposer's queue is bounded in commands and request bytes: a request
 that does not fit is refused whole (QueueFull), nothing of it is queued or
 committed, and everything that was queued commits. Entries are applied by
-the real core; only replication is left out (tests/e2e/test_proposer_queue.py
+the real core; only replication is left out (tests/e2e/test_proposer_queue_e2e.py
 does it with real nodes)."""
 
 from __future__ import annotations
