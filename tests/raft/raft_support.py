@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raftsched import child_processes
 from raftsched.testing import free_port
 
 TOY_NODE = Path(__file__).with_name("toy_node.py")
@@ -59,7 +60,7 @@ class ToyNode:
         for peer_id, address in self.peers.items():
             command += ["--peer", f"{peer_id}={address}"]
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
+            self.process = child_processes.popen(
                 command, stdout=log, stderr=log, env={**os.environ, **self.env}
             )
         deadline = time.monotonic() + 10

@@ -26,6 +26,7 @@ from typing import Any
 
 import msgpack
 
+from raftsched.child_processes import die_with_parent
 from raftsched.logs import configure_logging
 from raftsched.raft import RaftNode
 
@@ -84,6 +85,7 @@ class Proposer:
 
 
 def main() -> None:
+    die_with_parent()  # a killed test run leaves no toy node behind
     parser = argparse.ArgumentParser()
     parser.add_argument("--id", required=True)
     parser.add_argument("--raft", required=True)
