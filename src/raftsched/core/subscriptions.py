@@ -28,7 +28,7 @@ from raftsched.core.commands import (
     ParkDelivery,
     RetryParked,
 )
-from raftsched.core.outbox import OutboxEvent, events_after, last_seq
+from raftsched.core.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, events_after, last_seq
 from raftsched.core.results import (
     IDEMPOTENCY_CONFLICT,
     NOT_FOUND,
@@ -54,7 +54,6 @@ PARKED_MAX: Final = 1_000
 TYPES_MAX: Final = 50
 URL_CHARS_MAX: Final = 2_000
 SECRET_CHARS_MAX: Final = 256
-EVENT_TYPE_CHARS_MAX: Final = 100
 ERROR_CHARS_MAX: Final = 1_000
 
 
