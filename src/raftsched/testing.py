@@ -20,12 +20,31 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from raftsched import child_processes
+
+
+def process_running(pid: int) -> bool:
+    """Alive and not a zombie waiting for whoever adopted it to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `predicate` until it holds or `timeout_s` passes; its last answer."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -12,12 +12,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from raftsched.testing import free_port_block, http_json
+from raftsched.testing import free_port_block, http_json, process_running, wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 
@@ -50,15 +50,6 @@ time.sleep(120)
 """
 
 
-def running(pid: int) -> bool:
-    """Alive and not a zombie waiting for whoever adopted it to reap it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
 def listening(port: int) -> bool:
     with socket.socket() as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -69,18 +60,9 @@ def listening(port: int) -> bool:
     return False
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def assert_gone(pids: list[int], ports: list[int], timeout_s: float = 5.0) -> None:
-    assert wait_for(lambda: not any(running(pid) for pid in pids), timeout_s), (
-        f"still running: {[pid for pid in pids if running(pid)]}"
+    assert wait_for(lambda: not any(process_running(pid) for pid in pids), timeout_s), (
+        f"still running: {[pid for pid in pids if process_running(pid)]}"
     )
     assert wait_for(lambda: not any(listening(port) for port in ports), timeout_s), (
         f"still held: {[port for port in ports if listening(port)]}"
@@ -93,7 +75,7 @@ def reap(parent: subprocess.Popen[bytes], pids: list[int]) -> None:
         parent.kill()
     parent.wait(timeout=10)
     for pid in pids:
-        if running(pid):
+        if process_running(pid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -111,7 +93,7 @@ def test_local_cluster_nodes_die_when_the_test_process_is_sigkilled(tmp_path: Pa
         layout = json.loads(started.read_text())
         pids, ports = layout["pids"], layout["ports"]
         # n3 was started by a thread that has exited; n2 is stopped (SIGSTOP).
-        assert [pid for pid in pids if not running(pid)] == []
+        assert [pid for pid in pids if not process_running(pid)] == []
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         assert_gone(pids, ports)
@@ -149,7 +131,7 @@ class Launcher:
             return status == 200
 
         assert wait_for(ready, timeout_s), "the dev cluster never became ready"
-        assert [pid for pid in self.pids if not running(pid)] == []
+        assert [pid for pid in self.pids if not process_running(pid)] == []
 
 
 @pytest.fixture

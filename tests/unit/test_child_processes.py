@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from raftsched.child_processes import CHILD_OF_ENV, ORPHANED_EXIT_STATUS
+from raftsched.testing import process_running, wait_for
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's")
 
@@ -94,25 +95,6 @@ time.sleep(120)
 """
 
 
-def running(pid: int) -> bool:
-    """Alive and not a zombie waiting for whoever adopted it to reap it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
-def wait_for(predicate: object, timeout_s: float) -> bool:
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return bool(predicate())
-
-
 def test_children_die_when_the_parent_is_sigkilled(tmp_path: Path) -> None:
     pids_file = tmp_path / "pids.json"
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(pids_file)])
@@ -122,17 +104,17 @@ def test_children_die_when_the_parent_is_sigkilled(tmp_path: Path) -> None:
         pids = json.loads(pids_file.read_text())
         # Give a child that was going to die with its starting thread time to.
         time.sleep(0.5)
-        assert [pid for pid in pids if not running(pid)] == []
+        assert [pid for pid in pids if not process_running(pid)] == []
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
-        assert wait_for(lambda: not any(running(pid) for pid in pids), 5), [
-            pid for pid in pids if running(pid)
+        assert wait_for(lambda: not any(process_running(pid) for pid in pids), 5), [
+            pid for pid in pids if process_running(pid)
         ]
     finally:
         parent.kill()
         parent.wait(timeout=10)
         for pid in pids:
-            if running(pid):
+            if process_running(pid):
                 os.kill(pid, signal.SIGKILL)
 
 
@@ -178,13 +160,15 @@ def test_a_snapshot_writer_dies_with_its_node(tmp_path: Path) -> None:
     try:
         assert wait_for(pid_file.exists, 60), "no snapshot was started"
         pids = [int(pid_file.read_text())]
-        assert running(pids[0])
+        assert process_running(pids[0])
         node.send_signal(signal.SIGKILL)
         node.wait(timeout=10)
-        assert wait_for(lambda: not running(pids[0]), 5), "the snapshot writer outlived its node"
+        assert wait_for(lambda: not process_running(pids[0]), 5), (
+            "the snapshot writer outlived its node"
+        )
     finally:
         node.kill()
         node.wait(timeout=10)
         for pid in pids:
-            if running(pid):
+            if process_running(pid):
                 os.kill(pid, signal.SIGKILL)
