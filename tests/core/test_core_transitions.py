@@ -5,15 +5,8 @@ from __future__ import annotations
 from core_support import T0, Cluster
 
 from raftsched.core import TRANSITIONS
-from raftsched.core.commands import (
-    Backoff,
-    CancelJob,
-    CompleteJob,
-    FailJob,
-    ReplayJob,
-    StartJob,
-    Tick,
-)
+from raftsched.core.jobs.commands import CancelJob, CompleteJob, FailJob, ReplayJob, StartJob
+from raftsched.core.kernel.commands import Backoff, Tick
 
 # Repeated starts and heartbeats keep the status and are not history events;
 # test_core_leases covers them.
