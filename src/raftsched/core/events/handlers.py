@@ -16,6 +16,7 @@ from raftsched.core.events.commands import (
 )
 from raftsched.core.events.outbox import apply_configure_outbox
 from raftsched.core.kernel.results import Result
+from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
 
 EventsCommand = (
@@ -29,21 +30,21 @@ EventsCommand = (
 )
 
 
-def apply(state: State, command: EventsCommand) -> Result:
+def apply(state: State, command: EventsCommand, savepoint: Savepoint) -> Result:
     match command:
         case ConfigureOutbox():
-            return apply_configure_outbox(state, command)
+            return apply_configure_outbox(state, command, savepoint)
         case CreateSubscription():
-            return subs.apply_create_subscription(state, command)
+            return subs.apply_create_subscription(state, command, savepoint)
         case DeleteSubscription():
-            return subs.apply_delete_subscription(state, command)
+            return subs.apply_delete_subscription(state, command, savepoint)
         case AckDelivery():
-            return subs.apply_ack_delivery(state, command)
+            return subs.apply_ack_delivery(state, command, savepoint)
         case ParkDelivery():
-            return subs.apply_park_delivery(state, command)
+            return subs.apply_park_delivery(state, command, savepoint)
         case RetryParked():
-            return subs.apply_retry_parked(state, command)
+            return subs.apply_retry_parked(state, command, savepoint)
         case AckParked():
-            return subs.apply_ack_parked(state, command)
+            return subs.apply_ack_parked(state, command, savepoint)
         case _:
             assert_never(command)

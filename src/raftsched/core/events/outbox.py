@@ -27,8 +27,8 @@ from typing import Any, Final, NamedTuple
 import msgpack
 
 from raftsched.core.events.commands import ConfigureOutbox
-from raftsched.core.kernel import savepoint as savepoints
 from raftsched.core.kernel.results import Ack, Rejected
+from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.sections import Section, register
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import TIME_MS_MAX, check_optional_int
@@ -83,18 +83,16 @@ def outbox(state: State) -> Outbox:
     return box
 
 
-def emit(state: State, event_type: str, data: dict[str, Any]) -> None:
+def emit(state: State, event_type: str, data: dict[str, Any], savepoint: Savepoint) -> None:
     """Append one event, stamped with replicated time, in the current command."""
     box: Outbox = state.sections[OUTBOX]
     seq = box.next_seq
     box.next_seq = seq + 1
     box.events.append(OutboxEvent(seq, event_type, state.now_ms, msgpack.packb(data)))
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(lambda: _undo_emit(box, seq))
+    savepoint.on_rollback(lambda: _undo_emit(box, seq))
     if len(box.events) - box.head > box.events_max:
         box.dropped += 1
-        _advance_head(state, box)
+        _advance_head(box, savepoint)
 
 
 def _undo_emit(box: Outbox, seq: int) -> None:
@@ -102,17 +100,13 @@ def _undo_emit(box: Outbox, seq: int) -> None:
     box.next_seq = seq
 
 
-def _advance_head(state: State, box: Outbox) -> None:
+def _advance_head(box: Outbox, savepoint: Savepoint) -> None:
     """Drop the head event (undoably); compact the list now and then."""
     events, head = box.events, box.head
     box.head = head + 1
-    savepoint = savepoints.current(state)
     if head + 1 >= _COMPACT_AFTER and (head + 1) * 2 >= len(events):
         box.events, box.head = events[head + 1 :], 0
-        if savepoint is not None:
-            savepoint.on_rollback(lambda: _restore(box, events, head))
-    elif savepoint is not None:
-        savepoint.on_rollback(lambda: _restore(box, events, head))
+    savepoint.on_rollback(lambda: _restore(box, events, head))
 
 
 def _restore(box: Outbox, events: list[OutboxEvent], head: int) -> None:
@@ -166,7 +160,9 @@ def decode_data(event: OutboxEvent) -> dict[str, Any]:
 # -- commands and time ----------------------------------------------------------
 
 
-def apply_configure_outbox(state: State, command: ConfigureOutbox) -> Ack | Rejected:
+def apply_configure_outbox(
+    state: State, command: ConfigureOutbox, savepoint: Savepoint
+) -> Ack | Rejected:
     rejected = check_optional_int(
         command.retention_ms, "retention", 0, TIME_MS_MAX
     ) or check_optional_int(command.events_max, "events_max", 1, EVENTS_MAX_MAX)
@@ -174,9 +170,7 @@ def apply_configure_outbox(state: State, command: ConfigureOutbox) -> Ack | Reje
         return rejected
     box = outbox(state)
     old = (box.retention_ms, box.events_max)
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(lambda: _set_limits(box, *old))
+    savepoint.on_rollback(lambda: _set_limits(box, *old))
     _set_limits(
         box,
         box.retention_ms if command.retention_ms is None else command.retention_ms,
@@ -194,7 +188,7 @@ def _delivered_floor(state: State) -> int | None:
     return min(floors) if floors else None
 
 
-def trim(state: State, budget: int) -> int:
+def trim(state: State, budget: int, savepoint: Savepoint) -> int:
     """Tick phase: drop events past retention that every subscriber has."""
     box = outbox(state)
     floor = _delivered_floor(state)
@@ -205,7 +199,7 @@ def trim(state: State, budget: int) -> int:
             break
         if floor is not None and first.seq > floor:
             break
-        _advance_head(state, box)
+        _advance_head(box, savepoint)
         done += 1
     return done
 

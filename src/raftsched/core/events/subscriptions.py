@@ -28,7 +28,6 @@ from raftsched.core.events.commands import (
     RetryParked,
 )
 from raftsched.core.events.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, events_after, last_seq
-from raftsched.core.kernel import savepoint as savepoints
 from raftsched.core.kernel.results import (
     IDEMPOTENCY_CONFLICT,
     NOT_FOUND,
@@ -37,6 +36,7 @@ from raftsched.core.kernel.results import (
     Rejected,
     SubscriptionCreated,
 )
+from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.sections import Section, register
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
@@ -104,10 +104,8 @@ def subscriptions(state: State) -> dict[str, Subscription]:
     return found
 
 
-def _undo(state: State, action: Any) -> None:
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(action)
+def _undo(savepoint: Savepoint, action: Any) -> None:
+    savepoint.on_rollback(action)
 
 
 def _find(state: State, subscription_id: str) -> Subscription | Rejected:
@@ -146,7 +144,7 @@ def _check_create(command: CreateSubscription) -> Rejected | None:
 
 
 def apply_create_subscription(
-    state: State, command: CreateSubscription
+    state: State, command: CreateSubscription, savepoint: Savepoint
 ) -> SubscriptionCreated | Rejected:
     rejected = _check_create(command)
     if rejected is not None:
@@ -176,18 +174,20 @@ def apply_create_subscription(
         state.now_ms,
         cursor,
     )
-    _undo(state, lambda: table.pop(command.subscription_id, None))
+    _undo(savepoint, lambda: table.pop(command.subscription_id, None))
     return SubscriptionCreated(command.subscription_id, True, cursor)
 
 
-def apply_delete_subscription(state: State, command: DeleteSubscription) -> Ack | Rejected:
+def apply_delete_subscription(
+    state: State, command: DeleteSubscription, savepoint: Savepoint
+) -> Ack | Rejected:
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
     table = subscriptions(state)
     before = dict(table)
     del table[found.id]
-    _undo(state, lambda: _restore_table(table, before))
+    _undo(savepoint, lambda: _restore_table(table, before))
     return Ack()
 
 
@@ -196,7 +196,7 @@ def _restore_table(table: dict[str, Subscription], before: dict[str, Subscriptio
     table.update(before)  # keeps the insertion (and so the encoding) order
 
 
-def apply_ack_delivery(state: State, command: AckDelivery) -> Ack | Rejected:
+def apply_ack_delivery(state: State, command: AckDelivery, savepoint: Savepoint) -> Ack | Rejected:
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
@@ -206,7 +206,7 @@ def apply_ack_delivery(state: State, command: AckDelivery) -> Ack | Rejected:
     if command.through_seq > found.cursor:
         old = found.cursor
         found.cursor = command.through_seq
-        _undo(state, lambda: setattr(found, "cursor", old))
+        _undo(savepoint, lambda: setattr(found, "cursor", old))
     return Ack()
 
 
@@ -215,7 +215,9 @@ def _held_event(state: State, seq: int) -> OutboxEvent | None:
     return found[0] if found and found[0].seq == seq else None
 
 
-def apply_park_delivery(state: State, command: ParkDelivery) -> Ack | Rejected:
+def apply_park_delivery(
+    state: State, command: ParkDelivery, savepoint: Savepoint
+) -> Ack | Rejected:
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
@@ -234,7 +236,7 @@ def apply_park_delivery(state: State, command: ParkDelivery) -> Ack | Rejected:
     if event is None:
         return Rejected(NOT_FOUND, f"event {command.seq} is not in the outbox", {"field": "seq"})
     before, dropped = dict(parked), found.parked_dropped
-    _undo(state, lambda: _restore_parked(found, before, dropped))
+    _undo(savepoint, lambda: _restore_parked(found, before, dropped))
     error = command.error[:ERROR_CHARS_MAX]
     parked.pop(command.seq, None)  # re-parked entries move to the end
     parked[command.seq] = Parked(event, command.attempts, error, state.now_ms, False)
@@ -248,17 +250,19 @@ def _restore_parked(found: Subscription, parked: dict[int, Parked], dropped: int
     found.parked, found.parked_dropped = parked, dropped
 
 
-def apply_retry_parked(state: State, command: RetryParked) -> ParkedRetried | Rejected:
+def apply_retry_parked(
+    state: State, command: RetryParked, savepoint: Savepoint
+) -> ParkedRetried | Rejected:
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
     before, dropped = found.parked, found.parked_dropped
-    _undo(state, lambda: _restore_parked(found, before, dropped))
+    _undo(savepoint, lambda: _restore_parked(found, before, dropped))
     found.parked = {seq: item._replace(retry=True) for seq, item in before.items()}
     return ParkedRetried(found.id, len(before))
 
 
-def apply_ack_parked(state: State, command: AckParked) -> Ack | Rejected:
+def apply_ack_parked(state: State, command: AckParked, savepoint: Savepoint) -> Ack | Rejected:
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
@@ -268,7 +272,7 @@ def apply_ack_parked(state: State, command: AckParked) -> Ack | Rejected:
     if command.seq in found.parked:
         before, dropped = dict(found.parked), found.parked_dropped
         del found.parked[command.seq]
-        _undo(state, lambda: _restore_parked(found, before, dropped))
+        _undo(savepoint, lambda: _restore_parked(found, before, dropped))
     return Ack()
 
 

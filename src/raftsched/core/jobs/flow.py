@@ -28,12 +28,10 @@ forgets the window; a failure keeps it open.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final
 
 from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetTenant
 from raftsched.core.kernel import runnable_index as flow_index
-from raftsched.core.kernel import savepoint as savepoints
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.core.kernel.model import (
     OUTCOME_FAILED,
@@ -185,14 +183,7 @@ register(Section(FLOW, Flow, _encode, _decode))
 # -- undo ----------------------------------------------------------------------
 
 
-def _undo(state: State, savepoint: Savepoint | None, action: Callable[[], None]) -> None:
-    if savepoint is None:
-        savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(action)
-
-
-def guard_queue(state: State, queue: str, savepoint: Savepoint | None) -> QueueFlow:
+def guard_queue(state: State, queue: str, savepoint: Savepoint) -> QueueFlow:
     """The queue's record, created if missing, with its present values
     restored (or the record removed) if the command rolls back."""
     flow = flow_of(state)
@@ -203,7 +194,7 @@ def guard_queue(state: State, queue: str, savepoint: Savepoint | None) -> QueueF
         def forget() -> None:
             flow.queues.pop(queue, None)
 
-        _undo(state, savepoint, forget)
+        savepoint.on_rollback(forget)
         return record
     saved = tuple(getattr(record, field) for field in _QUEUE_FIELDS)
 
@@ -212,7 +203,7 @@ def guard_queue(state: State, queue: str, savepoint: Savepoint | None) -> QueueF
         for field, value in zip(_QUEUE_FIELDS, saved, strict=True):
             setattr(record, field, value)
 
-    _undo(state, savepoint, restore)
+    savepoint.on_rollback(restore)
     return record
 
 
@@ -305,7 +296,7 @@ def apply_set_tenant(state: State, command: SetTenant, savepoint: Savepoint) -> 
     tenants = flow_of(state).tenants
     name = command.tenant
     previous = tenants.get(name)
-    _undo(state, savepoint, lambda: _restore_tenant(tenants, name, previous))
+    savepoint.on_rollback(lambda: _restore_tenant(tenants, name, previous))
     record = TenantFlow(command.weight, command.concurrency_limit, command.max_queued)
     if record.weight == 1 and record.concurrency_limit is None and record.max_queued is None:
         tenants.pop(name, None)  # the defaults: nothing to store
@@ -341,13 +332,15 @@ def admit(state: State, spec: JobSpec) -> Rejected | None:
     )
 
 
-def job_finished(state: State, job: Job) -> None:
+def job_finished(state: State, job: Job, savepoint: Savepoint) -> None:
     """lifecycle.finish: release (or, dead-lettered, keep blocking) the job's ordering key."""
     if job.ordering_key is not None:
         flow_index.finished(state.runnable, job, state.jobs)
 
 
-def attempt_ended(state: State, job: Job, outcome: str, counted: bool) -> None:
+def attempt_ended(
+    state: State, job: Job, outcome: str, counted: bool, savepoint: Savepoint
+) -> None:
     """lifecycle.end_attempt: feed the queue's circuit, if it has one."""
     queues: dict[str, QueueFlow] = state.sections[FLOW].queues
     record = queues.get(job.queue) if queues else None
@@ -359,7 +352,7 @@ def attempt_ended(state: State, job: Job, outcome: str, counted: bool) -> None:
         failed = True
     else:
         return  # cancelled, or not the handler's doing (deadline, never started)
-    record = guard_queue(state, job.queue, None)
+    record = guard_queue(state, job.queue, savepoint)
     record_outcome(record, failed, state.now_ms)
 
 

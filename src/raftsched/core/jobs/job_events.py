@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from raftsched.core.events.outbox import emit
 from raftsched.core.kernel.model import CANCELLED, DEAD_LETTER, SUCCEEDED, Job
+from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
 
 JOB_EVENT_TYPES: Final = {
@@ -21,11 +22,11 @@ JOB_EVENT_TYPES: Final = {
     CANCELLED: "job.cancelled",
 }
 
-_workflow_job: list[Callable[[State, Job], None]] = []
+_workflow_job: list[Callable[[State, Job, Savepoint], None]] = []
 _lease_inputs: list[Callable[[State, Job], bytes | None]] = []
 
 
-def on_workflow_job(hook: Callable[[State, Job], None]) -> None:
+def on_workflow_job(hook: Callable[[State, Job, Savepoint], None]) -> None:
     _workflow_job.append(hook)
 
 
@@ -53,13 +54,13 @@ def job_event_data(job: Job) -> dict[str, Any]:
     return data
 
 
-def job_finished(state: State, job: Job) -> None:
+def job_finished(state: State, job: Job, savepoint: Savepoint) -> None:
     event_type = JOB_EVENT_TYPES.get(job.status)
     if event_type is not None:
-        emit(state, event_type, job_event_data(job))
+        emit(state, event_type, job_event_data(job), savepoint)
     if job.workflow_id is not None:
         for hook in _workflow_job:
-            hook(state, job)
+            hook(state, job, savepoint)
 
 
 def lease_inputs(state: State, job: Job) -> bytes | None:

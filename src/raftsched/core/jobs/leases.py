@@ -220,10 +220,10 @@ def apply_complete(
         return _replayed_completion(state, command) or found
     job, lease = found
     savepoint.touch(job)
-    end_attempt(state, job, OUTCOME_SUCCEEDED, None, counted=True)
+    end_attempt(state, job, OUTCOME_SUCCEEDED, None, savepoint, counted=True)
     job.result = command.result
     transition(state, job, COMPLETE, lease.worker_id, lease.fencing_token)
-    finish(state, job)
+    finish(state, job, savepoint)
     return Completed(job.id, command.result, replayed=False)
 
 
@@ -251,16 +251,16 @@ def apply_fail(state: State, command: FailJob, savepoint: Savepoint) -> Failed |
     savepoint.touch(job)
     job.last_error = error
     if command.kind == "cancelled" or job.cancel_requested:
-        end_attempt(state, job, OUTCOME_CANCELLED, error, counted=True)
-        cancel_leased(state, job, actor, token, detail)
+        end_attempt(state, job, OUTCOME_CANCELLED, error, savepoint, counted=True)
+        cancel_leased(state, job, actor, token, detail, savepoint)
     elif command.kind == "permanent":
-        end_attempt(state, job, OUTCOME_FAILED, error, counted=True)
+        end_attempt(state, job, OUTCOME_FAILED, error, savepoint, counted=True)
         transition(state, job, DEAD_LETTER_EVENT, actor, token, detail)
-        finish(state, job)
+        finish(state, job, savepoint)
     else:
-        end_attempt(state, job, OUTCOME_FAILED, error, counted=True)
+        end_attempt(state, job, OUTCOME_FAILED, error, savepoint, counted=True)
         retry_or_dead_letter(
-            state, job, actor, token, detail, command.random_u32, command.retry_after_ms
+            state, job, actor, token, detail, command.random_u32, savepoint, command.retry_after_ms
         )
     return Failed(job.id, job.status, job.next_run_at_ms)
 

@@ -21,6 +21,7 @@ from raftsched.core.kernel.model import (
     Job,
 )
 from raftsched.core.kernel.results import INVALID_STATE, Rejected
+from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import (
     State,
     add_history,
@@ -67,7 +68,12 @@ def transition(
 
 
 def end_attempt(
-    state: State, job: Job, outcome: str, error: ErrorInfo | None, counted: bool
+    state: State,
+    job: Job,
+    outcome: str,
+    error: ErrorInfo | None,
+    savepoint: Savepoint,
+    counted: bool,
 ) -> None:
     """Close the current attempt and drop the lease."""
     attempt = job.attempts[-1]
@@ -77,23 +83,30 @@ def end_attempt(
     job.lease = None
     if counted:
         job.attempts_made += 1
-    flow.attempt_ended(state, job, outcome, counted)  # the queue's circuit
+    flow.attempt_ended(state, job, outcome, counted, savepoint)  # the queue's circuit
 
 
-def finish(state: State, job: Job) -> None:
+def finish(state: State, job: Job, savepoint: Savepoint) -> None:
     """A job reached a final status: it now waits out the retention period."""
     job.next_run_at_ms = None
     push_retention(state, job)
-    job_finished(state, job)  # its outbox event and its workflow, same command
-    flow.job_finished(state, job)  # release its ordering key, or block it if dead-lettered
-    schedule_job_finished(state, job)  # its schedule's buffered occurrence may start
+    job_finished(state, job, savepoint)  # its outbox event and its workflow, same command
+    flow.job_finished(
+        state, job, savepoint
+    )  # release its ordering key, or block it if dead-lettered
+    schedule_job_finished(state, job, savepoint)  # its schedule's buffered occurrence may start
 
 
 def cancel_leased(
-    state: State, job: Job, actor: str, fencing_token: int | None, detail: str
+    state: State,
+    job: Job,
+    actor: str,
+    fencing_token: int | None,
+    detail: str,
+    savepoint: Savepoint,
 ) -> None:
     transition(state, job, CANCEL, actor, fencing_token, detail)
-    finish(state, job)
+    finish(state, job, savepoint)
 
 
 def retry_or_dead_letter(
@@ -103,13 +116,14 @@ def retry_or_dead_letter(
     fencing_token: int,
     detail: str,
     random_u32: int,
+    savepoint: Savepoint,
     retry_after_ms: int | None = None,
 ) -> None:
     """After a counted failure: retry with backoff, or dead-letter when the
     attempt budget is spent."""
     if job.attempts_made >= job.max_attempts:
         transition(state, job, DEAD_LETTER_EVENT, actor, fencing_token, detail)
-        finish(state, job)
+        finish(state, job, savepoint)
         return
     backoff = DEFAULT_BACKOFF_MS if job.backoff is None else job.backoff
     delay_ms = retry_delay_ms(backoff, job.attempts_made - 1, random_u32)

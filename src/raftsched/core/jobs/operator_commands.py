@@ -79,7 +79,7 @@ def apply_cancel(
         return invalid_state(job, CANCEL)
     savepoint.touch(job)
     transition(state, job, CANCEL, command.actor, None, reason)
-    finish(state, job)
+    finish(state, job, savepoint)
     return CancelAccepted(job.id, CANCELLED, cancel_requested=job.cancel_requested)
 
 

@@ -69,8 +69,8 @@ def apply_tick(state: State, command: Tick, stale: bool, savepoint: Savepoint) -
     budget -= schedules_fire.fire_due(state, budget, savepoint)
     purged = _purge_finished(state, budget, savepoint)
     budget -= purged
-    budget -= workflows.tick(state, budget)
-    budget -= outbox.trim(state, budget)
+    budget -= workflows.tick(state, budget, savepoint)
+    budget -= outbox.trim(state, budget, savepoint)
     due_ms = next_due_ms(state)
     more = due_ms is not None and due_ms <= state.now_ms
     return Ticked(made_runnable, expired, dead_lettered, purged, more)
@@ -131,19 +131,25 @@ def _expire(state: State, job: Job, seed: int, savepoint: Savepoint) -> None:
     savepoint.touch(job)
     started = job.status != CLAIMED
     if job.cancel_requested:
-        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, counted=started)
-        cancel_leased(state, job, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL)
+        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, savepoint, counted=started)
+        cancel_leased(state, job, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL, savepoint)
     elif not started:
         # The handler never started: a safe retry that costs no attempt.
-        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, counted=False)
+        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, savepoint, counted=False)
         transition(state, job, REQUEUE, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL)
         job.next_run_at_ms = state.now_ms
         push_runnable(state, job)
     else:
-        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, _UNKNOWN_OUTCOME, counted=True)
+        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, _UNKNOWN_OUTCOME, savepoint, counted=True)
         job.last_error = _UNKNOWN_OUTCOME
         retry_or_dead_letter(
-            state, job, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL, seeded_u32(seed, job.id)
+            state,
+            job,
+            SYSTEM_ACTOR,
+            token,
+            _LEASE_EXPIRED_DETAIL,
+            seeded_u32(seed, job.id),
+            savepoint,
         )
 
 
@@ -159,10 +165,10 @@ def _enforce_deadlines(state: State, budget: int, savepoint: Savepoint) -> int:
         if job.status in LEASED_STATUSES:
             assert job.lease is not None
             token = job.lease.fencing_token
-            end_attempt(state, job, OUTCOME_FAILED, _DEADLINE_ERROR, counted=False)
+            end_attempt(state, job, OUTCOME_FAILED, _DEADLINE_ERROR, savepoint, counted=False)
         job.last_error = _DEADLINE_ERROR
         transition(state, job, DEAD_LETTER_EVENT, SYSTEM_ACTOR, token, _DEADLINE_ERROR[1])
-        finish(state, job)
+        finish(state, job, savepoint)
         done += 1
     return done
 

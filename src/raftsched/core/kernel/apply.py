@@ -215,11 +215,11 @@ def _dispatch(state: State, command: Command, stale: bool, savepoint: Savepoint)
             | RetryParked()
             | AckParked()
         ):
-            return events_commands.apply(state, command)
+            return events_commands.apply(state, command, savepoint)
         case SubmitWorkflow():
             return workflows.apply_submit_workflow(state, command, savepoint)
         case CancelWorkflow():
-            return workflows.apply_cancel_workflow(state, command)
+            return workflows.apply_cancel_workflow(state, command, savepoint)
         case SetQueue():
             return flow.apply_set_queue(state, command, savepoint)
         case PauseQueue():

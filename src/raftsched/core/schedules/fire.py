@@ -331,6 +331,7 @@ def miss(
         state,
         "schedule.missed",
         {"schedule_id": schedule.id, "nominal_ms": nominal_ms, "reason": code},
+        savepoint,
     )
     return decided
 

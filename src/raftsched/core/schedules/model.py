@@ -36,6 +36,7 @@ from typing import Any, Final
 
 from raftsched.core.kernel.codec import CodecError, decode_schedule, schedule_row
 from raftsched.core.kernel.model import FINAL_STATUSES, Job
+from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.sections import Section, register
 from raftsched.core.kernel.state import State
 from raftsched.core.schedules.commands import ScheduleSpec
@@ -177,7 +178,7 @@ def settle_timers(state: State) -> tuple[int, int, Schedule] | None:
     return None
 
 
-def job_finished(state: State, job: Job) -> None:
+def job_finished(state: State, job: Job, savepoint: Savepoint) -> None:
     """`lifecycle.finish` hook: a run of this schedule ended, so its buffer may
     be released by the next Tick. Only derived data changes here."""
     schedule_id = job.schedule_id

@@ -36,7 +36,6 @@ from raftsched.core.jobs.commands import CancelJob
 from raftsched.core.jobs.job_events import on_lease_inputs, on_workflow_job
 from raftsched.core.jobs.operator_commands import apply_cancel
 from raftsched.core.jobs.submit import create_job
-from raftsched.core.kernel import savepoint as savepoints
 from raftsched.core.kernel.codec import step_row
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.core.kernel.model import CANCELLED as JOB_CANCELLED
@@ -93,17 +92,10 @@ SYSTEM_ACTOR: Final = "workflow"
 _JOB_TO_STEP: Final = {JOB_SUCCEEDED: SUCCEEDED, DEAD_LETTER: FAILED, JOB_CANCELLED: CANCELLED}
 
 
-def _savepoint(state: State) -> Savepoint:
-    found = savepoints.current(state)
-    return found if found is not None else Savepoint(state)
-
-
-def _keep_undo(state: State, workflow: Workflow) -> None:
+def _keep_undo(state: State, savepoint: Savepoint, workflow: Workflow) -> None:
     """Before changing a workflow: how to put it back if the command fails."""
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        saved, found = workflow.copy(), table(state)
-        savepoint.on_rollback(lambda: _restore(found, saved))
+    saved, found = workflow.copy(), table(state)
+    savepoint.on_rollback(lambda: _restore(found, saved))
 
 
 def _restore(found: WorkflowTable, saved: Workflow) -> None:
@@ -150,7 +142,7 @@ def apply_submit_workflow(
                 return invalid("workflow_id", "a step job id derived from it is in use")
     workflow = _create(state, command, checked, fingerprint)
     savepoint.on_rollback(lambda: _forget(found, workflow))
-    _advance(state, workflow)
+    _advance(state, savepoint, workflow)
     return WorkflowSubmitted(workflow.id, created=True)
 
 
@@ -303,7 +295,7 @@ def _create(
 
 
 def apply_cancel_workflow(
-    state: State, command: CancelWorkflow
+    state: State, command: CancelWorkflow, savepoint: Savepoint
 ) -> WorkflowCancelAccepted | Rejected:
     rejected = (
         check_name(command.workflow_id, "workflow_id")
@@ -318,10 +310,10 @@ def apply_cancel_workflow(
             NOT_FOUND, f"no workflow {command.workflow_id}", {"workflow_id": command.workflow_id}
         )
     if workflow.status == RUNNING:
-        _keep_undo(state, workflow)
+        _keep_undo(state, savepoint, workflow)
         reason = command.reason or f"cancelled by {command.actor}"
-        _stop(state, workflow, CANCELLED, reason)
-        _advance(state, workflow)
+        _stop(state, savepoint, workflow, CANCELLED, reason)
+        _advance(state, savepoint, workflow)
     elif workflow.is_final and workflow.status != CANCELLED:
         return Rejected(
             INVALID_STATE,
@@ -334,7 +326,7 @@ def apply_cancel_workflow(
 # -- advancing ------------------------------------------------------------------
 
 
-def job_finished(state: State, job: Job) -> None:
+def job_finished(state: State, job: Job, savepoint: Savepoint) -> None:
     """A job of a workflow reached a final status (from lifecycle.finish)."""
     workflow = table(state).workflows.get(job.workflow_id or "")
     if workflow is None:
@@ -344,39 +336,39 @@ def job_finished(state: State, job: Job) -> None:
     if step is None or outcome is None:
         return
     if job.id == step.job_id and step.status == ACTIVE:
-        _keep_undo(state, workflow)
+        _keep_undo(state, savepoint, workflow)
         step.status = outcome
         if outcome == SUCCEEDED:
             step.result = job.result
             workflow.completed.append(workflow.steps.index(step))
         _history(state, workflow, f"step_{outcome}", step.name)
     elif job.id == step.comp_job_id and step.comp_status == ACTIVE:
-        _keep_undo(state, workflow)
+        _keep_undo(state, savepoint, workflow)
         step.comp_status = outcome
         step.comp_result = job.result
         _history(state, workflow, f"compensation_{outcome}", step.name)
     else:
         return
     if not workflow.advancing:
-        _advance(state, workflow)
+        _advance(state, savepoint, workflow)
 
 
-def _advance(state: State, workflow: Workflow) -> None:
+def _advance(state: State, savepoint: Savepoint, workflow: Workflow) -> None:
     workflow.advancing = True
     try:
         if workflow.status == RUNNING:
-            _advance_running(state, workflow)
+            _advance_running(state, savepoint, workflow)
         if workflow.status == COMPENSATING:
-            _advance_compensating(state, workflow)
+            _advance_compensating(state, savepoint, workflow)
     finally:
         workflow.advancing = False
 
 
-def _advance_running(state: State, workflow: Workflow) -> None:
+def _advance_running(state: State, savepoint: Savepoint, workflow: Workflow) -> None:
     steps = workflow.steps
     failed = next((step for step in steps if step.status in (FAILED, CANCELLED)), None)
     if failed is not None and workflow.on_failure == FAIL_FAST:
-        _stop(state, workflow, FAILED, f"step {failed.name} {failed.status}")
+        _stop(state, savepoint, workflow, FAILED, f"step {failed.name} {failed.status}")
         return
     # Steps are validated acyclic but not sorted: repeat until nothing changes.
     changed = True
@@ -387,7 +379,7 @@ def _advance_running(state: State, workflow: Workflow) -> None:
                 continue
             statuses = [steps[dep].status for dep in step.deps]
             if all(status == SUCCEEDED for status in statuses):
-                _start_step(state, workflow, index, step)
+                _start_step(state, savepoint, workflow, index, step)
                 changed = True
             elif workflow.on_failure == CONTINUE and any(
                 status in UNSUCCESSFUL_STEP for status in statuses
@@ -399,23 +391,29 @@ def _advance_running(state: State, workflow: Workflow) -> None:
         return
     unsuccessful = [step.name for step in steps if step.status != SUCCEEDED]
     if unsuccessful:
-        _stop(state, workflow, FAILED, f"steps did not succeed: {', '.join(unsuccessful)}")
+        _stop(
+            state, savepoint, workflow, FAILED, f"steps did not succeed: {', '.join(unsuccessful)}"
+        )
     else:
-        _finish(state, workflow, SUCCEEDED)
+        _finish(state, savepoint, workflow, SUCCEEDED)
 
 
-def _start_step(state: State, workflow: Workflow, index: int, step: Step) -> None:
+def _start_step(
+    state: State, savepoint: Savepoint, workflow: Workflow, index: int, step: Step
+) -> None:
     job_id = step_job_id(workflow.id, index)
-    _create_job(state, workflow, step.spec, job_id, step.name)
+    _create_job(state, savepoint, workflow, step.spec, job_id, step.name)
     step.status = ACTIVE
     step.job_id = job_id
     _history(state, workflow, "step_started", step.name)
 
 
-def _create_job(state: State, workflow: Workflow, spec: JobSpec, job_id: str, step: str) -> None:
+def _create_job(
+    state: State, savepoint: Savepoint, workflow: Workflow, spec: JobSpec, job_id: str, step: str
+) -> None:
     if spec.tenant != workflow.tenant:
         spec = _with_tenant(spec, workflow.tenant)
-    job = create_job(state, spec, job_id, savepoints.current(state))
+    job = create_job(state, spec, job_id, savepoint)
     job.workflow_id = workflow.id
     job.step = step
 
@@ -424,7 +422,9 @@ def _with_tenant(spec: JobSpec, tenant: str) -> JobSpec:
     return replace(spec, tenant=tenant)
 
 
-def _stop(state: State, workflow: Workflow, outcome: str, reason: str) -> None:
+def _stop(
+    state: State, savepoint: Savepoint, workflow: Workflow, outcome: str, reason: str
+) -> None:
     """Failure, cancel or timeout: nothing new starts; running steps are asked to stop."""
     workflow.status = COMPENSATING
     workflow.outcome = outcome
@@ -436,17 +436,17 @@ def _stop(state: State, workflow: Workflow, outcome: str, reason: str) -> None:
             _history(state, workflow, "step_skipped", step.name)
     for step in workflow.steps:
         if step.status == ACTIVE and step.job_id is not None:
-            _cancel_job(state, step.job_id, reason)
+            _cancel_job(state, savepoint, step.job_id, reason)
 
 
-def _cancel_job(state: State, job_id: str, reason: str) -> None:
+def _cancel_job(state: State, savepoint: Savepoint, job_id: str, reason: str) -> None:
     job = state.jobs.get(job_id)
     if job is None or job.is_final or job.cancel_requested:
         return
-    apply_cancel(state, CancelJob(job_id, reason[:TEXT_CHARS_MAX], SYSTEM_ACTOR), _savepoint(state))
+    apply_cancel(state, CancelJob(job_id, reason[:TEXT_CHARS_MAX], SYSTEM_ACTOR), savepoint)
 
 
-def _advance_compensating(state: State, workflow: Workflow) -> None:
+def _advance_compensating(state: State, savepoint: Savepoint, workflow: Workflow) -> None:
     steps = workflow.steps
     if any(step.status == ACTIVE for step in steps):
         return  # wait for leased steps to honour the cancel request
@@ -465,21 +465,23 @@ def _advance_compensating(state: State, workflow: Workflow) -> None:
         if step.comp_status == ACTIVE:
             return  # one at a time, in order
         if step.comp_status == PENDING:
-            _start_compensation(state, workflow, index, step)
+            _start_compensation(state, savepoint, workflow, index, step)
             return
-    _finish(state, workflow, workflow.outcome or FAILED)
+    _finish(state, savepoint, workflow, workflow.outcome or FAILED)
 
 
-def _start_compensation(state: State, workflow: Workflow, index: int, step: Step) -> None:
+def _start_compensation(
+    state: State, savepoint: Savepoint, workflow: Workflow, index: int, step: Step
+) -> None:
     assert step.compensation is not None
     job_id = step_job_id(workflow.id, index, compensation=True)
-    _create_job(state, workflow, step.compensation, job_id, step.name)
+    _create_job(state, savepoint, workflow, step.compensation, job_id, step.name)
     step.comp_status = ACTIVE
     step.comp_job_id = job_id
     _history(state, workflow, "compensation_started", step.name)
 
 
-def _finish(state: State, workflow: Workflow, status: str) -> None:
+def _finish(state: State, savepoint: Savepoint, workflow: Workflow, status: str) -> None:
     workflow.status = status
     _history(state, workflow, "finished", status)
     heapq.heappush(table(state).retention, (workflow.updated_at_ms, workflow.seq, workflow.id))
@@ -493,8 +495,9 @@ def _finish(state: State, workflow: Workflow, status: str) -> None:
             state,
             "workflow.compensated" if compensated else "workflow.compensation_failed",
             {**data, "steps": [workflow.steps[i].name for i in workflow.compensations]},
+            savepoint,
         )
-    emit(state, f"workflow.{status}", data)
+    emit(state, f"workflow.{status}", data, savepoint)
 
 
 # -- lease inputs ---------------------------------------------------------------
@@ -525,49 +528,50 @@ on_lease_inputs(lease_inputs)
 # -- time: timeouts and retention -------------------------------------------------
 
 
-def tick(state: State, budget: int) -> int:
+def tick(state: State, budget: int, savepoint: Savepoint) -> int:
     """Tick phase: time out running workflows, purge old finished ones."""
     found = table(state)
     done = 0
     while done < budget and found.timeouts and found.timeouts[0][0] <= state.now_ms:
         entry = heapq.heappop(found.timeouts)
-        _undo_pop(state, found.timeouts, entry)
+        _undo_pop(state, savepoint, found.timeouts, entry)
         workflow = found.workflows.get(entry[2])
         if workflow is None or workflow.status != RUNNING or workflow.timeout_at_ms != entry[0]:
             continue
-        _keep_undo(state, workflow)
-        _stop(state, workflow, TIMED_OUT, "timed_out")
-        _advance(state, workflow)
+        _keep_undo(state, savepoint, workflow)
+        _stop(state, savepoint, workflow, TIMED_OUT, "timed_out")
+        _advance(state, savepoint, workflow)
         done += 1
     while done < budget and found.retention:
         entry = found.retention[0]
         if entry[0] + state.retention_ms > state.now_ms:
             break
         heapq.heappop(found.retention)
-        _undo_pop(state, found.retention, entry)
+        _undo_pop(state, savepoint, found.retention, entry)
         workflow = found.workflows.get(entry[2])
         if workflow is None or not workflow.is_final or workflow.updated_at_ms != entry[0]:
             continue
-        _purge(state, found, workflow)
+        _purge(state, savepoint, found, workflow)
         done += 1
     return done
 
 
-def _undo_pop(state: State, heap: list[tuple[int, int, str]], entry: tuple[int, int, str]) -> None:
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(lambda: heapq.heappush(heap, entry))
+def _undo_pop(
+    state: State,
+    savepoint: Savepoint,
+    heap: list[tuple[int, int, str]],
+    entry: tuple[int, int, str],
+) -> None:
+    savepoint.on_rollback(lambda: heapq.heappush(heap, entry))
 
 
-def _purge(state: State, found: WorkflowTable, workflow: Workflow) -> None:
+def _purge(state: State, savepoint: Savepoint, found: WorkflowTable, workflow: Workflow) -> None:
     before = dict(found.workflows)
     del found.workflows[workflow.id]
     key = workflow.idempotency_key
     if key is not None and found.keys.get((workflow.tenant, key)) == workflow.id:
         del found.keys[workflow.tenant, key]
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(lambda: _unpurge(found, before, workflow))
+    savepoint.on_rollback(lambda: _unpurge(found, before, workflow))
 
 
 def _unpurge(found: WorkflowTable, before: dict[str, Workflow], workflow: Workflow) -> None:
