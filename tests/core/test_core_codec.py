@@ -10,9 +10,11 @@ from core_support import T0, Cluster
 
 from raftsched.core import (
     COMMAND_TAGS,
+    REGISTRY,
     CodecError,
     apply_encoded,
     apply_entry,
+    check_invariants,
     decode_entry,
     decode_state,
     encode_entry,
@@ -45,10 +47,8 @@ from raftsched.core.jobs.commands import (
     SubmitJobs,
 )
 from raftsched.core.kernel.commands import Backoff, Barrier, Command, Entry, JobSpec, TakeOver, Tick
-from raftsched.core.kernel.invariants import check_invariants
 from raftsched.core.kernel.model import JOB_FIELDS
 from raftsched.core.kernel.results import Rejected
-from raftsched.core.kernel.sections import SECTIONS
 from raftsched.core.schedules.commands import (
     BackfillSchedule,
     CreateSchedule,
@@ -285,7 +285,7 @@ def test_a_snapshot_in_the_row_format_still_decodes() -> None:
         return tuple(getattr(value, name) for name in type(value).__slots__)
 
     rows = [[getattr(job, name) for name in JOB_FIELDS] for job in state.jobs.values()]
-    sections = [[section.name, section.encode(state)] for section in SECTIONS]
+    sections = [[section.name, section.encode(state)] for section in REGISTRY.sections]
     header = [2, state.now_ms, state.epoch, state.last_fencing_token, state.retention_ms]
     data = msgpack.packb([*header, state.next_seq, rows, sections], default=records)
     decoded = decode_state(data)

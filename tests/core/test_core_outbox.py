@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgpack
 import pytest
 from core_support import Cluster, assert_rejected_unchanged
 
-from raftsched.core import State, decode_state, encode_state
+from raftsched.core import State, check_invariants, decode_state, encode_state
 from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
@@ -16,7 +18,10 @@ from raftsched.core.events.commands import (
     ParkDelivery,
     RetryParked,
 )
-from raftsched.core.events.outbox import (
+from raftsched.core.events.subscriptions import PARKED_MAX, subscriptions
+from raftsched.core.jobs.commands import CancelJob, CompleteJob, FailJob
+from raftsched.core.kernel.commands import Tick
+from raftsched.core.kernel.outbox import (
     decode_data,
     emit,
     events_after,
@@ -24,11 +29,6 @@ from raftsched.core.events.outbox import (
     last_seq,
     outbox,
 )
-from raftsched.core.events.subscriptions import PARKED_MAX, subscriptions
-from raftsched.core.jobs import lifecycle
-from raftsched.core.jobs.commands import CancelJob, CompleteJob, FailJob
-from raftsched.core.kernel.commands import Tick
-from raftsched.core.kernel.invariants import check_invariants
 from raftsched.core.kernel.results import Ack, ParkedRetried, SubscriptionCreated
 from raftsched.core.kernel.savepoint import Savepoint
 
@@ -212,7 +212,8 @@ def test_a_rolled_back_command_takes_its_events_with_it(monkeypatch: pytest.Monk
         emit(state, "job.succeeded", {}, savepoint)
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(lifecycle, "job_finished", emit_then_raise)
+    hooks = cluster.state.hooks
+    monkeypatch.setattr(cluster.state, "hooks", replace(hooks, on_job_finished=(emit_then_raise,)))
     result = cluster.one(CompleteJob(lease.job_id, lease.fencing_token))
     assert result.code == "internal_error"
     assert cluster.digest() == before

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any, Final, NamedTuple
 
-from raftsched.core.events import outbox as outbox_module
 from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
@@ -27,7 +26,14 @@ from raftsched.core.events.commands import (
     ParkDelivery,
     RetryParked,
 )
-from raftsched.core.events.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, events_after, last_seq
+from raftsched.core.kernel.feature import Context
+from raftsched.core.kernel.outbox import (
+    EVENT_TYPE_CHARS_MAX,
+    OutboxEvent,
+    events_after,
+    last_seq,
+    type_matches,
+)
 from raftsched.core.kernel.results import (
     IDEMPOTENCY_CONFLICT,
     NOT_FOUND,
@@ -37,7 +43,7 @@ from raftsched.core.kernel.results import (
     SubscriptionCreated,
 )
 from raftsched.core.kernel.savepoint import Savepoint
-from raftsched.core.kernel.sections import Section, register
+from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     TEXT_CHARS_MAX,
@@ -96,7 +102,7 @@ class Subscription:
         self.parked_dropped = 0
 
     def matches(self, event_type: str) -> bool:
-        return outbox_module.type_matches(frozenset(self.types), event_type)
+        return type_matches(frozenset(self.types), event_type)
 
 
 def subscriptions(state: State) -> dict[str, Subscription]:
@@ -144,8 +150,9 @@ def _check_create(command: CreateSubscription) -> Rejected | None:
 
 
 def apply_create_subscription(
-    state: State, command: CreateSubscription, savepoint: Savepoint
+    state: State, command: CreateSubscription, context: Context
 ) -> SubscriptionCreated | Rejected:
+    savepoint = context.savepoint
     rejected = _check_create(command)
     if rejected is not None:
         return rejected
@@ -179,8 +186,9 @@ def apply_create_subscription(
 
 
 def apply_delete_subscription(
-    state: State, command: DeleteSubscription, savepoint: Savepoint
+    state: State, command: DeleteSubscription, context: Context
 ) -> Ack | Rejected:
+    savepoint = context.savepoint
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
@@ -196,7 +204,8 @@ def _restore_table(table: dict[str, Subscription], before: dict[str, Subscriptio
     table.update(before)  # keeps the insertion (and so the encoding) order
 
 
-def apply_ack_delivery(state: State, command: AckDelivery, savepoint: Savepoint) -> Ack | Rejected:
+def apply_ack_delivery(state: State, command: AckDelivery, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
@@ -215,9 +224,8 @@ def _held_event(state: State, seq: int) -> OutboxEvent | None:
     return found[0] if found and found[0].seq == seq else None
 
 
-def apply_park_delivery(
-    state: State, command: ParkDelivery, savepoint: Savepoint
-) -> Ack | Rejected:
+def apply_park_delivery(state: State, command: ParkDelivery, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
@@ -251,8 +259,9 @@ def _restore_parked(found: Subscription, parked: dict[int, Parked], dropped: int
 
 
 def apply_retry_parked(
-    state: State, command: RetryParked, savepoint: Savepoint
+    state: State, command: RetryParked, context: Context
 ) -> ParkedRetried | Rejected:
+    savepoint = context.savepoint
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
@@ -262,7 +271,8 @@ def apply_retry_parked(
     return ParkedRetried(found.id, len(before))
 
 
-def apply_ack_parked(state: State, command: AckParked, savepoint: Savepoint) -> Ack | Rejected:
+def apply_ack_parked(state: State, command: AckParked, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
@@ -289,12 +299,10 @@ def oldest_undelivered_at_ms(state: State, subscription: Subscription) -> int | 
     return found[0].at_ms if found else None
 
 
-def _floor(state: State) -> int | None:
+def lowest_cursor(state: State) -> int | None:
+    """The lowest delivery cursor: the outbox keeps every event above it."""
     table = subscriptions(state)
     return min((sub.cursor for sub in table.values()), default=None)
-
-
-outbox_module.register_floor(_floor)
 
 
 def check(state: State) -> list[str]:
@@ -345,4 +353,4 @@ def _decode(state: State, rows: Any) -> None:
     state.sections[SUBSCRIPTIONS] = table
 
 
-SECTION: Final = register(Section(SUBSCRIPTIONS, dict, _encode, _decode))
+SECTION: Final = Section(SUBSCRIPTIONS, dict, _encode, _decode)

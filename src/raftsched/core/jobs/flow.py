@@ -33,6 +33,7 @@ from typing import Any, Final
 from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetTenant
 from raftsched.core.kernel import runnable_index as flow_index
 from raftsched.core.kernel.commands import JobSpec
+from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
     OUTCOME_FAILED,
     OUTCOME_LEASE_EXPIRED,
@@ -41,7 +42,7 @@ from raftsched.core.kernel.model import (
 )
 from raftsched.core.kernel.results import QUEUE_FULL, Ack, Rejected
 from raftsched.core.kernel.savepoint import Savepoint
-from raftsched.core.kernel.sections import Section, register
+from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     TIME_MS_MAX,
@@ -177,7 +178,7 @@ def _decode(state: State, data: Any) -> None:
     state.sections[FLOW] = flow
 
 
-register(Section(FLOW, Flow, _encode, _decode))
+SECTION: Final = Section(FLOW, Flow, _encode, _decode)
 
 
 # -- undo ----------------------------------------------------------------------
@@ -219,7 +220,8 @@ def drop_if_idle(state: State, queue: str) -> None:
 # -- commands ------------------------------------------------------------------
 
 
-def apply_set_queue(state: State, command: SetQueue, savepoint: Savepoint) -> Ack | Rejected:
+def apply_set_queue(state: State, command: SetQueue, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     rejected = _check_set_queue(command)
     if rejected is not None:
         return rejected
@@ -272,7 +274,8 @@ def _check_set_queue(command: SetQueue) -> Rejected | None:
     )
 
 
-def apply_pause_queue(state: State, command: PauseQueue, savepoint: Savepoint) -> Ack | Rejected:
+def apply_pause_queue(state: State, command: PauseQueue, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     rejected = check_name(command.queue, "queue")
     if rejected is None and type(command.paused) is not bool:
         rejected = invalid("paused", "paused is true or false")
@@ -284,7 +287,8 @@ def apply_pause_queue(state: State, command: PauseQueue, savepoint: Savepoint) -
     return Ack()
 
 
-def apply_set_tenant(state: State, command: SetTenant, savepoint: Savepoint) -> Ack | Rejected:
+def apply_set_tenant(state: State, command: SetTenant, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     rejected = (
         check_name(command.tenant, "tenant")
         or check_int(command.weight, "weight", 1, WEIGHT_MAX)
@@ -332,16 +336,15 @@ def admit(state: State, spec: JobSpec) -> Rejected | None:
     )
 
 
-def job_finished(state: State, job: Job, savepoint: Savepoint) -> None:
-    """lifecycle.finish: release (or, dead-lettered, keep blocking) the job's ordering key."""
+def release_ordering_key(state: State, job: Job, savepoint: Savepoint) -> None:
+    """on_job_finished: release (or, dead-lettered, keep blocking) the job's
+    ordering key. Only derived data (the runnable index) changes."""
     if job.ordering_key is not None:
         flow_index.finished(state.runnable, job, state.jobs)
 
 
-def attempt_ended(
-    state: State, job: Job, outcome: str, counted: bool, savepoint: Savepoint
-) -> None:
-    """lifecycle.end_attempt: feed the queue's circuit, if it has one."""
+def feed_circuit(state: State, job: Job, outcome: str, counted: bool, savepoint: Savepoint) -> None:
+    """on_attempt_ended: count the attempt's outcome in its queue's circuit, if any."""
     queues: dict[str, QueueFlow] = state.sections[FLOW].queues
     record = queues.get(job.queue) if queues else None
     if record is None or record.circuit_window is None:

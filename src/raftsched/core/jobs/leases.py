@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, FailJob, HeartbeatJob, StartJob
 from raftsched.core.jobs.flow_claim import Selector
-from raftsched.core.jobs.job_events import lease_inputs
 from raftsched.core.jobs.lifecycle import (
     allowed,
     cancel_leased,
     end_attempt,
     finish,
     invalid_state,
+    lease_inputs,
     retry_or_dead_letter,
     transition,
 )
+from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
     CLAIM,
     COMPLETE,
@@ -35,7 +36,6 @@ from raftsched.core.kernel.model import (
 from raftsched.core.kernel.results import (
     LEASE_LOST,
     NOT_FOUND,
-    STALE_EPOCH,
     Claimed,
     Completed,
     Failed,
@@ -43,6 +43,7 @@ from raftsched.core.kernel.results import (
     Lease,
     Rejected,
     Started,
+    stale_epoch,
 )
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State, push_lease
@@ -62,14 +63,6 @@ from raftsched.core.kernel.validate import (
     check_token,
     invalid,
 )
-
-
-def stale_epoch(state: State) -> Rejected:
-    return Rejected(
-        STALE_EPOCH,
-        "proposed under an epoch older than one already applied",
-        {"epoch": state.epoch},
-    )
 
 
 def not_found(job_id: str) -> Rejected:
@@ -98,11 +91,10 @@ def current_lease(state: State, job_id: str, token: int) -> tuple[Job, JobLease]
     return job, lease
 
 
-def apply_claim(
-    state: State, command: ClaimJobs, stale: bool, savepoint: Savepoint
-) -> Claimed | Rejected:
+def apply_claim(state: State, command: ClaimJobs, context: Context) -> Claimed | Rejected:
+    stale, savepoint = context.stale, context.savepoint
     if stale:
-        return stale_epoch(state)
+        return stale_epoch(state.epoch)
     rejected = _check_claim(command)
     if rejected is not None:
         return rejected
@@ -174,7 +166,8 @@ def _grant(state: State, job: Job, worker_id: str, lease_ms: int, savepoint: Sav
     )
 
 
-def apply_start(state: State, command: StartJob, savepoint: Savepoint) -> Started | Rejected:
+def apply_start(state: State, command: StartJob, context: Context) -> Started | Rejected:
+    savepoint = context.savepoint
     found = current_lease(state, command.job_id, command.fencing_token)
     if isinstance(found, Rejected):
         return found
@@ -189,8 +182,9 @@ def apply_start(state: State, command: StartJob, savepoint: Savepoint) -> Starte
 
 
 def apply_heartbeat(
-    state: State, command: HeartbeatJob, savepoint: Savepoint
+    state: State, command: HeartbeatJob, context: Context
 ) -> HeartbeatAccepted | Rejected:
+    savepoint = context.savepoint
     rejected = check_optional_int(command.extend_ms, "extend", 1, LEASE_MS_MAX) or (
         None if command.progress is None else check_bytes(command.progress, "progress")
     )
@@ -209,9 +203,8 @@ def apply_heartbeat(
     return HeartbeatAccepted(job.id, expires_at_ms, job.cancel_requested)
 
 
-def apply_complete(
-    state: State, command: CompleteJob, savepoint: Savepoint
-) -> Completed | Rejected:
+def apply_complete(state: State, command: CompleteJob, context: Context) -> Completed | Rejected:
+    savepoint = context.savepoint
     rejected = check_bytes(command.result, "result")
     if rejected is not None:
         return rejected
@@ -237,7 +230,8 @@ def _replayed_completion(state: State, command: CompleteJob) -> Completed | None
     return Completed(job.id, job.result if job.result is not None else b"\xc0", replayed=True)
 
 
-def apply_fail(state: State, command: FailJob, savepoint: Savepoint) -> Failed | Rejected:
+def apply_fail(state: State, command: FailJob, context: Context) -> Failed | Rejected:
+    savepoint = context.savepoint
     rejected = _check_fail(command)
     if rejected is not None:
         return rejected

@@ -7,8 +7,6 @@ savepoint before calling anything here.
 
 from __future__ import annotations
 
-from raftsched.core.jobs import flow
-from raftsched.core.jobs.job_events import job_finished
 from raftsched.core.jobs.retry import retry_delay_ms
 from raftsched.core.kernel.model import (
     CANCEL,
@@ -30,9 +28,19 @@ from raftsched.core.kernel.state import (
     push_runnable,
     set_status,
 )
-from raftsched.core.schedules.model import job_finished as schedule_job_finished
 
 SYSTEM_ACTOR = "system"
+
+
+def lease_inputs(state: State, job: Job) -> bytes | None:
+    """The `inputs` a lease of this job carries (workflow steps only)."""
+    if job.workflow_id is None:
+        return None  # most jobs: no hook to ask
+    for hook in state.hooks.lease_inputs:
+        inputs = hook(state, job)
+        if inputs is not None:
+            return inputs
+    return None
 
 
 def allowed(job: Job, event: str) -> bool:
@@ -83,18 +91,19 @@ def end_attempt(
     job.lease = None
     if counted:
         job.attempts_made += 1
-    flow.attempt_ended(state, job, outcome, counted, savepoint)  # the queue's circuit
+    for hook in state.hooks.on_attempt_ended:  # the queue's circuit (jobs.flow)
+        hook(state, job, outcome, counted, savepoint)
 
 
 def finish(state: State, job: Job, savepoint: Savepoint) -> None:
     """A job reached a final status: it now waits out the retention period."""
     job.next_run_at_ms = None
     push_retention(state, job)
-    job_finished(state, job, savepoint)  # its outbox event and its workflow, same command
-    flow.job_finished(
-        state, job, savepoint
-    )  # release its ordering key, or block it if dead-lettered
-    schedule_job_finished(state, job, savepoint)  # its schedule's buffered occurrence may start
+    # In rank order (see each feature's record): its outbox event, its
+    # workflow's next steps, its ordering key released (or kept blocked when
+    # dead-lettered), its schedule's buffered occurrence made ready.
+    for hook in state.hooks.on_job_finished:
+        hook(state, job, savepoint)
 
 
 def cancel_leased(

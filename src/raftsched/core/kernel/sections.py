@@ -8,9 +8,10 @@ so the state's bytes stay deterministic, and
 rebuilt by its own `decode` after the jobs exist (a section may refer to
 jobs by id). A section encodes to plain msgpack data only.
 
-Adding a section: give it a name no other section uses and `register` it from
-its module (imported by `raftsched.core`). Never rename a section: snapshots
-on disk name their sections.
+Adding a section: give it a name no other section uses and list it in its
+feature's record (`Feature.sections`); the registry refuses a name used twice
+and orders the sections. Never rename a section: snapshots on disk name
+their sections.
 """
 
 from __future__ import annotations
@@ -32,19 +33,3 @@ class Section:
     encode: Callable[[State], Any]
     # Rebuild `state.sections[name]` (and any derived index) from that data.
     decode: Callable[[State, Any], None]
-
-
-# Encoding order: sorted by name.
-SECTIONS: list[Section] = []
-
-
-def register(section: Section) -> Section:
-    if any(existing.name == section.name for existing in SECTIONS):
-        raise ValueError(f"section {section.name} registered twice")
-    SECTIONS.append(section)
-    SECTIONS.sort(key=lambda registered: registered.name)
-    return section
-
-
-def create_all() -> dict[str, Any]:
-    return {section.name: section.create() for section in SECTIONS}

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import heapq
 from itertools import compress
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from raftsched.core.kernel import runnable_index as flow_index
 from raftsched.core.kernel.model import (
@@ -65,7 +65,9 @@ from raftsched.core.kernel.model import (
 )
 from raftsched.core.kernel.runnable_index import RunnableEntry as RunnableEntry
 from raftsched.core.kernel.runnable_index import RunnableIndex
-from raftsched.core.kernel.sections import create_all
+
+if TYPE_CHECKING:
+    from raftsched.core.kernel.feature import Hooks, Registry
 
 DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
 
@@ -101,16 +103,18 @@ class State:
         "order",
         "order_purged",
         "interned",
+        # The features' life-cycle hooks (not replicated; from the registry).
+        "hooks",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, registry: Registry) -> None:
         self.now_ms = 0
         self.epoch = 0
         self.last_fencing_token = 0
         self.retention_ms = DEFAULT_RETENTION_MS
         self.next_seq = 1
         self.jobs: dict[str, Job] = {}
-        self.sections: dict[str, Any] = create_all()
+        self.sections: dict[str, Any] = registry.create_sections()
         self.status_counts: dict[str, int] = dict.fromkeys(JOB_STATUSES, 0)
         # queue -> [pending, leased, stored]; a queue with no stored job is
         # dropped, so that the live map equals the one rebuilt on decode.
@@ -129,10 +133,11 @@ class State:
         # Interned queue/tenant names and backoff objects: a million jobs
         # share a handful of them.
         self.interned: dict[object, object] = {}
+        self.hooks: Hooks = registry.hooks
 
 
-def new_state() -> State:
-    return State()
+def new_state(registry: Registry) -> State:
+    return State(registry)
 
 
 def intern(state: State, value: T) -> T:

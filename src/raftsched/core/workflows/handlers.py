@@ -1,9 +1,10 @@
 """Workflows: SubmitWorkflow, CancelWorkflow, and how a workflow advances.
 
 Theory of operation. A workflow advances only inside the command that
-changed one of its jobs: `lifecycle.finish` calls `job_finished` (through
-`job_events`), which records the step's outcome and then runs `_advance`,
-a loop that derives everything from the step statuses:
+changed one of its jobs: `lifecycle.finish` calls `record_step_outcome` (the
+workflows feature's `on_job_finished` hook), which records the step's outcome
+and then runs `_advance`, a loop that derives everything from the step
+statuses:
 
 - running: start every waiting step whose dependencies all succeeded (its job
   is created in this same command); under `continue`, skip steps that depend
@@ -17,7 +18,7 @@ a loop that derives everything from the step statuses:
   the original step's result as input; then the workflow takes its final
   status. A failed compensation is recorded and the rest still run.
 
-Cancelling a step job inside `_advance` re-enters `job_finished` for that
+Cancelling a step job inside `_advance` re-enters `record_step_outcome` for that
 job; the `advancing` flag turns the re-entry into bookkeeping only and the
 outer loop picks up the change.
 """
@@ -31,16 +32,15 @@ from typing import Any, Final
 
 import msgpack
 
-from raftsched.core.events.outbox import emit
 from raftsched.core.jobs.commands import CancelJob
-from raftsched.core.jobs.job_events import on_lease_inputs, on_workflow_job
-from raftsched.core.jobs.operator_commands import apply_cancel
+from raftsched.core.jobs.operator_commands import cancel_job
 from raftsched.core.jobs.submit import create_job
-from raftsched.core.kernel.codec import step_row
-from raftsched.core.kernel.commands import JobSpec
+from raftsched.core.kernel.commands import JobSpec, Tick
+from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import CANCELLED as JOB_CANCELLED
 from raftsched.core.kernel.model import DEAD_LETTER, Job
 from raftsched.core.kernel.model import SUCCEEDED as JOB_SUCCEEDED
+from raftsched.core.kernel.outbox import emit
 from raftsched.core.kernel.results import (
     IDEMPOTENCY_CONFLICT,
     INVALID_STATE,
@@ -62,6 +62,7 @@ from raftsched.core.kernel.validate import (
     check_text,
     invalid,
 )
+from raftsched.core.workflows.codec import step_row
 from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
 from raftsched.core.workflows.model import (
     ACTIVE,
@@ -112,8 +113,9 @@ def _history(state: State, workflow: Workflow, event: str, detail: str | None = 
 
 
 def apply_submit_workflow(
-    state: State, command: SubmitWorkflow, savepoint: Savepoint
+    state: State, command: SubmitWorkflow, context: Context
 ) -> WorkflowSubmitted | Rejected:
+    savepoint = context.savepoint
     checked = _check_submit(command)
     if isinstance(checked, Rejected):
         return checked
@@ -295,8 +297,9 @@ def _create(
 
 
 def apply_cancel_workflow(
-    state: State, command: CancelWorkflow, savepoint: Savepoint
+    state: State, command: CancelWorkflow, context: Context
 ) -> WorkflowCancelAccepted | Rejected:
+    savepoint = context.savepoint
     rejected = (
         check_name(command.workflow_id, "workflow_id")
         or check_text(command.reason, "reason", TEXT_CHARS_MAX)
@@ -326,9 +329,12 @@ def apply_cancel_workflow(
 # -- advancing ------------------------------------------------------------------
 
 
-def job_finished(state: State, job: Job, savepoint: Savepoint) -> None:
-    """A job of a workflow reached a final status (from lifecycle.finish)."""
-    workflow = table(state).workflows.get(job.workflow_id or "")
+def record_step_outcome(state: State, job: Job, savepoint: Savepoint) -> None:
+    """on_job_finished: a job of a workflow (a step or a compensation) reached
+    a final status; record it and let the workflow advance."""
+    if job.workflow_id is None:
+        return
+    workflow = table(state).workflows.get(job.workflow_id)
     if workflow is None:
         return
     step = workflow.step_named(job.step)
@@ -443,7 +449,7 @@ def _cancel_job(state: State, savepoint: Savepoint, job_id: str, reason: str) ->
     job = state.jobs.get(job_id)
     if job is None or job.is_final or job.cancel_requested:
         return
-    apply_cancel(state, CancelJob(job_id, reason[:TEXT_CHARS_MAX], SYSTEM_ACTOR), savepoint)
+    cancel_job(state, CancelJob(job_id, reason[:TEXT_CHARS_MAX], SYSTEM_ACTOR), savepoint)
 
 
 def _advance_compensating(state: State, savepoint: Savepoint, workflow: Workflow) -> None:
@@ -503,7 +509,7 @@ def _finish(state: State, savepoint: Savepoint, workflow: Workflow, status: str)
 # -- lease inputs ---------------------------------------------------------------
 
 
-def lease_inputs(state: State, job: Job) -> bytes | None:
+def step_inputs(state: State, job: Job) -> bytes | None:
     """A msgpack map of step name -> result: the dependencies' results for a
     step, the original step's result for a compensation."""
     workflow = table(state).workflows.get(job.workflow_id or "")
@@ -521,15 +527,12 @@ def lease_inputs(state: State, job: Job) -> bytes | None:
     return b"".join(parts)
 
 
-on_workflow_job(job_finished)
-on_lease_inputs(lease_inputs)
-
-
 # -- time: timeouts and retention -------------------------------------------------
 
 
-def tick(state: State, budget: int, savepoint: Savepoint) -> int:
-    """Tick phase: time out running workflows, purge old finished ones."""
+def tick(state: State, budget: int, command: Tick, context: Context) -> int:
+    """Tick step: time out running workflows, purge old finished ones."""
+    savepoint = context.savepoint
     found = table(state)
     done = 0
     while done < budget and found.timeouts and found.timeouts[0][0] <= state.now_ms:

@@ -1,18 +1,16 @@
-"""What a job's final transition tells the rest of the core.
+"""The outbox event a job's final transition emits (`job.succeeded`, ...).
 
-`lifecycle.finish` calls `job_finished` in the command that made the job
-final: it appends the job's event to the outbox and lets the job's workflow
-advance. Workflows plug in here (`on_workflow_job`, `on_lease_inputs`) so
-that the low-level job modules need not import them.
+`emit_job_event` is the jobs feature's first `on_job_finished` hook: it runs
+in the command that made the job final, so the event exists exactly when the
+transition committed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final
 
-from raftsched.core.events.outbox import emit
 from raftsched.core.kernel.model import CANCELLED, DEAD_LETTER, SUCCEEDED, Job
+from raftsched.core.kernel.outbox import emit
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
 
@@ -21,17 +19,6 @@ JOB_EVENT_TYPES: Final = {
     DEAD_LETTER: "job.dead_lettered",
     CANCELLED: "job.cancelled",
 }
-
-_workflow_job: list[Callable[[State, Job, Savepoint], None]] = []
-_lease_inputs: list[Callable[[State, Job], bytes | None]] = []
-
-
-def on_workflow_job(hook: Callable[[State, Job, Savepoint], None]) -> None:
-    _workflow_job.append(hook)
-
-
-def on_lease_inputs(hook: Callable[[State, Job], bytes | None]) -> None:
-    _lease_inputs.append(hook)
 
 
 def job_event_data(job: Job) -> dict[str, Any]:
@@ -54,19 +41,7 @@ def job_event_data(job: Job) -> dict[str, Any]:
     return data
 
 
-def job_finished(state: State, job: Job, savepoint: Savepoint) -> None:
+def emit_job_event(state: State, job: Job, savepoint: Savepoint) -> None:
     event_type = JOB_EVENT_TYPES.get(job.status)
     if event_type is not None:
         emit(state, event_type, job_event_data(job), savepoint)
-    if job.workflow_id is not None:
-        for hook in _workflow_job:
-            hook(state, job, savepoint)
-
-
-def lease_inputs(state: State, job: Job) -> bytes | None:
-    """The `inputs` a lease of this job carries (workflow steps only)."""
-    if job.workflow_id is None:
-        return None
-    for hook in _lease_inputs:
-        return hook(state, job)
-    return None
