@@ -114,7 +114,7 @@ def _decoder(kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Decode:
         return custom[kind][1]
     plain = _PLAIN.get(kind)
     if plain is None:
-        return partial(decode_field, kind=kind)
+        return lambda value: decode_field(value, kind)
     expected_type, optional = plain
 
     def decode_plain(value: object) -> Any:
