@@ -13,7 +13,7 @@ This module keeps the replicated part in the `flow` section:
   whether the next claim belongs to the reserved high-priority share);
 - per tenant (`TenantFlow`): weight, concurrency limit and maximum queued.
 
-Which pending jobs are claimable is the derived `flow_index`; the claim
+Which pending jobs are claimable is the derived `runnable_index`; the claim
 itself is `flow_claim`. A queue record with default settings exists only
 while it carries rotation state, and is dropped when the queue has no
 claimable job left, so arbitrary queue names do not accumulate.
@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetTenant
-from raftsched.core.kernel import runnable_index as flow_index
+from raftsched.core.kernel import runnable_index
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
@@ -340,7 +340,7 @@ def release_ordering_key(state: State, job: Job, savepoint: Savepoint) -> None:
     """on_job_finished: release (or, dead-lettered, keep blocking) the job's
     ordering key. Only derived data (the runnable index) changes."""
     if job.ordering_key is not None:
-        flow_index.finished(state.runnable, job, state.jobs)
+        runnable_index.finished(state.runnable, job, state.jobs)
 
 
 def feed_circuit(state: State, job: Job, outcome: str, counted: bool, savepoint: Savepoint) -> None:
@@ -389,13 +389,13 @@ def check_flow(state: State) -> list[str]:
 def _check_index(state: State, problems: list[str]) -> None:
     """The live runnable index chooses exactly as one rebuilt from the jobs."""
     live = state.runnable
-    fresh = flow_index.RunnableIndex()
+    fresh = runnable_index.RunnableIndex()
     pending = []
     for job in state.jobs.values():
-        flow_index.add_new(fresh, job)
+        runnable_index.add_new(fresh, job)
         if job.status == "pending":
             pending.append(job)
-    flow_index.rebuild(fresh, pending)
+    runnable_index.rebuild(fresh, pending)
     for queue, lanes in live.queues.items():
         if lanes.ring != sorted(lanes.counts) or any(n <= 0 for n in lanes.counts.values()):
             problems.append(f"flow: ring of {queue} disagrees with its counts")
@@ -406,7 +406,9 @@ def _check_index(state: State, problems: list[str]) -> None:
     nonzero = {t: c for t, c in live.tenants.items() if any(c)}
     if nonzero != {t: c for t, c in fresh.tenants.items() if any(c)}:
         problems.append(f"flow: tenant counts {nonzero} disagree with the jobs")
-    live_heads = {key: flow_index.chain_head(chain, state.jobs) for key, chain in live.keys.items()}
+    live_heads = {
+        key: runnable_index.chain_head(chain, state.jobs) for key, chain in live.keys.items()
+    }
     live_heads = {key: head for key, head in live_heads.items() if head is not None}
     fresh_heads = {key: chain[0] for key, chain in fresh.keys.items()}
     if live_heads != fresh_heads:
@@ -420,5 +422,5 @@ def _check_index(state: State, problems: list[str]) -> None:
         for entry in heap
     }
     for job in pending:
-        if flow_index.is_head(fresh, job) and (job.queue, job.tenant, id(job)) not in in_lanes:
+        if runnable_index.is_head(fresh, job) and (job.queue, job.tenant, id(job)) not in in_lanes:
             problems.append(f"job {job.id}: claimable but not in its lane")

@@ -26,7 +26,7 @@ effects-ledger map, and five heaps that keep time-driven and claim work
 proportional to the work due rather than to the number of stored jobs:
 
 - `runnable`: the claimable pending jobs per queue and tenant, the tenants'
-  queued and leased counts, and the ordering-key chains (see `flow_index`).
+  queued and leased counts, and the ordering-key chains (see `runnable_index`).
 - `due`: (next_run_at_ms, seq, job) for scheduled and retry_wait jobs.
 - `leases`: (expires_at_ms, fencing_token, job) for leased jobs. Heartbeats
   and takeovers extend a lease without touching the heap: when an entry comes
@@ -49,7 +49,7 @@ import heapq
 from itertools import compress
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from raftsched.core.kernel import runnable_index as flow_index
+from raftsched.core.kernel import runnable_index
 from raftsched.core.kernel.model import (
     FINAL_STATUSES,
     JOB_STATUSES,
@@ -167,7 +167,7 @@ def set_status(state: State, job: Job, new_status: str) -> None:
         queue_counts[0] += 1
     elif new_status in LEASED_STATUSES:
         queue_counts[1] += 1
-    flow_index.status_changed(state.runnable, job, old_status, new_status)
+    runnable_index.status_changed(state.runnable, job, old_status, new_status)
 
 
 def count_new_job(state: State, job: Job) -> None:
@@ -180,7 +180,7 @@ def count_new_job(state: State, job: Job) -> None:
         queue_counts[0] += 1
     elif job.status in LEASED_STATUSES:
         queue_counts[1] += 1
-    flow_index.add_new(state.runnable, job)
+    runnable_index.add_new(state.runnable, job)
 
 
 def add_history(job: Job, record: HistoryRecord) -> None:
@@ -193,7 +193,7 @@ def add_history(job: Job, record: HistoryRecord) -> None:
 
 def push_runnable(state: State, job: Job) -> None:
     """`job` just became pending: claimable, or parked behind its ordering key."""
-    flow_index.push(state.runnable, job)
+    runnable_index.push(state.runnable, job)
 
 
 def push_due(state: State, job: Job, due_ms: int) -> None:
@@ -275,7 +275,7 @@ def rebuild_indexes(state: State, decoded: JobColumns | None = None) -> None:
         _index_keys_unsorted(state, job)
     for timed in (state.due, state.leases, state.deadlines, state.retention):
         heapq.heapify(timed)
-    state.runnable = flow_index.rebuild_from_jobs(columns)
+    state.runnable = runnable_index.rebuild_from_jobs(columns)
 
 
 def _index_unsorted(state: State, job: Job) -> None:
@@ -310,7 +310,7 @@ def remove_job(state: State, job: Job) -> None:
     queue_counts[2] -= 1
     if queue_counts[2] == 0:
         del state.queue_counts[job.queue]
-    flow_index.purged(state.runnable, job, state.jobs)
+    runnable_index.purged(state.runnable, job, state.jobs)
     key = job.idempotency_key
     if key is not None and state.idempotency.get((job.tenant, key)) is job:
         del state.idempotency[job.tenant, key]
