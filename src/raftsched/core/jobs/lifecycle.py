@@ -110,29 +110,29 @@ def finish(state: State, job: Job) -> None:
     schedule_job_finished(state, job)  # its schedule's buffered occurrence may start
 
 
-def _into_due_heap(state: State, job: Job) -> None:
+def wait_until_due(state: State, job: Job) -> None:
     """Into the due heap at `next_run_at_ms`: Tick makes it pending then."""
     assert job.next_run_at_ms is not None
     push_due(state, job, job.next_run_at_ms)
 
 
-def _into_lease_heap(state: State, job: Job) -> None:
+def watch_lease_expiry(state: State, job: Job) -> None:
     """Into the lease heap at the lease's expiry: Tick expires it then."""
     lease = job.lease
     assert lease is not None
     push_lease(state, job, lease.expires_at_ms, lease.fencing_token)
 
 
-def _still_leased(state: State, job: Job) -> None:
+def keep_lease(state: State, job: Job) -> None:
     """Nothing: the claim's lease heap entry still stands."""
 
 
 ON_ENTER: Final[dict[str, Callable[[State, Job], None]]] = {
-    SCHEDULED: _into_due_heap,
+    SCHEDULED: wait_until_due,
     PENDING: push_runnable,
-    CLAIMED: _into_lease_heap,
-    RUNNING: _still_leased,
-    RETRY_WAIT: _into_due_heap,
+    CLAIMED: watch_lease_expiry,
+    RUNNING: keep_lease,
+    RETRY_WAIT: wait_until_due,
     SUCCEEDED: finish,
     DEAD_LETTER: finish,
     CANCELLED: finish,

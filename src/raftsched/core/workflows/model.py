@@ -50,7 +50,8 @@ UNSUCCESSFUL_STEP: Final = frozenset({FAILED, CANCELLED, SKIPPED})
 
 # Events: what happened to a workflow, a step or a compensation. Each table
 # maps (status, event) to the new status, as `model.TRANSITIONS` does for
-# jobs; a pair a table lacks is a bug (`model.ImpossibleTransition`).
+# jobs; a pair a table lacks is a bug (`kernel.model.ImpossibleTransition`).
+SUBMIT: Final = "submit"  # creates the workflow and its steps; not a table row
 START: Final = "start"
 SKIP: Final = "skip"
 PLAN: Final = "plan"
@@ -59,6 +60,7 @@ SUCCEED: Final = "succeed"
 FAIL: Final = "fail"
 CANCEL: Final = "cancel"
 TIME_OUT: Final = "time_out"
+EVENTS: Final = (SUBMIT, PLAN, START, SKIP, STOP, SUCCEED, FAIL, CANCEL, TIME_OUT)
 
 INITIAL_WORKFLOW_STATUS: Final = RUNNING
 WORKFLOW_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
@@ -80,6 +82,7 @@ STEP_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
     (ACTIVE, FAIL): FAILED,
     (ACTIVE, CANCEL): CANCELLED,
 }
+FINAL_STEP_STATUSES: Final = frozenset({SUCCEEDED}) | UNSUCCESSFUL_STEP
 
 COMPENSATION_STATUSES: Final = (PENDING, ACTIVE, SUCCEEDED, FAILED, CANCELLED)
 COMPENSATION_TRANSITIONS: Final[dict[tuple[str | None, str], str]] = {
@@ -90,6 +93,7 @@ COMPENSATION_TRANSITIONS: Final[dict[tuple[str | None, str], str]] = {
     (ACTIVE, FAIL): FAILED,
     (ACTIVE, CANCEL): CANCELLED,
 }
+FINAL_COMPENSATION_STATUSES: Final = frozenset({SUCCEEDED, FAILED, CANCELLED})
 
 FAIL_FAST: Final = "fail_fast"
 CONTINUE: Final = "continue"
