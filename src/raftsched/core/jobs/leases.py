@@ -11,14 +11,13 @@ from raftsched.core.jobs.flow_claim import Selector
 from raftsched.core.jobs.job_events import lease_inputs
 from raftsched.core.jobs.lifecycle import (
     allowed,
-    cancel_leased,
     end_attempt,
-    finish,
     invalid_state,
     retry_or_dead_letter,
     transition,
 )
 from raftsched.core.kernel.model import (
+    CANCEL,
     CLAIM,
     COMPLETE,
     DEAD_LETTER_EVENT,
@@ -45,7 +44,7 @@ from raftsched.core.kernel.results import (
     Started,
 )
 from raftsched.core.kernel.savepoint import Savepoint
-from raftsched.core.kernel.state import State, push_lease
+from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     CLAIM_JOBS_MAX,
     CLAIM_QUEUES_MAX,
@@ -153,8 +152,7 @@ def _grant(state: State, job: Job, worker_id: str, lease_ms: int, savepoint: Sav
     job.lease = JobLease(worker_id, epoch, token, expires_at_ms, lease_ms)
     job.attempts = (*job.attempts, Attempt(number, worker_id, epoch, token, now_ms))
     job.next_run_at_ms = None
-    transition(state, job, CLAIM, worker_id, token)
-    push_lease(state, job, expires_at_ms, token)
+    transition(state, job, CLAIM, worker_id, token)  # into the lease heap
     return Lease(
         job.id,
         number,
@@ -223,7 +221,6 @@ def apply_complete(
     end_attempt(state, job, OUTCOME_SUCCEEDED, None, counted=True)
     job.result = command.result
     transition(state, job, COMPLETE, lease.worker_id, lease.fencing_token)
-    finish(state, job)
     return Completed(job.id, command.result, replayed=False)
 
 
@@ -252,11 +249,10 @@ def apply_fail(state: State, command: FailJob, savepoint: Savepoint) -> Failed |
     job.last_error = error
     if command.kind == "cancelled" or job.cancel_requested:
         end_attempt(state, job, OUTCOME_CANCELLED, error, counted=True)
-        cancel_leased(state, job, actor, token, detail)
+        transition(state, job, CANCEL, actor, token, detail)
     elif command.kind == "permanent":
         end_attempt(state, job, OUTCOME_FAILED, error, counted=True)
         transition(state, job, DEAD_LETTER_EVENT, actor, token, detail)
-        finish(state, job)
     else:
         end_attempt(state, job, OUTCOME_FAILED, error, counted=True)
         retry_or_dead_letter(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from raftsched.core.jobs.commands import CancelJob, Configure, RecordEffect, ReplayJob
 from raftsched.core.jobs.leases import current_lease, not_found
-from raftsched.core.jobs.lifecycle import allowed, finish, invalid_state, transition
+from raftsched.core.jobs.lifecycle import allowed, invalid_state, transition
 from raftsched.core.kernel.model import (
     CANCEL,
     CANCELLED,
@@ -23,7 +23,7 @@ from raftsched.core.kernel.results import (
     Replayed,
 )
 from raftsched.core.kernel.savepoint import Savepoint
-from raftsched.core.kernel.state import State, add_history, push_runnable
+from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     KEY_CHARS_MAX,
     TIME_MS_MAX,
@@ -59,27 +59,12 @@ def apply_cancel(
             job.cancel_requested = True
             lease = job.lease
             token = None if lease is None else lease.fencing_token
-            status = job.status
-            add_history(
-                job,
-                (
-                    state.now_ms,
-                    REQUEST_CANCEL,
-                    status,
-                    status,
-                    command.actor,
-                    state.epoch,
-                    token,
-                    reason,
-                ),
-            )
-            job.updated_at_ms = state.now_ms
+            transition(state, job, REQUEST_CANCEL, command.actor, token, reason)
         return CancelAccepted(job.id, job.status, cancel_requested=True)
     if not allowed(job, CANCEL):
         return invalid_state(job, CANCEL)
     savepoint.touch(job)
     transition(state, job, CANCEL, command.actor, None, reason)
-    finish(state, job)
     return CancelAccepted(job.id, CANCELLED, cancel_requested=job.cancel_requested)
 
 
@@ -101,7 +86,6 @@ def apply_replay(state: State, command: ReplayJob, savepoint: Savepoint) -> Repl
     job.deadline_at_ms = None
     job.next_run_at_ms = state.now_ms
     transition(state, job, REPLAY, command.actor, None, command.reason or None)
-    push_runnable(state, job)
     return Replayed(job.id)
 
 

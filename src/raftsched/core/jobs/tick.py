@@ -15,15 +15,14 @@ from raftsched.core.events import outbox
 from raftsched.core.jobs.leases import stale_epoch
 from raftsched.core.jobs.lifecycle import (
     SYSTEM_ACTOR,
-    cancel_leased,
     end_attempt,
-    finish,
     retry_or_dead_letter,
     transition,
 )
 from raftsched.core.jobs.retry import seeded_u32
 from raftsched.core.kernel.commands import Tick
 from raftsched.core.kernel.model import (
+    CANCEL,
     CLAIMED,
     DEAD_LETTER_EVENT,
     DUE,
@@ -39,7 +38,7 @@ from raftsched.core.kernel.model import (
 )
 from raftsched.core.kernel.results import Rejected, Ticked
 from raftsched.core.kernel.savepoint import Savepoint
-from raftsched.core.kernel.state import State, TimedEntry, push_runnable, remove_job
+from raftsched.core.kernel.state import State, TimedEntry, remove_job
 from raftsched.core.kernel.validate import TICK_ITEMS_MAX, U64_MAX, check_int
 from raftsched.core.schedules import fire as schedules_fire
 from raftsched.core.workflows import handlers as workflows
@@ -132,13 +131,12 @@ def _expire(state: State, job: Job, seed: int, savepoint: Savepoint) -> None:
     started = job.status != CLAIMED
     if job.cancel_requested:
         end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, counted=started)
-        cancel_leased(state, job, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL)
+        transition(state, job, CANCEL, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL)
     elif not started:
         # The handler never started: a safe retry that costs no attempt.
         end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, counted=False)
-        transition(state, job, REQUEUE, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL)
         job.next_run_at_ms = state.now_ms
-        push_runnable(state, job)
+        transition(state, job, REQUEUE, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL)
     else:
         end_attempt(state, job, OUTCOME_LEASE_EXPIRED, _UNKNOWN_OUTCOME, counted=True)
         job.last_error = _UNKNOWN_OUTCOME
@@ -162,7 +160,6 @@ def _enforce_deadlines(state: State, budget: int, savepoint: Savepoint) -> int:
             end_attempt(state, job, OUTCOME_FAILED, _DEADLINE_ERROR, counted=False)
         job.last_error = _DEADLINE_ERROR
         transition(state, job, DEAD_LETTER_EVENT, SYSTEM_ACTOR, token, _DEADLINE_ERROR[1])
-        finish(state, job)
         done += 1
     return done
 
@@ -176,7 +173,6 @@ def _make_due_runnable(state: State, budget: int, savepoint: Savepoint) -> int:
             continue
         savepoint.touch(job)
         transition(state, job, DUE, SYSTEM_ACTOR)
-        push_runnable(state, job)
         done += 1
     return done
 
