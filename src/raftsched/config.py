@@ -1,6 +1,6 @@
 """Node configuration: what an operator sets, parsed from flags or a TOML file.
 
-The CLI builds a `NodeConfig` and hands it to `raftsched.node.run_node`.
+The CLI builds a `NodeConfig` and hands it to `raftsched.process.run_node`.
 A node refuses to start without a cluster secret: pysyncobj speaks pickle on
 its Raft port, and only its `password` option (encryption and
 authentication) keeps strangers from running code in the node.

@@ -83,7 +83,7 @@ def run_node_command(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    from raftsched.node import run_node  # imported late: the CLI's other commands need no node
+    from raftsched.process import run_node  # imported late: the CLI's other commands need no node
 
     run_node(config)
     return 0

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 
@@ -37,7 +38,6 @@ from raftsched.node.machine import ReplicatedState
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
 from raftsched.node.proposer import NotLeader, OutcomeUnknown, Proposer
-from raftsched.node.webhooks import WebhookDelivery
 from raftsched.raft import RaftNode, RaftStatus
 from raftsched.raft_journal import SNAPSHOT_NAME
 
@@ -56,6 +56,17 @@ IDLE_TICK_PAUSE_S = 0.05
 class LeaderInfo:
     id: str
     http_url: str | None
+
+
+class LeaderDuty(Protocol):
+    """Work that runs only while this node leads (the webhook deliverer): started
+    with the term on election, stopped on stepping down, closed with the node."""
+
+    def start(self, term: int) -> None: ...
+
+    def stop(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class Node:
@@ -88,7 +99,7 @@ class Node:
         self._dispatch_task: asyncio.Task[None] | None = None
         self._leader_term: int | None = None
         self.observer = Observer(config.node_id, self.metrics, self.reading, self.status)
-        self.webhooks = WebhookDelivery(self)  # leader-only, started below
+        self._leader_duties: list[LeaderDuty] = []  # see add_leader_duty
         self.observer.is_leader = lambda: self.is_leader
         self.proposer = Proposer(
             loop,
@@ -106,6 +117,10 @@ class Node:
 
     # -- lifecycle ------------------------------------------------------------
 
+    def add_leader_duty(self, duty: LeaderDuty) -> None:
+        """Run `duty` while this node leads; added before `start`."""
+        self._leader_duties.append(duty)
+
     def start(self) -> None:
         """Start Raft. Must run on the main thread (see raftsched.raft)."""
         self.raft.start()
@@ -113,7 +128,8 @@ class Node:
 
     async def close(self) -> None:
         self.proposer.step_down()
-        await self.webhooks.close()
+        for duty in self._leader_duties:
+            await duty.close()
         if self._dispatch_task is not None:
             self._dispatch_task.cancel()
         if self._sampler_task is not None:
@@ -148,7 +164,8 @@ class Node:
                 self._dispatch_task.cancel()
                 self._dispatch_task = None
             self._leader_term = None
-            self.webhooks.stop()
+            for duty in self._leader_duties:
+                duty.stop()
             self.metrics.leader_changes.inc()
         if is_leader:
             log.info("became leader", extra={"epoch": term})
@@ -157,7 +174,8 @@ class Node:
             self.proposer.become_leader(term)
             self.observer.on_became_leader()
             self._dispatch_task = self.loop.create_task(self._dispatch(term))
-            self.webhooks.start(term)
+            for duty in self._leader_duties:
+                duty.start(term)
         self._notify_changed()
 
     # -- leadership and reads -------------------------------------------------

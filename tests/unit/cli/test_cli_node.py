@@ -20,10 +20,10 @@ SECRET = "s" * 24
 
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> list[NodeConfig]:
-    import raftsched.node
+    import raftsched.process
 
     configs: list[NodeConfig] = []
-    monkeypatch.setattr(raftsched.node, "run_node", configs.append)
+    monkeypatch.setattr(raftsched.process, "run_node", configs.append)
     return configs
 
 
