@@ -9,8 +9,8 @@ from importlib import resources
 
 from aiohttp import web
 
-from raftsched.api.app import node_of
 from raftsched.api.jsonbody import json_response
+from raftsched.api.requests import node_of
 from raftsched.node.metrics import CONTENT_TYPE
 
 # How long /readyz waits for this replica to apply what was committed when the

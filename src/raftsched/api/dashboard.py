@@ -32,9 +32,9 @@ from aiohttp import web
 
 from raftsched import core
 from raftsched.api import render
-from raftsched.api.app import Handler, node_of
 from raftsched.api.errors import ApiError
 from raftsched.api.jsonbody import json_response
+from raftsched.api.requests import Handler, node_of
 from raftsched.api.validation import query_integer, reject_unknown
 from raftsched.node import metrics as families
 from raftsched.node.observability import wall_ms

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
 from contextlib import suppress
 from typing import Any
 
 from aiohttp import web
 
-from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
+from raftsched.api.requests import node_of, prepare_read, read_json
 from raftsched.api.validation import (
     WAIT_S_MAX,
     path_id,
     query_integer,
+    query_number,
     reject_unknown,
     require_object,
     string,
@@ -50,26 +50,13 @@ def event_json(event: OutboxEvent) -> dict[str, Any]:
     }
 
 
-def _query_number(query: Mapping[str, str], name: str, low: float, high: float) -> float | None:
-    raw = query.get(name)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise invalid(name, "must be a number") from None
-    if not low <= value <= high:
-        raise invalid(name, f"must be between {low:g} and {high:g}")
-    return value
-
-
 @routes.get("/v1/events")
 async def list_events(request: web.Request) -> web.Response:
     """Events with seq > `after`, waiting up to `wait_s` for the first one."""
     query = request.query
     reject_unknown(query, frozenset({"after", "types", "wait_s", "limit", "consistency"}))
     after = query_integer(query, "after", 0, 2**63 - 1, default=0)
-    wait_s = _query_number(query, "wait_s", 0, WAIT_S_MAX) or 0.0
+    wait_s = query_number(query, "wait_s", 0, WAIT_S_MAX) or 0.0
     limit = query_integer(query, "limit", 1, EVENTS_LIMIT_MAX, default=100)
     assert after is not None and limit is not None
     types = [t for t in query.get("types", "").split(",") if t] or None

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 
 from raftsched import core
-from raftsched.api import queues, render
-from raftsched.api.app import node_of, prepare_read, read_json
+from raftsched.api import render
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.requests import actor, node_of, optional_body, prepare_read, read_json
 from raftsched.api.validation import (
     BATCH_JOBS_MAX,
     parse_job,
@@ -45,8 +46,18 @@ async def _submit(request: web.Request, specs: list[JobSpec], size_bytes: int) -
     if isinstance(result, Rejected):
         raise from_rejection(result)
     assert isinstance(result, Submitted)
-    queues.count_rejections(request, specs, result.items)  # flow-control metrics
+    _count_queue_full(request, specs, result.items)
     return result
+
+
+def _count_queue_full(
+    request: web.Request, specs: Sequence[JobSpec], items: Sequence[SubmitItem | Rejected]
+) -> None:
+    """Count the submissions that tenant backpressure refused (flow-control metrics)."""
+    counter = node_of(request).metrics.flow_rejected
+    for spec, item in zip(specs, items, strict=True):
+        if isinstance(item, Rejected) and item.code == "queue_full":
+            counter.labels(spec.tenant, spec.queue).inc()
 
 
 @routes.post("/v1/jobs")
@@ -165,23 +176,17 @@ def _by_idempotency_key(request: web.Request, key: str) -> dict[str, Any]:
         return {"jobs": [] if job is None else [render.job(job)], "next_cursor": None}
 
 
-def _reason(body: dict[str, Any]) -> str:
+def _reason(body: Mapping[str, Any]) -> str:
     reject_unknown(body, frozenset({"reason"}))
     return reason(body)
 
 
-async def _optional_body(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
-        return {}
-    return dict(require_object(await read_json(request)))
-
-
 @routes.post("/v1/jobs/{job_id}/cancel")
 async def cancel_job(request: web.Request) -> web.Response:
-    reason = _reason(await _optional_body(request))
+    reason = _reason(await optional_body(request))
     job_id = path_id(request.match_info["job_id"])
-    actor = request.headers.get("Raftsched-Actor", "").strip()[:200] or "api"
-    result = await node_of(request).propose(CancelJob(job_id, reason, actor=actor))
+    command = CancelJob(job_id, reason, actor=actor(request, "api"))
+    result = await node_of(request).propose(command)
     if isinstance(result, Rejected):
         raise from_rejection(result)
     assert isinstance(result, CancelAccepted)
@@ -190,11 +195,10 @@ async def cancel_job(request: web.Request) -> web.Response:
 
 @routes.post("/v1/jobs/{job_id}/replay")
 async def replay_job(request: web.Request) -> web.Response:
-    body = await _optional_body(request)
-    reason = _reason(body)
+    reason = _reason(await optional_body(request))
     job_id = path_id(request.match_info["job_id"])
-    actor = request.headers.get("Raftsched-Actor", "").strip()[:200] or "operator"
-    result = await node_of(request).propose(ReplayJob(job_id, reason, actor=actor))
+    command = ReplayJob(job_id, reason, actor=actor(request, "operator"))
+    result = await node_of(request).propose(command)
     if isinstance(result, Rejected):
         raise from_rejection(result)
     assert isinstance(result, Replayed)

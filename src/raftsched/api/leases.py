@@ -14,9 +14,9 @@ from aiohttp import web
 
 from raftsched import core
 from raftsched.api import render, unsafe
-from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.requests import node_of, prepare_read, read_json
 from raftsched.api.validation import (
     BATCH_OPS_MAX,
     CLAIM_JOBS_MAX,

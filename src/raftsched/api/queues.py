@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Counter
 
-from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.requests import node_of, prepare_read, read_json
 from raftsched.api.validation import (
     boolean,
     integer,
@@ -252,25 +251,13 @@ QUEUE_FAMILIES = {
     "blocked_keys": families.FLOW_QUEUE_BLOCKED_KEYS,
     "circuit_open": families.FLOW_QUEUE_CIRCUIT_OPEN,
 }
-REJECTED = web.AppKey("flow_rejected", Counter)
 
 
 def setup(app: web.Application, node: Any) -> None:
     app.add_routes(routes)
     metrics: NodeMetrics = node.metrics
-    app[REJECTED] = metrics.flow_rejected
     metrics.sample_together(tuple(TENANT_FAMILIES.values()), lambda: _tenant_samples(node))
     metrics.sample_together(tuple(QUEUE_FAMILIES.values()), lambda: _queue_samples(node))
-
-
-def count_rejections(request: web.Request, specs: Any, items: Any) -> None:
-    """Count the queue_full answers of a submission (called by api/jobs)."""
-    counter = request.app.get(REJECTED)
-    if counter is None:
-        return
-    for spec, item in zip(specs, items, strict=True):
-        if isinstance(item, Rejected) and item.code == "queue_full":
-            counter.labels(spec.tenant, spec.queue).inc()
 
 
 def _bounded(samples: dict[str, float], ranking: dict[str, float]) -> Samples:

@@ -13,9 +13,10 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.render import time_or_none
+from raftsched.api.requests import node_of, optional_body, prepare_read, read_json
 from raftsched.api.validation import (
     boolean,
     choice,
@@ -92,10 +93,6 @@ CATCHUP_FIELDS: Final = frozenset({"policy", "window_s", "max_runs", "grace_s"})
 LIST_LIMIT_MAX: Final = 1000
 BATCH_MAX: Final = 1000
 DAY_S: Final = 86_400
-
-
-def _time(ms: int | None) -> str | None:
-    return None if ms is None else format_ms(ms)
 
 
 # -- parsing --------------------------------------------------------------------------
@@ -221,8 +218,8 @@ def render_schedule(state: Any, schedule: Schedule) -> dict[str, Any]:
         "cron": spec.cron,
         "interval_s": None if spec.interval_ms is None else spec.interval_ms / 1000,
         "timezone": spec.timezone,
-        "start_at": _time(spec.start_at_ms),
-        "end_at": _time(spec.end_at_ms),
+        "start_at": time_or_none(spec.start_at_ms),
+        "end_at": time_or_none(spec.end_at_ms),
         "jitter_s": spec.jitter_ms / 1000,
         "overlap": spec.overlap,
         "catchup": {
@@ -235,9 +232,9 @@ def render_schedule(state: Any, schedule: Schedule) -> dict[str, Any]:
         "job": render_template(spec.job),
         "created_at": format_ms(schedule.created_at_ms),
         "updated_at": format_ms(schedule.updated_at_ms),
-        "next_fire_at": None if schedule.paused else _time(schedule.next_fire_ms),
-        "next_nominal_time": None if schedule.paused else _time(schedule.next_nominal_ms),
-        "last_fired_at": _time(schedule.last_fired_at_ms),
+        "next_fire_at": None if schedule.paused else time_or_none(schedule.next_fire_ms),
+        "next_nominal_time": None if schedule.paused else time_or_none(schedule.next_nominal_ms),
+        "last_fired_at": time_or_none(schedule.last_fired_at_ms),
         "running": is_running(state, schedule),
         "running_job_ids": list(schedule.active),
         "buffered": [format_ms(nominal_ms) for nominal_ms, _ in schedule.buffer],
@@ -388,8 +385,7 @@ async def resume(request: web.Request) -> web.Response:
 @routes.post("/v1/schedules/{schedule_id}/trigger")
 async def trigger(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
-    if request.can_read_body:
-        reject_unknown(require_object(await read_json(request)), frozenset())
+    reject_unknown(await optional_body(request), frozenset())
     result = await _propose(request, TriggerSchedule(schedule_id))
     assert isinstance(result, OccurrenceDecided)
     return json_response({"occurrence": render_decided(result, result.nominal_ms)})

@@ -182,6 +182,20 @@ def query_integer(
     return value
 
 
+def query_number(query: Mapping[str, str], name: str, low: float, high: float) -> float | None:
+    """A query parameter that `float` reads, within [low, high]."""
+    raw = query.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise invalid(name, "must be a number") from None
+    if not low <= value <= high:
+        raise invalid(name, f"must be between {low:g} and {high:g}")
+    return value
+
+
 def seconds_ms(
     body: Mapping[str, Any], name: str, low_s: float, high_s: float, *, prefix: str = ""
 ) -> int | None:

@@ -7,10 +7,10 @@ from typing import Any
 
 from aiohttp import web
 
-from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
+from raftsched.api.requests import node_of, optional_body, prepare_read, read_json
 from raftsched.api.validation import (
     JOB_FIELDS,
     KEY_LENGTH_MAX,
@@ -254,9 +254,7 @@ async def list_workflows(request: web.Request) -> web.Response:
 @routes.post("/v1/workflows/{workflow_id}/cancel")
 async def cancel_workflow(request: web.Request) -> web.Response:
     workflow_id = path_id(request.match_info["workflow_id"], "workflow_id")
-    body: Mapping[str, Any] = {}
-    if request.can_read_body:
-        body = require_object(await read_json(request))
+    body = await optional_body(request)
     reject_unknown(body, frozenset({"reason"}))
     result = await node_of(request).propose(CancelWorkflow(workflow_id, reason(body)))
     if isinstance(result, Rejected):
