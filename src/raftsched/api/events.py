@@ -9,10 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
-from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
-from raftsched.api.requests import node_of, prepare_read, read_json
+from raftsched.api.requests import node_of, prepare_read, propose, read_json
 from raftsched.api.validation import (
     WAIT_S_MAX,
     path_id,
@@ -25,7 +25,7 @@ from raftsched.api.validation import (
 from raftsched.core import outbox
 from raftsched.core.commands import CreateSubscription, DeleteSubscription, RetryParked
 from raftsched.core.outbox import OutboxEvent, decode_data
-from raftsched.core.results import ParkedRetried, Rejected, SubscriptionCreated
+from raftsched.core.results import Ack, ParkedRetried, SubscriptionCreated
 from raftsched.core.subscriptions import (
     SECRET_CHARS_MAX,
     TYPES_MAX,
@@ -141,10 +141,7 @@ async def create_subscription(request: web.Request) -> web.Response:
     node = node_of(request)
     subscription_id = string(body, "id") or node.ids.new("sub", node.clock.now_ms())
     command = CreateSubscription(subscription_id, url, tuple(sorted(set(types))), secret)
-    result = await node.propose(command)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, SubscriptionCreated)
+    result = await propose(request, command, SubscriptionCreated)
     answer = {"subscription": _read_subscription(request, subscription_id)}
     return json_response(answer, status=201 if result.created else 200)
 
@@ -173,9 +170,7 @@ async def get_subscription(request: web.Request) -> web.Response:
 @routes.delete("/v1/subscriptions/{subscription_id}")
 async def delete_subscription(request: web.Request) -> web.Response:
     subscription_id = path_id(request.match_info["subscription_id"], "subscription_id")
-    result = await node_of(request).propose(DeleteSubscription(subscription_id))
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
+    await propose(request, DeleteSubscription(subscription_id), Ack)
     return web.Response(status=204)
 
 
@@ -183,8 +178,5 @@ async def delete_subscription(request: web.Request) -> web.Response:
 async def retry_parked(request: web.Request) -> web.Response:
     """Operator action: deliver the subscription's parked events once more."""
     subscription_id = path_id(request.match_info["subscription_id"], "subscription_id")
-    result = await node_of(request).propose(RetryParked(subscription_id))
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, ParkedRetried)
+    result = await propose(request, RetryParked(subscription_id), ParkedRetried)
     return json_response({"retried": result.count})

@@ -11,7 +11,15 @@ from raftsched import core
 from raftsched.api import render
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
-from raftsched.api.requests import actor, node_of, optional_body, prepare_read, read_json
+from raftsched.api.requests import (
+    actor,
+    body_bytes,
+    node_of,
+    optional_body,
+    prepare_read,
+    propose,
+    read_json,
+)
 from raftsched.api.validation import (
     BATCH_JOBS_MAX,
     parse_job,
@@ -42,10 +50,7 @@ async def _submit(request: web.Request, specs: list[JobSpec], size_bytes: int) -
     node = node_of(request)
     now_ms = node.clock.now_ms()
     job_ids = tuple(node.ids.new("job", now_ms) for _ in specs)
-    result = await node.propose(SubmitJobs(tuple(specs), job_ids), size_bytes)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, Submitted)
+    result = await propose(request, SubmitJobs(tuple(specs), job_ids), Submitted, size_bytes)
     _count_queue_full(request, specs, result.items)
     return result
 
@@ -63,7 +68,7 @@ def _count_queue_full(
 @routes.post("/v1/jobs")
 async def submit_job(request: web.Request) -> web.Response:
     spec = parse_job(await read_json(request))
-    result = await _submit(request, [spec], request.content_length or 0)
+    result = await _submit(request, [spec], body_bytes(request))
     item = result.items[0]
     if isinstance(item, Rejected):
         raise from_rejection(item)
@@ -83,7 +88,7 @@ async def submit_batch(request: web.Request) -> web.Response:
     # The batch commits together, so it is validated whole first: one bad
     # request fails the call and nothing is proposed.
     specs = [parse_job(job, prefix=f"jobs[{i}].") for i, job in enumerate(jobs)]
-    result = await _submit(request, specs, request.content_length or 0)
+    result = await _submit(request, specs, body_bytes(request))
     results: list[dict[str, Any]] = []
     for item in result.items:
         if isinstance(item, SubmitItem):
@@ -185,11 +190,7 @@ def _reason(body: Mapping[str, Any]) -> str:
 async def cancel_job(request: web.Request) -> web.Response:
     reason = _reason(await optional_body(request))
     job_id = path_id(request.match_info["job_id"])
-    command = CancelJob(job_id, reason, actor=actor(request, "api"))
-    result = await node_of(request).propose(command)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, CancelAccepted)
+    await propose(request, CancelJob(job_id, reason, actor=actor(request, "api")), CancelAccepted)
     return json_response({"job": _job_json(request, job_id)})
 
 
@@ -197,11 +198,7 @@ async def cancel_job(request: web.Request) -> web.Response:
 async def replay_job(request: web.Request) -> web.Response:
     reason = _reason(await optional_body(request))
     job_id = path_id(request.match_info["job_id"])
-    command = ReplayJob(job_id, reason, actor=actor(request, "operator"))
-    result = await node_of(request).propose(command)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, Replayed)
+    await propose(request, ReplayJob(job_id, reason, actor=actor(request, "operator")), Replayed)
     return json_response({"job": _job_json(request, job_id)})
 
 

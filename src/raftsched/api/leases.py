@@ -16,7 +16,7 @@ from raftsched import core
 from raftsched.api import render, unsafe
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
-from raftsched.api.requests import node_of, prepare_read, read_json
+from raftsched.api.requests import body_bytes, node_of, prepare_read, read_json
 from raftsched.api.validation import (
     BATCH_OPS_MAX,
     CLAIM_JOBS_MAX,
@@ -112,7 +112,8 @@ def _command_for(op: str, job_id: str, body: Mapping[str, Any], prefix: str = ""
 
 
 def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
-    """The JSON answer of one lease operation (raises for rejections)."""
+    """The JSON answer of one fenced operation, a lease op or "effect" (raises
+    for rejections, counting the lease_lost ones by op)."""
     node = node_of(request)
     if isinstance(result, Rejected):
         if result.code == "lease_lost":
@@ -142,6 +143,8 @@ def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
             "status": result.status,
             "next_run_at": render.time_or_none(result.next_run_at_ms),
         }
+    if isinstance(result, EffectRecorded):
+        return {"effect": render.effect(result.effect), "replayed": result.replayed}
     raise ApiError("internal_error", f"unexpected result {type(result).__name__}")
 
 
@@ -151,7 +154,7 @@ def _op_route(op: str) -> None:
         job_id = path_id(request.match_info["job_id"])
         body = unsafe.ignore_fencing(node_of(request), job_id, body)  # negative control only
         command = _command_for(op, job_id, body)
-        result = await node_of(request).propose(command, request.content_length or 0)
+        result = await node_of(request).propose(command, body_bytes(request))
         return json_response(_answer(request, op, result))
 
     handler.__name__ = f"lease_{op}"
@@ -191,7 +194,7 @@ async def lease_batch(request: web.Request) -> web.Response:
             slots.append((op, None))
         except ApiError as error:
             slots.append(("error", error))
-    futures = iter(node.submit_all(commands, request.content_length or 0) if commands else [])
+    futures = iter(node.submit_all(commands, body_bytes(request)) if commands else [])
     slots = [(op, pending if op == "error" else next(futures)) for op, pending in slots]
     results: list[dict[str, Any]] = []
     for op, pending in slots:
@@ -228,14 +231,9 @@ async def record_effect(request: web.Request) -> web.Response:
     command = RecordEffect(
         key, job_id, fencing_token(body), pack_json(body.get("result"), "result")
     )
-    result = await node_of(request).propose(command, request.content_length or 0)
-    if isinstance(result, Rejected):
-        if result.code == "lease_lost":
-            node_of(request).metrics.lease_lost.labels("effect").inc()
-        raise from_rejection(result)
-    assert isinstance(result, EffectRecorded)
-    answer = {"effect": render.effect(result.effect), "replayed": result.replayed}
-    return json_response(answer, status=200 if result.replayed else 201)
+    result = await node_of(request).propose(command, body_bytes(request))
+    answer = _answer(request, "effect", result)
+    return json_response(answer, status=200 if answer["replayed"] else 201)
 
 
 @routes.get("/v1/effects/{key}")

@@ -11,9 +11,9 @@ from typing import Any
 
 from aiohttp import web
 
-from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
-from raftsched.api.requests import node_of, prepare_read, read_json
+from raftsched.api.requests import node_of, prepare_read, propose, read_json
 from raftsched.api.validation import (
     boolean,
     integer,
@@ -23,7 +23,7 @@ from raftsched.api.validation import (
     require_object,
     seconds_ms,
 )
-from raftsched.core.commands import Command, PauseQueue, SetQueue, SetTenant
+from raftsched.core.commands import PauseQueue, SetQueue, SetTenant
 from raftsched.core.flow import (
     CIRCUIT_WINDOW_MAX,
     CIRCUIT_WINDOW_MIN,
@@ -39,7 +39,7 @@ from raftsched.core.flow_queries import (
     tenant_names,
     tenant_view,
 )
-from raftsched.core.results import Rejected
+from raftsched.core.results import Ack
 from raftsched.node import metrics as families
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.timefmt import format_ms
@@ -146,12 +146,6 @@ def render_tenant(view: TenantView) -> dict[str, Any]:
     }
 
 
-async def _propose(request: web.Request, command: Command) -> None:
-    result = await node_of(request).propose(command)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-
-
 def _queue_json(request: web.Request, name: str, with_blocked: bool) -> dict[str, Any]:
     node = node_of(request)
     now_ms = node.clock.now_ms()
@@ -167,21 +161,21 @@ def _tenant_json(request: web.Request, name: str) -> dict[str, Any]:
 @routes.put("/v1/queues/{name}")
 async def put_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await _propose(request, parse_queue(name, await read_json(request)))
+    await propose(request, parse_queue(name, await read_json(request)), Ack)
     return json_response({"queue": _queue_json(request, name, True)})
 
 
 @routes.post("/v1/queues/{name}/pause")
 async def pause_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await _propose(request, PauseQueue(name, True))
+    await propose(request, PauseQueue(name, True), Ack)
     return json_response({"queue": _queue_json(request, name, True)})
 
 
 @routes.post("/v1/queues/{name}/resume")
 async def resume_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await _propose(request, PauseQueue(name, False))
+    await propose(request, PauseQueue(name, False), Ack)
     return json_response({"queue": _queue_json(request, name, True)})
 
 
@@ -211,7 +205,7 @@ async def get_queue(request: web.Request) -> web.Response:
 @routes.put("/v1/tenants/{name}")
 async def put_tenant(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await _propose(request, parse_tenant(name, await read_json(request)))
+    await propose(request, parse_tenant(name, await read_json(request)), Ack)
     return json_response({"tenant": _tenant_json(request, name)})
 
 

@@ -1,5 +1,5 @@
 """What every handler does with its request: find the node, read the body,
-make a read linearizable.
+propose a command, make a read linearizable.
 
 Handler modules import these from here, never from `api.app` or from each
 other: `app` assembles the handlers, so it sits above them.
@@ -8,18 +8,21 @@ other: `app` assembles the handlers, so it sits above them.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from raftsched.api import jsonbody
-from raftsched.api.errors import ApiError, invalid
+from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.validation import require_object
+from raftsched.core.commands import Command
+from raftsched.core.results import Rejected
 from raftsched.node.proposer import NotCommitted, OutcomeUnknown
 from raftsched.node.service import Node
 
 NODE = web.AppKey("node", Node)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+R = TypeVar("R")
 
 
 def node_of(request: web.Request) -> Node:
@@ -46,6 +49,24 @@ async def optional_body(request: web.Request) -> Mapping[str, Any]:
 def actor(request: web.Request, default: str) -> str:
     """Who asked for an operator action (`Raftsched-Actor`), as history records it."""
     return request.headers.get("Raftsched-Actor", "").strip()[:200] or default
+
+
+def body_bytes(request: web.Request) -> int:
+    """What the request's body counts against the proposer's byte bound."""
+    return request.content_length or 0
+
+
+async def propose(
+    request: web.Request, command: Command, expect: type[R], size_bytes: int = 0
+) -> R:
+    """Propose one command for the request and return its result, which the
+    core answers with an `expect` unless it rejects the command; a rejection
+    is raised as its HTTP error (`errors.from_rejection`)."""
+    result = await node_of(request).propose(command, size_bytes)
+    if isinstance(result, Rejected):
+        raise from_rejection(result)
+    assert isinstance(result, expect), result
+    return result
 
 
 def consistency(request: web.Request) -> str:

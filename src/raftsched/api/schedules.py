@@ -16,7 +16,14 @@ from aiohttp import web
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
-from raftsched.api.requests import node_of, optional_body, prepare_read, read_json
+from raftsched.api.requests import (
+    body_bytes,
+    node_of,
+    optional_body,
+    prepare_read,
+    propose,
+    read_json,
+)
 from raftsched.api.validation import (
     boolean,
     choice,
@@ -34,7 +41,6 @@ from raftsched.api.validation import (
 from raftsched.core import calendar
 from raftsched.core.commands import (
     BackfillSchedule,
-    Command,
     CreateSchedule,
     DeleteSchedule,
     JobSpec,
@@ -47,7 +53,6 @@ from raftsched.core.commands import (
 from raftsched.core.results import (
     OccurrenceDecided,
     Rejected,
-    Result,
     ScheduleBackfilled,
     ScheduleSaved,
 )
@@ -268,13 +273,6 @@ def _schedule_body(request: web.Request, schedule_id: str) -> dict[str, Any]:
         return {"schedule": render_schedule(state, schedule)}
 
 
-async def _propose(request: web.Request, command: Command) -> Result:
-    result = await node_of(request).propose(command, request.content_length or 0)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    return result
-
-
 def _schedule_id(request: web.Request) -> str:
     return path_id(request.match_info["schedule_id"], "schedule_id")
 
@@ -292,8 +290,7 @@ def _with_generated_id(request: web.Request, body: Any) -> Any:
 @routes.post("/v1/schedules")
 async def create_schedule(request: web.Request) -> web.Response:
     spec = parse_schedule(_with_generated_id(request, await read_json(request)))
-    result = await _propose(request, CreateSchedule(spec))
-    assert isinstance(result, ScheduleSaved)
+    result = await propose(request, CreateSchedule(spec), ScheduleSaved, body_bytes(request))
     status = 201 if result.created else 200
     return json_response(_schedule_body(request, spec.id), status=status)
 
@@ -313,7 +310,7 @@ async def create_schedules(request: web.Request) -> web.Response:
     # One command per schedule, queued all or none (503 unavailable when the
     # proposer's queue has no room); group commit packs them into a few entries.
     commands = [CreateSchedule(spec) for spec in specs]
-    results = await asyncio.gather(*node.submit_all(commands, request.content_length or 0))
+    results = await asyncio.gather(*node.submit_all(commands, body_bytes(request)))
     answers: list[dict[str, Any]] = []
     for spec, result in zip(specs, results, strict=True):
         if isinstance(result, Rejected):
@@ -357,28 +354,28 @@ async def get_one(request: web.Request) -> web.Response:
 async def edit(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
     spec = parse_schedule(await read_json(request), path_id_value=schedule_id)
-    await _propose(request, UpdateSchedule(spec))
+    await propose(request, UpdateSchedule(spec), ScheduleSaved, body_bytes(request))
     return json_response(_schedule_body(request, schedule_id))
 
 
 @routes.delete("/v1/schedules/{schedule_id}")
 async def delete(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
-    await _propose(request, DeleteSchedule(schedule_id))
+    await propose(request, DeleteSchedule(schedule_id), ScheduleSaved, body_bytes(request))
     return json_response({"deleted": True, "id": schedule_id})
 
 
 @routes.post("/v1/schedules/{schedule_id}/pause")
 async def pause(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
-    await _propose(request, PauseSchedule(schedule_id))
+    await propose(request, PauseSchedule(schedule_id), ScheduleSaved, body_bytes(request))
     return json_response(_schedule_body(request, schedule_id))
 
 
 @routes.post("/v1/schedules/{schedule_id}/resume")
 async def resume(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
-    await _propose(request, ResumeSchedule(schedule_id))
+    await propose(request, ResumeSchedule(schedule_id), ScheduleSaved, body_bytes(request))
     return json_response(_schedule_body(request, schedule_id))
 
 
@@ -386,8 +383,8 @@ async def resume(request: web.Request) -> web.Response:
 async def trigger(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
     reject_unknown(await optional_body(request), frozenset())
-    result = await _propose(request, TriggerSchedule(schedule_id))
-    assert isinstance(result, OccurrenceDecided)
+    command = TriggerSchedule(schedule_id)
+    result = await propose(request, command, OccurrenceDecided, body_bytes(request))
     return json_response({"occurrence": render_decided(result, result.nominal_ms)})
 
 
@@ -404,8 +401,8 @@ async def backfill(request: web.Request) -> web.Response:
     if to_ms < from_ms:
         raise invalid("to", "must not be before from")
     overlap = choice(body, "overlap", OVERLAP_POLICIES)
-    result = await _propose(request, BackfillSchedule(schedule_id, from_ms, to_ms, overlap))
-    assert isinstance(result, ScheduleBackfilled)
+    command = BackfillSchedule(schedule_id, from_ms, to_ms, overlap)
+    result = await propose(request, command, ScheduleBackfilled, body_bytes(request))
     with node_of(request).reading() as state:
         decided_at_ms = state.now_ms
     rendered = [render_decided(each, decided_at_ms) for each in result.decisions]

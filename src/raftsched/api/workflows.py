@@ -7,10 +7,17 @@ from typing import Any
 
 from aiohttp import web
 
-from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
-from raftsched.api.requests import node_of, optional_body, prepare_read, read_json
+from raftsched.api.requests import (
+    body_bytes,
+    node_of,
+    optional_body,
+    prepare_read,
+    propose,
+    read_json,
+)
 from raftsched.api.validation import (
     JOB_FIELDS,
     KEY_LENGTH_MAX,
@@ -27,7 +34,7 @@ from raftsched.api.validation import (
     unpack_json,
 )
 from raftsched.core.commands import CancelWorkflow, JobSpec, StepSpec, SubmitWorkflow
-from raftsched.core.results import Rejected, WorkflowCancelAccepted, WorkflowSubmitted
+from raftsched.core.results import WorkflowCancelAccepted, WorkflowSubmitted
 from raftsched.core.workflows import STEP_NAME_CHARS_MAX, STEPS_MAX
 from raftsched.core.workflows_model import (
     FAILURE_POLICIES,
@@ -187,10 +194,7 @@ async def submit_workflow(request: web.Request) -> web.Response:
     node = node_of(request)
     workflow_id = node.ids.new("wf", node.clock.now_ms())
     command = SubmitWorkflow(workflow_id, **fields)
-    result = await node.propose(command, request.content_length or 0)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, WorkflowSubmitted)
+    result = await propose(request, command, WorkflowSubmitted, body_bytes(request))
     body = {"workflow": _read_workflow(request, result.workflow_id)}
     if result.created:
         return json_response(body, status=201)
@@ -256,8 +260,5 @@ async def cancel_workflow(request: web.Request) -> web.Response:
     workflow_id = path_id(request.match_info["workflow_id"], "workflow_id")
     body = await optional_body(request)
     reject_unknown(body, frozenset({"reason"}))
-    result = await node_of(request).propose(CancelWorkflow(workflow_id, reason(body)))
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, WorkflowCancelAccepted)
+    await propose(request, CancelWorkflow(workflow_id, reason(body)), WorkflowCancelAccepted)
     return json_response({"workflow": _read_workflow(request, workflow_id)})
