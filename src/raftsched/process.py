@@ -60,7 +60,7 @@ def assemble(config: NodeConfig, loop: asyncio.AbstractEventLoop) -> tuple[Node,
 
     node = Node(config, loop)
     node.add_leader_duty(WebhookDelivery(node))
-    return node, create_app(node)
+    return node, create_app(node, max_body_bytes=config.max_body_bytes)
 
 
 async def _serve(config: NodeConfig) -> None:

@@ -24,7 +24,7 @@ from raftsched.api.errors import ApiError
 from raftsched.api.requests import NODE, Handler, node_of
 from raftsched.logs import REQUEST_ID
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, QueueFull
-from raftsched.node.service import Node
+from raftsched.node.view import NodeView
 
 log = logging.getLogger("raftsched.api")
 
@@ -37,7 +37,7 @@ def leader_redirect(request: web.Request) -> web.Response:
     # dead node would only send the client round in circles.
     if (
         leader is None
-        or leader.id == node.config.node_id
+        or leader.id == node.node_id
         or leader.http_url is None
         or not node.peer_reachable(leader.id)
     ):
@@ -135,10 +135,8 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         return ApiError("internal_error", "internal error").response()
 
 
-def create_app(node: Node) -> web.Application:
-    app = web.Application(
-        middlewares=[request_id_middleware], client_max_size=node.config.max_body_bytes
-    )
+def create_app(node: NodeView, *, max_body_bytes: int) -> web.Application:
+    app = web.Application(middlewares=[request_id_middleware], client_max_size=max_body_bytes)
     app[NODE] = node
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)

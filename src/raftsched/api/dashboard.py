@@ -38,7 +38,7 @@ from raftsched.api.requests import Handler, node_of
 from raftsched.api.validation import query_integer, reject_unknown
 from raftsched.node import metrics as families
 from raftsched.node.observability import wall_ms
-from raftsched.node.service import Node
+from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
 log = logging.getLogger("raftsched.audit")
@@ -92,7 +92,7 @@ async def static_file(request: web.Request) -> web.Response:
 
 @routes.get("/v1/time")
 async def node_time(request: web.Request) -> web.Response:
-    return json_response({"node_id": node_of(request).config.node_id, "wall_ms": wall_ms()})
+    return json_response({"node_id": node_of(request).node_id, "wall_ms": wall_ms()})
 
 
 @routes.get("/v1/overview")
@@ -116,10 +116,10 @@ async def overview(request: web.Request) -> web.Response:
     return json_response(body, headers=headers)
 
 
-def _node_json(node: Node) -> dict[str, Any]:
+def _node_json(node: NodeView) -> dict[str, Any]:
     status = node.status()
     leader = node.leader()
-    urls = {p.id: p.http_url for p in node.config.peers}
+    urls = node.http_urls
     peers = [
         {
             "id": peer.id,
@@ -131,8 +131,8 @@ def _node_json(node: Node) -> dict[str, Any]:
         for peer in status.peers
     ]
     return {
-        "id": node.config.node_id,
-        "http_url": node.config.advertised_http_url,
+        "id": node.node_id,
+        "http_url": node.http_url,
         "role": status.role,
         "term": status.term,
         "commit_index": status.commit_index,
@@ -143,7 +143,7 @@ def _node_json(node: Node) -> dict[str, Any]:
     }
 
 
-def _state_json(node: Node) -> dict[str, Any]:
+def _state_json(node: NodeView) -> dict[str, Any]:
     with node.reading() as state:
         now_ms = state.now_ms
         queues = []
@@ -178,14 +178,14 @@ def _state_json(node: Node) -> dict[str, Any]:
         }
 
 
-def _stuck_json(node: Node) -> list[dict[str, Any]]:
+def _stuck_json(node: NodeView) -> list[dict[str, Any]]:
     stuck = node.observer.stuck_jobs()
     for item in stuck:
         item["started_at"] = format_ms(int(item.pop("started_at_ms")))
     return stuck
 
 
-def _counters(node: Node) -> dict[str, dict[str, float]]:
+def _counters(node: NodeView) -> dict[str, dict[str, float]]:
     """Per-queue totals this node proposed, for the page to turn into rates."""
     metrics = node.metrics
     totals: dict[str, dict[str, float]] = {}
@@ -212,8 +212,8 @@ def _origin(url: str | None) -> str | None:
     return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
 
 
-def allowed_origins(node: Node) -> frozenset[str]:
-    urls = [node.config.advertised_http_url, *(p.http_url for p in node.config.peers)]
+def allowed_origins(node: NodeView) -> frozenset[str]:
+    urls = node.http_urls.values()  # this node's and every peer's
     return frozenset(origin for origin in map(_origin, urls) if origin is not None)
 
 

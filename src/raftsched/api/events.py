@@ -138,8 +138,7 @@ async def create_subscription(request: web.Request) -> web.Response:
         or not all(isinstance(t, str) and 0 < len(t) <= 100 for t in types)
     ):
         raise invalid("types", f"must be a list of at most {TYPES_MAX} event types")
-    node = node_of(request)
-    subscription_id = string(body, "id") or node.ids.new("sub", node.clock.now_ms())
+    subscription_id = string(body, "id") or node_of(request).new_id("sub")
     command = CreateSubscription(subscription_id, url, tuple(sorted(set(types))), secret)
     result = await propose(request, command, SubscriptionCreated)
     answer = {"subscription": _read_subscription(request, subscription_id)}

@@ -47,9 +47,7 @@ def _job_json(request: web.Request, job_id: str) -> dict[str, Any]:
 
 
 async def _submit(request: web.Request, specs: list[JobSpec], size_bytes: int) -> Submitted:
-    node = node_of(request)
-    now_ms = node.clock.now_ms()
-    job_ids = tuple(node.ids.new("job", now_ms) for _ in specs)
+    job_ids = node_of(request).new_ids("job", len(specs))
     result = await propose(request, SubmitJobs(tuple(specs), job_ids), Submitted, size_bytes)
     _count_queue_full(request, specs, result.items)
     return result

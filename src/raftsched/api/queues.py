@@ -42,6 +42,7 @@ from raftsched.core.flow_queries import (
 from raftsched.core.results import Ack
 from raftsched.node import metrics as families
 from raftsched.node.metrics import NodeMetrics, Samples
+from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
@@ -148,7 +149,7 @@ def render_tenant(view: TenantView) -> dict[str, Any]:
 
 def _queue_json(request: web.Request, name: str, with_blocked: bool) -> dict[str, Any]:
     node = node_of(request)
-    now_ms = node.clock.now_ms()
+    now_ms = node.now_ms()
     with node.reading() as state:
         return render_queue(queue_view(state, name, now_ms, with_blocked), now_ms)
 
@@ -184,7 +185,7 @@ async def list_queues(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"consistency"}))
     headers = await prepare_read(request)
     node = node_of(request)
-    now_ms = node.clock.now_ms()
+    now_ms = node.now_ms()
     with node.reading() as state:
         views = [queue_view(state, name, now_ms) for name in queue_names(state)]
     body = {"queues": [render_queue(view, now_ms) for view in views]}
@@ -247,7 +248,7 @@ QUEUE_FAMILIES = {
 }
 
 
-def setup(app: web.Application, node: Any) -> None:
+def setup(app: web.Application, node: NodeView) -> None:
     app.add_routes(routes)
     metrics: NodeMetrics = node.metrics
     metrics.sample_together(tuple(TENANT_FAMILIES.values()), lambda: _tenant_samples(node))
@@ -263,7 +264,7 @@ def _bounded(samples: dict[str, float], ranking: dict[str, float]) -> Samples:
     return [((name,), value) for name, value in out.items()]
 
 
-def _tenant_samples(node: Any) -> dict[str, Samples]:
+def _tenant_samples(node: NodeView) -> dict[str, Samples]:
     with node.reading() as state:
         views = [tenant_view(state, name) for name in tenant_names(state)]
     ranking = {view.name: float(view.queued) for view in views}
@@ -281,8 +282,8 @@ def _queue_value(view: Any, what: str) -> float:
     return float(getattr(view, what))
 
 
-def _queue_samples(node: Any) -> dict[str, Samples]:
-    now_ms = node.clock.now_ms()
+def _queue_samples(node: NodeView) -> dict[str, Samples]:
+    now_ms = node.now_ms()
     with node.reading() as state:
         views = [queue_view(state, name, now_ms) for name in queue_names(state)]
     ranking = {view.name: float(view.depth) for view in views}

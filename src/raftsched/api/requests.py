@@ -18,14 +18,14 @@ from raftsched.api.validation import require_object
 from raftsched.core.commands import Command
 from raftsched.core.results import Rejected
 from raftsched.node.proposer import NotCommitted, OutcomeUnknown
-from raftsched.node.service import Node
+from raftsched.node.view import NodeView
 
-NODE = web.AppKey("node", Node)
+NODE: web.AppKey[NodeView] = web.AppKey("node")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 R = TypeVar("R")
 
 
-def node_of(request: web.Request) -> Node:
+def node_of(request: web.Request) -> NodeView:
     return request.app[NODE]
 
 

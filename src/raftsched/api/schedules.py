@@ -74,7 +74,7 @@ from raftsched.core.schedules_query import (
 )
 from raftsched.node import metrics as families
 from raftsched.node.metrics import METRIC_SCHEDULES_MAX
-from raftsched.node.service import Node
+from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
@@ -279,8 +279,7 @@ def _schedule_id(request: web.Request) -> str:
 
 def _with_generated_id(request: web.Request, body: Any) -> Any:
     if isinstance(body, dict) and body.get("id") is None:
-        node = node_of(request)
-        return {**body, "id": node.ids.new("sch", node.clock.now_ms())}
+        return {**body, "id": node_of(request).new_id("sch")}
     return body
 
 
@@ -432,7 +431,7 @@ async def list_occurrences(request: web.Request) -> web.Response:
 Sample = tuple[tuple[str, ...], float]
 
 
-def setup(app: web.Application, node: Node) -> None:
+def setup(app: web.Application, node: NodeView) -> None:
     """Routes and the schedule metrics of this node."""
     app.add_routes(routes)
     sample = node.metrics.sample
@@ -446,13 +445,13 @@ def _first_schedules(state: Any) -> list[Schedule]:
     return first_schedules(state, METRIC_SCHEDULES_MAX)
 
 
-def _totals(node: Node) -> Iterable[Sample]:
+def _totals(node: NodeView) -> Iterable[Sample]:
     with node.reading() as state:
         totals = occurrence_totals(state)
     return [((key,), float(count)) for key, count in sorted(totals.items())]
 
 
-def _per_schedule(node: Node) -> Iterable[Sample]:
+def _per_schedule(node: NodeView) -> Iterable[Sample]:
     with node.reading() as state:
         return [
             ((schedule.id, key), float(count))
@@ -461,7 +460,7 @@ def _per_schedule(node: Node) -> Iterable[Sample]:
         ]
 
 
-def _lags(node: Node) -> Iterable[Sample]:
+def _lags(node: NodeView) -> Iterable[Sample]:
     with node.reading() as state:
         return [
             ((schedule.id,), schedule.last_lag_ms / 1000)
@@ -470,6 +469,6 @@ def _lags(node: Node) -> Iterable[Sample]:
         ]
 
 
-def _count(node: Node) -> Iterable[Sample]:
+def _count(node: NodeView) -> Iterable[Sample]:
     with node.reading() as state:
         return [((), float(count_schedules(state)))]

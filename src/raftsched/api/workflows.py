@@ -191,8 +191,7 @@ def _read_workflow(request: web.Request, workflow_id: str) -> dict[str, Any]:
 @routes.post("/v1/workflows")
 async def submit_workflow(request: web.Request) -> web.Response:
     fields = parse_workflow(await read_json(request))
-    node = node_of(request)
-    workflow_id = node.ids.new("wf", node.clock.now_ms())
+    workflow_id = node_of(request).new_id("wf")
     command = SubmitWorkflow(workflow_id, **fields)
     result = await propose(request, command, WorkflowSubmitted, body_bytes(request))
     body = {"workflow": _read_workflow(request, result.workflow_id)}

@@ -20,9 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from typing import Protocol
 
 import aiohttp
@@ -38,6 +37,7 @@ from raftsched.node.machine import ReplicatedState
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
 from raftsched.node.proposer import NotLeader, OutcomeUnknown, Proposer
+from raftsched.node.view import LeaderInfo
 from raftsched.raft import RaftNode, RaftStatus
 from raftsched.raft_journal import SNAPSHOT_NAME
 
@@ -52,12 +52,6 @@ TICK_ITEMS_MAX = 1_000
 IDLE_TICK_PAUSE_S = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class LeaderInfo:
-    id: str
-    http_url: str | None
-
-
 class LeaderDuty(Protocol):
     """Work that runs only while this node leads (the webhook deliverer): started
     with the term on election, stopped on stepping down, closed with the node."""
@@ -70,6 +64,9 @@ class LeaderDuty(Protocol):
 
 
 class Node:
+    """One coordinator. The API and the webhook deliverer see it through
+    `node.view.NodeView` and `StateView`."""
+
     def __init__(self, config: NodeConfig, loop: asyncio.AbstractEventLoop) -> None:
         self.config = config
         self.loop = loop
@@ -178,6 +175,36 @@ class Node:
                 duty.start(term)
         self._notify_changed()
 
+    # -- who this node is -----------------------------------------------------
+
+    @property
+    def node_id(self) -> str:
+        return self.config.node_id
+
+    @property
+    def http_url(self) -> str:
+        return self.config.advertised_http_url
+
+    @property
+    def raft_address(self) -> str:
+        return self.config.raft_address
+
+    @property
+    def http_urls(self) -> Mapping[str, str]:
+        return self._http_urls
+
+    # -- what proposers draw (the leader clock, identifiers) -------------------
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def new_id(self, prefix: str) -> str:
+        return self.ids.new(prefix, self.clock.now_ms())
+
+    def new_ids(self, prefix: str, count: int) -> tuple[str, ...]:
+        now_ms = self.clock.now_ms()  # one clock read for a batch
+        return tuple(self.ids.new(prefix, now_ms) for _ in range(count))
+
     # -- leadership and reads -------------------------------------------------
 
     @property
@@ -198,6 +225,11 @@ class Node:
         """Hold the state still while a handler reads and renders it."""
         with self.replica.lock:
             yield self.replica.state
+
+    def digest(self) -> tuple[str, int]:
+        """The state digest and the applied index it was taken at."""
+        with self.reading():
+            return self.replica.digest(), self.status().applied_index
 
     async def barrier(self) -> None:
         """Wait until every write committed before this call is applied here,

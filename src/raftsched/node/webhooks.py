@@ -33,7 +33,7 @@ import os
 import random
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
@@ -43,10 +43,8 @@ from raftsched.core.outbox import OutboxEvent, decode_data
 from raftsched.core.subscriptions import Subscription, pending_events, subscriptions
 from raftsched.node import metrics as families
 from raftsched.node.metrics import Samples
+from raftsched.node.view import StateView
 from raftsched.timefmt import format_ms
-
-if TYPE_CHECKING:
-    from raftsched.node.service import Node
 
 log = logging.getLogger("raftsched.webhooks")
 
@@ -109,9 +107,9 @@ class _Target:
 
 
 class WebhookDelivery:
-    """Runs while this node leads (see `Node` leadership changes)."""
+    """Runs while this node leads: a leader duty of the node (`Node.add_leader_duty`)."""
 
-    def __init__(self, node: Node, settings: DeliverySettings | None = None) -> None:
+    def __init__(self, node: StateView, settings: DeliverySettings | None = None) -> None:
         self.node = node
         self.settings = settings or DeliverySettings()
         self._task: asyncio.Task[None] | None = None
@@ -125,7 +123,8 @@ class WebhookDelivery:
 
     def start(self, term: int) -> None:
         self.stop()
-        self._task = self.node.loop.create_task(self._supervise(term))
+        # Called on the node's event loop (its leadership changes run there).
+        self._task = asyncio.create_task(self._supervise(term))
 
     def stop(self) -> None:
         if self._task is not None:
@@ -156,7 +155,7 @@ class WebhookDelivery:
                         self._workers.pop(sub_id).cancel()
                 for sub_id, target in wanted.items():
                     if sub_id not in self._workers:
-                        self._workers[sub_id] = self.node.loop.create_task(self._serve(target))
+                        self._workers[sub_id] = asyncio.create_task(self._serve(target))
                 with suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), IDLE_WAIT_S)
         except asyncio.CancelledError:
