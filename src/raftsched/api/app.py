@@ -54,7 +54,9 @@ def leader_redirect(request: web.Request) -> web.Response:
 
 
 # Request ids need to be unique, not unguessable: a per-process random
-# prefix and a counter (uuid4 costs a getrandom syscall per request).
+# prefix and a counter (uuid4 costs a getrandom syscall per request). They
+# label log lines and answers and never enter a command, so they are not
+# drawn through the node's Draws (node/draws.py), which is for what is proposed.
 _REQUEST_ID_PREFIX = uuid.uuid4().hex[:16]
 _request_ids = itertools.count(1)
 

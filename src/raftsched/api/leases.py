@@ -54,8 +54,8 @@ from raftsched.core.results import (
     Result,
     Started,
 )
-from raftsched.node.clock import random_u32
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
+from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
@@ -94,7 +94,9 @@ async def claim(request: web.Request) -> web.Response:
     return json_response({"leases": [render.lease(grant) for grant in outcome]})
 
 
-def _command_for(op: str, job_id: str, body: Mapping[str, Any], prefix: str = "") -> Command:
+def _command_for(
+    node: NodeView, op: str, job_id: str, body: Mapping[str, Any], prefix: str = ""
+) -> Command:
     """Validate one lease operation and build its command (raises 400)."""
     reject_unknown(body, OP_FIELDS[op] | ({"op", "job_id"} if prefix else set()), prefix)
     token = fencing_token(body, prefix)
@@ -108,7 +110,7 @@ def _command_for(op: str, job_id: str, body: Mapping[str, Any], prefix: str = ""
     if op == "complete":
         return CompleteJob(job_id, token, pack_json(body.get("result"), prefix + "result"))
     kind, message, retry_after_ms = failure(body, prefix)
-    return FailJob(job_id, token, kind, message, retry_after_ms, random_u32())
+    return FailJob(job_id, token, kind, message, retry_after_ms, node.random_u32())
 
 
 def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
@@ -152,9 +154,10 @@ def _op_route(op: str) -> None:
     async def handler(request: web.Request) -> web.Response:
         body = require_object(await read_json(request))
         job_id = path_id(request.match_info["job_id"])
-        body = unsafe.ignore_fencing(node_of(request), job_id, body)  # negative control only
-        command = _command_for(op, job_id, body)
-        result = await node_of(request).propose(command, body_bytes(request))
+        node = node_of(request)
+        body = unsafe.ignore_fencing(node, job_id, body)  # negative control only
+        command = _command_for(node, op, job_id, body)
+        result = await node.propose(command, body_bytes(request))
         return json_response(_answer(request, op, result))
 
     handler.__name__ = f"lease_{op}"
@@ -190,7 +193,7 @@ async def lease_batch(request: web.Request) -> web.Response:
                 raise invalid(prefix + "op", "is required")
             job_id = string(item, "job_id", required=True, prefix=prefix)
             assert job_id is not None
-            commands.append(_command_for(op, job_id, item, prefix))
+            commands.append(_command_for(node, op, job_id, item, prefix))
             slots.append((op, None))
         except ApiError as error:
             slots.append(("error", error))

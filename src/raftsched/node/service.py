@@ -32,7 +32,8 @@ from raftsched.core.commands import Barrier, ClaimJobs, Command, TakeOver, Tick
 from raftsched.core.flow_claim import claimable_at_ms
 from raftsched.core.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.node import metrics as families
-from raftsched.node.clock import IdSource, LeaderClock, random_u64
+from raftsched.node.clock import LeaderClock
+from raftsched.node.draws import Draws
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
@@ -72,7 +73,7 @@ class Node:
         self.loop = loop
         self.metrics = NodeMetrics()
         self.clock = LeaderClock()
-        self.ids = IdSource()
+        self.draws = Draws(self.clock.now_ms)  # every id and random number proposed
         self.replica = ReplicatedState(self._applied_threadsafe)
         self._changed = asyncio.Event()
         self._notify_scheduled = False
@@ -199,11 +200,13 @@ class Node:
         return self.clock.now_ms()
 
     def new_id(self, prefix: str) -> str:
-        return self.ids.new(prefix, self.clock.now_ms())
+        return self.draws.new_id(prefix)
 
     def new_ids(self, prefix: str, count: int) -> tuple[str, ...]:
-        now_ms = self.clock.now_ms()  # one clock read for a batch
-        return tuple(self.ids.new(prefix, now_ms) for _ in range(count))
+        return self.draws.new_ids(prefix, count)
+
+    def random_u32(self) -> int:
+        return self.draws.u32()
 
     # -- leadership and reads -------------------------------------------------
 
@@ -343,7 +346,7 @@ class Node:
 
     async def _tick(self, now_ms: int) -> None:
         try:
-            tick = Tick(seed=random_u64(), max_items=TICK_ITEMS_MAX)
+            tick = Tick(seed=self.draws.u64(), max_items=TICK_ITEMS_MAX)
             result = await self.propose(tick, bounded=False)
         except OutcomeUnknown:
             await asyncio.sleep(IDLE_TICK_PAUSE_S)

@@ -84,6 +84,9 @@ class NodeView(StateView, Protocol):
         """The state digest and the applied index it was taken at."""
         ...
 
+    # Identifiers and random numbers for commands come from the node's
+    # `node.draws.Draws`, through these methods only.
+
     def now_ms(self) -> int:
         """The leader clock: the time a command proposed now is stamped with."""
         ...
@@ -94,6 +97,10 @@ class NodeView(StateView, Protocol):
 
     def new_ids(self, prefix: str, count: int) -> tuple[str, ...]:
         """`count` new identifiers, in the order they sort (a batch's)."""
+        ...
+
+    def random_u32(self) -> int:
+        """Uniform in [0, 2**32), for a command that carries a draw (FailJob)."""
         ...
 
     async def barrier(self) -> None: ...

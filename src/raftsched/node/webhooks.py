@@ -249,7 +249,9 @@ class WebhookDelivery:
         for attempt in range(settings.max_attempts):
             if attempt:
                 cap_s = min(settings.backoff_max_s, settings.backoff_s * 2 ** (attempt - 1))
-                await asyncio.sleep(random.uniform(cap_s / 2, cap_s))  # jittered
+                # Jittered. Local retry timing, never proposed: not one of the
+                # node's draws (node/draws.py), which are what commands carry.
+                await asyncio.sleep(random.uniform(cap_s / 2, cap_s))
             self.metrics.webhook_attempts.labels(target.id).inc()
             error = await self._post(target.url, body, headers)
             if not error:
