@@ -36,6 +36,7 @@ from raftsched.api.errors import ApiError
 from raftsched.api.jsonbody import json_response
 from raftsched.api.requests import Handler, node_of
 from raftsched.api.validation import query_integer, reject_unknown
+from raftsched.limits import ACTOR_CHARS_MAX, OVERVIEW_ERRORS_MAX
 from raftsched.node import metrics as families
 from raftsched.node.observability import wall_ms
 from raftsched.node.view import NodeView
@@ -98,7 +99,9 @@ async def node_time(request: web.Request) -> web.Response:
 @routes.get("/v1/overview")
 async def overview(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"errors"}))
-    errors_shown = query_integer(request.query, "errors", 0, 200, default=ERRORS_SHOWN)
+    errors_shown = query_integer(
+        request.query, "errors", 0, OVERVIEW_ERRORS_MAX, default=ERRORS_SHOWN
+    )
     assert errors_shown is not None
     node = node_of(request)
     body = {
@@ -252,7 +255,7 @@ async def _on_response_prepare(request: web.Request, response: web.StreamRespons
             request.path,
             response.status,
             extra={
-                "actor": actor.strip()[:200],
+                "actor": actor.strip()[:ACTOR_CHARS_MAX],
                 "method": request.method,
                 "path": request.path,
                 "status": response.status,

@@ -14,7 +14,6 @@ from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
 from raftsched.api.requests import node_of, prepare_read, propose, read_json
 from raftsched.api.validation import (
-    WAIT_S_MAX,
     path_id,
     query_integer,
     query_number,
@@ -24,7 +23,7 @@ from raftsched.api.validation import (
 )
 from raftsched.core import outbox
 from raftsched.core.commands import CreateSubscription, DeleteSubscription, RetryParked
-from raftsched.core.outbox import OutboxEvent, decode_data
+from raftsched.core.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, decode_data
 from raftsched.core.results import Ack, ParkedRetried, SubscriptionCreated
 from raftsched.core.subscriptions import (
     SECRET_CHARS_MAX,
@@ -34,11 +33,10 @@ from raftsched.core.subscriptions import (
     oldest_undelivered_at_ms,
     subscriptions,
 )
+from raftsched.limits import EVENTS_LIMIT_MAX, WAIT_S_MAX
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
-
-EVENTS_LIMIT_MAX = 1000
 
 
 def event_json(event: OutboxEvent) -> dict[str, Any]:
@@ -135,7 +133,7 @@ async def create_subscription(request: web.Request) -> web.Response:
     if (
         not isinstance(types, list)
         or len(types) > TYPES_MAX
-        or not all(isinstance(t, str) and 0 < len(t) <= 100 for t in types)
+        or not all(isinstance(t, str) and 0 < len(t) <= EVENT_TYPE_CHARS_MAX for t in types)
     ):
         raise invalid("types", f"must be a list of at most {TYPES_MAX} event types")
     subscription_id = string(body, "id") or node_of(request).new_id("sub")

@@ -31,10 +31,9 @@ from raftsched.api.validation import (
 )
 from raftsched.core.commands import CancelJob, JobSpec, ReplayJob, SubmitJobs
 from raftsched.core.results import CancelAccepted, Rejected, Replayed, SubmitItem, Submitted
+from raftsched.limits import LIST_LIMIT_MAX
 
 routes = web.RouteTableDef()
-
-LIST_LIMIT_MAX = 1000
 
 
 def _job_json(request: web.Request, job_id: str) -> dict[str, Any]:

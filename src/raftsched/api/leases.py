@@ -18,13 +18,12 @@ from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.requests import body_bytes, node_of, prepare_read, read_json
 from raftsched.api.validation import (
-    BATCH_OPS_MAX,
     CLAIM_JOBS_MAX,
     CLAIM_QUEUES_MAX,
     KEY_LENGTH_MAX,
     LEASE_S_MAX,
     LEASE_S_MIN,
-    WAIT_S_MAX,
+    NAME_LENGTH_MAX,
     choice,
     failure,
     fencing_token,
@@ -54,6 +53,7 @@ from raftsched.core.results import (
     Result,
     Started,
 )
+from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
 from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
@@ -78,7 +78,7 @@ async def claim(request: web.Request) -> web.Response:
     if (
         not isinstance(queues, list)
         or not 1 <= len(queues) <= CLAIM_QUEUES_MAX
-        or not all(isinstance(q, str) and 0 < len(q) <= 200 for q in queues)
+        or not all(isinstance(q, str) and 0 < len(q) <= NAME_LENGTH_MAX for q in queues)
     ):
         raise invalid("queues", f"must be a list of 1 to {CLAIM_QUEUES_MAX} queue names")
     max_jobs = integer(body, "max_jobs", 1, CLAIM_JOBS_MAX) or 1
@@ -173,8 +173,8 @@ async def lease_batch(request: web.Request) -> web.Response:
     body = require_object(await read_json(request))
     reject_unknown(body, frozenset({"ops"}))
     ops = body.get("ops")
-    if not isinstance(ops, list) or not 1 <= len(ops) <= BATCH_OPS_MAX:
-        raise invalid("ops", f"must be a list of 1 to {BATCH_OPS_MAX} operations")
+    if not isinstance(ops, list) or not 1 <= len(ops) <= LEASE_BATCH_OPS_MAX:
+        raise invalid("ops", f"must be a list of 1 to {LEASE_BATCH_OPS_MAX} operations")
     node = node_of(request)
     if not node.is_leader:
         raise NotLeader()

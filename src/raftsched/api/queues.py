@@ -40,6 +40,7 @@ from raftsched.core.flow_queries import (
     tenant_view,
 )
 from raftsched.core.results import Ack
+from raftsched.limits import METRIC_SERIES_MAX, PROBE_S_MAX, PROBE_S_MIN, RATE_PER_S_MIN
 from raftsched.node import metrics as families
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.view import NodeView
@@ -58,9 +59,6 @@ QUEUE_FIELDS = frozenset(
     }
 )
 TENANT_FIELDS = frozenset({"weight", "concurrency_limit", "max_queued"})
-RATE_PER_S_MIN = 0.001  # one milli-claim per second, the core's unit
-PROBE_S_MIN = 0.001
-PROBE_S_MAX = 86_400.0
 PROBE_MS_DEFAULT = 5_000
 
 
@@ -230,9 +228,8 @@ async def get_tenant(request: web.Request) -> web.Response:
 
 # -- metrics -----------------------------------------------------------------------
 
-# Label sets stay bounded: at most this many queues and tenants (the busiest
-# by queued jobs) get series of their own; the rest are summed under "_other".
-METRIC_SERIES_MAX = 100
+# Label sets stay bounded: at most METRIC_SERIES_MAX queues and tenants (the
+# busiest by queued jobs) get series of their own; the rest are summed under "_other".
 OTHER = "_other"
 TENANT_FAMILIES = {
     "queued": families.TENANT_QUEUED,

@@ -17,6 +17,7 @@ from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.validation import require_object
 from raftsched.core.commands import Command
 from raftsched.core.results import Rejected
+from raftsched.limits import ACTOR_CHARS_MAX
 from raftsched.node.proposer import NotCommitted, OutcomeUnknown
 from raftsched.node.view import NodeView
 
@@ -48,7 +49,7 @@ async def optional_body(request: web.Request) -> Mapping[str, Any]:
 
 def actor(request: web.Request, default: str) -> str:
     """Who asked for an operator action (`Raftsched-Actor`), as history records it."""
-    return request.headers.get("Raftsched-Actor", "").strip()[:200] or default
+    return request.headers.get("Raftsched-Actor", "").strip()[:ACTOR_CHARS_MAX] or default
 
 
 def body_bytes(request: web.Request) -> int:

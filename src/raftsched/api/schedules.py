@@ -72,8 +72,13 @@ from raftsched.core.schedules_query import (
     occurrence_totals,
     occurrences,
 )
+from raftsched.limits import (
+    DURATION_S_MAX,
+    LIST_LIMIT_MAX,
+    METRIC_SCHEDULES_MAX,
+    SCHEDULE_BATCH_MAX,
+)
 from raftsched.node import metrics as families
-from raftsched.node.metrics import METRIC_SCHEDULES_MAX
 from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
@@ -95,9 +100,6 @@ SCHEDULE_FIELDS: Final = frozenset(
     }
 )
 CATCHUP_FIELDS: Final = frozenset({"policy", "window_s", "max_runs", "grace_s"})
-LIST_LIMIT_MAX: Final = 1000
-BATCH_MAX: Final = 1000
-DAY_S: Final = 86_400
 
 
 # -- parsing --------------------------------------------------------------------------
@@ -147,7 +149,7 @@ def _parse_calendar(body: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         fields["cron"] = cron
     else:
         fields["interval_ms"] = seconds_ms(
-            body, "interval_s", INTERVAL_MS_MIN / 1000, 366 * DAY_S, prefix=prefix
+            body, "interval_s", INTERVAL_MS_MIN / 1000, DURATION_S_MAX, prefix=prefix
         )
     timezone = string(body, "timezone", prefix=prefix)
     if timezone is not None:
@@ -161,7 +163,7 @@ def _parse_calendar(body: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     if start is not None and end is not None and end < start:
         raise invalid(prefix + "end_at", "must not be before start_at")
     fields.update(start_at_ms=start, end_at_ms=end)
-    jitter = seconds_ms(body, "jitter_s", 0, 366 * DAY_S, prefix=prefix)
+    jitter = seconds_ms(body, "jitter_s", 0, DURATION_S_MAX, prefix=prefix)
     if jitter is not None:
         fields["jitter_ms"] = jitter
     return fields
@@ -183,11 +185,15 @@ def _parse_policies(body: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         if policy is not None:
             fields["catchup_policy"] = policy
         optional = {
-            "catchup_window_ms": seconds_ms(catchup_body, "window_s", 0, 366 * DAY_S, prefix=where),
+            "catchup_window_ms": seconds_ms(
+                catchup_body, "window_s", 0, DURATION_S_MAX, prefix=where
+            ),
             "catchup_max_runs": integer(
                 catchup_body, "max_runs", 1, CATCHUP_MAX_RUNS_MAX, prefix=where
             ),
-            "catchup_grace_ms": seconds_ms(catchup_body, "grace_s", 0, 366 * DAY_S, prefix=where),
+            "catchup_grace_ms": seconds_ms(
+                catchup_body, "grace_s", 0, DURATION_S_MAX, prefix=where
+            ),
         }
         fields.update({k: v for k, v in optional.items() if v is not None})
     return fields
@@ -299,8 +305,8 @@ async def create_schedules(request: web.Request) -> web.Response:
     body = require_object(await read_json(request))
     reject_unknown(body, frozenset({"schedules"}))
     items = body.get("schedules")
-    if not isinstance(items, list) or not 1 <= len(items) <= BATCH_MAX:
-        raise invalid("schedules", f"must be a list of 1 to {BATCH_MAX} schedules")
+    if not isinstance(items, list) or not 1 <= len(items) <= SCHEDULE_BATCH_MAX:
+        raise invalid("schedules", f"must be a list of 1 to {SCHEDULE_BATCH_MAX} schedules")
     specs = [
         parse_schedule(_with_generated_id(request, item), prefix=f"schedules[{i}].")
         for i, item in enumerate(items)

@@ -42,6 +42,7 @@ from raftsched.core.workflows_model import (
     Workflow,
     table,
 )
+from raftsched.limits import DURATION_S_MAX, LIST_LIMIT_MAX
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
@@ -52,7 +53,6 @@ WORKFLOW_FIELDS = frozenset(
 # A step's job takes the workflow's tenant; the workflow holds the idempotency key.
 STEP_JOB_FIELDS = JOB_FIELDS - {"tenant", "idempotency_key"}
 STEP_FIELDS = STEP_JOB_FIELDS | {"name", "depends_on", "compensation"}
-LIST_LIMIT_MAX = 1000
 
 
 def parse_workflow(value: object) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def parse_workflow(value: object) -> dict[str, Any]:
         "steps": tuple(_parse_step(step, f"steps[{i}].") for i, step in enumerate(steps)),
         "tenant": string(body, "tenant") or "default",
         "idempotency_key": string(body, "idempotency_key", length_max=KEY_LENGTH_MAX),
-        "timeout_ms": seconds_ms(body, "timeout_s", 0.001, 366 * 86_400),
+        "timeout_ms": seconds_ms(body, "timeout_s", 0.001, DURATION_S_MAX),
     }
     fields["on_failure"] = choice(body, "on_failure", FAILURE_POLICIES, default="fail_fast")
     fields["compensate_on_cancel"] = boolean(body, "compensate_on_cancel", True)

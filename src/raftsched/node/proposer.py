@@ -43,10 +43,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from raftsched.config import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
 from raftsched.core import encode_entry
 from raftsched.core.commands import Barrier, ClaimJobs, Command, Entry, SubmitJobs, Tick
 from raftsched.core.results import Result
+from raftsched.limits import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
 
 log = logging.getLogger("raftsched.proposer")
 

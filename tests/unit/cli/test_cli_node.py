@@ -8,12 +8,8 @@ from typing import Any
 import pytest
 
 from raftsched.cli import main
-from raftsched.config import (
-    PROPOSAL_QUEUE_BYTES_MAX,
-    PROPOSAL_QUEUE_COMMANDS_MAX,
-    NodeConfig,
-    Peer,
-)
+from raftsched.config import NodeConfig, Peer
+from raftsched.limits import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
 
 SECRET = "s" * 24
 
