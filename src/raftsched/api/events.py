@@ -8,6 +8,18 @@ from contextlib import suppress
 from typing import Any
 
 from aiohttp import web
+from raftsched.core.events import outbox
+from raftsched.core.events.commands import CreateSubscription, DeleteSubscription, RetryParked
+from raftsched.core.events.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, decode_data
+from raftsched.core.events.subscriptions import (
+    SECRET_CHARS_MAX,
+    TYPES_MAX,
+    URL_CHARS_MAX,
+    Subscription,
+    oldest_undelivered_at_ms,
+    subscriptions,
+)
+from raftsched.core.kernel.results import Ack, ParkedRetried, SubscriptionCreated
 
 from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
@@ -20,18 +32,6 @@ from raftsched.api.validation import (
     reject_unknown,
     require_object,
     string,
-)
-from raftsched.core import outbox
-from raftsched.core.commands import CreateSubscription, DeleteSubscription, RetryParked
-from raftsched.core.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, decode_data
-from raftsched.core.results import Ack, ParkedRetried, SubscriptionCreated
-from raftsched.core.subscriptions import (
-    SECRET_CHARS_MAX,
-    TYPES_MAX,
-    URL_CHARS_MAX,
-    Subscription,
-    oldest_undelivered_at_ms,
-    subscriptions,
 )
 from raftsched.limits import EVENTS_LIMIT_MAX, WAIT_S_MAX
 from raftsched.timefmt import format_ms

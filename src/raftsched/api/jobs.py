@@ -6,6 +6,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
+from raftsched.core.jobs.commands import CancelJob, ReplayJob, SubmitJobs
+from raftsched.core.kernel.commands import JobSpec
+from raftsched.core.kernel.results import CancelAccepted, Rejected, Replayed, SubmitItem, Submitted
 
 from raftsched import core
 from raftsched.api import render
@@ -29,8 +32,6 @@ from raftsched.api.validation import (
     reject_unknown,
     require_object,
 )
-from raftsched.core.commands import CancelJob, JobSpec, ReplayJob, SubmitJobs
-from raftsched.core.results import CancelAccepted, Rejected, Replayed, SubmitItem, Submitted
 from raftsched.limits import LIST_LIMIT_MAX
 
 routes = web.RouteTableDef()

@@ -11,6 +11,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
+from raftsched.core.jobs.commands import CompleteJob, FailJob, HeartbeatJob, RecordEffect, StartJob
+from raftsched.core.kernel.commands import Command
+from raftsched.core.kernel.results import (
+    Completed,
+    EffectRecorded,
+    Failed,
+    HeartbeatAccepted,
+    Rejected,
+    Result,
+    Started,
+)
 
 from raftsched import core
 from raftsched.api import render, unsafe
@@ -35,23 +46,6 @@ from raftsched.api.validation import (
     seconds_ms,
     string,
     unpack_json,
-)
-from raftsched.core.commands import (
-    Command,
-    CompleteJob,
-    FailJob,
-    HeartbeatJob,
-    RecordEffect,
-    StartJob,
-)
-from raftsched.core.results import (
-    Completed,
-    EffectRecorded,
-    Failed,
-    HeartbeatAccepted,
-    Rejected,
-    Result,
-    Started,
 )
 from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown

@@ -10,6 +10,23 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetTenant
+from raftsched.core.jobs.flow import (
+    CIRCUIT_WINDOW_MAX,
+    CIRCUIT_WINDOW_MIN,
+    LIMIT_MAX,
+    RATE_MILLI_MAX,
+    WEIGHT_MAX,
+)
+from raftsched.core.jobs.flow_queries import (
+    QueueView,
+    TenantView,
+    queue_names,
+    queue_view,
+    tenant_names,
+    tenant_view,
+)
+from raftsched.core.kernel.results import Ack
 
 from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
@@ -23,23 +40,6 @@ from raftsched.api.validation import (
     require_object,
     seconds_ms,
 )
-from raftsched.core.commands import PauseQueue, SetQueue, SetTenant
-from raftsched.core.flow import (
-    CIRCUIT_WINDOW_MAX,
-    CIRCUIT_WINDOW_MIN,
-    LIMIT_MAX,
-    RATE_MILLI_MAX,
-    WEIGHT_MAX,
-)
-from raftsched.core.flow_queries import (
-    QueueView,
-    TenantView,
-    queue_names,
-    queue_view,
-    tenant_names,
-    tenant_view,
-)
-from raftsched.core.results import Ack
 from raftsched.limits import METRIC_SERIES_MAX, PROBE_S_MAX, PROBE_S_MIN, RATE_PER_S_MIN
 from raftsched.node import metrics as families
 from raftsched.node.metrics import NodeMetrics, Samples

@@ -11,12 +11,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from aiohttp import web
+from raftsched.core.kernel.commands import Command
+from raftsched.core.kernel.results import Rejected
 
 from raftsched.api import jsonbody
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.validation import require_object
-from raftsched.core.commands import Command
-from raftsched.core.results import Rejected
 from raftsched.limits import ACTOR_CHARS_MAX
 from raftsched.node.proposer import NotCommitted, OutcomeUnknown
 from raftsched.node.view import NodeView

@@ -12,6 +12,39 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from aiohttp import web
+from raftsched.core.kernel.commands import JobSpec
+from raftsched.core.kernel.results import (
+    OccurrenceDecided,
+    Rejected,
+    ScheduleBackfilled,
+    ScheduleSaved,
+)
+from raftsched.core.schedules.commands import (
+    BackfillSchedule,
+    CreateSchedule,
+    DeleteSchedule,
+    PauseSchedule,
+    ResumeSchedule,
+    ScheduleSpec,
+    TriggerSchedule,
+    UpdateSchedule,
+)
+from raftsched.core.schedules.handlers import (
+    CATCHUP_MAX_RUNS_MAX,
+    CATCHUP_POLICIES,
+    INTERVAL_MS_MIN,
+    OVERLAP_POLICIES,
+)
+from raftsched.core.schedules.model import Schedule
+from raftsched.core.schedules.queries import (
+    count_schedules,
+    first_schedules,
+    get_schedule,
+    is_running,
+    list_schedules,
+    occurrence_totals,
+    occurrences,
+)
 
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
@@ -38,40 +71,7 @@ from raftsched.api.validation import (
     string,
     unpack_json,
 )
-from raftsched.core import calendar
-from raftsched.core.commands import (
-    BackfillSchedule,
-    CreateSchedule,
-    DeleteSchedule,
-    JobSpec,
-    PauseSchedule,
-    ResumeSchedule,
-    ScheduleSpec,
-    TriggerSchedule,
-    UpdateSchedule,
-)
-from raftsched.core.results import (
-    OccurrenceDecided,
-    Rejected,
-    ScheduleBackfilled,
-    ScheduleSaved,
-)
-from raftsched.core.schedules import (
-    CATCHUP_MAX_RUNS_MAX,
-    CATCHUP_POLICIES,
-    INTERVAL_MS_MIN,
-    OVERLAP_POLICIES,
-)
-from raftsched.core.schedules_model import Schedule
-from raftsched.core.schedules_query import (
-    count_schedules,
-    first_schedules,
-    get_schedule,
-    is_running,
-    list_schedules,
-    occurrence_totals,
-    occurrences,
-)
+from raftsched.core.schedules import calendar
 from raftsched.limits import (
     DURATION_S_MAX,
     LIST_LIMIT_MAX,

@@ -14,10 +14,10 @@ from collections.abc import Collection, Mapping
 from typing import Any, cast
 
 import msgpack
+from raftsched.core.kernel import validate as core_limits
+from raftsched.core.kernel.commands import Backoff, FailureKind, JobSpec
 
 from raftsched.api.errors import invalid
-from raftsched.core import validate as core_limits
-from raftsched.core.commands import Backoff, FailureKind, JobSpec
 from raftsched.limits import (
     BACKOFF_STEP_S_MAX,
     DURATION_S_MAX,

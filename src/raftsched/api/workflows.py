@@ -6,6 +6,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
+from raftsched.core.kernel.commands import JobSpec
+from raftsched.core.kernel.results import WorkflowCancelAccepted, WorkflowSubmitted
+from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
+from raftsched.core.workflows.handlers import STEP_NAME_CHARS_MAX, STEPS_MAX
+from raftsched.core.workflows.model import (
+    FAILURE_POLICIES,
+    WORKFLOW_STATUSES,
+    Workflow,
+    table,
+)
 
 from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
@@ -32,15 +42,6 @@ from raftsched.api.validation import (
     seconds_ms,
     string,
     unpack_json,
-)
-from raftsched.core.commands import CancelWorkflow, JobSpec, StepSpec, SubmitWorkflow
-from raftsched.core.results import WorkflowCancelAccepted, WorkflowSubmitted
-from raftsched.core.workflows import STEP_NAME_CHARS_MAX, STEPS_MAX
-from raftsched.core.workflows_model import (
-    FAILURE_POLICIES,
-    WORKFLOW_STATUSES,
-    Workflow,
-    table,
 )
 from raftsched.limits import DURATION_S_MAX, LIST_LIMIT_MAX
 from raftsched.timefmt import format_ms

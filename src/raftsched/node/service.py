@@ -28,9 +28,10 @@ import aiohttp
 
 from raftsched import core
 from raftsched.config import NodeConfig
-from raftsched.core.commands import Barrier, ClaimJobs, Command, TakeOver, Tick
-from raftsched.core.flow_claim import claimable_at_ms
-from raftsched.core.results import Claimed, Lease, Rejected, Result, Ticked
+from raftsched.core.jobs.commands import ClaimJobs
+from raftsched.core.jobs.flow_claim import claimable_at_ms
+from raftsched.core.kernel.commands import Barrier, Command, TakeOver, Tick
+from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.node import metrics as families
 from raftsched.node.clock import LeaderClock
 from raftsched.node.draws import Draws

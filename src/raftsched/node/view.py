@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from raftsched import core
-from raftsched.core.commands import Command
-from raftsched.core.results import Lease, Rejected, Result
+from raftsched.core.kernel.commands import Command
+from raftsched.core.kernel.results import Lease, Rejected, Result
 from raftsched.node.metrics import NodeMetrics
 from raftsched.node.observability import Observer
 from raftsched.raft import RaftStatus
