@@ -13,6 +13,7 @@ from raftsched.core.events.subscriptions import lowest_cursor
 from raftsched.core.kernel.commands import Tick
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.outbox import (
+    EVENT_TYPE_CHARS_MAX,
     EVENTS_MAX_MAX,
     Outbox,
     OutboxEvent,
@@ -28,6 +29,7 @@ from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import TIME_MS_MAX, check_optional_int
 
 __all__ = [
+    "EVENT_TYPE_CHARS_MAX",
     "OutboxEvent",
     "apply_configure_outbox",
     "decode_data",

@@ -10,9 +10,7 @@ from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, FailJob, Heartb
 from raftsched.core.jobs.flow_claim import Selector
 from raftsched.core.jobs.lifecycle import (
     allowed,
-    cancel_leased,
     end_attempt,
-    finish,
     invalid_state,
     lease_inputs,
     retry_or_dead_letter,
@@ -20,6 +18,7 @@ from raftsched.core.jobs.lifecycle import (
 )
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
+    CANCEL,
     CLAIM,
     COMPLETE,
     DEAD_LETTER_EVENT,
@@ -46,7 +45,7 @@ from raftsched.core.kernel.results import (
     stale_epoch,
 )
 from raftsched.core.kernel.savepoint import Savepoint
-from raftsched.core.kernel.state import State, push_lease
+from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     CLAIM_JOBS_MAX,
     CLAIM_QUEUES_MAX,
@@ -145,8 +144,7 @@ def _grant(state: State, job: Job, worker_id: str, lease_ms: int, savepoint: Sav
     job.lease = JobLease(worker_id, epoch, token, expires_at_ms, lease_ms)
     job.attempts = (*job.attempts, Attempt(number, worker_id, epoch, token, now_ms))
     job.next_run_at_ms = None
-    transition(state, job, CLAIM, worker_id, token)
-    push_lease(state, job, expires_at_ms, token)
+    transition(state, job, CLAIM, worker_id, savepoint, token)  # into the lease heap
     return Lease(
         job.id,
         number,
@@ -177,7 +175,7 @@ def apply_start(state: State, command: StartJob, context: Context) -> Started | 
     if job.status != RUNNING:  # a repeated start changes nothing
         savepoint.touch(job)
         job.attempts[-1].started_at_ms = state.now_ms
-        transition(state, job, START, lease.worker_id, lease.fencing_token)
+        transition(state, job, START, lease.worker_id, savepoint, lease.fencing_token)
     return Started(job.id, lease.expires_at_ms)
 
 
@@ -215,8 +213,7 @@ def apply_complete(state: State, command: CompleteJob, context: Context) -> Comp
     savepoint.touch(job)
     end_attempt(state, job, OUTCOME_SUCCEEDED, None, savepoint, counted=True)
     job.result = command.result
-    transition(state, job, COMPLETE, lease.worker_id, lease.fencing_token)
-    finish(state, job, savepoint)
+    transition(state, job, COMPLETE, lease.worker_id, savepoint, lease.fencing_token)
     return Completed(job.id, command.result, replayed=False)
 
 
@@ -246,11 +243,10 @@ def apply_fail(state: State, command: FailJob, context: Context) -> Failed | Rej
     job.last_error = error
     if command.kind == "cancelled" or job.cancel_requested:
         end_attempt(state, job, OUTCOME_CANCELLED, error, savepoint, counted=True)
-        cancel_leased(state, job, actor, token, detail, savepoint)
+        transition(state, job, CANCEL, actor, savepoint, token, detail)
     elif command.kind == "permanent":
         end_attempt(state, job, OUTCOME_FAILED, error, savepoint, counted=True)
-        transition(state, job, DEAD_LETTER_EVENT, actor, token, detail)
-        finish(state, job, savepoint)
+        transition(state, job, DEAD_LETTER_EVENT, actor, savepoint, token, detail)
     else:
         end_attempt(state, job, OUTCOME_FAILED, error, savepoint, counted=True)
         retry_or_dead_letter(

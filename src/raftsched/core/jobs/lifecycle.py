@@ -2,21 +2,36 @@
 attempt, and deciding between retry and dead letter.
 
 Callers have validated the move (`allowed`) and touched the job on the
-savepoint before calling anything here.
+savepoint before calling anything here. `transition` is the only way a job's
+status changes, and it does everything that entering the new status means
+(`ON_ENTER`): callers set the fields that the new status is indexed by
+(`next_run_at_ms` for pending and waiting jobs, `lease` for a claimed one)
+and call it; they never push onto the indexes or call `finish` themselves.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Final
+
 from raftsched.core.jobs.retry import retry_delay_ms
 from raftsched.core.kernel.model import (
-    CANCEL,
+    CANCELLED,
+    CLAIMED,
+    DEAD_LETTER,
     DEAD_LETTER_EVENT,
     DEFAULT_BACKOFF_MS,
+    PENDING,
     REQUEUE,
     RETRY,
+    RETRY_WAIT,
+    RUNNING,
+    SCHEDULED,
+    SUCCEEDED,
     TRANSITIONS,
     ErrorInfo,
     Job,
+    next_status,
 )
 from raftsched.core.kernel.results import INVALID_STATE, Rejected
 from raftsched.core.kernel.savepoint import Savepoint
@@ -24,6 +39,7 @@ from raftsched.core.kernel.state import (
     State,
     add_history,
     push_due,
+    push_lease,
     push_retention,
     push_runnable,
     set_status,
@@ -60,19 +76,25 @@ def transition(
     job: Job,
     event: str,
     actor: str,
+    savepoint: Savepoint,
     fencing_token: int | None = None,
     detail: str | None = None,
 ) -> None:
-    """Apply one row of the transition table and record it in the history."""
+    """Apply one row of the transition table, record it in the history, and
+    do what entering the new status means (`ON_ENTER`; nothing when the
+    status stays). A row the table lacks is a bug and raises."""
     from_status = job.status
-    to_status = TRANSITIONS[from_status, event]
+    to_status = next_status(TRANSITIONS, from_status, event, "job")
     now_ms = state.now_ms
     add_history(
         job, (now_ms, event, from_status, to_status, actor, state.epoch, fencing_token, detail)
     )
-    if to_status != from_status:
-        set_status(state, job, to_status)
-    job.updated_at_ms = now_ms
+    if to_status == from_status:
+        job.updated_at_ms = now_ms
+        return
+    set_status(state, job, to_status)
+    job.updated_at_ms = now_ms  # before ON_ENTER: the retention heap is keyed by it
+    ON_ENTER[to_status](state, job, savepoint)
 
 
 def end_attempt(
@@ -106,16 +128,40 @@ def finish(state: State, job: Job, savepoint: Savepoint) -> None:
         hook(state, job, savepoint)
 
 
-def cancel_leased(
-    state: State,
-    job: Job,
-    actor: str,
-    fencing_token: int | None,
-    detail: str,
-    savepoint: Savepoint,
-) -> None:
-    transition(state, job, CANCEL, actor, fencing_token, detail)
-    finish(state, job, savepoint)
+def make_runnable(state: State, job: Job, savepoint: Savepoint) -> None:
+    """Into the runnable index: claimable, or parked behind its ordering key."""
+    push_runnable(state, job)
+
+
+def wait_until_due(state: State, job: Job, savepoint: Savepoint) -> None:
+    """Into the due heap at `next_run_at_ms`: Tick makes it pending then."""
+    assert job.next_run_at_ms is not None
+    push_due(state, job, job.next_run_at_ms)
+
+
+def watch_lease_expiry(state: State, job: Job, savepoint: Savepoint) -> None:
+    """Into the lease heap at the lease's expiry: Tick expires it then."""
+    lease = job.lease
+    assert lease is not None
+    push_lease(state, job, lease.expires_at_ms, lease.fencing_token)
+
+
+def keep_lease(state: State, job: Job, savepoint: Savepoint) -> None:
+    """Nothing: the claim's lease heap entry still stands."""
+
+
+ON_ENTER: Final[dict[str, Callable[[State, Job, Savepoint], None]]] = {
+    SCHEDULED: wait_until_due,
+    PENDING: make_runnable,
+    CLAIMED: watch_lease_expiry,
+    RUNNING: keep_lease,
+    RETRY_WAIT: wait_until_due,
+    SUCCEEDED: finish,
+    DEAD_LETTER: finish,
+    CANCELLED: finish,
+}
+"""Status -> what entering it does, after the status and `updated_at_ms` are
+set. Every job status has a row; a move that keeps the status runs none."""
 
 
 def retry_or_dead_letter(
@@ -131,19 +177,15 @@ def retry_or_dead_letter(
     """After a counted failure: retry with backoff, or dead-letter when the
     attempt budget is spent."""
     if job.attempts_made >= job.max_attempts:
-        transition(state, job, DEAD_LETTER_EVENT, actor, fencing_token, detail)
-        finish(state, job, savepoint)
+        transition(state, job, DEAD_LETTER_EVENT, actor, savepoint, fencing_token, detail)
         return
     backoff = DEFAULT_BACKOFF_MS if job.backoff is None else job.backoff
     delay_ms = retry_delay_ms(backoff, job.attempts_made - 1, random_u32)
     if retry_after_ms is not None and retry_after_ms > delay_ms:
         delay_ms = retry_after_ms  # the worker's hint is a lower bound
     if delay_ms <= 0:
-        transition(state, job, REQUEUE, actor, fencing_token, detail)
         job.next_run_at_ms = state.now_ms
-        push_runnable(state, job)
+        transition(state, job, REQUEUE, actor, savepoint, fencing_token, detail)
         return
-    transition(state, job, RETRY, actor, fencing_token, detail)
-    due_ms = state.now_ms + delay_ms
-    job.next_run_at_ms = due_ms
-    push_due(state, job, due_ms)
+    job.next_run_at_ms = state.now_ms + delay_ms
+    transition(state, job, RETRY, actor, savepoint, fencing_token, detail)

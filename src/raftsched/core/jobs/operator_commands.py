@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from raftsched.core.jobs.commands import CancelJob, Configure, RecordEffect, ReplayJob
 from raftsched.core.jobs.leases import current_lease, not_found
-from raftsched.core.jobs.lifecycle import allowed, finish, invalid_state, transition
+from raftsched.core.jobs.lifecycle import allowed, invalid_state, transition
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
     CANCEL,
@@ -24,7 +24,7 @@ from raftsched.core.kernel.results import (
     Replayed,
 )
 from raftsched.core.kernel.savepoint import Savepoint
-from raftsched.core.kernel.state import State, add_history, push_runnable
+from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     KEY_CHARS_MAX,
     TIME_MS_MAX,
@@ -63,27 +63,12 @@ def cancel_job(state: State, command: CancelJob, savepoint: Savepoint) -> Cancel
             job.cancel_requested = True
             lease = job.lease
             token = None if lease is None else lease.fencing_token
-            status = job.status
-            add_history(
-                job,
-                (
-                    state.now_ms,
-                    REQUEST_CANCEL,
-                    status,
-                    status,
-                    command.actor,
-                    state.epoch,
-                    token,
-                    reason,
-                ),
-            )
-            job.updated_at_ms = state.now_ms
+            transition(state, job, REQUEST_CANCEL, command.actor, savepoint, token, reason)
         return CancelAccepted(job.id, job.status, cancel_requested=True)
     if not allowed(job, CANCEL):
         return invalid_state(job, CANCEL)
     savepoint.touch(job)
-    transition(state, job, CANCEL, command.actor, None, reason)
-    finish(state, job, savepoint)
+    transition(state, job, CANCEL, command.actor, savepoint, None, reason)
     return CancelAccepted(job.id, CANCELLED, cancel_requested=job.cancel_requested)
 
 
@@ -105,8 +90,7 @@ def apply_replay(state: State, command: ReplayJob, context: Context) -> Replayed
     job.cancel_requested = False
     job.deadline_at_ms = None
     job.next_run_at_ms = state.now_ms
-    transition(state, job, REPLAY, command.actor, None, command.reason or None)
-    push_runnable(state, job)
+    transition(state, job, REPLAY, command.actor, savepoint, None, command.reason or None)
     return Replayed(job.id)
 
 

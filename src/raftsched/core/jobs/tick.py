@@ -14,9 +14,7 @@ from collections.abc import Callable
 
 from raftsched.core.jobs.lifecycle import (
     SYSTEM_ACTOR,
-    cancel_leased,
     end_attempt,
-    finish,
     retry_or_dead_letter,
     transition,
 )
@@ -24,6 +22,7 @@ from raftsched.core.jobs.retry import seeded_u32
 from raftsched.core.kernel.commands import Tick
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
+    CANCEL,
     CLAIMED,
     DEAD_LETTER_EVENT,
     DUE,
@@ -38,7 +37,7 @@ from raftsched.core.kernel.model import (
     Job,
 )
 from raftsched.core.kernel.savepoint import Savepoint
-from raftsched.core.kernel.state import State, TimedEntry, push_runnable, remove_job
+from raftsched.core.kernel.state import State, TimedEntry, remove_job
 
 _Validity = Callable[[Job, int], bool]
 
@@ -122,13 +121,12 @@ def _expire(state: State, job: Job, seed: int, savepoint: Savepoint) -> None:
     started = job.status != CLAIMED
     if job.cancel_requested:
         end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, savepoint, counted=started)
-        cancel_leased(state, job, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL, savepoint)
+        transition(state, job, CANCEL, SYSTEM_ACTOR, savepoint, token, _LEASE_EXPIRED_DETAIL)
     elif not started:
         # The handler never started: a safe retry that costs no attempt.
         end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, savepoint, counted=False)
-        transition(state, job, REQUEUE, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL)
         job.next_run_at_ms = state.now_ms
-        push_runnable(state, job)
+        transition(state, job, REQUEUE, SYSTEM_ACTOR, savepoint, token, _LEASE_EXPIRED_DETAIL)
     else:
         end_attempt(state, job, OUTCOME_LEASE_EXPIRED, _UNKNOWN_OUTCOME, savepoint, counted=True)
         job.last_error = _UNKNOWN_OUTCOME
@@ -157,8 +155,9 @@ def _enforce_deadlines(state: State, budget: int, savepoint: Savepoint) -> int:
             token = job.lease.fencing_token
             end_attempt(state, job, OUTCOME_FAILED, _DEADLINE_ERROR, savepoint, counted=False)
         job.last_error = _DEADLINE_ERROR
-        transition(state, job, DEAD_LETTER_EVENT, SYSTEM_ACTOR, token, _DEADLINE_ERROR[1])
-        finish(state, job, savepoint)
+        transition(
+            state, job, DEAD_LETTER_EVENT, SYSTEM_ACTOR, savepoint, token, _DEADLINE_ERROR[1]
+        )
         done += 1
     return done
 
@@ -171,8 +170,7 @@ def _make_due_runnable(state: State, budget: int, savepoint: Savepoint) -> int:
         if job.status not in WAITING_STATUSES or job.next_run_at_ms != key_ms:
             continue
         savepoint.touch(job)
-        transition(state, job, DUE, SYSTEM_ACTOR)
-        push_runnable(state, job)
+        transition(state, job, DUE, SYSTEM_ACTOR, savepoint)
         done += 1
     return done
 

@@ -9,7 +9,7 @@ everything outside the core treats them as read-only.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 from typing import Final, TypeVar
 
@@ -17,6 +17,7 @@ from raftsched.core.kernel.commands import Backoff
 
 K = TypeVar("K")
 V = TypeVar("V")
+S = TypeVar("S")  # a status: str, or str | None where a record may have none yet
 
 SCHEDULED: Final = "scheduled"
 PENDING: Final = "pending"
@@ -102,7 +103,23 @@ def _table() -> dict[tuple[str, str], str]:
 
 
 TRANSITIONS: Final[dict[tuple[str, str], str]] = _table()
-"""(status, event) -> new status. A pair the table lacks is `invalid_state`."""
+"""(status, event) -> new status. A pair the table lacks is `invalid_state`.
+What entering each status does besides is `lifecycle.ON_ENTER`."""
+
+
+class ImpossibleTransition(Exception):
+    """A move that its transition table lacks. Commands ask the table first and
+    answer a domain error (`invalid_state`), so reaching this is a bug: the
+    apply path rolls the command back and records `Rejected(internal_error)`."""
+
+
+def next_status(table: Mapping[tuple[S, str], str], status: S, event: str, what: str) -> str:
+    """Where `event` leads from `status` in `table` (of `what`: job, workflow, ...)."""
+    to_status = table.get((status, event))
+    if to_status is None:
+        raise ImpossibleTransition(f"no {what} transition {event!r} from {status!r}")
+    return to_status
+
 
 INITIAL_STATUSES: Final = (SCHEDULED, PENDING)
 """A submission creates a job in one of these (scheduled when run_at is ahead)."""

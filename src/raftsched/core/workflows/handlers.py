@@ -66,15 +66,23 @@ from raftsched.core.workflows.codec import step_row
 from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
 from raftsched.core.workflows.model import (
     ACTIVE,
+    CANCEL,
     CANCELLED,
     COMPENSATING,
     CONTINUE,
+    FAIL,
     FAIL_FAST,
     FAILED,
     FAILURE_POLICIES,
+    INITIAL_WORKFLOW_STATUS,
+    OUTCOME_EVENTS,
     PENDING,
+    PLAN,
     RUNNING,
-    SKIPPED,
+    SKIP,
+    START,
+    STOP,
+    SUCCEED,
     SUCCEEDED,
     TIMED_OUT,
     UNSUCCESSFUL_STEP,
@@ -84,13 +92,17 @@ from raftsched.core.workflows.model import (
     WorkflowTable,
     step_job_id,
     table,
+    transition_compensation,
+    transition_step,
+    transition_workflow,
 )
 
 STEPS_MAX: Final = 100
 WORKFLOW_ID_CHARS_MAX: Final = 150
 STEP_NAME_CHARS_MAX: Final = 100
 SYSTEM_ACTOR: Final = "workflow"
-_JOB_TO_STEP: Final = {JOB_SUCCEEDED: SUCCEEDED, DEAD_LETTER: FAILED, JOB_CANCELLED: CANCELLED}
+_JOB_FINAL_EVENTS: Final = {JOB_SUCCEEDED: SUCCEED, DEAD_LETTER: FAIL, JOB_CANCELLED: CANCEL}
+"""A step's (or compensation's) job reached this final status -> the step's event."""
 
 
 def _keep_undo(state: State, savepoint: Savepoint, workflow: Workflow) -> None:
@@ -280,7 +292,7 @@ def _create(
         timeout_at_ms,
         now_ms,
         now_ms,
-        RUNNING,
+        INITIAL_WORKFLOW_STATUS,
         None,
         None,
         [],
@@ -338,21 +350,21 @@ def record_step_outcome(state: State, job: Job, savepoint: Savepoint) -> None:
     if workflow is None:
         return
     step = workflow.step_named(job.step)
-    outcome = _JOB_TO_STEP.get(job.status)
-    if step is None or outcome is None:
+    event = _JOB_FINAL_EVENTS.get(job.status)
+    if step is None or event is None:
         return
     if job.id == step.job_id and step.status == ACTIVE:
         _keep_undo(state, savepoint, workflow)
-        step.status = outcome
-        if outcome == SUCCEEDED:
+        transition_step(step, event)
+        if step.status == SUCCEEDED:
             step.result = job.result
             workflow.completed.append(workflow.steps.index(step))
-        _history(state, workflow, f"step_{outcome}", step.name)
+        _history(state, workflow, f"step_{step.status}", step.name)
     elif job.id == step.comp_job_id and step.comp_status == ACTIVE:
         _keep_undo(state, savepoint, workflow)
-        step.comp_status = outcome
+        transition_compensation(step, event)
         step.comp_result = job.result
-        _history(state, workflow, f"compensation_{outcome}", step.name)
+        _history(state, workflow, f"compensation_{step.comp_status}", step.name)
     else:
         return
     if not workflow.advancing:
@@ -390,7 +402,7 @@ def _advance_running(state: State, savepoint: Savepoint, workflow: Workflow) -> 
             elif workflow.on_failure == CONTINUE and any(
                 status in UNSUCCESSFUL_STEP for status in statuses
             ):
-                step.status = SKIPPED
+                transition_step(step, SKIP)
                 _history(state, workflow, "step_skipped", step.name)
                 changed = True
     if any(step.status in (WAITING, ACTIVE) for step in steps):
@@ -401,7 +413,7 @@ def _advance_running(state: State, savepoint: Savepoint, workflow: Workflow) -> 
             state, savepoint, workflow, FAILED, f"steps did not succeed: {', '.join(unsuccessful)}"
         )
     else:
-        _finish(state, savepoint, workflow, SUCCEEDED)
+        _finish(state, savepoint, workflow, SUCCEED)
 
 
 def _start_step(
@@ -409,7 +421,7 @@ def _start_step(
 ) -> None:
     job_id = step_job_id(workflow.id, index)
     _create_job(state, savepoint, workflow, step.spec, job_id, step.name)
-    step.status = ACTIVE
+    transition_step(step, START)
     step.job_id = job_id
     _history(state, workflow, "step_started", step.name)
 
@@ -432,13 +444,13 @@ def _stop(
     state: State, savepoint: Savepoint, workflow: Workflow, outcome: str, reason: str
 ) -> None:
     """Failure, cancel or timeout: nothing new starts; running steps are asked to stop."""
-    workflow.status = COMPENSATING
+    transition_workflow(workflow, STOP)
     workflow.outcome = outcome
     workflow.reason = reason
     _history(state, workflow, "stopping", f"{outcome}: {reason}")
     for step in workflow.steps:
         if step.status == WAITING:
-            step.status = SKIPPED
+            transition_step(step, SKIP)
             _history(state, workflow, "step_skipped", step.name)
     for step in workflow.steps:
         if step.status == ACTIVE and step.job_id is not None:
@@ -465,7 +477,7 @@ def _advance_compensating(state: State, savepoint: Savepoint, workflow: Workflow
         ]
         workflow.compensations = plan
         for index in plan:
-            steps[index].comp_status = PENDING
+            transition_compensation(steps[index], PLAN)
     for index in workflow.compensations:
         step = steps[index]
         if step.comp_status == ACTIVE:
@@ -473,7 +485,7 @@ def _advance_compensating(state: State, savepoint: Savepoint, workflow: Workflow
         if step.comp_status == PENDING:
             _start_compensation(state, savepoint, workflow, index, step)
             return
-    _finish(state, savepoint, workflow, workflow.outcome or FAILED)
+    _finish(state, savepoint, workflow, OUTCOME_EVENTS[workflow.outcome or FAILED])
 
 
 def _start_compensation(
@@ -482,13 +494,14 @@ def _start_compensation(
     assert step.compensation is not None
     job_id = step_job_id(workflow.id, index, compensation=True)
     _create_job(state, savepoint, workflow, step.compensation, job_id, step.name)
-    step.comp_status = ACTIVE
+    transition_compensation(step, START)
     step.comp_job_id = job_id
     _history(state, workflow, "compensation_started", step.name)
 
 
-def _finish(state: State, savepoint: Savepoint, workflow: Workflow, status: str) -> None:
-    workflow.status = status
+def _finish(state: State, savepoint: Savepoint, workflow: Workflow, event: str) -> None:
+    transition_workflow(workflow, event)
+    status = workflow.status
     _history(state, workflow, "finished", status)
     heapq.heappush(table(state).retention, (workflow.updated_at_ms, workflow.seq, workflow.id))
     data: dict[str, Any] = {"workflow_id": workflow.id, "tenant": workflow.tenant}

@@ -1,7 +1,8 @@
 """Workflow records, their statuses, the `workflows` section and its encoding.
 
 A workflow is a DAG of steps; each step becomes one job when its last
-dependency succeeds. Statuses:
+dependency succeeds. Statuses (the tables below are the rules, and
+docs/workflows.md draws them):
 
 - workflow: `running` -> `succeeded`, or `running` -> `compensating` ->
   `failed | cancelled | timed_out`. `compensating` covers both waiting for
@@ -25,6 +26,7 @@ from typing import Any, Final
 
 from raftsched.core.kernel.codec import decode_spec, spec_row
 from raftsched.core.kernel.commands import JobSpec
+from raftsched.core.kernel.model import next_status
 from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
 
@@ -46,12 +48,73 @@ PENDING: Final = "pending"
 STEP_STATUSES: Final = (WAITING, ACTIVE, SUCCEEDED, FAILED, CANCELLED, SKIPPED)
 UNSUCCESSFUL_STEP: Final = frozenset({FAILED, CANCELLED, SKIPPED})
 
+# Events: what happened to a workflow, a step or a compensation. Each table
+# maps (status, event) to the new status, as `model.TRANSITIONS` does for
+# jobs; a pair a table lacks is a bug (`kernel.model.ImpossibleTransition`).
+SUBMIT: Final = "submit"  # creates the workflow and its steps; not a table row
+START: Final = "start"
+SKIP: Final = "skip"
+PLAN: Final = "plan"
+STOP: Final = "stop"
+SUCCEED: Final = "succeed"
+FAIL: Final = "fail"
+CANCEL: Final = "cancel"
+TIME_OUT: Final = "time_out"
+EVENTS: Final = (SUBMIT, PLAN, START, SKIP, STOP, SUCCEED, FAIL, CANCEL, TIME_OUT)
+
+INITIAL_WORKFLOW_STATUS: Final = RUNNING
+WORKFLOW_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
+    (RUNNING, SUCCEED): SUCCEEDED,
+    # Failure, cancel and timeout all stop first; `outcome` says which.
+    (RUNNING, STOP): COMPENSATING,
+    (COMPENSATING, FAIL): FAILED,
+    (COMPENSATING, CANCEL): CANCELLED,
+    (COMPENSATING, TIME_OUT): TIMED_OUT,
+}
+OUTCOME_EVENTS: Final = {FAILED: FAIL, CANCELLED: CANCEL, TIMED_OUT: TIME_OUT}
+"""A stopped workflow's `outcome` -> the event that ends its compensating."""
+
+INITIAL_STEP_STATUS: Final = WAITING
+STEP_TRANSITIONS: Final[dict[tuple[str, str], str]] = {
+    (WAITING, START): ACTIVE,
+    (WAITING, SKIP): SKIPPED,
+    (ACTIVE, SUCCEED): SUCCEEDED,
+    (ACTIVE, FAIL): FAILED,
+    (ACTIVE, CANCEL): CANCELLED,
+}
+FINAL_STEP_STATUSES: Final = frozenset({SUCCEEDED}) | UNSUCCESSFUL_STEP
+
+COMPENSATION_STATUSES: Final = (PENDING, ACTIVE, SUCCEEDED, FAILED, CANCELLED)
+COMPENSATION_TRANSITIONS: Final[dict[tuple[str | None, str], str]] = {
+    # None: the workflow has not stopped, or the step has nothing to undo.
+    (None, PLAN): PENDING,
+    (PENDING, START): ACTIVE,
+    (ACTIVE, SUCCEED): SUCCEEDED,
+    (ACTIVE, FAIL): FAILED,
+    (ACTIVE, CANCEL): CANCELLED,
+}
+FINAL_COMPENSATION_STATUSES: Final = frozenset({SUCCEEDED, FAILED, CANCELLED})
+
 FAIL_FAST: Final = "fail_fast"
 CONTINUE: Final = "continue"
 FAILURE_POLICIES: Final = frozenset({FAIL_FAST, CONTINUE})
 
 WorkflowHistory = tuple[int, str, str | None]
 """(at_ms, event, detail)."""
+
+
+def transition_workflow(workflow: Workflow, event: str) -> None:
+    workflow.status = next_status(WORKFLOW_TRANSITIONS, workflow.status, event, "workflow")
+
+
+def transition_step(step: Step, event: str) -> None:
+    step.status = next_status(STEP_TRANSITIONS, step.status, event, "step")
+
+
+def transition_compensation(step: Step, event: str) -> None:
+    step.comp_status = next_status(
+        COMPENSATION_TRANSITIONS, step.comp_status, event, "compensation"
+    )
 
 
 def step_job_id(workflow_id: str, index: int, compensation: bool = False) -> str:
@@ -79,7 +142,7 @@ class Step:
         spec: JobSpec,
         deps: tuple[int, ...],
         compensation: JobSpec | None,
-        status: str = WAITING,
+        status: str = INITIAL_STEP_STATUS,
         job_id: str | None = None,
         result: bytes | None = None,
         comp_status: str | None = None,
