@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from raftsched.core.kernel.feature import CommandKind, Feature, JobFinishedHook, TickWork
-from raftsched.core.workflows import handlers, model
+from raftsched.core.workflows import handlers, invariants, model
 from raftsched.core.workflows.codec import STEPS_FIELD
 from raftsched.core.workflows.commands import CancelWorkflow, SubmitWorkflow
 
@@ -25,7 +25,7 @@ FEATURE: Final = Feature(
     field_kinds=(STEPS_FIELD,),
     tick=(TickWork(60, handlers.tick),),
     next_due_ms=handlers.next_due_ms,
-    check=handlers.check,
+    check=invariants.check,
     on_job_finished=(JobFinishedHook(20, handlers.record_step_outcome),),
     lease_inputs=handlers.step_inputs,
 )
