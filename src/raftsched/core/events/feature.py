@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from raftsched.core.events import outbox, subscriptions
+from raftsched.core.events import outbox_retention, subscriptions
 from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
@@ -22,7 +22,7 @@ FEATURE: Final = Feature(
     sections=(subscriptions.SECTION,),
     # Tags 40-49.
     commands=(
-        CommandKind(ConfigureOutbox, 40, ("int?", "int?"), outbox.apply_configure_outbox),
+        CommandKind(ConfigureOutbox, 40, ("int?", "int?"), outbox_retention.apply_configure_outbox),
         CommandKind(
             CreateSubscription,
             41,
@@ -37,7 +37,7 @@ FEATURE: Final = Feature(
         CommandKind(RetryParked, 45, ("str",), subscriptions.apply_retry_parked),
         CommandKind(AckParked, 46, ("str", "int"), subscriptions.apply_ack_parked),
     ),
-    tick=(TickWork(70, outbox.trim),),
-    next_due_ms=outbox.next_due_ms,
+    tick=(TickWork(70, outbox_retention.trim),),
+    next_due_ms=outbox_retention.next_due_ms,
     check=subscriptions.check,
 )

@@ -1,9 +1,9 @@
-"""The outbox as the events feature runs it: `ConfigureOutbox`, trimming
-events past retention that every subscriber has, and when that is next due.
+"""The outbox's limits as the events feature keeps them: `ConfigureOutbox`
+(retention, events_max), trimming events past retention that every
+subscriber has, and when that is next due.
 
-The outbox itself (its records, `emit`, its encoding) is the kernel's
-(`kernel.outbox`), because every feature appends to it; its read functions
-are named here too, for the API and the webhook dispatcher.
+The outbox itself (its records, `emit`, its encoding and reads) is the
+kernel's (`kernel.outbox`), because every feature appends to it.
 """
 
 from __future__ import annotations
@@ -12,34 +12,10 @@ from raftsched.core.events.commands import ConfigureOutbox
 from raftsched.core.events.subscriptions import lowest_cursor
 from raftsched.core.kernel.commands import Tick
 from raftsched.core.kernel.feature import Context
-from raftsched.core.kernel.outbox import (
-    EVENT_TYPE_CHARS_MAX,
-    EVENTS_MAX_MAX,
-    Outbox,
-    OutboxEvent,
-    advance_head,
-    decode_data,
-    events_after,
-    first_held_seq,
-    last_seq,
-    outbox,
-)
+from raftsched.core.kernel.outbox import EVENTS_MAX_MAX, Outbox, advance_head, outbox
 from raftsched.core.kernel.results import Ack, Rejected
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import TIME_MS_MAX, check_optional_int
-
-__all__ = [
-    "EVENT_TYPE_CHARS_MAX",
-    "OutboxEvent",
-    "apply_configure_outbox",
-    "decode_data",
-    "events_after",
-    "first_held_seq",
-    "last_seq",
-    "next_due_ms",
-    "outbox",
-    "trim",
-]
 
 
 def apply_configure_outbox(
