@@ -7,6 +7,7 @@ of operation, `model.TRANSITIONS` for the job life cycle.
 """
 
 from raftsched.core import (  # noqa: F401  (register sections)
+    cluster_version,
     flow,
     outbox,
     schedules_model,  # noqa: F401  (registers its section)

@@ -184,6 +184,14 @@ class Configure:
     retention_ms: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class RaiseClusterVersion:
+    """Let commands up to `version` be proposed: the leader proposes it once
+    every member runs code that understands them (see core.cluster_version)."""
+
+    version: int
+
+
 # -- Workflows, the outbox and webhook subscriptions (issue 6) -----------------
 
 
@@ -418,6 +426,7 @@ Command = (
     | TakeOver
     | Barrier
     | Configure
+    | RaiseClusterVersion
     | ConfigureOutbox
     | CreateSubscription
     | DeleteSubscription

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from collections import Counter
 
-from raftsched.core import flow, outbox, schedules_query, subscriptions, workflows
+from raftsched.core import (
+    cluster_version,
+    flow,
+    outbox,
+    schedules_query,
+    subscriptions,
+    workflows,
+)
 from raftsched.core.model import (
     FINAL_STATUSES,
     JOB_STATUSES,
@@ -42,6 +49,7 @@ def check_invariants(state: State) -> list[str]:
     problems.extend(workflows.check(state))
     problems.extend(schedules_query.check(state))
     problems.extend(flow.check_flow(state))
+    problems.extend(cluster_version.check(state))
     return problems
 
 
