@@ -23,12 +23,21 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
 from raftsched import core
 from raftsched.config import NodeConfig
-from raftsched.core.commands import Barrier, ClaimJobs, Command, TakeOver, Tick
+from raftsched.core.cluster_version import cluster_version
+from raftsched.core.commands import (
+    Barrier,
+    ClaimJobs,
+    Command,
+    RaiseClusterVersion,
+    TakeOver,
+    Tick,
+)
 from raftsched.core.flow_claim import claimable_at_ms
 from raftsched.core.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.node import metrics as families
@@ -36,7 +45,8 @@ from raftsched.node.clock import IdSource, LeaderClock, random_u64
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
-from raftsched.node.proposer import NotLeader, OutcomeUnknown, Proposer
+from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, Proposer
+from raftsched.node.versions import POLL_PERIOD_S, PeerVersions, check_allowed
 from raftsched.node.webhooks import WebhookDelivery
 from raftsched.raft import RaftNode, RaftStatus
 from raftsched.raft_journal import SNAPSHOT_NAME
@@ -103,6 +113,8 @@ class Node:
         self._sampler_task: asyncio.Task[None] | None = None
         self._http_session: aiohttp.ClientSession | None = None
         self._skew_measured_at = 0.0
+        self.peer_versions = PeerVersions({p.id: p.http_url for p in config.peers})
+        self._versions_polled_at = 0.0
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -195,18 +207,31 @@ class Node:
     ) -> Result:
         """Propose one command and wait for its result. A request's commands
         are `bounded` by the proposer's queue (QueueFull: 503 unavailable);
-        the leader's own duties pass False (see node.proposer)."""
+        the leader's own duties pass False (see node.proposer). A command
+        newer than the cluster version raises UpgradeRequired (node.versions)."""
         if not self.is_leader:
             raise NotLeader()
+        self._check_allowed((command,))
         return await self.proposer.propose(command, size_bytes, bounded=bounded)
 
     def submit_all(
         self, commands: Sequence[Command], size_bytes: int = 0
     ) -> list[asyncio.Future[Result]]:
-        """Queue a request's commands together, all or none (QueueFull)."""
+        """Queue a request's commands together, all or none (QueueFull,
+        UpgradeRequired)."""
         if not self.is_leader:
             raise NotLeader()
+        self._check_allowed(commands)
         return self.proposer.submit_all(commands, size_bytes)
+
+    def _check_allowed(self, commands: Sequence[Command]) -> None:
+        with self.reading() as state:
+            check_allowed(state, commands)
+
+    def cluster_version(self) -> int:
+        """The cluster version in force on this replica (core.cluster_version)."""
+        with self.reading() as state:
+            return cluster_version(state)
 
     def status(self) -> RaftStatus:
         return self.raft.status()
@@ -311,7 +336,13 @@ class Node:
     # -- observation (see node.observability) ---------------------------------
 
     async def _sample(self) -> None:
-        """Once a second: measure peers' clocks every SKEW_PERIOD_S while leader."""
+        """Once a second: learn the peers' versions every POLL_PERIOD_S (and
+        as leader raise the cluster version), measure their clocks every
+        SKEW_PERIOD_S while leader."""
+        if self.loop.time() - self._versions_polled_at >= POLL_PERIOD_S:
+            self._versions_polled_at = self.loop.time()
+            await self.peer_versions.poll(self._peer_time)
+            await self._raise_cluster_version()
         if not self.is_leader:
             self.observer.forget_skew()
             return
@@ -322,11 +353,37 @@ class Node:
         await self.observer.measure_skew(peers, self._peer_wall_ms)
 
     async def _peer_wall_ms(self, url: str) -> float:
+        body = await self._peer_time(url)
+        return float(body["wall_ms"])
+
+    async def _peer_time(self, url: str) -> dict[str, Any]:
+        """A peer's answer to `GET /v1/time`: its clock and its version."""
         if self._http_session is None:
             self._http_session = aiohttp.ClientSession()
         async with self._http_session.get(url.rstrip("/") + "/v1/time") as response:
             body = await response.json()
-        return float(body["wall_ms"])
+        if not isinstance(body, dict):
+            raise ValueError("GET /v1/time did not answer an object")
+        return body
+
+    async def _raise_cluster_version(self) -> None:
+        """As leader, once every member understands a higher cluster version
+        than the one in force, propose it (node.versions)."""
+        if not self.is_leader:
+            return
+        version = self.peer_versions.version_to_raise(self.cluster_version())
+        if version is None:
+            return
+        try:
+            result = await self.propose(RaiseClusterVersion(version), bounded=False)
+        except (NotLeader, NotCommitted, OutcomeUnknown) as error:
+            # The next poll tries again; raising twice is harmless.
+            log.info("cluster version %d not raised yet: %r", version, error)
+            return
+        if isinstance(result, Rejected):
+            log.warning("raising the cluster version to %d was rejected: %r", version, result)
+        else:
+            log.info("cluster version raised to %d: every member understands it", version)
 
     # -- metrics --------------------------------------------------------------
 
@@ -342,6 +399,7 @@ class Node:
         sample(families.RAFT_TERM, lambda: [((), self.status().term)])
         sample(families.RAFT_COMMIT_INDEX, lambda: [((), self.status().commit_index)])
         sample(families.RAFT_APPLIED_INDEX, lambda: [((), self.status().applied_index)])
+        sample(families.APPLY_HALTED, lambda: [((), 0.0 if self.raft.halted is None else 1.0)])
         sample(families.JOBS, self._m_jobs)
         sample(families.SNAPSHOT_AGE, self._m_snapshot_age)
         sample(families.SNAPSHOT_DURATION, self._m_snapshot_duration)
