@@ -186,12 +186,6 @@ class Halt:
     reason: str
 
 
-class _TickThreadEnds(SystemExit):
-    """Ends a halted node's tick thread when the node closes. pysyncobj's
-    tick loop catches only `Exception`, and `threading` ends a thread on
-    `SystemExit` without a word."""
-
-
 class ProposeError(enum.StrEnum):
     NOT_LEADER = "not_leader"  # this node is not the leader; nothing was appended
     BUSY = "busy"  # another proposal is still in flight
@@ -696,8 +690,11 @@ class RaftNode:
         exactly as after the entry before (`status().applied_index`). The
         wait is on an event, so it costs no CPU; it also ends when the main
         thread is gone, as pysyncobj's loop would (its thread is not a
-        daemon). After the park the tick thread ends (`_TickThreadEnds`)
-        inside the method, so nothing is applied and no snapshot is taken.
+        daemon). After the park the tick thread ends inside the method, by
+        `SystemExit`: pysyncobj's tick loop catches only `Exception`, and
+        `threading` ends a thread on exactly `SystemExit` without a word (a
+        subclass would be printed). So nothing more is applied and no
+        snapshot is taken; `close()` does the clean-up the loop would have.
         Reads and HTTP keep working on the other threads; a restart meets the
         same entry again, until the node runs code that can apply it.
         """
@@ -711,7 +708,7 @@ class RaftNode:
         main_thread = threading.main_thread()
         while not self._closing.wait(_HALT_POLL_S) and main_thread.is_alive():
             pass
-        raise _TickThreadEnds()
+        raise SystemExit()
 
     def _on_tick(self) -> None:
         # Anything appended this tick and not yet sent (a cluster of one, or
