@@ -7,10 +7,17 @@ today's code. While any member still runs the old release the cluster
 version stays 1 (nothing an old replica cannot decode is proposed); once
 all run today's code the leader raises it to 2. No acknowledged job is
 lost, and the replicas agree throughout.
+
+No request of today's release needs a version-2 command, so the gate is
+shown with a "next release": today's tree with `SetQueue` declared a
+version-2 command. While a member runs v0.1.0, a leader of that release
+answers `PUT /v1/queues/{name}` 409 "upgrade every node first"; once the
+last member is upgraded, the same request succeeds.
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import time
@@ -44,18 +51,39 @@ def old_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root / "src"
 
 
+@pytest.fixture(scope="module")
+def next_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Today's `src` directory with SetQueue made a version-2 command, as
+    the release that introduced it would declare it."""
+    root = tmp_path_factory.mktemp("next") / "src"
+    shutil.copytree(REPO_ROOT / "src" / "raftsched", root / "raftsched")
+    codec = root / "raftsched" / "core" / "codec.py"
+    text = codec.read_text()
+    declared = "    c.RaiseClusterVersion: 2,\n"
+    assert declared in text
+    codec.write_text(text.replace(declared, declared + "    c.SetQueue: 2,\n", 1))
+    return root
+
+
 def get(url: str, path: str) -> dict[str, Any]:
     status, body, _ = http_json("GET", url + path, timeout_s=10)
     assert status == 200, (path, status, body)
     return body
 
 
+NO_ANSWER = 0
+
+
 def cluster_versions(cluster: LocalCluster) -> dict[str, int | None]:
-    """Each live node's cluster version as it reports it (None: an old node)."""
+    """Each live node's cluster version as it reports it (None: an old node,
+    NO_ANSWER: one still starting)."""
     found: dict[str, int | None] = {}
     for node_id, node in cluster.nodes.items():
         if node.alive:
-            found[node_id] = get(node.http_url, "/v1/cluster").get("cluster_version")
+            try:
+                found[node_id] = get(node.http_url, "/v1/cluster").get("cluster_version")
+            except OSError:
+                found[node_id] = NO_ANSWER
     return found
 
 
@@ -118,5 +146,63 @@ def test_a_rolling_upgrade_from_the_previous_release(old_source: Path, tmp_path:
             for key, job_id in acknowledged.items():
                 body = get(node.http_url, f"/v1/jobs/{job_id}?consistency=stale")
                 assert body["job"]["idempotency_key"] == key
+    finally:
+        cluster.stop()
+
+
+def set_queue(cluster: LocalCluster) -> tuple[int, dict[str, Any]]:
+    leader = cluster.nodes[cluster.wait_for_leader(timeout_s=60)].http_url
+    status, body, _ = http_json(
+        "PUT", leader + "/v1/queues/upgrade", {"concurrency_limit": 3}, timeout_s=10
+    )
+    return status, body
+
+
+def lead_on(cluster: LocalCluster, node_ids: set[str]) -> None:
+    """Restart leaders until one of `node_ids` leads."""
+    for _ in range(10):
+        leader = cluster.wait_for_leader(timeout_s=60)
+        if leader in node_ids:
+            return
+        cluster.kill(leader, signal.SIGTERM)
+        cluster.wait_for_leader(timeout_s=60, exclude=leader)
+        cluster.start(leader)
+        cluster.wait_converged(timeout_s=60)
+    raise AssertionError(f"none of {sorted(node_ids)} became leader")
+
+
+@pytest.mark.slow
+def test_a_newer_command_waits_until_every_node_is_upgraded(
+    old_source: Path, next_source: Path, tmp_path: Path
+) -> None:
+    cluster = LocalCluster(tmp_path / "cluster", size=3, env=cluster_env())
+    for node in cluster.nodes.values():
+        node.source_dir = old_source
+    try:
+        cluster.start()
+        cluster.wait_for_leader(timeout_s=60)
+        for node_id in ("n1", "n2"):
+            cluster.kill(node_id, signal.SIGTERM)
+            cluster.nodes[node_id].source_dir = next_source
+            cluster.start(node_id)
+            cluster.wait_converged(timeout_s=60)
+        lead_on(cluster, {"n1", "n2"})
+        time.sleep(POLL_PERIOD_S + 2)  # the leader has polled every member
+        status, body = set_queue(cluster)
+        assert status == 409, body
+        assert body["error"]["code"] == "invalid_state"
+        assert body["error"]["message"] == "upgrade every node first"
+        assert body["error"]["details"]["command"] == "SetQueue"
+        assert body["error"]["details"]["cluster_version"] == 1
+
+        cluster.kill("n3", signal.SIGTERM)
+        cluster.nodes["n3"].source_dir = next_source
+        cluster.start("n3")
+        assert wait_for(
+            lambda: set(cluster_versions(cluster).values()) == {2}, timeout_s=4 * POLL_PERIOD_S
+        ), cluster_versions(cluster)
+        status, body = set_queue(cluster)
+        assert status == 200, body
+        cluster.wait_converged(timeout_s=60)
     finally:
         cluster.stop()
