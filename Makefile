@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck check mutate bench bench-core bench-cluster bench-schedules bench-hot-minute chaos clean
+.PHONY: dev test lint typecheck diagrams check mutate bench bench-core bench-cluster bench-schedules bench-hot-minute chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
+
+## Redraw the state diagrams in docs/ from the core's transition tables
+## (tests/core/test_core_diagrams.py fails when they differ).
+diagrams: $(STAMP)
+	$(PY) -m raftsched.diagrams docs
 
 ## Mutation testing of the fencing, lease, effects, idempotency and journal code
 ## (docs/mutation.md). Not part of `make test` or CI; one worker, so it is slow.

@@ -64,19 +64,10 @@ from raftsched.core import (
     encode_state_pieces,
     new_state,
 )
-from raftsched.core.commands import (
-    ClaimJobs,
-    Command,
-    CompleteJob,
-    Entry,
-    JobSpec,
-    StartJob,
-    SubmitJobs,
-    TakeOver,
-    Tick,
-)
-from raftsched.core.results import Claimed
-from raftsched.core.state import State
+from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, StartJob, SubmitJobs
+from raftsched.core.kernel.commands import Command, Entry, JobSpec, TakeOver, Tick
+from raftsched.core.kernel.results import Claimed
+from raftsched.core.kernel.state import State
 from raftsched.node.machine import ReplicatedState
 from raftsched.raft_journal import SnapshotHeader
 

@@ -128,7 +128,8 @@ def hot_minute(count: int) -> dict[str, Any]:
 
 def idle_tick(count: int) -> float:
     from raftsched.core import apply_entry, new_state
-    from raftsched.core.commands import CreateSchedule, Entry, JobSpec, ScheduleSpec, Tick
+    from raftsched.core.kernel.commands import Entry, JobSpec, Tick
+    from raftsched.core.schedules.commands import CreateSchedule, ScheduleSpec
 
     state = new_state()
     start_ms = 1_800_000_000_000

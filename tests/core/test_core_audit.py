@@ -7,7 +7,7 @@ import pytest
 from core_support import Cluster
 
 from raftsched.core import job_history
-from raftsched.core.commands import (
+from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
     CompleteJob,
@@ -16,7 +16,7 @@ from raftsched.core.commands import (
     ReplayJob,
     StartJob,
 )
-from raftsched.core.results import Failed, HeartbeatAccepted, Rejected, Replayed
+from raftsched.core.kernel.results import Failed, HeartbeatAccepted, Rejected, Replayed
 
 
 def last_event(cluster: Cluster, job_id: str) -> tuple[object, ...]:

@@ -7,16 +7,17 @@ import pytest
 from core_support import Cluster
 
 from raftsched.core import CodecError, decode_state, encode_state
-from raftsched.core import commands as c
-from raftsched.core.cluster_version import (
+from raftsched.core.jobs.commands import Configure
+from raftsched.core.kernel.cluster_version import (
     CLUSTER_VERSION,
     cluster_version,
     command_version,
     needs_upgrade,
 )
-from raftsched.core.codec import COMMAND_TAGS, COMMAND_VERSION_MAX, COMMAND_VERSIONS
-from raftsched.core.results import Ack, Rejected
-from raftsched.core.sections import SECTIONS
+from raftsched.core.kernel.codec import COMMAND_TAGS, COMMAND_VERSION_MAX, COMMAND_VERSIONS
+from raftsched.core.kernel.commands import RaiseClusterVersion
+from raftsched.core.kernel.results import Ack, Rejected
+from raftsched.core.kernel.sections import SECTIONS
 
 
 def test_a_new_state_is_at_version_1() -> None:
@@ -26,18 +27,18 @@ def test_a_new_state_is_at_version_1() -> None:
 def test_every_command_kind_has_a_version_and_only_raise_is_new() -> None:
     assert COMMAND_VERSIONS.keys() == COMMAND_TAGS.keys()
     assert {cls for cls, version in COMMAND_VERSIONS.items() if version > 1} == {
-        c.RaiseClusterVersion
+        RaiseClusterVersion
     }
     assert COMMAND_VERSION_MAX == 2
 
 
 def test_raise_moves_the_version_up_and_never_down() -> None:
     cluster = Cluster()
-    assert cluster.one(c.RaiseClusterVersion(2)) == Ack()
+    assert cluster.one(RaiseClusterVersion(2)) == Ack()
     assert cluster_version(cluster.state) == 2
     before = cluster.digest()
-    assert cluster.one(c.RaiseClusterVersion(1)) == Ack()  # a late proposal
-    assert cluster.one(c.RaiseClusterVersion(2)) == Ack()  # a retried one
+    assert cluster.one(RaiseClusterVersion(1)) == Ack()  # a late proposal
+    assert cluster.one(RaiseClusterVersion(2)) == Ack()  # a retried one
     assert cluster_version(cluster.state) == 2
     assert cluster.digest() == before
 
@@ -46,7 +47,7 @@ def test_raise_moves_the_version_up_and_never_down() -> None:
 def test_a_version_this_code_does_not_know_is_refused(version: int) -> None:
     cluster = Cluster()
     before = cluster.digest()
-    result = cluster.one(c.RaiseClusterVersion(version))
+    result = cluster.one(RaiseClusterVersion(version))
     assert isinstance(result, Rejected) and result.code == "invalid_request"
     assert result.details == {"field": "version"}
     assert cluster.digest() == before
@@ -65,7 +66,7 @@ def test_at_its_default_the_section_is_not_encoded_at_all() -> None:
 def test_a_raised_version_is_encoded_in_section_order_and_round_trips() -> None:
     cluster = Cluster()
     cluster.submit()
-    cluster.one(c.RaiseClusterVersion(2))
+    cluster.one(RaiseClusterVersion(2))
     data = encode_state(cluster.state)
     names = [name for name, _ in msgpack.unpackb(data)[7]]
     assert names == sorted(names) and names[0] == CLUSTER_VERSION
@@ -111,11 +112,11 @@ def test_the_gate_holds_every_version_2_command_until_the_cluster_is_at_2(
 ) -> None:
     """No user command is version 2 yet; pretend Configure were."""
     cluster = Cluster()
-    assert not needs_upgrade(cluster.state, c.Configure())
-    monkeypatch.setitem(COMMAND_VERSIONS, c.Configure, 2)
-    assert command_version(c.Configure()) == 2
-    assert needs_upgrade(cluster.state, c.Configure())
+    assert not needs_upgrade(cluster.state, Configure())
+    monkeypatch.setitem(COMMAND_VERSIONS, Configure, 2)
+    assert command_version(Configure()) == 2
+    assert needs_upgrade(cluster.state, Configure())
     # RaiseClusterVersion is what opens the gate, so it never waits.
-    assert not needs_upgrade(cluster.state, c.RaiseClusterVersion(2))
-    cluster.one(c.RaiseClusterVersion(2))
-    assert not needs_upgrade(cluster.state, c.Configure())
+    assert not needs_upgrade(cluster.state, RaiseClusterVersion(2))
+    cluster.one(RaiseClusterVersion(2))
+    assert not needs_upgrade(cluster.state, Configure())

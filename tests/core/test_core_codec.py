@@ -20,99 +20,143 @@ from raftsched.core import (
     encode_state_pieces,
     state_digest,
 )
-from raftsched.core import commands as c
-from raftsched.core.invariants import check_invariants
-from raftsched.core.model import JOB_FIELDS
-from raftsched.core.results import Rejected
-from raftsched.core.sections import SECTIONS
+from raftsched.core.events.commands import (
+    AckDelivery,
+    AckParked,
+    ConfigureOutbox,
+    CreateSubscription,
+    DeleteSubscription,
+    ParkDelivery,
+    RetryParked,
+)
+from raftsched.core.jobs.commands import (
+    CancelJob,
+    ClaimJobs,
+    CompleteJob,
+    Configure,
+    FailJob,
+    HeartbeatJob,
+    PauseQueue,
+    RecordEffect,
+    ReplayJob,
+    SetQueue,
+    SetTenant,
+    StartJob,
+    SubmitJobs,
+)
+from raftsched.core.kernel.commands import (
+    Backoff,
+    Barrier,
+    Command,
+    Entry,
+    JobSpec,
+    RaiseClusterVersion,
+    TakeOver,
+    Tick,
+)
+from raftsched.core.kernel.invariants import check_invariants
+from raftsched.core.kernel.model import JOB_FIELDS
+from raftsched.core.kernel.results import Rejected
+from raftsched.core.kernel.sections import SECTIONS
+from raftsched.core.schedules.commands import (
+    BackfillSchedule,
+    CreateSchedule,
+    DeleteSchedule,
+    PauseSchedule,
+    ResumeSchedule,
+    ScheduleSpec,
+    TriggerSchedule,
+    UpdateSchedule,
+)
+from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
 
-EVERY_COMMAND: tuple[c.Command, ...] = (
-    c.SubmitJobs(
+EVERY_COMMAND: tuple[Command, ...] = (
+    SubmitJobs(
         (
-            c.JobSpec("q"),
-            c.JobSpec(
-                "payments", "acme", b"\x01", -3, 5, None, 7, c.Backoff(1, 2, 3), 1_000, 9,
+            JobSpec("q"),
+            JobSpec(
+                "payments", "acme", b"\x01", -3, 5, None, 7, Backoff(1, 2, 3), 1_000, 9,
                 "k", "o", "corr", (("a", "1"), ("b", "2")),
             ),
         ),
         ("j1", "j2"),
     ),
-    c.ClaimJobs("w", ("q", "r"), 10, 5_000),
-    c.ClaimJobs("w", ("q",), 1),
-    c.StartJob("j1", 1),
-    c.HeartbeatJob("j1", 1, 500, b"\x90"),
-    c.HeartbeatJob("j1", 1),
-    c.CompleteJob("j1", 1, b"\xa2ok"),
-    c.FailJob("j1", 1, "transient", "boom", 100, 2**32 - 1),
-    c.CancelJob("j1", "why", "bob"),
-    c.ReplayJob("j1", "fixed", "alice"),
-    c.RecordEffect("key", "j1", 1, b"\x01"),
-    c.Tick(2**64 - 1, 5),
-    c.TakeOver(),
-    c.Barrier(),
-    c.Configure(60_000),
-    c.Configure(),
-    c.RaiseClusterVersion(2),
+    ClaimJobs("w", ("q", "r"), 10, 5_000),
+    ClaimJobs("w", ("q",), 1),
+    StartJob("j1", 1),
+    HeartbeatJob("j1", 1, 500, b"\x90"),
+    HeartbeatJob("j1", 1),
+    CompleteJob("j1", 1, b"\xa2ok"),
+    FailJob("j1", 1, "transient", "boom", 100, 2**32 - 1),
+    CancelJob("j1", "why", "bob"),
+    ReplayJob("j1", "fixed", "alice"),
+    RecordEffect("key", "j1", 1, b"\x01"),
+    Tick(2**64 - 1, 5),
+    TakeOver(),
+    Barrier(),
+    Configure(60_000),
+    Configure(),
+    RaiseClusterVersion(2),
     # Recurring schedules (issue 5).
-    c.CreateSchedule(
-        c.ScheduleSpec("s", c.JobSpec("q"), cron="0 2 * * *", timezone="Europe/London")
+    CreateSchedule(
+        ScheduleSpec("s", JobSpec("q"), cron="0 2 * * *", timezone="Europe/London")
     ),
-    c.UpdateSchedule(
-        c.ScheduleSpec(
-            "s", c.JobSpec("q", priority=2), None, 5_000, "UTC", 1, 2, 3, "buffer_all", "all",
+    UpdateSchedule(
+        ScheduleSpec(
+            "s", JobSpec("q", priority=2), None, 5_000, "UTC", 1, 2, 3, "buffer_all", "all",
             4, 5, 6, True,
         )
     ),
-    c.DeleteSchedule("s"),
-    c.PauseSchedule("s"),
-    c.ResumeSchedule("s"),
-    c.TriggerSchedule("s"),
-    c.BackfillSchedule("s", 1, 2, "allow_all"),
-    c.BackfillSchedule("s", 1, 2),
+    DeleteSchedule("s"),
+    PauseSchedule("s"),
+    ResumeSchedule("s"),
+    TriggerSchedule("s"),
+    BackfillSchedule("s", 1, 2, "allow_all"),
+    BackfillSchedule("s", 1, 2),
     # Workflows, the outbox and subscriptions (issue 6).
-    c.ConfigureOutbox(1_000, 50),
-    c.ConfigureOutbox(),
-    c.CreateSubscription("s1", "http://h/", ("job.*",), "secret"),
-    c.DeleteSubscription("s1"),
-    c.AckDelivery("s1", 7),
-    c.ParkDelivery("s1", 7, 3, "HTTP 500"),
-    c.RetryParked("s1"),
-    c.AckParked("s1", 7),
-    c.SubmitWorkflow(
+    ConfigureOutbox(1_000, 50),
+    ConfigureOutbox(),
+    CreateSubscription("s1", "http://h/", ("job.*",), "secret"),
+    DeleteSubscription("s1"),
+    AckDelivery("s1", 7),
+    ParkDelivery("s1", 7, 3, "HTTP 500"),
+    RetryParked("s1"),
+    AckParked("s1", 7),
+    SubmitWorkflow(
         "wf_1",
         (
-            c.StepSpec("a", c.JobSpec("q")),
-            c.StepSpec("b", c.JobSpec("r", priority=3), ("a",), c.JobSpec("undo")),
+            StepSpec("a", JobSpec("q")),
+            StepSpec("b", JobSpec("r", priority=3), ("a",), JobSpec("undo")),
         ),
         "acme", "key", 60_000, "continue", False,
     ),
-    c.CancelWorkflow("wf_1", "why", "bob"),
+    CancelWorkflow("wf_1", "why", "bob"),
     # Flow control (issue 7).
-    c.SetQueue("q", True, 2_500, 10, 4, 20, 1_000),
-    c.SetQueue("q"),
-    c.PauseQueue("q", False),
-    c.SetTenant("acme", 3, 10, 1_000),
-    c.SetTenant("acme"),
+    SetQueue("q", True, 2_500, 10, 4, 20, 1_000),
+    SetQueue("q"),
+    PauseQueue("q", False),
+    SetTenant("acme", 3, 10, 1_000),
+    SetTenant("acme"),
 )  # fmt: skip
 
 
 def test_every_command_type_has_a_stable_tag() -> None:
     assert {
-        c.SubmitJobs: 1, c.ClaimJobs: 2, c.StartJob: 3, c.HeartbeatJob: 4, c.CompleteJob: 5,
-        c.FailJob: 6, c.CancelJob: 7, c.ReplayJob: 8, c.RecordEffect: 9, c.Tick: 10,
-        c.TakeOver: 11, c.Barrier: 12, c.Configure: 13, c.RaiseClusterVersion: 14,
-        c.CreateSchedule: 20, c.UpdateSchedule: 21, c.DeleteSchedule: 22, c.PauseSchedule: 23,
-        c.ResumeSchedule: 24, c.TriggerSchedule: 25, c.BackfillSchedule: 26,
-        c.ConfigureOutbox: 40, c.CreateSubscription: 41, c.DeleteSubscription: 42,
-        c.AckDelivery: 43, c.ParkDelivery: 44, c.RetryParked: 45, c.AckParked: 46,
-        c.SubmitWorkflow: 50, c.CancelWorkflow: 51,
-        c.SetQueue: 60, c.PauseQueue: 61, c.SetTenant: 62,
+        SubmitJobs: 1, ClaimJobs: 2, StartJob: 3, HeartbeatJob: 4, CompleteJob: 5,
+        FailJob: 6, CancelJob: 7, ReplayJob: 8, RecordEffect: 9, Tick: 10,
+        TakeOver: 11, Barrier: 12, Configure: 13, RaiseClusterVersion: 14,
+        CreateSchedule: 20, UpdateSchedule: 21, DeleteSchedule: 22, PauseSchedule: 23,
+        ResumeSchedule: 24, TriggerSchedule: 25, BackfillSchedule: 26,
+        ConfigureOutbox: 40, CreateSubscription: 41, DeleteSubscription: 42,
+        AckDelivery: 43, ParkDelivery: 44, RetryParked: 45, AckParked: 46,
+        SubmitWorkflow: 50, CancelWorkflow: 51,
+        SetQueue: 60, PauseQueue: 61, SetTenant: 62,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 
 
 def test_entries_round_trip_exactly() -> None:
-    entry = c.Entry(7, T0, EVERY_COMMAND)
+    entry = Entry(7, T0, EVERY_COMMAND)
     data = encode_entry(entry)
     assert decode_entry(data) == entry
     assert encode_entry(decode_entry(data)) == data
@@ -147,7 +191,7 @@ def test_garbage_entries_raise_codec_error_and_apply_leaves_the_state_alone(data
 
 def test_apply_encoded_applies_a_valid_entry() -> None:
     cluster = Cluster()
-    entry = c.Entry(1, T0, (c.SubmitJobs((c.JobSpec("q"),), ("j",)),))
+    entry = Entry(1, T0, (SubmitJobs((JobSpec("q"),), ("j",)),))
     (result,) = apply_encoded(cluster.state, encode_entry(entry))
     assert not isinstance(result, Rejected)
     assert "j" in cluster.state.jobs
@@ -157,14 +201,14 @@ def test_state_round_trips_with_every_kind_of_job() -> None:
     cluster = Cluster()
     cluster.submit(labels=(("x", "y"),), idempotency_key="k", deadline_ms=99_999, tenant="t")
     cluster.submit(delay_ms=5_000)
-    lease = cluster.start(lease_ms=1_000, backoff=c.Backoff(7, 70, 7))
-    cluster.run(c.RecordEffect("e", lease.job_id, lease.fencing_token, b"\x01"))
-    cluster.run(c.CancelJob(lease.job_id))
+    lease = cluster.start(lease_ms=1_000, backoff=Backoff(7, 70, 7))
+    cluster.run(RecordEffect("e", lease.job_id, lease.fencing_token, b"\x01"))
+    cluster.run(CancelJob(lease.job_id))
     done = cluster.start()
-    cluster.run(c.CompleteJob(done.job_id, done.fencing_token, b"\x02"))
+    cluster.run(CompleteJob(done.job_id, done.fencing_token, b"\x02"))
     failing = cluster.start(max_attempts=1)
-    cluster.run(c.FailJob(failing.job_id, failing.fencing_token, "transient", "x"))
-    cluster.run(c.Tick(), at=T0 + 2_000)
+    cluster.run(FailJob(failing.job_id, failing.fencing_token, "transient", "x"))
+    cluster.run(Tick(), at=T0 + 2_000)
     data = encode_state(cluster.state)
     decoded = decode_state(data)
     assert check_invariants(decoded) == []
@@ -189,7 +233,7 @@ def _mixed_state(jobs: int) -> Cluster:
     specs, ids = [], []
     for i in range(jobs):
         specs.append(
-            c.JobSpec(
+            JobSpec(
                 f"q{i % 3}",
                 tenant=f"t{i % 5}",
                 priority=(i % 4) - 1,
@@ -202,15 +246,15 @@ def _mixed_state(jobs: int) -> Cluster:
         ids.append(f"job_{i:06d}")
     for start in range(0, jobs, 1_000):
         cluster.run(
-            c.SubmitJobs(tuple(specs[start : start + 1_000]), tuple(ids[start : start + 1_000]))
+            SubmitJobs(tuple(specs[start : start + 1_000]), tuple(ids[start : start + 1_000]))
         )
-    claimed = cluster.one(c.ClaimJobs("w1", ("q0", "q1"), 300))
+    claimed = cluster.one(ClaimJobs("w1", ("q0", "q1"), 300))
     leases = claimed.leases
-    cluster.run(*(c.StartJob(lease.job_id, lease.fencing_token) for lease in leases[:200]))
+    cluster.run(*(StartJob(lease.job_id, lease.fencing_token) for lease in leases[:200]))
     cluster.run(
-        *(c.CompleteJob(lease.job_id, lease.fencing_token, b"ok") for lease in leases[:100]),
+        *(CompleteJob(lease.job_id, lease.fencing_token, b"ok") for lease in leases[:100]),
         *(
-            c.FailJob(lease.job_id, lease.fencing_token, "transient", "x", None, 1)
+            FailJob(lease.job_id, lease.fencing_token, "transient", "x", None, 1)
             for lease in leases[100:150]
         ),
     )
@@ -229,9 +273,7 @@ def test_a_state_of_many_chunks_decodes_to_one_that_chooses_the_same() -> None:
     assert decoded.idempotency.keys() == original.idempotency.keys()
     assert decoded.runnable.tenants == original.runnable.tenants
     # Both replicas grant the same jobs in the same order from here on.
-    later = c.Entry(
-        1, cluster.now_ms + 10_000, (c.Tick(), c.ClaimJobs("w2", ("q0", "q1", "q2"), 500))
-    )
+    later = Entry(1, cluster.now_ms + 10_000, (Tick(), ClaimJobs("w2", ("q0", "q1", "q2"), 500)))
     assert apply_entry(decoded, later) == apply_entry(original, later)
     assert encode_state(decoded) == encode_state(original)
 

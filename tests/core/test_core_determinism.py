@@ -15,24 +15,36 @@ from raftsched.core import (
     encode_state,
     new_state,
 )
-from raftsched.core import commands as c
-from raftsched.core.results import Claimed, Result
-from raftsched.core.state import State
+from raftsched.core.jobs.commands import (
+    CancelJob,
+    ClaimJobs,
+    CompleteJob,
+    Configure,
+    FailJob,
+    HeartbeatJob,
+    RecordEffect,
+    ReplayJob,
+    StartJob,
+    SubmitJobs,
+)
+from raftsched.core.kernel.commands import Backoff, Barrier, Command, Entry, JobSpec, Tick
+from raftsched.core.kernel.results import Claimed, Result
+from raftsched.core.kernel.state import State
 
 
-def _random_command(rng: random.Random, state: State, tokens: list[tuple[str, int]]) -> c.Command:
+def _random_command(rng: random.Random, state: State, tokens: list[tuple[str, int]]) -> Command:
     roll = rng.random()
     job_ids = list(state.jobs)
     if roll < 0.25 or not job_ids:
         count = rng.randint(1, 4)
         specs = tuple(
-            c.JobSpec(
+            JobSpec(
                 rng.choice(["a", "b"]),
                 payload=bytes([rng.randrange(3)]),
                 priority=rng.randint(-1, 1),
                 delay_ms=rng.choice([None, 0, 300, 2_000]),
                 max_attempts=rng.randint(1, 3),
-                backoff=c.Backoff(100, 1_000, 500),
+                backoff=Backoff(100, 1_000, 500),
                 lease_ms=rng.choice([200, 1_000]),
                 deadline_ms=rng.choice([None, None, 5_000]),
                 idempotency_key=rng.choice([None, None, "k1", "k2", "k3"]),
@@ -40,32 +52,32 @@ def _random_command(rng: random.Random, state: State, tokens: list[tuple[str, in
             for _ in range(count)
         )
         ids = tuple(f"job_{rng.getrandbits(40):x}" for _ in range(count))
-        return c.SubmitJobs(specs, ids)
+        return SubmitJobs(specs, ids)
     if roll < 0.4:
-        return c.ClaimJobs("w", ("a", "b"), rng.randint(1, 3))
+        return ClaimJobs("w", ("a", "b"), rng.randint(1, 3))
     if roll < 0.7 and tokens:
         job_id, token = rng.choice(tokens)
         token += rng.choice([0, 0, 0, 1])
         return rng.choice(
             [
-                c.StartJob(job_id, token),
-                c.HeartbeatJob(job_id, token, rng.choice([None, 3_000])),
-                c.CompleteJob(job_id, token, b"\x01"),
-                c.FailJob(
+                StartJob(job_id, token),
+                HeartbeatJob(job_id, token, rng.choice([None, 3_000])),
+                CompleteJob(job_id, token, b"\x01"),
+                FailJob(
                     job_id,
                     token,
                     rng.choice(["transient", "unknown", "permanent"]),
                     random_u32=rng.getrandbits(32),
                 ),
-                c.RecordEffect(rng.choice(["e1", "e2", "e3"]), job_id, token),
+                RecordEffect(rng.choice(["e1", "e2", "e3"]), job_id, token),
             ]
         )
     if roll < 0.8:
-        return c.Tick(seed=rng.getrandbits(64), max_items=rng.choice([1, 2, 100]))
+        return Tick(seed=rng.getrandbits(64), max_items=rng.choice([1, 2, 100]))
     if roll < 0.9:
         job_id = rng.choice(job_ids)
-        return rng.choice([c.CancelJob(job_id), c.ReplayJob(job_id)])
-    return rng.choice([c.Configure(retention_ms=rng.choice([500, 3_000])), c.Barrier()])
+        return rng.choice([CancelJob(job_id), ReplayJob(job_id)])
+    return rng.choice([Configure(retention_ms=rng.choice([500, 3_000])), Barrier()])
 
 
 def _random_log(seed: int, length: int) -> list[bytes]:
@@ -82,7 +94,7 @@ def _random_log(seed: int, length: int) -> list[bytes]:
         entry_epoch = epoch - 1 if rng.random() < 0.03 else epoch
         entry_now = now_ms - 50 if rng.random() < 0.05 else now_ms
         commands = tuple(_random_command(rng, state, tokens) for _ in range(rng.randint(1, 3)))
-        entry = c.Entry(entry_epoch, entry_now, commands)
+        entry = Entry(entry_epoch, entry_now, commands)
         data = encode_entry(entry)
         log.append(data)
         for result in apply_entry(state, entry):

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from core_support import T0, Cluster, assert_rejected_unchanged
 
-from raftsched.core.commands import (
+from raftsched.core.jobs.commands import (
     ClaimJobs,
     CompleteJob,
     Configure,
@@ -19,9 +19,9 @@ from raftsched.core.commands import (
     HeartbeatJob,
     RecordEffect,
     StartJob,
-    Tick,
 )
-from raftsched.core.results import (
+from raftsched.core.kernel.commands import Tick
+from raftsched.core.kernel.results import (
     Ack,
     Completed,
     Effect,
@@ -153,9 +153,7 @@ def test_a_complete_after_the_attempt_failed_is_lease_lost() -> None:
     lease = cluster.start()
     cluster.one(FailJob(lease.job_id, lease.fencing_token, "permanent"))
     assert cluster.job(lease.job_id).status == "dead_letter"
-    assert_rejected_unchanged(
-        cluster, CompleteJob(lease.job_id, lease.fencing_token), "lease_lost"
-    )
+    assert_rejected_unchanged(cluster, CompleteJob(lease.job_id, lease.fencing_token), "lease_lost")
 
 
 def test_a_complete_with_a_job_id_that_is_not_a_string_is_invalid() -> None:

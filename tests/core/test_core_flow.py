@@ -7,20 +7,19 @@ from collections import Counter
 from core_support import Cluster, assert_rejected_unchanged
 
 from raftsched.core import apply_entry, check_invariants, decode_state, encode_state, state_digest
-from raftsched.core.commands import (
+from raftsched.core.jobs.commands import (
     ClaimJobs,
     CompleteJob,
-    Entry,
     FailJob,
-    JobSpec,
     PauseQueue,
     SetQueue,
     SetTenant,
     StartJob,
     SubmitJobs,
 )
-from raftsched.core.flow_claim import claimable_at_ms
-from raftsched.core.results import Ack, Claimed, Rejected, Submitted
+from raftsched.core.jobs.flow_claim import claimable_at_ms
+from raftsched.core.kernel.commands import Entry, JobSpec
+from raftsched.core.kernel.results import Ack, Claimed, Rejected, Submitted
 
 
 def fill(cluster: Cluster, count: int, queue: str = "q", **fields: object) -> list[str]:

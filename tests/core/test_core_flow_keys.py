@@ -7,22 +7,20 @@ import random
 from core_support import Cluster
 
 from raftsched.core import decode_state, encode_state
-from raftsched.core.commands import (
+from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
-    Command,
     CompleteJob,
     FailJob,
-    JobSpec,
     ReplayJob,
     SetQueue,
     SetTenant,
     StartJob,
     SubmitJobs,
-    Tick,
 )
-from raftsched.core.invariants import check_invariants
-from raftsched.core.results import Claimed
+from raftsched.core.kernel.commands import Command, JobSpec, Tick
+from raftsched.core.kernel.invariants import check_invariants
+from raftsched.core.kernel.results import Claimed
 
 
 def claim(cluster: Cluster, n: int = 10) -> list[str]:

@@ -5,18 +5,16 @@ from __future__ import annotations
 import pytest
 from core_support import T0, Cluster, assert_rejected_unchanged
 
-from raftsched.core.commands import (
-    Backoff,
+from raftsched.core.jobs.commands import (
     ClaimJobs,
     CompleteJob,
     FailJob,
     HeartbeatJob,
     RecordEffect,
     StartJob,
-    TakeOver,
-    Tick,
 )
-from raftsched.core.results import (
+from raftsched.core.kernel.commands import Backoff, TakeOver, Tick
+from raftsched.core.kernel.results import (
     Claimed,
     Completed,
     Failed,

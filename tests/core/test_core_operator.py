@@ -5,7 +5,7 @@ from __future__ import annotations
 from core_support import T0, Cluster, assert_rejected_unchanged
 
 from raftsched.core import get_effect, job_history
-from raftsched.core.commands import (
+from raftsched.core.jobs.commands import (
     CancelJob,
     CompleteJob,
     Configure,
@@ -14,9 +14,9 @@ from raftsched.core.commands import (
     RecordEffect,
     ReplayJob,
     StartJob,
-    Tick,
 )
-from raftsched.core.results import (
+from raftsched.core.kernel.commands import Tick
+from raftsched.core.kernel.results import (
     Ack,
     CancelAccepted,
     Effect,

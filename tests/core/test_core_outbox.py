@@ -6,24 +6,30 @@ import msgpack
 import pytest
 from core_support import Cluster, assert_rejected_unchanged
 
-from raftsched.core import State, decode_state, encode_state, lifecycle
-from raftsched.core.commands import (
+from raftsched.core import State, decode_state, encode_state
+from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
-    CancelJob,
-    CompleteJob,
     ConfigureOutbox,
     CreateSubscription,
     DeleteSubscription,
-    FailJob,
     ParkDelivery,
     RetryParked,
-    Tick,
 )
-from raftsched.core.invariants import check_invariants
-from raftsched.core.outbox import decode_data, emit, events_after, first_held_seq, last_seq, outbox
-from raftsched.core.results import Ack, ParkedRetried, SubscriptionCreated
-from raftsched.core.subscriptions import PARKED_MAX, subscriptions
+from raftsched.core.events.outbox import (
+    decode_data,
+    emit,
+    events_after,
+    first_held_seq,
+    last_seq,
+    outbox,
+)
+from raftsched.core.events.subscriptions import PARKED_MAX, subscriptions
+from raftsched.core.jobs import lifecycle
+from raftsched.core.jobs.commands import CancelJob, CompleteJob, FailJob
+from raftsched.core.kernel.commands import Tick
+from raftsched.core.kernel.invariants import check_invariants
+from raftsched.core.kernel.results import Ack, ParkedRetried, SubscriptionCreated
 
 
 def _types(cluster: Cluster) -> list[str]:

@@ -13,8 +13,9 @@ from raftsched.core import (
     queue_stats,
     status_counts,
 )
-from raftsched.core.commands import CancelJob, Tick
-from raftsched.core.queries import QueueStats
+from raftsched.core.jobs.commands import CancelJob
+from raftsched.core.jobs.queries import QueueStats
+from raftsched.core.kernel.commands import Tick
 
 
 def test_list_jobs_newest_first_with_filters_and_cursor() -> None:

@@ -7,24 +7,15 @@ from typing import Any
 import pytest
 from core_support import T0, Cluster
 
-from raftsched.core import apply as apply_module
 from raftsched.core import apply_entry, check_invariants
-from raftsched.core import leases as leases_module
-from raftsched.core import tick as tick_module
-from raftsched.core import workflows as workflows_module
-from raftsched.core.commands import (
-    Barrier,
-    ClaimJobs,
-    CompleteJob,
-    Entry,
-    JobSpec,
-    StartJob,
-    StepSpec,
-    SubmitJobs,
-    SubmitWorkflow,
-    Tick,
-)
-from raftsched.core.results import Rejected, Submitted
+from raftsched.core.jobs import leases as leases_module
+from raftsched.core.jobs import tick as tick_module
+from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, StartJob, SubmitJobs
+from raftsched.core.kernel import apply as apply_module
+from raftsched.core.kernel.commands import Barrier, Entry, JobSpec, Tick
+from raftsched.core.kernel.results import Rejected, Submitted
+from raftsched.core.workflows import handlers as workflows_module
+from raftsched.core.workflows.commands import StepSpec, SubmitWorkflow
 
 
 def test_a_raising_handler_is_rolled_back_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,26 +9,27 @@ import pytest
 from core_support import Cluster, assert_rejected_unchanged
 
 from raftsched.core import decode_state, encode_state, state_digest
-from raftsched.core.commands import (
+from raftsched.core.events.outbox import events_after
+from raftsched.core.jobs.commands import CancelJob, CompleteJob, FailJob, StartJob
+from raftsched.core.kernel.commands import JobSpec, Tick
+from raftsched.core.kernel.results import (
+    OccurrenceDecided,
+    ScheduleBackfilled,
+    ScheduleSaved,
+    Ticked,
+)
+from raftsched.core.schedules.commands import (
     BackfillSchedule,
-    CancelJob,
-    CompleteJob,
     CreateSchedule,
     DeleteSchedule,
-    FailJob,
-    JobSpec,
     PauseSchedule,
     ResumeSchedule,
     ScheduleSpec,
-    StartJob,
-    Tick,
     TriggerSchedule,
     UpdateSchedule,
 )
-from raftsched.core.outbox import events_after
-from raftsched.core.results import OccurrenceDecided, ScheduleBackfilled, ScheduleSaved, Ticked
-from raftsched.core.schedules_fire import FIRINGS_PER_TICK_MAX, jitter_ms
-from raftsched.core.schedules_query import get_schedule
+from raftsched.core.schedules.fire import FIRINGS_PER_TICK_MAX, jitter_ms
+from raftsched.core.schedules.queries import get_schedule
 
 T0 = 1_800_000_000_000  # 2027-01-15T08:00:00Z, a whole minute
 S = 1000

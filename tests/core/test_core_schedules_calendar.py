@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from raftsched.core.calendar import (
+from raftsched.core.schedules.calendar import (
     CalendarError,
     check_cron,
     cron_next_ms,

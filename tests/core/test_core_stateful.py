@@ -15,8 +15,28 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from raftsched.core import apply_entry, check_invariants, new_state
-from raftsched.core import commands as c
-from raftsched.core.results import (
+from raftsched.core.jobs.commands import (
+    CancelJob,
+    ClaimJobs,
+    CompleteJob,
+    FailJob,
+    HeartbeatJob,
+    RecordEffect,
+    ReplayJob,
+    StartJob,
+    SubmitJobs,
+)
+from raftsched.core.kernel.commands import (
+    Backoff,
+    Barrier,
+    Command,
+    Entry,
+    FailureKind,
+    JobSpec,
+    TakeOver,
+    Tick,
+)
+from raftsched.core.kernel.results import (
     CancelAccepted,
     Claimed,
     Completed,
@@ -59,17 +79,17 @@ class CoreMachine(RuleBasedStateMachine):
         self.now_ms = 1_000
         self.epoch = 1
         self.jobs: dict[str, ModelJob] = {}
-        self.keys: dict[str, tuple[str, c.JobSpec]] = {}
+        self.keys: dict[str, tuple[str, JobSpec]] = {}
         self.effects: dict[str, tuple[str, int]] = {}  # key -> (job, token) that wrote it
         self.last_token = 0
         self.grants: list[tuple[str, int]] = []
-        self.submissions: list[c.SubmitJobs] = []
+        self.submissions: list[SubmitJobs] = []
         self.seen_token = 0
         self.seen_epoch = 0
-        self.apply(c.TakeOver())  # the first leader's first entry
+        self.apply(TakeOver())  # the first leader's first entry
 
-    def apply(self, command: c.Command, epoch: int | None = None) -> Result:
-        entry = c.Entry(self.epoch if epoch is None else epoch, self.now_ms, (command,))
+    def apply(self, command: Command, epoch: int | None = None) -> Result:
+        entry = Entry(self.epoch if epoch is None else epoch, self.now_ms, (command,))
         (result,) = apply_entry(self.state, entry)
         return result
 
@@ -78,11 +98,11 @@ class CoreMachine(RuleBasedStateMachine):
     @rule(step_ms=st.integers(0, 1_500))
     def time_passes(self, step_ms: int) -> None:
         self.now_ms += step_ms
-        assert self.apply(c.Barrier()) is not None
+        assert self.apply(Barrier()) is not None
 
     @rule(back_ms=st.integers(1, 1_000))
     def a_clock_runs_behind(self, back_ms: int) -> None:
-        entry = c.Entry(self.epoch, self.now_ms - back_ms, (c.Barrier(),))
+        entry = Entry(self.epoch, self.now_ms - back_ms, (Barrier(),))
         apply_entry(self.state, entry)
         assert self.state.now_ms == self.now_ms
 
@@ -92,11 +112,11 @@ class CoreMachine(RuleBasedStateMachine):
         for job in self.jobs.values():
             if job.token is not None:
                 job.expires_ms = max(job.expires_ms, self.now_ms + job.lease_ms)
-        self.apply(c.TakeOver())
+        self.apply(TakeOver())
 
     @rule()
     def deposed_leader_claims(self) -> None:
-        result = self.apply(c.ClaimJobs("old", ("q",), 5), epoch=self.epoch - 1)
+        result = self.apply(ClaimJobs("old", ("q",), 5), epoch=self.epoch - 1)
         assert isinstance(result, Rejected) and result.code == "stale_epoch"
 
     # -- submissions ------------------------------------------------------
@@ -113,12 +133,12 @@ class CoreMachine(RuleBasedStateMachine):
         self, priority: int, delay_ms: int | None, max_attempts: int, key: str | None,
         payload: bytes, lease_ms: int,
     ) -> None:  # fmt: skip
-        spec = c.JobSpec(
+        spec = JobSpec(
             "q", payload=payload, priority=priority, delay_ms=delay_ms, max_attempts=max_attempts,
-            backoff=c.Backoff(BACKOFF_MS, BACKOFF_MS, 0), lease_ms=lease_ms, idempotency_key=key,
+            backoff=Backoff(BACKOFF_MS, BACKOFF_MS, 0), lease_ms=lease_ms, idempotency_key=key,
         )  # fmt: skip
         job_id = f"job_{self.state.next_seq}_{len(self.submissions)}"
-        command = c.SubmitJobs((spec,), (job_id,))
+        command = SubmitJobs((spec,), (job_id,))
         self.submissions.append(command)
         (item,) = self._items(self.apply(command))
         if key is not None and key in self.keys:
@@ -154,7 +174,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(1, 3), lease_ms=st.sampled_from([None, 300]))
     def claim(self, n: int, lease_ms: int | None) -> None:
-        result = self.apply(c.ClaimJobs("w", ("q",), n, lease_ms))
+        result = self.apply(ClaimJobs("w", ("q",), n, lease_ms))
         assert isinstance(result, Claimed)
         pending = sorted(
             (job for job in self.jobs.items() if job[1].status == "pending"),
@@ -192,7 +212,7 @@ class CoreMachine(RuleBasedStateMachine):
         grant = self._grant(data)
         if grant is None:
             return
-        result = self.apply(c.StartJob(*grant))
+        result = self.apply(StartJob(*grant))
         job = self._fenced(result, *grant)
         if job is None:
             assert isinstance(result, Rejected) and result.code == "lease_lost"
@@ -205,7 +225,7 @@ class CoreMachine(RuleBasedStateMachine):
         grant = self._grant(data)
         if grant is None:
             return
-        result = self.apply(c.HeartbeatJob(*grant, extend_ms=extend_ms))
+        result = self.apply(HeartbeatJob(*grant, extend_ms=extend_ms))
         job = self._fenced(result, *grant)
         if job is None:
             assert isinstance(result, Rejected) and result.code == "lease_lost"
@@ -218,7 +238,7 @@ class CoreMachine(RuleBasedStateMachine):
         grant = self._grant(data)
         if grant is None:
             return
-        result = self.apply(c.CompleteJob(*grant))
+        result = self.apply(CompleteJob(*grant))
         job = self._fenced(result, *grant)
         if job is None:
             model = self.jobs[grant[0]]
@@ -232,11 +252,11 @@ class CoreMachine(RuleBasedStateMachine):
         job.attempts_made += 1
 
     @rule(data=st.data(), kind=st.sampled_from(["transient", "permanent", "unknown", "cancelled"]))
-    def fail(self, data: st.DataObject, kind: c.FailureKind) -> None:
+    def fail(self, data: st.DataObject, kind: FailureKind) -> None:
         grant = self._grant(data)
         if grant is None:
             return
-        result = self.apply(c.FailJob(*grant, kind=kind))
+        result = self.apply(FailJob(*grant, kind=kind))
         job = self._fenced(result, *grant)
         if job is None:
             model = self.jobs[grant[0]]
@@ -261,7 +281,7 @@ class CoreMachine(RuleBasedStateMachine):
         grant = self._grant(data)
         if grant is None:
             return
-        result = self.apply(c.RecordEffect(key, *grant))
+        result = self.apply(RecordEffect(key, *grant))
         job = self._fenced(result, *grant)
         if job is None:
             if self.effects.get(key) == grant:  # its own record, retried
@@ -281,7 +301,7 @@ class CoreMachine(RuleBasedStateMachine):
             return
         job_id = data.draw(st.sampled_from(sorted(self.jobs)))
         job = self.jobs[job_id]
-        result = self.apply(c.CancelJob(job_id))
+        result = self.apply(CancelJob(job_id))
         if job.status in FINAL and job.status != "dead_letter":
             assert isinstance(result, Rejected) and result.code == "invalid_state"
         elif job.status in LEASED:
@@ -297,7 +317,7 @@ class CoreMachine(RuleBasedStateMachine):
             return
         job_id = data.draw(st.sampled_from(sorted(self.jobs)))
         job = self.jobs[job_id]
-        result = self.apply(c.ReplayJob(job_id))
+        result = self.apply(ReplayJob(job_id))
         if job.status != "dead_letter":
             assert isinstance(result, Rejected) and result.code == "invalid_state"
             return
@@ -305,7 +325,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule()
     def tick(self) -> None:
-        result = self.apply(c.Tick(seed=7))
+        result = self.apply(Tick(seed=7))
         assert not isinstance(result, Rejected)
         for job in sorted(self.jobs.values(), key=lambda job: job.seq):
             if job.token is not None and job.expires_ms <= self.now_ms:

@@ -6,8 +6,10 @@ import pytest
 from core_support import T0, Cluster, assert_rejected_unchanged
 
 from raftsched.core import find_by_idempotency_key, get_job
-from raftsched.core.commands import Backoff, JobSpec, StepSpec, SubmitJobs, SubmitWorkflow
-from raftsched.core.results import Rejected, SubmitItem, Submitted
+from raftsched.core.jobs.commands import SubmitJobs
+from raftsched.core.kernel.commands import Backoff, JobSpec
+from raftsched.core.kernel.results import Rejected, SubmitItem, Submitted
+from raftsched.core.workflows.commands import StepSpec, SubmitWorkflow
 
 
 def test_submit_creates_a_pending_job_with_every_field() -> None:

@@ -5,18 +5,9 @@ from __future__ import annotations
 from core_support import T0, Cluster
 
 from raftsched.core import next_due_ms
-from raftsched.core.commands import (
-    Backoff,
-    Barrier,
-    CompleteJob,
-    Configure,
-    HeartbeatJob,
-    JobSpec,
-    StartJob,
-    SubmitJobs,
-    Tick,
-)
-from raftsched.core.results import Rejected, SubmitItem, Ticked
+from raftsched.core.jobs.commands import CompleteJob, Configure, HeartbeatJob, StartJob, SubmitJobs
+from raftsched.core.kernel.commands import Backoff, Barrier, JobSpec, Tick
+from raftsched.core.kernel.results import Rejected, SubmitItem, Ticked
 
 
 def test_due_scheduled_jobs_become_pending() -> None:

@@ -1,19 +1,20 @@
-"""Every row of the transition table is reachable, and recorded as it says."""
+"""Every row of the transition table is reachable, and recorded as it says;
+entering a status does one thing, and a move the table lacks is a bug."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from core_support import T0, Cluster
 
-from raftsched.core import TRANSITIONS
-from raftsched.core.commands import (
-    Backoff,
-    CancelJob,
-    CompleteJob,
-    FailJob,
-    ReplayJob,
-    StartJob,
-    Tick,
-)
+from raftsched.core import FINAL_STATUSES, JOB_STATUSES, TRANSITIONS
+from raftsched.core.jobs import leases as leases_module
+from raftsched.core.jobs.commands import CancelJob, CompleteJob, FailJob, ReplayJob, StartJob
+from raftsched.core.jobs.lifecycle import ON_ENTER, finish, transition
+from raftsched.core.kernel.commands import Backoff, Tick
+from raftsched.core.kernel.model import START, ImpossibleTransition
+from raftsched.core.kernel.results import Rejected
 
 # Repeated starts and heartbeats keep the status and are not history events;
 # test_core_leases covers them.
@@ -76,3 +77,35 @@ def test_every_transition_is_reachable_and_recorded() -> None:
             seen.add((from_status, event))
     assert seen == set(TRANSITIONS) - NOT_RECORDED
     assert cluster.state.now_ms > T0
+
+
+def test_entering_each_status_has_one_row_and_every_final_status_finishes() -> None:
+    assert tuple(ON_ENTER) == JOB_STATUSES
+    assert {status for status, enter in ON_ENTER.items() if enter is finish} == FINAL_STATUSES
+
+
+def test_a_move_the_table_lacks_raises() -> None:
+    cluster = Cluster()
+    job = cluster.job(cluster.submit())
+    with pytest.raises(ImpossibleTransition, match="no job transition 'start' from 'pending'"):
+        transition(cluster.state, job, START, "test")
+
+
+def test_an_impossible_move_inside_a_command_is_rolled_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = Cluster()
+    lease = cluster.start()
+    before = cluster.digest()
+    # A bug that completes a running job twice: the second move is not in the table.
+    real = leases_module.transition
+
+    def twice(state: Any, job: Any, event: str, *args: Any) -> None:
+        real(state, job, event, *args)
+        real(state, job, event, *args)
+
+    monkeypatch.setattr(leases_module, "transition", twice)
+    result = cluster.one(CompleteJob(lease.job_id, lease.fencing_token))
+    assert isinstance(result, Rejected) and result.code == "internal_error"
+    assert "ImpossibleTransition" in result.message
+    assert cluster.digest() == before

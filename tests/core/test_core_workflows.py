@@ -7,21 +7,13 @@ import pytest
 from core_support import Cluster, assert_rejected_unchanged
 
 from raftsched.core import decode_state, encode_state
-from raftsched.core.commands import (
-    CancelWorkflow,
-    ClaimJobs,
-    CompleteJob,
-    FailJob,
-    JobSpec,
-    StartJob,
-    StepSpec,
-    SubmitWorkflow,
-    Tick,
-)
-from raftsched.core.invariants import check_invariants
-from raftsched.core.outbox import events_after
-from raftsched.core.results import Claimed, Lease, WorkflowCancelAccepted, WorkflowSubmitted
-from raftsched.core.workflows_model import table
+from raftsched.core.events.outbox import events_after
+from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, FailJob, StartJob
+from raftsched.core.kernel.commands import JobSpec, Tick
+from raftsched.core.kernel.invariants import check_invariants
+from raftsched.core.kernel.results import Claimed, Lease, WorkflowCancelAccepted, WorkflowSubmitted
+from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
+from raftsched.core.workflows.model import table
 
 
 def step(name: str, queue: str = "q", *deps: str, undo: str | None = None) -> StepSpec:

@@ -18,10 +18,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import golden  # noqa: E402  (tests/fixtures is not a package)
 
-from raftsched.core import (  # noqa: E402
+from raftsched.core import (
     apply_encoded,
     check_invariants,
-    codec,
     decode_entry,
     decode_state,
     encode_entry,
@@ -29,6 +28,7 @@ from raftsched.core import (  # noqa: E402
     new_state,
     state_digest,
 )
+from raftsched.core.kernel import codec
 from raftsched.raft_journal import decode_snapshot, encode_snapshot  # noqa: E402
 
 RELEASES = golden.release_dirs()

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from e2e_support import REPO_ROOT, cluster_env
 
-from raftsched.core.codec import COMMAND_VERSION_MAX
+from raftsched.core.kernel.codec import COMMAND_VERSION_MAX
 from raftsched.node.versions import POLL_PERIOD_S
 from raftsched.testing import LocalCluster, http_json, wait_for
 
@@ -57,11 +57,11 @@ def next_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     the release that introduced it would declare it."""
     root = tmp_path_factory.mktemp("next") / "src"
     shutil.copytree(REPO_ROOT / "src" / "raftsched", root / "raftsched")
-    codec = root / "raftsched" / "core" / "codec.py"
+    codec = root / "raftsched" / "core" / "kernel" / "codec.py"
     text = codec.read_text()
-    declared = "    c.RaiseClusterVersion: 2,\n"
+    declared = "    RaiseClusterVersion: 2,\n"
     assert declared in text
-    codec.write_text(text.replace(declared, declared + "    c.SetQueue: 2,\n", 1))
+    codec.write_text(text.replace(declared, declared + "    SetQueue: 2,\n", 1))
     return root
 
 

@@ -33,7 +33,7 @@ from e2e_support import cluster_env
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import golden  # noqa: E402  (tests/fixtures is not a package)
 
-from raftsched.core import codec  # noqa: E402
+from raftsched.core.kernel import codec
 from raftsched.testing import LocalCluster, http_json  # noqa: E402
 
 RELEASES = [path for path in golden.release_dirs() if (path / golden.DATADIR_NAME).exists()]

@@ -15,21 +15,17 @@ from typing import Any
 import pytest
 
 from raftsched.core import State, apply_entry, new_state
-from raftsched.core.commands import (
+from raftsched.core.jobs.commands import (
     ClaimJobs,
-    Command,
     CompleteJob,
-    Entry,
     FailJob,
     HeartbeatJob,
-    JobSpec,
     ReplayJob,
     StartJob,
     SubmitJobs,
-    TakeOver,
-    Tick,
 )
-from raftsched.core.results import Claimed, Lease
+from raftsched.core.kernel.commands import Command, Entry, JobSpec, TakeOver, Tick
+from raftsched.core.kernel.results import Claimed, Lease
 from raftsched.node.metrics import NodeMetrics
 from raftsched.node.observability import Observer, wall_ms
 from raftsched.raft import PeerStatus, RaftStatus

@@ -14,8 +14,9 @@ from aiohttp.test_utils import make_mocked_request
 
 from raftsched import core
 from raftsched.api.app import _answer
-from raftsched.core import commands as c
-from raftsched.core.codec import COMMAND_VERSION_MAX, COMMAND_VERSIONS, ENTRY_FORMAT
+from raftsched.core.jobs.commands import Configure, SetQueue
+from raftsched.core.kernel.codec import COMMAND_VERSION_MAX, COMMAND_VERSIONS, ENTRY_FORMAT
+from raftsched.core.kernel.commands import Entry, RaiseClusterVersion, TakeOver
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.versions import (
     THIS_NODE,
@@ -96,10 +97,10 @@ def test_the_gate_refuses_a_command_newer_than_the_cluster_version(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     state = core.new_state()
-    check_allowed(state, [c.Configure(), c.RaiseClusterVersion(2)])
-    monkeypatch.setitem(COMMAND_VERSIONS, c.SetQueue, 2)  # as if it were new
+    check_allowed(state, [Configure(), RaiseClusterVersion(2)])
+    monkeypatch.setitem(COMMAND_VERSIONS, SetQueue, 2)  # as if it were new
     with pytest.raises(UpgradeRequired) as refused:
-        check_allowed(state, [c.Configure(), c.SetQueue("q")])
+        check_allowed(state, [Configure(), SetQueue("q")])
     assert (refused.value.command_kind, refused.value.needed, refused.value.in_force) == (
         "SetQueue",
         2,
@@ -109,7 +110,7 @@ def test_the_gate_refuses_a_command_newer_than_the_cluster_version(
 
 def test_the_api_answers_409_invalid_state_upgrade_every_node_first() -> None:
     async def handler(request: web.Request) -> web.Response:
-        raise UpgradeRequired(c.SetQueue("q"), 2, 1)
+        raise UpgradeRequired(SetQueue("q"), 2, 1)
 
     async def answer() -> web.StreamResponse:
         return await _answer(make_mocked_request("PUT", "/v1/queues/q"), handler)
@@ -131,7 +132,7 @@ def test_the_api_answers_409_invalid_state_upgrade_every_node_first() -> None:
 def test_the_replica_stops_at_an_entry_it_cannot_decode_and_changes_nothing() -> None:
     applied: list[None] = []
     replica = ReplicatedState(lambda: applied.append(None))
-    replica.apply(core.encode_entry(c.Entry(1, 5, (c.TakeOver(),))))
+    replica.apply(core.encode_entry(Entry(1, 5, (TakeOver(),))))
     before = replica.digest()
     future = msgpack.packb([ENTRY_FORMAT, 1, 6, [[99]]])
     with pytest.raises(StopApplying, match="unknown command tag 99"):

@@ -6,8 +6,9 @@ import asyncio
 from collections.abc import Callable
 
 from raftsched.core import decode_entry
-from raftsched.core.commands import Barrier, ClaimJobs, Entry, HeartbeatJob, Tick
-from raftsched.core.results import Ack, Result
+from raftsched.core.jobs.commands import ClaimJobs, HeartbeatJob
+from raftsched.core.kernel.commands import Barrier, Entry, Tick
+from raftsched.core.kernel.results import Ack, Result
 from raftsched.node.proposer import (
     ENTRY_WORK_MAX,
     EXPRESS_WORK_MAX,

@@ -12,8 +12,9 @@ from collections.abc import Callable
 import pytest
 
 from raftsched.core import State, apply_entry, decode_entry, new_state
-from raftsched.core.commands import Command, JobSpec, SubmitJobs, TakeOver, Tick
-from raftsched.core.results import Result, Submitted
+from raftsched.core.jobs.commands import SubmitJobs
+from raftsched.core.kernel.commands import Command, JobSpec, TakeOver, Tick
+from raftsched.core.kernel.results import Result, Submitted
 from raftsched.node.proposer import NotCommitted, NotLeader, Proposer, QueueFull
 
 Callback = Callable[[object | None, str | None], None]

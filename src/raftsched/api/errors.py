@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from raftsched.api.jsonbody import json_response
-from raftsched.core.results import Rejected
+from raftsched.core.kernel.results import Rejected
 
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_request": 400,

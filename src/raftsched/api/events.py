@@ -22,11 +22,10 @@ from raftsched.api.validation import (
     require_object,
     string,
 )
-from raftsched.core import outbox
-from raftsched.core.commands import CreateSubscription, DeleteSubscription, RetryParked
-from raftsched.core.outbox import OutboxEvent, decode_data
-from raftsched.core.results import ParkedRetried, Rejected, SubscriptionCreated
-from raftsched.core.subscriptions import (
+from raftsched.core.events import outbox
+from raftsched.core.events.commands import CreateSubscription, DeleteSubscription, RetryParked
+from raftsched.core.events.outbox import OutboxEvent, decode_data
+from raftsched.core.events.subscriptions import (
     SECRET_CHARS_MAX,
     TYPES_MAX,
     URL_CHARS_MAX,
@@ -34,6 +33,7 @@ from raftsched.core.subscriptions import (
     oldest_undelivered_at_ms,
     subscriptions,
 )
+from raftsched.core.kernel.results import ParkedRetried, Rejected, SubscriptionCreated
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()

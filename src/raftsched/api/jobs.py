@@ -20,8 +20,9 @@ from raftsched.api.validation import (
     reject_unknown,
     require_object,
 )
-from raftsched.core.commands import CancelJob, JobSpec, ReplayJob, SubmitJobs
-from raftsched.core.results import CancelAccepted, Rejected, Replayed, SubmitItem, Submitted
+from raftsched.core.jobs.commands import CancelJob, ReplayJob, SubmitJobs
+from raftsched.core.kernel.commands import JobSpec
+from raftsched.core.kernel.results import CancelAccepted, Rejected, Replayed, SubmitItem, Submitted
 
 routes = web.RouteTableDef()
 

@@ -37,15 +37,9 @@ from raftsched.api.validation import (
     string,
     unpack_json,
 )
-from raftsched.core.commands import (
-    Command,
-    CompleteJob,
-    FailJob,
-    HeartbeatJob,
-    RecordEffect,
-    StartJob,
-)
-from raftsched.core.results import (
+from raftsched.core.jobs.commands import CompleteJob, FailJob, HeartbeatJob, RecordEffect, StartJob
+from raftsched.core.kernel.commands import Command
+from raftsched.core.kernel.results import (
     Completed,
     EffectRecorded,
     Failed,

@@ -24,15 +24,15 @@ from raftsched.api.validation import (
     require_object,
     seconds_ms,
 )
-from raftsched.core.commands import Command, PauseQueue, SetQueue, SetTenant
-from raftsched.core.flow import (
+from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetTenant
+from raftsched.core.jobs.flow import (
     CIRCUIT_WINDOW_MAX,
     CIRCUIT_WINDOW_MIN,
     LIMIT_MAX,
     RATE_MILLI_MAX,
     WEIGHT_MAX,
 )
-from raftsched.core.flow_queries import (
+from raftsched.core.jobs.flow_queries import (
     QueueView,
     TenantView,
     queue_names,
@@ -40,7 +40,8 @@ from raftsched.core.flow_queries import (
     tenant_names,
     tenant_view,
 )
-from raftsched.core.results import Rejected
+from raftsched.core.kernel.commands import Command
+from raftsched.core.kernel.results import Rejected
 from raftsched.node import metrics as families
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.timefmt import format_ms

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from raftsched.api.validation import unpack_json
-from raftsched.core.results import Effect, Lease
+from raftsched.core.kernel.results import Effect, Lease
 from raftsched.timefmt import format_ms
 
 

@@ -30,34 +30,33 @@ from raftsched.api.validation import (
     string,
     unpack_json,
 )
-from raftsched.core import calendar
-from raftsched.core.commands import (
-    BackfillSchedule,
-    Command,
-    CreateSchedule,
-    DeleteSchedule,
-    JobSpec,
-    PauseSchedule,
-    ResumeSchedule,
-    ScheduleSpec,
-    TriggerSchedule,
-    UpdateSchedule,
-)
-from raftsched.core.results import (
+from raftsched.core.kernel.commands import Command, JobSpec
+from raftsched.core.kernel.results import (
     OccurrenceDecided,
     Rejected,
     Result,
     ScheduleBackfilled,
     ScheduleSaved,
 )
-from raftsched.core.schedules import (
+from raftsched.core.schedules import calendar
+from raftsched.core.schedules.commands import (
+    BackfillSchedule,
+    CreateSchedule,
+    DeleteSchedule,
+    PauseSchedule,
+    ResumeSchedule,
+    ScheduleSpec,
+    TriggerSchedule,
+    UpdateSchedule,
+)
+from raftsched.core.schedules.handlers import (
     CATCHUP_MAX_RUNS_MAX,
     CATCHUP_POLICIES,
     INTERVAL_MS_MIN,
     OVERLAP_POLICIES,
 )
-from raftsched.core.schedules_model import Schedule
-from raftsched.core.schedules_query import (
+from raftsched.core.schedules.model import Schedule
+from raftsched.core.schedules.queries import (
     count_schedules,
     first_schedules,
     get_schedule,

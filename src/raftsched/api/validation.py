@@ -16,8 +16,8 @@ from typing import Any, cast
 import msgpack
 
 from raftsched.api.errors import invalid
-from raftsched.core import validate as core_limits
-from raftsched.core.commands import Backoff, FailureKind, JobSpec
+from raftsched.core.kernel import validate as core_limits
+from raftsched.core.kernel.commands import Backoff, FailureKind, JobSpec
 from raftsched.timefmt import parse_ms
 
 # The core's limits are the source of truth: checking them here as well means

@@ -26,10 +26,11 @@ from raftsched.api.validation import (
     string,
     unpack_json,
 )
-from raftsched.core.commands import CancelWorkflow, JobSpec, StepSpec, SubmitWorkflow
-from raftsched.core.results import Rejected, WorkflowCancelAccepted, WorkflowSubmitted
-from raftsched.core.workflows import STEP_NAME_CHARS_MAX, STEPS_MAX
-from raftsched.core.workflows_model import (
+from raftsched.core.kernel.commands import JobSpec
+from raftsched.core.kernel.results import Rejected, WorkflowCancelAccepted, WorkflowSubmitted
+from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
+from raftsched.core.workflows.handlers import STEP_NAME_CHARS_MAX, STEPS_MAX
+from raftsched.core.workflows.model import (
     FAILURE_POLICIES,
     WORKFLOW_STATUSES,
     Workflow,

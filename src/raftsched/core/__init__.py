@@ -6,36 +6,9 @@ state through the query functions. See `state` for the rules and the theory
 of operation, `model.TRANSITIONS` for the job life cycle.
 """
 
-from raftsched.core import (  # noqa: F401  (register sections)
-    cluster_version,
-    flow,
-    outbox,
-    schedules_model,  # noqa: F401  (registers its section)
-    subscriptions,
-    workflows,
-)
-from raftsched.core.apply import apply_encoded, apply_entry
-from raftsched.core.codec import (
-    COMMAND_TAGS,
-    CodecError,
-    decode_entry,
-    decode_state,
-    encode_entry,
-    encode_state,
-    encode_state_pieces,
-    state_digest,
-)
-from raftsched.core.invariants import check_invariants
-from raftsched.core.model import (
-    FINAL_STATUSES,
-    JOB_EVENTS,
-    JOB_STATUSES,
-    TRANSITIONS,
-    Attempt,
-    Job,
-    JobLease,
-)
-from raftsched.core.queries import (
+from raftsched.core.events import outbox, subscriptions  # noqa: F401  (register sections)
+from raftsched.core.jobs import flow  # noqa: F401  (registers its section)
+from raftsched.core.jobs.queries import (
     HistoryEvent,
     QueueStats,
     find_by_idempotency_key,
@@ -46,8 +19,32 @@ from raftsched.core.queries import (
     queue_stats,
     status_counts,
 )
-from raftsched.core.state import DEFAULT_RETENTION_MS, State, new_state
-from raftsched.core.tick import next_due_ms
+from raftsched.core.jobs.tick import next_due_ms
+from raftsched.core.kernel import cluster_version  # noqa: F401  (registers its section)
+from raftsched.core.kernel.apply import apply_encoded, apply_entry
+from raftsched.core.kernel.codec import (
+    COMMAND_TAGS,
+    CodecError,
+    decode_entry,
+    decode_state,
+    encode_entry,
+    encode_state,
+    encode_state_pieces,
+    state_digest,
+)
+from raftsched.core.kernel.invariants import check_invariants
+from raftsched.core.kernel.model import (
+    FINAL_STATUSES,
+    JOB_EVENTS,
+    JOB_STATUSES,
+    TRANSITIONS,
+    Attempt,
+    Job,
+    JobLease,
+)
+from raftsched.core.kernel.state import DEFAULT_RETENTION_MS, State, new_state
+from raftsched.core.schedules import model as schedules_model  # noqa: F401  (registers its section)
+from raftsched.core.workflows import handlers as workflows  # noqa: F401  (registers its section)
 
 __all__ = [
     "COMMAND_TAGS",

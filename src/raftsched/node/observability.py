@@ -38,7 +38,7 @@ from typing import Any
 from prometheus_client import Histogram
 
 from raftsched import core
-from raftsched.core.commands import (
+from raftsched.core.jobs.commands import (
     CancelJob,
     CompleteJob,
     FailJob,
@@ -46,9 +46,9 @@ from raftsched.core.commands import (
     ReplayJob,
     StartJob,
     SubmitJobs,
-    Tick,
 )
-from raftsched.core.results import (
+from raftsched.core.kernel.commands import Tick
+from raftsched.core.kernel.results import (
     CancelAccepted,
     Claimed,
     Completed,
@@ -198,7 +198,7 @@ class Observer:
         """Per webhook subscription: outbox events not yet delivered (None on
         a build without the outbox)."""
         try:
-            from raftsched.core import outbox, subscriptions
+            from raftsched.core.events import outbox, subscriptions
         except ImportError:
             return None
         try:

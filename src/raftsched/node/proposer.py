@@ -45,8 +45,9 @@ from typing import Protocol
 
 from raftsched.config import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
 from raftsched.core import encode_entry
-from raftsched.core.commands import Barrier, ClaimJobs, Command, Entry, SubmitJobs, Tick
-from raftsched.core.results import Result
+from raftsched.core.jobs.commands import ClaimJobs, SubmitJobs
+from raftsched.core.kernel.commands import Barrier, Command, Entry, Tick
+from raftsched.core.kernel.results import Result
 
 log = logging.getLogger("raftsched.proposer")
 

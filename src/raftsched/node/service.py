@@ -29,17 +29,11 @@ import aiohttp
 
 from raftsched import core
 from raftsched.config import NodeConfig
-from raftsched.core.cluster_version import cluster_version
-from raftsched.core.commands import (
-    Barrier,
-    ClaimJobs,
-    Command,
-    RaiseClusterVersion,
-    TakeOver,
-    Tick,
-)
-from raftsched.core.flow_claim import claimable_at_ms
-from raftsched.core.results import Claimed, Lease, Rejected, Result, Ticked
+from raftsched.core.jobs.commands import ClaimJobs
+from raftsched.core.jobs.flow_claim import claimable_at_ms
+from raftsched.core.kernel.cluster_version import cluster_version
+from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
+from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.node import metrics as families
 from raftsched.node.clock import IdSource, LeaderClock, random_u64
 from raftsched.node.machine import ReplicatedState
@@ -229,7 +223,7 @@ class Node:
             check_allowed(state, commands)
 
     def cluster_version(self) -> int:
-        """The cluster version in force on this replica (core.cluster_version)."""
+        """The cluster version in force on this replica (core.kernel.cluster_version)."""
         with self.reading() as state:
             return cluster_version(state)
 

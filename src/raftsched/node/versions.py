@@ -1,6 +1,6 @@
 """Rolling upgrades, the node's part: what each member understands, and the gate.
 
-Theory of operation (the core's part is `core.cluster_version`). Every node
+Theory of operation (the core's part is `core.kernel.cluster_version`). Every node
 answers `GET /v1/time` with its `version`: the release it runs and the
 highest command version its code understands. Every `POLL_PERIOD_S` each
 node asks its peers, so `GET /v1/cluster` can name every member's version.
@@ -27,15 +27,15 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import raftsched
-from raftsched.core.cluster_version import (
+from raftsched.core.kernel.cluster_version import (
     CLUSTER_VERSION_DEFAULT,
     cluster_version,
     command_version,
     needs_upgrade,
 )
-from raftsched.core.codec import COMMAND_VERSION_MAX
-from raftsched.core.commands import Command
-from raftsched.core.state import State
+from raftsched.core.kernel.codec import COMMAND_VERSION_MAX
+from raftsched.core.kernel.commands import Command
+from raftsched.core.kernel.state import State
 
 POLL_PERIOD_S: Final = 5.0
 POLL_TIMEOUT_S: Final = 1.0

@@ -37,10 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from raftsched.core import outbox
-from raftsched.core.commands import AckDelivery, AckParked, Command, ParkDelivery
-from raftsched.core.outbox import OutboxEvent, decode_data
-from raftsched.core.subscriptions import Subscription, pending_events, subscriptions
+from raftsched.core.events import outbox
+from raftsched.core.events.commands import AckDelivery, AckParked, ParkDelivery
+from raftsched.core.events.outbox import OutboxEvent, decode_data
+from raftsched.core.events.subscriptions import Subscription, pending_events, subscriptions
+from raftsched.core.kernel.commands import Command
 from raftsched.node import metrics as families
 from raftsched.node.metrics import Samples
 from raftsched.timefmt import format_ms

@@ -76,8 +76,18 @@ def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) 
         ("", ["--id", "n1", "--data-dir", "d", "--http", "nope", "--raft", "h:1"], "HOST:PORT"),
         (
             "",
-            ["--id", "n1", "--data-dir", "d", "--http", "127.0.0.1:1", "--raft", "h:1",
-             "--proposal-queue-commands-max", "0"],
+            [
+                "--id",
+                "n1",
+                "--data-dir",
+                "d",
+                "--http",
+                "127.0.0.1:1",
+                "--raft",
+                "h:1",
+                "--proposal-queue-commands-max",
+                "0",
+            ],
             "proposal queue bounds",
         ),  # fmt: skip
     ],

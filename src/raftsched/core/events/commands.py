@@ -1,0 +1,66 @@
+"""The commands of the outbox and webhook subscriptions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raftsched.core.kernel.commands import Command
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigureOutbox(Command):
+    """How long events are kept after every subscriber has them, and how many
+    events the outbox holds at most (beyond that the oldest are dropped)."""
+
+    retention_ms: int | None = None
+    events_max: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSubscription(Command):
+    """A webhook subscription; delivery starts after the newest event so far.
+    The secret signs deliveries and is replicated so that any leader can sign."""
+
+    subscription_id: str
+    url: str
+    types: tuple[str, ...] = ()
+    secret: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSubscription(Command):
+    subscription_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AckDelivery(Command):
+    """The leader delivered (or parked) every matching event up to `through_seq`."""
+
+    subscription_id: str
+    through_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ParkDelivery(Command):
+    """After `attempts` failures an event is set aside for this subscription,
+    with the last error, instead of being retried forever."""
+
+    subscription_id: str
+    seq: int
+    attempts: int
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryParked(Command):
+    """Operator action: deliver this subscription's parked events again."""
+
+    subscription_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class AckParked(Command):
+    """A parked event that was retried has now been delivered."""
+
+    subscription_id: str
+    seq: int

@@ -1,0 +1,344 @@
+"""Webhook subscriptions and their replicated delivery cursors.
+
+The leader delivers events (node/webhooks.py) and records progress here with
+commands, so that a new leader resumes where the old one stopped:
+
+- `cursor` is the seq up to which every matching event was delivered or
+  parked. `AckDelivery` only moves it forward; a repeat changes nothing.
+- An event that failed `attempts` times is parked: copied out of the outbox
+  into the subscription with its last error (`ParkDelivery`), so that the
+  outbox can still be trimmed past it. At most `PARKED_MAX` are kept per
+  subscription; beyond that the oldest copy is dropped and counted.
+- `RetryParked` (an operator action) marks every parked event for one more
+  round of delivery; `AckParked` removes one that then arrived, and a new
+  `ParkDelivery` of it parks it again with the new error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, NamedTuple
+
+from raftsched.core.events import outbox as outbox_module
+from raftsched.core.events.commands import (
+    AckDelivery,
+    AckParked,
+    CreateSubscription,
+    DeleteSubscription,
+    ParkDelivery,
+    RetryParked,
+)
+from raftsched.core.events.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, events_after, last_seq
+from raftsched.core.kernel import savepoint as savepoints
+from raftsched.core.kernel.results import (
+    IDEMPOTENCY_CONFLICT,
+    NOT_FOUND,
+    Ack,
+    ParkedRetried,
+    Rejected,
+    SubscriptionCreated,
+)
+from raftsched.core.kernel.sections import Section, register
+from raftsched.core.kernel.state import State
+from raftsched.core.kernel.validate import (
+    TEXT_CHARS_MAX,
+    TOKEN_MAX,
+    check_int,
+    check_name,
+    check_text,
+    invalid,
+)
+
+SUBSCRIPTIONS: Final = "subscriptions"
+SUBSCRIPTIONS_MAX: Final = 100
+PARKED_MAX: Final = 1_000
+TYPES_MAX: Final = 50
+URL_CHARS_MAX: Final = 2_000
+SECRET_CHARS_MAX: Final = 256
+ERROR_CHARS_MAX: Final = 1_000
+
+
+class Parked(NamedTuple):
+    event: OutboxEvent
+    attempts: int
+    error: str
+    parked_at_ms: int
+    retry: bool  # an operator asked for another round of delivery
+
+
+class Subscription:
+    __slots__ = (
+        "id",
+        "url",
+        "types",
+        "secret",
+        "created_at_ms",
+        "cursor",
+        "parked",
+        "parked_dropped",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        url: str,
+        types: tuple[str, ...],
+        secret: str,
+        created_at_ms: int,
+        cursor: int,
+    ) -> None:
+        self.id = id
+        self.url = url
+        self.types = types
+        self.secret = secret
+        self.created_at_ms = created_at_ms
+        self.cursor = cursor
+        self.parked: dict[int, Parked] = {}
+        self.parked_dropped = 0
+
+    def matches(self, event_type: str) -> bool:
+        return outbox_module.type_matches(frozenset(self.types), event_type)
+
+
+def subscriptions(state: State) -> dict[str, Subscription]:
+    found: dict[str, Subscription] = state.sections[SUBSCRIPTIONS]
+    return found
+
+
+def _undo(state: State, action: Any) -> None:
+    savepoint = savepoints.current(state)
+    if savepoint is not None:
+        savepoint.on_rollback(action)
+
+
+def _find(state: State, subscription_id: str) -> Subscription | Rejected:
+    rejected = check_name(subscription_id, "subscription_id")
+    if rejected is not None:
+        return rejected
+    found = subscriptions(state).get(subscription_id)
+    if found is None:
+        return Rejected(
+            NOT_FOUND, f"no subscription {subscription_id}", {"subscription_id": subscription_id}
+        )
+    return found
+
+
+# -- commands -------------------------------------------------------------------
+
+
+def _check_create(command: CreateSubscription) -> Rejected | None:
+    url = command.url
+    if (
+        type(url) is not str
+        or len(url) > URL_CHARS_MAX
+        or not url.startswith(("http://", "https://"))
+    ):
+        return invalid("url", "url must be an http:// or https:// URL")
+    types = command.types
+    if type(types) is not tuple or len(types) > TYPES_MAX:
+        return invalid("types", f"types must be at most {TYPES_MAX} event types")
+    for event_type in types:
+        rejected = check_name(event_type, "types", EVENT_TYPE_CHARS_MAX)
+        if rejected is not None:
+            return rejected
+    return check_name(command.subscription_id, "subscription_id") or check_name(
+        command.secret, "secret", SECRET_CHARS_MAX
+    )
+
+
+def apply_create_subscription(
+    state: State, command: CreateSubscription
+) -> SubscriptionCreated | Rejected:
+    rejected = _check_create(command)
+    if rejected is not None:
+        return rejected
+    table = subscriptions(state)
+    existing = table.get(command.subscription_id)
+    if existing is not None:
+        if (existing.url, existing.types, existing.secret) == (
+            command.url,
+            command.types,
+            command.secret,
+        ):
+            return SubscriptionCreated(existing.id, False, existing.cursor)
+        return Rejected(
+            IDEMPOTENCY_CONFLICT,
+            "this subscription id exists with a different request",
+            {"field": "subscription_id"},
+        )
+    if len(table) >= SUBSCRIPTIONS_MAX:
+        return invalid("subscription_id", f"at most {SUBSCRIPTIONS_MAX} subscriptions")
+    cursor = last_seq(state)
+    table[command.subscription_id] = Subscription(
+        command.subscription_id,
+        command.url,
+        tuple(sorted(set(command.types))),
+        command.secret,
+        state.now_ms,
+        cursor,
+    )
+    _undo(state, lambda: table.pop(command.subscription_id, None))
+    return SubscriptionCreated(command.subscription_id, True, cursor)
+
+
+def apply_delete_subscription(state: State, command: DeleteSubscription) -> Ack | Rejected:
+    found = _find(state, command.subscription_id)
+    if isinstance(found, Rejected):
+        return found
+    table = subscriptions(state)
+    before = dict(table)
+    del table[found.id]
+    _undo(state, lambda: _restore_table(table, before))
+    return Ack()
+
+
+def _restore_table(table: dict[str, Subscription], before: dict[str, Subscription]) -> None:
+    table.clear()
+    table.update(before)  # keeps the insertion (and so the encoding) order
+
+
+def apply_ack_delivery(state: State, command: AckDelivery) -> Ack | Rejected:
+    found = _find(state, command.subscription_id)
+    if isinstance(found, Rejected):
+        return found
+    rejected = check_int(command.through_seq, "through_seq", 0, last_seq(state))
+    if rejected is not None:
+        return rejected
+    if command.through_seq > found.cursor:
+        old = found.cursor
+        found.cursor = command.through_seq
+        _undo(state, lambda: setattr(found, "cursor", old))
+    return Ack()
+
+
+def _held_event(state: State, seq: int) -> OutboxEvent | None:
+    found = events_after(state, seq - 1, None, 1)
+    return found[0] if found and found[0].seq == seq else None
+
+
+def apply_park_delivery(state: State, command: ParkDelivery) -> Ack | Rejected:
+    found = _find(state, command.subscription_id)
+    if isinstance(found, Rejected):
+        return found
+    rejected = (
+        check_int(command.seq, "seq", 1, TOKEN_MAX)
+        or check_int(command.attempts, "attempts", 0, TOKEN_MAX)
+        or check_text(command.error, "error", TEXT_CHARS_MAX)
+    )
+    if rejected is not None:
+        return rejected
+    parked = found.parked
+    previous = parked.get(command.seq)
+    if previous is None and command.seq <= found.cursor:
+        return Ack()  # delivered or parked before: a repeated command
+    event = previous.event if previous is not None else _held_event(state, command.seq)
+    if event is None:
+        return Rejected(NOT_FOUND, f"event {command.seq} is not in the outbox", {"field": "seq"})
+    before, dropped = dict(parked), found.parked_dropped
+    _undo(state, lambda: _restore_parked(found, before, dropped))
+    error = command.error[:ERROR_CHARS_MAX]
+    parked.pop(command.seq, None)  # re-parked entries move to the end
+    parked[command.seq] = Parked(event, command.attempts, error, state.now_ms, False)
+    while len(parked) > PARKED_MAX:
+        del parked[min(parked)]
+        found.parked_dropped += 1
+    return Ack()
+
+
+def _restore_parked(found: Subscription, parked: dict[int, Parked], dropped: int) -> None:
+    found.parked, found.parked_dropped = parked, dropped
+
+
+def apply_retry_parked(state: State, command: RetryParked) -> ParkedRetried | Rejected:
+    found = _find(state, command.subscription_id)
+    if isinstance(found, Rejected):
+        return found
+    before, dropped = found.parked, found.parked_dropped
+    _undo(state, lambda: _restore_parked(found, before, dropped))
+    found.parked = {seq: item._replace(retry=True) for seq, item in before.items()}
+    return ParkedRetried(found.id, len(before))
+
+
+def apply_ack_parked(state: State, command: AckParked) -> Ack | Rejected:
+    found = _find(state, command.subscription_id)
+    if isinstance(found, Rejected):
+        return found
+    rejected = check_int(command.seq, "seq", 1, TOKEN_MAX)
+    if rejected is not None:
+        return rejected
+    if command.seq in found.parked:
+        before, dropped = dict(found.parked), found.parked_dropped
+        del found.parked[command.seq]
+        _undo(state, lambda: _restore_parked(found, before, dropped))
+    return Ack()
+
+
+# -- queries --------------------------------------------------------------------
+
+
+def pending_events(state: State, subscription: Subscription, limit: int) -> list[OutboxEvent]:
+    """Matching events after the cursor, oldest first."""
+    return events_after(state, subscription.cursor, subscription.types or None, limit)
+
+
+def oldest_undelivered_at_ms(state: State, subscription: Subscription) -> int | None:
+    found = pending_events(state, subscription, 1)
+    return found[0].at_ms if found else None
+
+
+def _floor(state: State) -> int | None:
+    table = subscriptions(state)
+    return min((sub.cursor for sub in table.values()), default=None)
+
+
+outbox_module.register_floor(_floor)
+
+
+def check(state: State) -> list[str]:
+    problems: list[str] = []
+    newest = last_seq(state)
+    for sub in subscriptions(state).values():
+        if not 0 <= sub.cursor <= newest:
+            problems.append(f"subscription {sub.id}: cursor {sub.cursor} beyond the outbox")
+        if len(sub.parked) > PARKED_MAX:
+            problems.append(f"subscription {sub.id}: too many parked events")
+        for seq, item in sub.parked.items():
+            if item.event.seq != seq or seq > newest:
+                problems.append(f"subscription {sub.id}: parked event {seq} is wrong")
+    return problems
+
+
+# -- encoding -------------------------------------------------------------------
+
+
+def _encode(state: State) -> Any:
+    return [
+        [
+            sub.id,
+            sub.url,
+            list(sub.types),
+            sub.secret,
+            sub.created_at_ms,
+            sub.cursor,
+            sub.parked_dropped,
+            [
+                [list(item.event), item.attempts, item.error, item.parked_at_ms, item.retry]
+                for item in sub.parked.values()
+            ],
+        ]
+        for sub in subscriptions(state).values()
+    ]
+
+
+def _decode(state: State, rows: Any) -> None:
+    table: dict[str, Subscription] = {}
+    for sub_id, url, types, secret, created_at_ms, cursor, dropped, parked in rows:
+        sub = Subscription(sub_id, url, tuple(types), secret, created_at_ms, cursor)
+        sub.parked_dropped = dropped
+        for event, attempts, error, parked_at_ms, retry in parked:
+            stored = OutboxEvent(*event)
+            sub.parked[stored.seq] = Parked(stored, attempts, error, parked_at_ms, retry)
+        table[sub_id] = sub
+    state.sections[SUBSCRIPTIONS] = table
+
+
+SECTION: Final = register(Section(SUBSCRIPTIONS, dict, _encode, _decode))

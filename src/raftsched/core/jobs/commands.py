@@ -1,0 +1,151 @@
+"""The commands of jobs: submit, the worker protocol, operator actions, flow control."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raftsched.core.kernel.commands import Command, FailureKind, JobSpec
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitJobs(Command):
+    """Submit one or more jobs (at most 1,000), committed together.
+
+    `job_ids[i]` is the identifier drawn by the proposer for `specs[i]`; it is
+    used only if the spec creates a new job (an idempotent repeat returns the
+    original job instead). Each spec succeeds or is rejected on its own.
+    """
+
+    specs: tuple[JobSpec, ...]
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimJobs(Command):
+    """Grant up to `max_jobs` leases from `queues`, highest priority first, then oldest.
+
+    `lease_ms` overrides each job's own lease duration when given.
+    """
+
+    worker_id: str
+    queues: tuple[str, ...]
+    max_jobs: int
+    lease_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StartJob(Command):
+    """The worker is about to run the handler: `claimed -> running`."""
+
+    job_id: str
+    fencing_token: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatJob(Command):
+    """Extend the lease to now + `extend_ms` (or the lease's own duration)."""
+
+    job_id: str
+    fencing_token: int
+    extend_ms: int | None = None
+    progress: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteJob(Command):
+    job_id: str
+    fencing_token: int
+    result: bytes = b"\xc0"
+
+
+@dataclass(frozen=True, slots=True)
+class FailJob(Command):
+    """Report a failed attempt.
+
+    `random_u32` is a uniform draw in [0, 2**32) made by the proposer; the
+    core scales it into the job's backoff jitter.
+    """
+
+    job_id: str
+    fencing_token: int
+    kind: FailureKind
+    message: str = ""
+    retry_after_ms: int | None = None
+    random_u32: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CancelJob(Command):
+    job_id: str
+    reason: str = ""
+    actor: str = "api"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayJob(Command):
+    """Operator action: a `dead_letter` job becomes `pending` again, audited."""
+
+    job_id: str
+    reason: str = ""
+    actor: str = "operator"
+
+
+@dataclass(frozen=True, slots=True)
+class RecordEffect(Command):
+    """First-writer-wins record in the effects ledger, fenced by the lease token."""
+
+    key: str
+    job_id: str
+    fencing_token: int
+    result: bytes = b"\xc0"
+
+
+@dataclass(frozen=True, slots=True)
+class Configure(Command):
+    """Cluster-wide settings that live in the replicated state."""
+
+    retention_ms: int | None = None
+
+
+# -- Workflows, the outbox and webhook subscriptions (issue 6) -----------------
+
+
+@dataclass(frozen=True, slots=True)
+class SetQueue(Command):
+    """Replace a queue's flow settings (PUT semantics: None means no limit).
+
+    `rate_limit_milli_per_s` is the token bucket's refill in tokens per 1,000
+    seconds (so that 0.5/s is exact); `burst` its capacity in tokens. The
+    circuit is off when `circuit_window` is None. Changing the rate or burst
+    refills the bucket.
+    """
+
+    queue: str
+    paused: bool = False
+    rate_limit_milli_per_s: int | None = None
+    burst: int | None = None
+    concurrency_limit: int | None = None
+    circuit_window: int | None = None
+    circuit_probe_ms: int = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class PauseQueue(Command):
+    """Pause (no claims) or resume a queue, keeping its other settings."""
+
+    queue: str
+    paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SetTenant(Command):
+    """Replace a tenant's settings: fair-share weight, concurrency limit
+    (jobs claimed or running at once) and maximum queued jobs."""
+
+    tenant: str
+    weight: int = 1
+    concurrency_limit: int | None = None
+    max_queued: int | None = None
+
+
+# -- Recurring schedules (issue 5) -------------------------------------------------

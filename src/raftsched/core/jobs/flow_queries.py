@@ -1,0 +1,110 @@
+"""Read-only views of flow control for the API and metrics. Nothing here
+changes the encoded state (stale heap entries may be dropped, as reads do)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from raftsched.core.jobs.flow import MICRO, QueueFlow, flow_of, tenant_flow
+from raftsched.core.jobs.flow_claim import gate_budget
+from raftsched.core.kernel.runnable_index import oldest_runnable_ms
+from raftsched.core.kernel.state import State
+
+BLOCKED_LISTED_MAX: Final = 100
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    name: str
+    depth: int  # pending jobs, parked ones included
+    running: int  # claimed or running
+    oldest_runnable_at_ms: int | None
+    paused: bool
+    rate_limit_milli_per_s: int | None
+    burst: int | None
+    tokens: float | None
+    concurrency_limit: int | None
+    circuit_window: int | None
+    circuit_probe_ms: int
+    circuit_open: bool
+    circuit_failures: int
+    circuit_outcomes: int
+    throttled: int  # pending jobs held back by this queue's own gates now
+    blocked_keys: int  # ordering keys held by a dead-lettered job
+    blocked: tuple[tuple[str, str, str], ...]  # (tenant, key, job id), bounded
+
+
+@dataclass(frozen=True, slots=True)
+class TenantView:
+    name: str
+    weight: int
+    concurrency_limit: int | None
+    max_queued: int | None
+    queued: int
+    running: int
+    throttled: int  # claimable jobs held back by the concurrency limit now
+
+
+def queue_names(state: State) -> list[str]:
+    names = set(state.queue_counts) | set(flow_of(state).queues)
+    return sorted(names)
+
+
+def queue_view(state: State, name: str, now_ms: int, with_blocked: bool = False) -> QueueView:
+    record = flow_of(state).queues.get(name) or QueueFlow()
+    counts = state.queue_counts.get(name, [0, 0, 0])
+    lanes = state.runnable.queues.get(name)
+    claimable = 0 if lanes is None else lanes.claimable()
+    blocked = [
+        (tenant, key, job.id)
+        for (tenant, key), job in sorted(state.runnable.blocked.items())
+        if job.queue == name
+    ]
+    tokens = None
+    if record.rate_milli is not None:
+        tokens = record.tokens_at(now_ms) / MICRO
+    held_back = gate_budget(state, name, record, now_ms) == 0
+    return QueueView(
+        name,
+        counts[0],
+        counts[1],
+        oldest_runnable_ms(state.runnable, name),
+        record.paused,
+        record.rate_milli,
+        record.burst,
+        tokens,
+        record.concurrency_limit,
+        record.circuit_window,
+        record.circuit_probe_ms,
+        record.circuit_open,
+        record.outcomes.bit_count(),
+        record.outcome_count,
+        claimable if held_back else 0,
+        len(blocked),
+        tuple(blocked[:BLOCKED_LISTED_MAX]) if with_blocked else (),
+    )
+
+
+def tenant_names(state: State) -> list[str]:
+    counts = state.runnable.tenants
+    names = {name for name, pair in counts.items() if any(pair)}
+    return sorted(names | set(flow_of(state).tenants))
+
+
+def tenant_view(state: State, name: str) -> TenantView:
+    record = tenant_flow(flow_of(state), name)
+    queued, running = state.runnable.tenants.get(name, [0, 0])
+    throttled = 0
+    limit = record.concurrency_limit
+    if limit is not None and running >= limit:
+        throttled = sum(lanes.counts.get(name, 0) for lanes in state.runnable.queues.values())
+    return TenantView(
+        name,
+        record.weight,
+        record.concurrency_limit,
+        record.max_queued,
+        queued,
+        running,
+        throttled,
+    )

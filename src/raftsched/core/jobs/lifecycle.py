@@ -1,0 +1,167 @@
+"""Moves shared by several commands: table-driven transitions, ending an
+attempt, and deciding between retry and dead letter.
+
+Callers have validated the move (`allowed`) and touched the job on the
+savepoint before calling anything here. `transition` is the only way a job's
+status changes, and it does everything that entering the new status means
+(`ON_ENTER`): callers set the fields that the new status is indexed by
+(`next_run_at_ms` for pending and waiting jobs, `lease` for a claimed one)
+and call it; they never push onto the indexes or call `finish` themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Final
+
+from raftsched.core.jobs import flow
+from raftsched.core.jobs.job_events import job_finished
+from raftsched.core.jobs.retry import retry_delay_ms
+from raftsched.core.kernel.model import (
+    CANCELLED,
+    CLAIMED,
+    DEAD_LETTER,
+    DEAD_LETTER_EVENT,
+    DEFAULT_BACKOFF_MS,
+    PENDING,
+    REQUEUE,
+    RETRY,
+    RETRY_WAIT,
+    RUNNING,
+    SCHEDULED,
+    SUCCEEDED,
+    TRANSITIONS,
+    ErrorInfo,
+    Job,
+    next_status,
+)
+from raftsched.core.kernel.results import INVALID_STATE, Rejected
+from raftsched.core.kernel.state import (
+    State,
+    add_history,
+    push_due,
+    push_lease,
+    push_retention,
+    push_runnable,
+    set_status,
+)
+from raftsched.core.schedules.model import job_finished as schedule_job_finished
+
+SYSTEM_ACTOR = "system"
+
+
+def allowed(job: Job, event: str) -> bool:
+    return (job.status, event) in TRANSITIONS
+
+
+def invalid_state(job: Job, event: str) -> Rejected:
+    return Rejected(
+        INVALID_STATE,
+        f"cannot {event} a job that is {job.status}",
+        {"status": job.status, "event": event},
+    )
+
+
+def transition(
+    state: State,
+    job: Job,
+    event: str,
+    actor: str,
+    fencing_token: int | None = None,
+    detail: str | None = None,
+) -> None:
+    """Apply one row of the transition table, record it in the history, and
+    do what entering the new status means (`ON_ENTER`; nothing when the
+    status stays). A row the table lacks is a bug and raises."""
+    from_status = job.status
+    to_status = next_status(TRANSITIONS, from_status, event, "job")
+    now_ms = state.now_ms
+    add_history(
+        job, (now_ms, event, from_status, to_status, actor, state.epoch, fencing_token, detail)
+    )
+    if to_status == from_status:
+        job.updated_at_ms = now_ms
+        return
+    set_status(state, job, to_status)
+    job.updated_at_ms = now_ms  # before ON_ENTER: the retention heap is keyed by it
+    ON_ENTER[to_status](state, job)
+
+
+def end_attempt(
+    state: State, job: Job, outcome: str, error: ErrorInfo | None, counted: bool
+) -> None:
+    """Close the current attempt and drop the lease."""
+    attempt = job.attempts[-1]
+    attempt.ended_at_ms = state.now_ms
+    attempt.outcome = outcome
+    attempt.error = error
+    job.lease = None
+    if counted:
+        job.attempts_made += 1
+    flow.attempt_ended(state, job, outcome, counted)  # the queue's circuit
+
+
+def finish(state: State, job: Job) -> None:
+    """A job reached a final status: it now waits out the retention period."""
+    job.next_run_at_ms = None
+    push_retention(state, job)
+    job_finished(state, job)  # its outbox event and its workflow, same command
+    flow.job_finished(state, job)  # release its ordering key, or block it if dead-lettered
+    schedule_job_finished(state, job)  # its schedule's buffered occurrence may start
+
+
+def wait_until_due(state: State, job: Job) -> None:
+    """Into the due heap at `next_run_at_ms`: Tick makes it pending then."""
+    assert job.next_run_at_ms is not None
+    push_due(state, job, job.next_run_at_ms)
+
+
+def watch_lease_expiry(state: State, job: Job) -> None:
+    """Into the lease heap at the lease's expiry: Tick expires it then."""
+    lease = job.lease
+    assert lease is not None
+    push_lease(state, job, lease.expires_at_ms, lease.fencing_token)
+
+
+def keep_lease(state: State, job: Job) -> None:
+    """Nothing: the claim's lease heap entry still stands."""
+
+
+ON_ENTER: Final[dict[str, Callable[[State, Job], None]]] = {
+    SCHEDULED: wait_until_due,
+    PENDING: push_runnable,
+    CLAIMED: watch_lease_expiry,
+    RUNNING: keep_lease,
+    RETRY_WAIT: wait_until_due,
+    SUCCEEDED: finish,
+    DEAD_LETTER: finish,
+    CANCELLED: finish,
+}
+"""Status -> what entering it does, after the status and `updated_at_ms` are
+set. Every job status has a row; a move that keeps the status runs none."""
+
+
+def retry_or_dead_letter(
+    state: State,
+    job: Job,
+    actor: str,
+    fencing_token: int,
+    detail: str,
+    random_u32: int,
+    retry_after_ms: int | None = None,
+) -> None:
+    """After a counted failure: retry with backoff, or dead-letter when the
+    attempt budget is spent."""
+    if job.attempts_made >= job.max_attempts:
+        transition(state, job, DEAD_LETTER_EVENT, actor, fencing_token, detail)
+        return
+    backoff = DEFAULT_BACKOFF_MS if job.backoff is None else job.backoff
+    delay_ms = retry_delay_ms(backoff, job.attempts_made - 1, random_u32)
+    if retry_after_ms is not None and retry_after_ms > delay_ms:
+        delay_ms = retry_after_ms  # the worker's hint is a lower bound
+    if delay_ms <= 0:
+        job.next_run_at_ms = state.now_ms
+        transition(state, job, REQUEUE, actor, fencing_token, detail)
+        return
+    job.next_run_at_ms = state.now_ms + delay_ms
+    transition(state, job, RETRY, actor, fencing_token, detail)

@@ -1,0 +1,144 @@
+"""Commands from clients and operators: cancel, replay, effects, configure."""
+
+from __future__ import annotations
+
+from raftsched.core.jobs.commands import CancelJob, Configure, RecordEffect, ReplayJob
+from raftsched.core.jobs.leases import current_lease, not_found
+from raftsched.core.jobs.lifecycle import allowed, invalid_state, transition
+from raftsched.core.kernel.model import (
+    CANCEL,
+    CANCELLED,
+    LEASED_STATUSES,
+    REPLAY,
+    REQUEST_CANCEL,
+    Job,
+    StoredEffect,
+)
+from raftsched.core.kernel.results import (
+    Ack,
+    CancelAccepted,
+    Effect,
+    EffectRecorded,
+    Rejected,
+    Replayed,
+)
+from raftsched.core.kernel.savepoint import Savepoint
+from raftsched.core.kernel.state import State
+from raftsched.core.kernel.validate import (
+    KEY_CHARS_MAX,
+    TIME_MS_MAX,
+    check_bytes,
+    check_name,
+    check_optional_int,
+    check_text,
+)
+
+
+def _find(state: State, job_id: str) -> Job | Rejected:
+    rejected = check_name(job_id, "job_id")
+    if rejected is not None:
+        return rejected
+    job = state.jobs.get(job_id)
+    return not_found(job_id) if job is None else job
+
+
+def apply_cancel(
+    state: State, command: CancelJob, savepoint: Savepoint
+) -> CancelAccepted | Rejected:
+    rejected = check_text(command.reason, "reason") or check_name(command.actor, "actor")
+    if rejected is not None:
+        return rejected
+    job = _find(state, command.job_id)
+    if isinstance(job, Rejected):
+        return job
+    reason = command.reason or None
+    if job.status in LEASED_STATUSES:
+        # The worker learns of it on its next heartbeat and stops cooperatively.
+        if not job.cancel_requested:
+            savepoint.touch(job)
+            job.cancel_requested = True
+            lease = job.lease
+            token = None if lease is None else lease.fencing_token
+            transition(state, job, REQUEST_CANCEL, command.actor, token, reason)
+        return CancelAccepted(job.id, job.status, cancel_requested=True)
+    if not allowed(job, CANCEL):
+        return invalid_state(job, CANCEL)
+    savepoint.touch(job)
+    transition(state, job, CANCEL, command.actor, None, reason)
+    return CancelAccepted(job.id, CANCELLED, cancel_requested=job.cancel_requested)
+
+
+def apply_replay(state: State, command: ReplayJob, savepoint: Savepoint) -> Replayed | Rejected:
+    rejected = check_text(command.reason, "reason") or check_name(command.actor, "actor")
+    if rejected is not None:
+        return rejected
+    job = _find(state, command.job_id)
+    if isinstance(job, Rejected):
+        return job
+    if not allowed(job, REPLAY):
+        return invalid_state(job, REPLAY)
+    savepoint.touch(job)
+    # The attempt budget restarts; the attempts themselves stay on record. The
+    # deadline is dropped: it has usually passed, and the operator decided
+    # that the job should run.
+    job.attempts_made = 0
+    job.cancel_requested = False
+    job.deadline_at_ms = None
+    job.next_run_at_ms = state.now_ms
+    transition(state, job, REPLAY, command.actor, None, command.reason or None)
+    return Replayed(job.id)
+
+
+def apply_record_effect(
+    state: State, command: RecordEffect, savepoint: Savepoint
+) -> EffectRecorded | Rejected:
+    rejected = check_name(command.key, "key", KEY_CHARS_MAX) or check_bytes(
+        command.result, "result"
+    )
+    if rejected is not None:
+        return rejected
+    existing = state.effects.get(command.key)
+    found = current_lease(state, command.job_id, command.fencing_token)
+    if isinstance(found, Rejected):
+        # A record retried after it committed (its answer lost, its lease since
+        # ended) returns the recorded effect: the same job and token wrote it.
+        if existing is not None:
+            owner, stored = existing
+            if owner.id == command.job_id and stored.fencing_token == command.fencing_token:
+                return EffectRecorded(public_effect(owner, stored), replayed=True)
+        return found
+    job, lease = found
+    # First writer wins. A later attempt of the same job (with a newer token)
+    # gets the effect its predecessor recorded instead of repeating it.
+    if existing is not None:
+        return EffectRecorded(public_effect(*existing), replayed=True)
+    effect = StoredEffect(
+        command.key, lease.fencing_token, state.epoch, command.result, state.now_ms
+    )
+    savepoint.touch(job)
+    if job.effects is None:
+        job.effects = [effect]
+    else:
+        job.effects.append(effect)
+    state.effects[command.key] = (job, effect)
+    return EffectRecorded(public_effect(job, effect), replayed=False)
+
+
+def public_effect(job: Job, effect: StoredEffect) -> Effect:
+    return Effect(
+        effect.key,
+        job.id,
+        effect.fencing_token,
+        effect.epoch,
+        effect.result,
+        effect.recorded_at_ms,
+    )
+
+
+def apply_configure(state: State, command: Configure) -> Ack | Rejected:
+    rejected = check_optional_int(command.retention_ms, "retention", 0, TIME_MS_MAX)
+    if rejected is not None:
+        return rejected
+    if command.retention_ms is not None:
+        state.retention_ms = command.retention_ms
+    return Ack()

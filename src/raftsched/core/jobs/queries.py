@@ -1,0 +1,125 @@
+"""Read-only questions the API asks of the state. None of them mutates it."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from raftsched.core.jobs.operator_commands import public_effect
+from raftsched.core.kernel import runnable_index as flow_index
+from raftsched.core.kernel.model import INITIAL_STATUSES, SCHEDULED, SUBMIT, Job
+from raftsched.core.kernel.results import Effect
+from raftsched.core.kernel.state import State
+
+LIST_LIMIT_MAX = 1_000
+SUBMIT_ACTOR = "client"
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEvent:
+    at_ms: int
+    event: str
+    from_status: str | None
+    to_status: str
+    actor: str
+    epoch: int
+    fencing_token: int | None
+    detail: str | None
+
+
+class QueueStats(NamedTuple):
+    depth: int  # pending jobs
+    running: int  # claimed or running jobs
+    oldest_runnable_at_ms: int | None
+
+
+def get_job(state: State, job_id: str) -> Job | None:
+    return state.jobs.get(job_id)
+
+
+def find_by_idempotency_key(state: State, tenant: str, idempotency_key: str) -> Job | None:
+    return state.idempotency.get((tenant, idempotency_key))
+
+
+def list_jobs(
+    state: State,
+    queue: str | None = None,
+    status: str | None = None,
+    tenant: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+    schedule_id: str | None = None,
+    workflow_id: str | None = None,
+    correlation_id: str | None = None,
+) -> tuple[list[Job], str | None]:
+    """Jobs newest first, filtered; `next_cursor` continues after the last one.
+
+    The cursor is the submission sequence number of the last job returned (as
+    a string). Cost grows with the jobs skipped by the filters.
+    """
+    limit = max(1, min(limit, LIST_LIMIT_MAX))
+    order = state.order
+    position = len(order)
+    if cursor is not None:
+        if not cursor.isdigit():
+            return [], None
+        position = bisect_left(order, int(cursor), key=lambda job: job.seq)
+    jobs = state.jobs
+    found: list[Job] = []
+    for index in range(position - 1, -1, -1):
+        job = order[index]
+        if jobs.get(job.id) is not job:
+            continue  # purged
+        if (
+            (queue is not None and job.queue != queue)
+            or (status is not None and job.status != status)
+            or (tenant is not None and job.tenant != tenant)
+            or (schedule_id is not None and job.schedule_id != schedule_id)
+            or (workflow_id is not None and job.workflow_id != workflow_id)
+            or (correlation_id is not None and job.correlation_id != correlation_id)
+        ):
+            continue
+        found.append(job)
+        if len(found) == limit:
+            return found, str(job.seq) if index > 0 else None
+    return found, None
+
+
+def queue_stats(state: State) -> dict[str, QueueStats]:
+    """Per queue: pending depth, leased count, and when its longest-waiting
+    claimable job next in line became runnable (the oldest over its tenants)."""
+    stats: dict[str, QueueStats] = {}
+    for queue in sorted(state.queue_counts):
+        pending, leased, _ = state.queue_counts[queue]
+        stats[queue] = QueueStats(pending, leased, _oldest_runnable_ms(state, queue))
+    return stats
+
+
+def _oldest_runnable_ms(state: State, queue: str) -> int | None:
+    # The job next in line of each tenant (flow_index): O(tenants), not O(jobs).
+    return flow_index.oldest_runnable_ms(state.runnable, queue)
+
+
+def status_counts(state: State) -> dict[str, int]:
+    return dict(state.status_counts)
+
+
+def get_effect(state: State, key: str) -> Effect | None:
+    found = state.effects.get(key)
+    return None if found is None else public_effect(*found)
+
+
+def job_history(state: State, job_id: str) -> list[HistoryEvent] | None:
+    """Every transition of the job, oldest first, starting with its submission."""
+    job = state.jobs.get(job_id)
+    if job is None:
+        return None
+    initial = SCHEDULED if job.run_at_ms > job.created_at_ms else INITIAL_STATUSES[1]
+    events = [
+        HistoryEvent(
+            job.created_at_ms, SUBMIT, None, initial, SUBMIT_ACTOR, job.created_epoch, None, None
+        )
+    ]
+    events.extend(HistoryEvent(*record) for record in job.history or ())
+    return events

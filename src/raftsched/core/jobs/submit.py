@@ -1,0 +1,153 @@
+"""SubmitJobs: create jobs, or return the original for an idempotent repeat."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from hashlib import blake2b
+
+import msgpack
+
+from raftsched.core.jobs import flow
+from raftsched.core.jobs.commands import SubmitJobs
+from raftsched.core.kernel.codec import spec_row
+from raftsched.core.kernel.commands import Backoff, JobSpec
+from raftsched.core.kernel.model import DEFAULT_BACKOFF_MS, PENDING, SCHEDULED, BackoffMs, Job
+from raftsched.core.kernel.results import (
+    IDEMPOTENCY_CONFLICT,
+    Rejected,
+    SubmitItem,
+    Submitted,
+)
+from raftsched.core.kernel.savepoint import Savepoint
+from raftsched.core.kernel.state import State, count_new_job, index_job, intern
+from raftsched.core.kernel.validate import BATCH_MAX, check_name, check_spec, invalid
+
+
+def apply_submit(state: State, command: SubmitJobs, savepoint: Savepoint) -> Submitted | Rejected:
+    specs, job_ids = command.specs, command.job_ids
+    if type(specs) is not tuple or not 1 <= len(specs) <= BATCH_MAX:
+        return invalid("specs", f"a submission carries 1 to {BATCH_MAX} specs")
+    if type(job_ids) is not tuple or len(job_ids) != len(specs):
+        return invalid("job_ids", "one job id per spec")
+    items = [
+        _submit_one(state, spec, job_id, savepoint)
+        for spec, job_id in zip(specs, job_ids, strict=True)
+    ]
+    return Submitted(tuple(items))
+
+
+def spec_fingerprint(spec: JobSpec) -> bytes:
+    """16 bytes that are equal exactly when two specs encode equally."""
+    return blake2b(msgpack.packb(spec_row(spec)), digest_size=16).digest()
+
+
+def _canonical(spec: JobSpec) -> JobSpec:
+    """Labels sorted by key, so that equal requests fingerprint equally."""
+    labels = spec.labels
+    if len(labels) > 1 and any(labels[i][0] > labels[i + 1][0] for i in range(len(labels) - 1)):
+        return replace(spec, labels=tuple(sorted(labels)))
+    return spec
+
+
+def _submit_one(
+    state: State, spec: JobSpec, job_id: str, savepoint: Savepoint
+) -> SubmitItem | Rejected:
+    rejected = check_spec(spec) or check_name(job_id, "job_ids")
+    if rejected is not None:
+        return rejected
+    spec = _canonical(spec)
+    fingerprint = None
+    if spec.idempotency_key is not None:
+        fingerprint = spec_fingerprint(spec)
+        original = state.idempotency.get((spec.tenant, spec.idempotency_key))
+        if original is not None:
+            if original.fingerprint == fingerprint:
+                return SubmitItem(original.id, created=False)
+            return Rejected(
+                IDEMPOTENCY_CONFLICT,
+                "this idempotency key was used with a different request",
+                {"field": "idempotency_key", "job_id": original.id},
+            )
+    existing = state.jobs.get(job_id)
+    if existing is not None:
+        # The proposer draws ids at random, so a known id is this very command
+        # applied again (a retried proposal); anything else is a proposer bug.
+        if (existing.queue, existing.tenant, existing.payload) == (
+            spec.queue,
+            spec.tenant,
+            spec.payload,
+        ):
+            return SubmitItem(job_id, created=False)
+        return invalid("job_ids", f"job id {job_id} is already in use")
+    rejected = flow.admit(state, spec)  # backpressure: the tenant's max_queued
+    if rejected is not None:
+        return rejected
+    _create(state, spec, job_id, fingerprint)
+    savepoint.created.append(job_id)
+    return SubmitItem(job_id, created=True)
+
+
+def _backoff(state: State, backoff: Backoff) -> BackoffMs | None:
+    stored = (backoff.initial_ms, backoff.max_ms, backoff.jitter_ms)
+    return None if stored == DEFAULT_BACKOFF_MS else intern(state, stored)
+
+
+def create_job(state: State, spec: JobSpec, job_id: str, savepoint: Savepoint | None) -> Job:
+    """Create one job from a spec that `check_spec` accepted, without the
+    idempotency map: workflow steps (whose workflow holds the key) use this."""
+    job = _create(state, _canonical(replace(spec, idempotency_key=None)), job_id, None)
+    if savepoint is not None:
+        savepoint.created.append(job_id)
+    return job
+
+
+def _create(state: State, spec: JobSpec, job_id: str, fingerprint: bytes | None) -> Job:
+    now_ms = state.now_ms
+    if spec.run_at_ms is not None:
+        run_at_ms = spec.run_at_ms
+    elif spec.delay_ms is not None:
+        run_at_ms = now_ms + spec.delay_ms
+    else:
+        run_at_ms = now_ms
+    waiting = run_at_ms > now_ms
+    seq = state.next_seq
+    state.next_seq = seq + 1
+    job = Job(
+        job_id,
+        intern(state, spec.queue),
+        intern(state, spec.tenant),
+        SCHEDULED if waiting else PENDING,
+        spec.priority,
+        spec.payload,
+        spec.idempotency_key,
+        spec.ordering_key,
+        spec.correlation_id,
+        spec.labels,
+        now_ms,
+        now_ms,
+        run_at_ms,
+        run_at_ms if waiting else now_ms,
+        spec.max_attempts,
+        0,
+        False,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        (),
+        None if spec.deadline_ms is None else now_ms + spec.deadline_ms,
+        _backoff(state, spec.backoff),
+        spec.lease_ms,
+        seq,
+        state.epoch,
+        fingerprint,
+        None,
+        None,
+    )
+    state.jobs[job_id] = job
+    state.order.append(job)
+    count_new_job(state, job)
+    index_job(state, job)
+    return job

@@ -1,0 +1,753 @@
+"""msgpack encoding of entries, commands and whole states (snapshots).
+
+Every command type has a stable integer tag; a tag is never reused, and a new
+command type takes a new one. An entry is `[ENTRY_FORMAT, epoch, now_ms,
+[[tag, field, ...], ...]]` with fields in dataclass order. Decoding checks
+every field's type exactly, so garbage becomes a `CodecError`, never a
+half-built command.
+
+A state is flat arrays, not maps: a header of scalars, then the jobs in
+submission order as chunks of columns, one column per slot in
+`model.JOB_FIELDS` order (see `encode_state`), then the sections. Everything
+derived (counters, heaps, the idempotency and effects maps) is rebuilt on
+decode. Arrays in a fixed order keep the encoding deterministic:
+the same state always gives the same bytes. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from hashlib import sha256
+from itertools import chain, compress, count, starmap
+from operator import attrgetter, is_not
+from typing import Any, Final
+
+import msgpack
+
+from raftsched.core.events.commands import (
+    AckDelivery,
+    AckParked,
+    ConfigureOutbox,
+    CreateSubscription,
+    DeleteSubscription,
+    ParkDelivery,
+    RetryParked,
+)
+from raftsched.core.jobs.commands import (
+    CancelJob,
+    ClaimJobs,
+    CompleteJob,
+    Configure,
+    FailJob,
+    HeartbeatJob,
+    PauseQueue,
+    RecordEffect,
+    ReplayJob,
+    SetQueue,
+    SetTenant,
+    StartJob,
+    SubmitJobs,
+)
+from raftsched.core.kernel.commands import (
+    Backoff,
+    Barrier,
+    Command,
+    Entry,
+    JobSpec,
+    RaiseClusterVersion,
+    TakeOver,
+    Tick,
+)
+from raftsched.core.kernel.model import (
+    JOB_EVENTS,
+    JOB_FIELDS,
+    JOB_STATUSES,
+    OUTCOMES,
+    Attempt,
+    HistoryRecord,
+    Job,
+    JobColumns,
+    JobLease,
+    StoredEffect,
+    uniform,
+)
+from raftsched.core.kernel.sections import SECTIONS
+from raftsched.core.kernel.state import State, intern, rebuild_indexes
+from raftsched.core.schedules.commands import (
+    BackfillSchedule,
+    CreateSchedule,
+    DeleteSchedule,
+    PauseSchedule,
+    ResumeSchedule,
+    ScheduleSpec,
+    TriggerSchedule,
+    UpdateSchedule,
+)
+from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
+
+
+class CodecError(ValueError):
+    """Bytes that are not a valid encoding."""
+
+
+ENTRY_FORMAT: Final = 1
+STATE_FORMAT: Final = 3
+
+COMMAND_TAGS: Final[dict[type[Any], int]] = {
+    SubmitJobs: 1,
+    ClaimJobs: 2,
+    StartJob: 3,
+    HeartbeatJob: 4,
+    CompleteJob: 5,
+    FailJob: 6,
+    CancelJob: 7,
+    ReplayJob: 8,
+    RecordEffect: 9,
+    Tick: 10,
+    TakeOver: 11,
+    Barrier: 12,
+    Configure: 13,
+    RaiseClusterVersion: 14,
+    # Workflows, the outbox and webhook subscriptions: 40-59.
+    ConfigureOutbox: 40,
+    CreateSubscription: 41,
+    DeleteSubscription: 42,
+    AckDelivery: 43,
+    ParkDelivery: 44,
+    RetryParked: 45,
+    AckParked: 46,
+    SubmitWorkflow: 50,
+    CancelWorkflow: 51,
+    # Flow control: 60-79.
+    SetQueue: 60,
+    PauseQueue: 61,
+    SetTenant: 62,
+    # Recurring schedules: 20-39.
+    CreateSchedule: 20,
+    UpdateSchedule: 21,
+    DeleteSchedule: 22,
+    PauseSchedule: 23,
+    ResumeSchedule: 24,
+    TriggerSchedule: 25,
+    BackfillSchedule: 26,
+}
+"""Stable tags. Never renumber; never reuse a retired tag."""
+
+COMMAND_VERSION_MAX: Final = 2
+"""The highest command version this code understands (and reports to its peers)."""
+
+COMMAND_VERSIONS: Final[dict[type[Any], int]] = {
+    **dict.fromkeys(COMMAND_TAGS, 1),  # everything release 0.1.0 knew
+    RaiseClusterVersion: 2,
+}
+"""The version that introduced each command kind. A command may be proposed
+only once the replicated cluster version has reached it (kernel.cluster_version):
+a replica of an older release could not decode it."""
+
+# Field kinds, in dataclass field order.
+_SCHEMAS: Final[dict[type[Any], tuple[str, ...]]] = {
+    SubmitJobs: ("specs", "strs"),
+    ClaimJobs: ("str", "strs", "int", "int?"),
+    StartJob: ("str", "int"),
+    HeartbeatJob: ("str", "int", "int?", "bytes?"),
+    CompleteJob: ("str", "int", "bytes"),
+    FailJob: ("str", "int", "str", "str", "int?", "int"),
+    CancelJob: ("str", "str", "str"),
+    ReplayJob: ("str", "str", "str"),
+    RecordEffect: ("str", "str", "int", "bytes"),
+    Tick: ("int", "int"),
+    TakeOver: (),
+    Barrier: (),
+    Configure: ("int?",),
+    RaiseClusterVersion: ("int",),
+    ConfigureOutbox: ("int?", "int?"),
+    CreateSubscription: ("str", "str", "strs", "str"),
+    DeleteSubscription: ("str",),
+    AckDelivery: ("str", "int"),
+    ParkDelivery: ("str", "int", "int", "str"),
+    RetryParked: ("str",),
+    AckParked: ("str", "int"),
+    SubmitWorkflow: ("str", "steps", "str", "str?", "int?", "str", "bool"),
+    CancelWorkflow: ("str", "str", "str"),
+    SetQueue: ("str", "bool", "int?", "int?", "int?", "int?", "int"),
+    PauseQueue: ("str", "bool"),
+    SetTenant: ("str", "int", "int?", "int?"),
+    CreateSchedule: ("schedule",),
+    UpdateSchedule: ("schedule",),
+    DeleteSchedule: ("str",),
+    PauseSchedule: ("str",),
+    ResumeSchedule: ("str",),
+    TriggerSchedule: ("str",),
+    BackfillSchedule: ("str", "int", "int", "str?"),
+}
+_BY_TAG: Final = {tag: cls for cls, tag in COMMAND_TAGS.items()}
+assert COMMAND_VERSIONS.keys() == COMMAND_TAGS.keys()
+assert max(COMMAND_VERSIONS.values()) == COMMAND_VERSION_MAX
+_SPEC_KINDS: Final = (
+    "str", "str", "bytes", "int", "int?", "int?", "int", "backoff",
+    "int", "int?", "str?", "str?", "str?", "labels",
+)  # fmt: skip
+_COMMAND_FIELDS: Final = {cls: tuple(cls.__dataclass_fields__) for cls in COMMAND_TAGS}
+
+
+def spec_row(spec: JobSpec) -> list[Any]:
+    backoff = spec.backoff
+    return [
+        spec.queue,
+        spec.tenant,
+        spec.payload,
+        spec.priority,
+        spec.run_at_ms,
+        spec.delay_ms,
+        spec.max_attempts,
+        [backoff.initial_ms, backoff.max_ms, backoff.jitter_ms],
+        spec.lease_ms,
+        spec.deadline_ms,
+        spec.idempotency_key,
+        spec.ordering_key,
+        spec.correlation_id,
+        [list(pair) for pair in spec.labels],
+    ]
+
+
+def step_row(step: StepSpec) -> list[Any]:
+    compensation = None if step.compensation is None else spec_row(step.compensation)
+    return [step.name, spec_row(step.job), list(step.depends_on), compensation]
+
+
+def _decode_step(row: object) -> StepSpec:
+    if type(row) is not tuple or len(row) != 4:
+        raise CodecError("a workflow step is [name, spec, depends_on, compensation]")
+    name, spec, depends_on, compensation = row
+    _expect(name, "str")
+    return StepSpec(
+        name,
+        _decode_spec(spec),
+        _decode_field(depends_on, "strs"),
+        None if compensation is None else _decode_spec(compensation),
+    )
+
+
+def _command_row(command: Command) -> list[Any]:
+    cls = type(command)
+    row: list[Any] = [COMMAND_TAGS[cls]]
+    for name, kind in zip(_COMMAND_FIELDS[cls], _SCHEMAS[cls], strict=True):
+        value = getattr(command, name)
+        if kind == "specs":
+            value = [spec_row(spec) for spec in value]
+        elif kind == "schedule":
+            value = schedule_row(value)
+        elif kind == "steps":
+            value = [step_row(step) for step in value]
+        elif kind == "strs":
+            value = list(value)
+        row.append(value)
+    return row
+
+
+def encode_entry(entry: Entry) -> bytes:
+    try:
+        rows = [_command_row(command) for command in entry.commands]
+        packed: bytes = msgpack.packb([ENTRY_FORMAT, entry.epoch, entry.now_ms, rows])
+    except Exception as error:
+        raise CodecError(f"cannot encode entry: {error}") from error
+    return packed
+
+
+def decode_entry(data: bytes) -> Entry:
+    try:
+        doc = msgpack.unpackb(data, use_list=False)
+    except Exception as error:
+        raise CodecError(f"not msgpack: {type(error).__name__}") from error
+    if type(doc) is not tuple or len(doc) != 4 or doc[0] != ENTRY_FORMAT:
+        raise CodecError("not an entry")
+    _, epoch, now_ms, rows = doc
+    _expect(epoch, "int")
+    _expect(now_ms, "int")
+    if type(rows) is not tuple:
+        raise CodecError("entry commands must be an array")
+    return Entry(epoch, now_ms, tuple(_decode_command(row) for row in rows))
+
+
+def _decode_command(row: object) -> Command:
+    if type(row) is not tuple or not row or type(row[0]) is not int:
+        raise CodecError("a command is [tag, fields...]")
+    cls = _BY_TAG.get(row[0])
+    if cls is None:
+        raise CodecError(f"unknown command tag {row[0]}")
+    kinds = _SCHEMAS[cls]
+    if len(row) != len(kinds) + 1:
+        raise CodecError(f"{cls.__name__} has {len(kinds)} fields")
+    values = [_decode_field(value, kind) for value, kind in zip(row[1:], kinds, strict=True)]
+    command: Command = cls(*values)
+    return command
+
+
+_PLAIN: Final[dict[str, tuple[type[Any], bool]]] = {
+    "int": (int, False),
+    "int?": (int, True),
+    "str": (str, False),
+    "str?": (str, True),
+    "bytes": (bytes, False),
+    "bytes?": (bytes, True),
+    "bool": (bool, False),
+}
+_DEFAULT_BACKOFF: Final = Backoff()
+_DEFAULT_BACKOFF_ROW: Final = (
+    _DEFAULT_BACKOFF.initial_ms,
+    _DEFAULT_BACKOFF.max_ms,
+    _DEFAULT_BACKOFF.jitter_ms,
+)
+
+
+def _decode_field(value: object, kind: str) -> Any:
+    plain = _PLAIN.get(kind)
+    if plain is not None:
+        if type(value) is plain[0] or (value is None and plain[1]):
+            return value
+        raise CodecError(f"expected {kind}, got {type(value).__name__}")
+    if kind == "specs":
+        if type(value) is not tuple:
+            raise CodecError("specs must be an array")
+        return tuple(_decode_spec(row) for row in value)
+    if kind == "strs":
+        if type(value) is not tuple or any(type(item) is not str for item in value):
+            raise CodecError("expected an array of strings")
+        return value
+    if kind == "backoff":
+        return _decode_backoff(value)
+    if kind == "schedule":
+        return decode_schedule(value)
+    if kind == "steps":
+        if type(value) is not tuple:
+            raise CodecError("steps must be an array")
+        return tuple(_decode_step(row) for row in value)
+    if kind == "labels":
+        if type(value) is not tuple:
+            raise CodecError("labels must be an array")
+        for pair in value:
+            if type(pair) is not tuple or len(pair) != 2:
+                raise CodecError("a label is [key, value]")
+            _expect(pair[0], "str")
+            _expect(pair[1], "str")
+        return value
+    raise CodecError(f"unknown field kind {kind}")  # a bug in the schemas
+
+
+def _decode_backoff(value: object) -> Backoff:
+    if type(value) is not tuple or len(value) != 3:
+        raise CodecError("backoff is [initial_ms, max_ms, jitter_ms]")
+    if value == _DEFAULT_BACKOFF_ROW:
+        return _DEFAULT_BACKOFF  # one shared object for the common case
+    for item in value:
+        _expect(item, "int")
+    return Backoff(*value)
+
+
+def _expect(value: object, kind: str) -> None:
+    expected_type, optional = _PLAIN[kind]
+    if type(value) is not expected_type and not (optional and value is None):
+        raise CodecError(f"expected {kind}, got {type(value).__name__}")
+
+
+_SCHEDULE_KINDS: Final = (
+    "str", "spec", "str?", "int?", "str", "int?", "int?", "int",
+    "str", "str", "int", "int", "int", "bool",
+)  # fmt: skip
+
+
+def schedule_row(spec: ScheduleSpec) -> list[Any]:
+    """A ScheduleSpec as plain data, fields in dataclass order (job as a spec row)."""
+    row: list[Any] = [getattr(spec, name) for name in ScheduleSpec.__dataclass_fields__]
+    row[1] = spec_row(spec.job)
+    return row
+
+
+def decode_schedule(row: object) -> ScheduleSpec:
+    if type(row) is not tuple or len(row) != len(_SCHEDULE_KINDS):
+        raise CodecError(f"a schedule has {len(_SCHEDULE_KINDS)} fields")
+    values: list[Any] = [
+        _decode_spec(value) if kind == "spec" else _decode_field(value, kind)
+        for value, kind in zip(row, _SCHEDULE_KINDS, strict=True)
+    ]
+    return ScheduleSpec(*values)
+
+
+def decode_spec(row: object) -> JobSpec:
+    """A `spec_row` back into a JobSpec (rows as msgpack decodes them: tuples)."""
+    return _decode_spec(row)
+
+
+def _decode_spec(row: object) -> JobSpec:
+    if type(row) is not tuple or len(row) != len(_SPEC_KINDS):
+        raise CodecError("a job spec has 14 fields")
+    values = [_decode_field(value, kind) for value, kind in zip(row, _SPEC_KINDS, strict=True)]
+    return JobSpec(*values)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Building or walking a million objects with the cyclic GC on costs
+    several times the work itself; none of these objects form cycles."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+_STATUS_NAMES: Final = {status: status for status in JOB_STATUSES}
+_EVENT_NAMES: Final = {event: event for event in JOB_EVENTS}
+_OUTCOME_NAMES: Final = {outcome: outcome for outcome in OUTCOMES}
+_attempt_fields = attrgetter(*Attempt.__slots__)
+_effect_fields = attrgetter(*StoredEffect.__slots__)
+_lease_fields = attrgetter(*JobLease.__slots__)
+
+
+def _pack_record(value: object) -> tuple[Any, ...]:
+    """msgpack's hook for the few objects that are not plain data."""
+    kind = type(value)
+    if kind is JobLease:
+        return _lease_fields(value)
+    if kind is Attempt:
+        return _attempt_fields(value)
+    if kind is StoredEffect:
+        return _effect_fields(value)
+    raise TypeError(f"cannot encode {kind.__name__}")
+
+
+def encode_state(state: State) -> bytes:
+    """The whole state as one bytes object; see `encode_state_pieces`."""
+    # Each piece is copied into one growing buffer rather than kept for a
+    # join, which would hold every piece and the result at once: a 1M-job
+    # state is ~270 MB, and on this VM fresh memory costs more than copying.
+    out = bytearray()
+    for piece in encode_state_pieces(state):
+        out += piece
+    return bytes(out)
+
+
+def encode_state_pieces(state: State) -> Iterator[memoryview]:
+    """The encoded state in pieces, which joined in order are the bytes
+    `decode_state` reads:
+
+    `[STATE_FORMAT, now_ms, epoch, last_fencing_token, retention_ms, next_seq,
+    chunks, sections]`; sections are `[name, data]` pairs in `SECTIONS` order.
+
+    Jobs are stored in submission order, `_CHUNK_JOBS` to a chunk, column by
+    column: a chunk is `[values, column, ...]` with one column per slot in
+    `JOB_FIELDS` order. The columns in `_SHARED_COLUMNS` (names, statuses,
+    backoffs, timestamps) hold indexes into the chunk's `values`, each
+    distinct value once in order of first use. Columns let both sides do
+    their per-job work in C loops (`map`), and the shared values come back as
+    shared objects rather than millions of equal ones.
+
+    Each piece (about one chunk, ~1 MB) is a view of the encoder's buffer,
+    valid only until the next piece is asked for, so a snapshot can be
+    written or hashed without ever holding the whole encoding in memory.
+    The state must not change while the pieces are read, and the cyclic
+    collector stays off until the last one.
+    """
+    packer = msgpack.Packer(default=_pack_record, autoreset=False)
+    header = (
+        STATE_FORMAT,
+        state.now_ms,
+        state.epoch,
+        state.last_fencing_token,
+        state.retention_ms,
+        state.next_seq,
+    )
+    packer.pack_array_header(8)
+    for value in header:
+        packer.pack(value)
+    jobs = list(state.jobs.values())
+    with _gc_paused():
+        packer.pack_array_header((len(jobs) + _CHUNK_JOBS - 1) // _CHUNK_JOBS)
+        for start in range(0, len(jobs), _CHUNK_JOBS):
+            packer.pack(_job_columns(jobs[start : start + _CHUNK_JOBS]))
+            yield from _taken(packer)
+        packer.pack(
+            [
+                [section.name, section.encode(state)]
+                for section in SECTIONS
+                if not section.omitted(state)
+            ]
+        )
+        yield from _taken(packer)
+
+
+def _taken(packer: msgpack.Packer) -> Iterator[memoryview]:
+    """The packer's buffer as one piece; emptied once the consumer is done."""
+    view = packer.getbuffer()
+    try:
+        yield view
+    finally:
+        view.release()
+    packer.reset()
+
+
+_CHUNK_JOBS: Final = 4096
+_SHARED_COLUMNS: Final = tuple(
+    JOB_FIELDS.index(name)
+    for name in (
+        "queue", "tenant", "status", "backoff",
+        "created_at_ms", "updated_at_ms", "run_at_ms", "next_run_at_ms",
+    )
+)  # fmt: skip
+_COLUMN_OF: Final = tuple(attrgetter(name) for name in JOB_FIELDS)
+_ID, _QUEUE, _TENANT, _STATUS, _PRIORITY, _SEQ = (
+    JOB_FIELDS.index(name) for name in ("id", "queue", "tenant", "status", "priority", "seq")
+)
+_LEASE, _ATTEMPTS, _HISTORY, _EFFECTS = (
+    JOB_FIELDS.index(name) for name in ("lease", "attempts", "history", "effects")
+)
+_DEADLINE, _IDEMPOTENCY_KEY, _ORDERING_KEY = (
+    JOB_FIELDS.index(name) for name in ("deadline_at_ms", "idempotency_key", "ordering_key")
+)
+
+
+def _job_columns(jobs: list[Job]) -> list[Any]:
+    columns: list[Any] = [list(map(column_of, jobs)) for column_of in _COLUMN_OF]
+    # Only str, int, None and int tuples occur in shared columns, so equal
+    # values are also of the same type.
+    values = dict.fromkeys(chain.from_iterable(columns[i] for i in _SHARED_COLUMNS))
+    position = dict(zip(values, count())).__getitem__
+    for i in _SHARED_COLUMNS:
+        columns[i] = list(map(position, columns[i]))
+    return [list(values), *columns]
+
+
+def state_digest(state: State) -> str:
+    digest = sha256()
+    for piece in encode_state_pieces(state):
+        digest.update(piece)
+    return digest.hexdigest()
+
+
+def decode_state(data: bytes | memoryview) -> State:
+    """Rebuild a state from `encode_state` bytes (a snapshot).
+
+    Snapshots come from this code on another replica or from the local disk,
+    so decoding checks the structure, not every value; `check_invariants`
+    gives a full check when wanted.
+    """
+    try:
+        with _gc_paused():
+            return _decode_state(data)
+    except CodecError:
+        raise
+    except Exception as error:
+        raise CodecError(f"not a state: {type(error).__name__}: {error}") from error
+
+
+def _decode_state(data: bytes | memoryview) -> State:
+    unpacker = msgpack.Unpacker(_Reader(data), use_list=False, read_size=1 << 20)
+    if unpacker.read_array_header() != 8:
+        raise CodecError("not a state")
+    header = [unpacker.unpack() for _ in range(6)]
+    if header[0] not in (STATE_FORMAT, _ROW_FORMAT):
+        raise CodecError("unknown state format")
+    for value in header[1:]:
+        _expect(value, "int")
+    state = State()
+    _, state.now_ms, state.epoch, state.last_fencing_token, state.retention_ms = header[:5]
+    state.next_seq = header[5]
+    length = unpacker.read_array_header()
+    columns = JobColumns()
+    if header[0] == STATE_FORMAT:
+        for _ in range(length):
+            _decode_chunk(state, unpacker.unpack(), columns)
+    else:
+        columns = JobColumns.from_jobs(list(_decode_rows(state, unpacker.unpack, length)))
+    rebuild_indexes(state, columns)
+    if len(state.jobs) != len(columns.jobs):
+        raise CodecError("duplicate job ids")
+    _decode_sections(state, unpacker.unpack())
+    try:
+        unpacker.unpack()
+    except msgpack.OutOfData:
+        return state
+    raise CodecError("trailing data after the state")
+
+
+class _Reader:
+    """A file over a buffer without copying it (`BytesIO` copies a
+    memoryview), for msgpack's Unpacker, which reads a piece at a time."""
+
+    __slots__ = ("_view", "_at")
+
+    def __init__(self, data: bytes | memoryview) -> None:
+        self._view = memoryview(data)
+        self._at = 0
+
+    def read(self, size: int) -> bytes:
+        start = self._at
+        self._at = min(start + size, len(self._view))
+        return bytes(self._view[start : self._at])
+
+
+_ROW_FORMAT: Final = 2
+"""The previous encoding, one row per job; still read, so that a node can
+restart from a snapshot written before the upgrade."""
+
+
+def _decode_chunk(state: State, chunk: object, into: JobColumns) -> None:
+    """One chunk of columns back into jobs (see `encode_state`), appended to
+    `into` with the columns that rebuilding the indexes reads."""
+    if type(chunk) is not tuple or len(chunk) != len(JOB_FIELDS) + 1:
+        raise CodecError(f"a job chunk has {len(JOB_FIELDS) + 1} arrays")
+    if not all(type(column) is tuple for column in chunk):
+        raise CodecError("a job chunk holds arrays")
+    size = len(chunk[1])
+    if any(len(column) != size for column in chunk[1:]):
+        raise CodecError("the columns of a job chunk differ in length")
+    values = [_shared_value(state, value) for value in chunk[0]]
+    columns: list[Any] = list(chunk[1:])
+    for i in _SHARED_COLUMNS:
+        column = columns[i]
+        if not column:
+            continue
+        if uniform(column):
+            if column[0] < 0:
+                raise CodecError("a negative value index")
+            columns[i] = [values[column[0]]] * size
+            continue
+        if min(column) < 0:
+            raise CodecError("a negative value index")
+        columns[i] = list(map(values.__getitem__, column))
+    # Records nested in a job are still plain tuples.
+    if columns[_LEASE].count(None) != size:
+        columns[_LEASE] = [None if lease is None else JobLease(*lease) for lease in columns[_LEASE]]
+    if columns[_ATTEMPTS].count(()) != size:
+        columns[_ATTEMPTS] = [_decode_attempts(rows) for rows in columns[_ATTEMPTS]]
+    if columns[_HISTORY].count(None) != size:
+        columns[_HISTORY] = [
+            None if rows is None else _decode_history(rows) for rows in columns[_HISTORY]
+        ]
+    if columns[_EFFECTS].count(None) != size:
+        columns[_EFFECTS] = [
+            None if rows is None else [StoredEffect(*effect) for effect in rows]
+            for rows in columns[_EFFECTS]
+        ]
+    jobs = list(starmap(Job, zip(*columns, strict=True)))
+    into.jobs += jobs
+    into.ids += columns[_ID]
+    into.statuses += columns[_STATUS]
+    into.queues += columns[_QUEUE]
+    into.tenants += columns[_TENANT]
+    into.priorities += columns[_PRIORITY]
+    into.seqs += columns[_SEQ]
+    marks = (columns[_DEADLINE], columns[_IDEMPOTENCY_KEY], columns[_EFFECTS])
+    if any(column.count(None) != size for column in marks):
+        into.marked += compress(jobs, map(_any_set, *marks))
+    if columns[_ORDERING_KEY].count(None) != size:
+        into.ordered += compress(jobs, map(_is_set, columns[_ORDERING_KEY]))
+
+
+def _any_set(*values: object) -> bool:
+    return any(value is not None for value in values)
+
+
+_is_set: Final = partial(is_not, None)
+
+
+def _shared_value(state: State, value: object) -> object:
+    """Statuses become the model's own strings; names and backoffs are interned."""
+    if type(value) is str:
+        status = _STATUS_NAMES.get(value)
+        return status if status is not None else intern(state, value)
+    if type(value) is tuple:
+        return intern(state, value)
+    return value
+
+
+def _decode_sections(state: State, rows: object) -> None:
+    """The sections in `SECTIONS` order. An optional one may be absent (it
+    keeps its default); every other must be there."""
+    if type(rows) is not tuple or len(rows) > len(SECTIONS):
+        raise CodecError("state sections do not match this version")
+    at = 0
+    for section in SECTIONS:
+        row = rows[at] if at < len(rows) else None
+        named = type(row) is tuple and len(row) == 2 and row[0] == section.name
+        if not named:
+            if section.optional:
+                continue
+            raise CodecError(f"expected state section {section.name}")
+        assert type(row) is tuple
+        section.decode(state, row[1])
+        if section.omitted(state):
+            # Encoded at its default: not what `encode_state` writes.
+            raise CodecError(f"state section {section.name} holds its default")
+        at += 1
+    if at != len(rows):
+        raise CodecError("state sections do not match this version")
+
+
+def _decode_rows(state: State, next_row: Callable[[], Any], count: int) -> Iterator[Job]:
+    """`_ROW_FORMAT` rows back into jobs."""
+    names: dict[Any, Any] = state.interned
+    statuses = _STATUS_NAMES
+    make_job = Job
+    for _ in range(count):
+        row = next_row()
+        if type(row) is not tuple or len(row) != 32:
+            raise CodecError("a job row has 32 fields")
+        job = make_job(*row)
+        # Names, statuses and backoffs are shared objects in a live state.
+        queue = names.get(job.queue)
+        job.queue = queue if queue is not None else intern(state, job.queue)
+        tenant = names.get(job.tenant)
+        job.tenant = tenant if tenant is not None else intern(state, job.tenant)
+        if job.backoff is not None:
+            job.backoff = intern(state, job.backoff)
+        job.status = statuses[job.status]
+        # So are equal instants: a queued job's four timestamps are one int.
+        created_at_ms = job.created_at_ms
+        if job.updated_at_ms == created_at_ms:
+            job.updated_at_ms = created_at_ms
+        if job.run_at_ms == created_at_ms:
+            job.run_at_ms = created_at_ms
+        if job.next_run_at_ms == created_at_ms:
+            job.next_run_at_ms = created_at_ms
+        # Records nested in the row are still plain tuples.
+        if row[17] is not None:
+            job.lease = JobLease(*row[17])
+        if row[23]:
+            job.attempts = _decode_attempts(row[23])
+        if row[30] is not None:
+            job.history = _decode_history(row[30])
+        if row[31] is not None:
+            job.effects = [StoredEffect(*effect) for effect in row[31]]
+        yield job
+
+
+def _decode_attempts(rows: tuple[Any, ...]) -> tuple[Attempt, ...]:
+    outcomes = _OUTCOME_NAMES
+    return tuple(
+        Attempt(number, worker, epoch, token, claimed, started, ended,
+                None if outcome is None else outcomes[outcome], error)
+        for number, worker, epoch, token, claimed, started, ended, outcome, error in rows
+    )  # fmt: skip
+
+
+def _decode_history(rows: tuple[Any, ...]) -> list[HistoryRecord]:
+    events, statuses = _EVENT_NAMES, _STATUS_NAMES
+    return [
+        (
+            at_ms,
+            events[event],
+            None if from_status is None else statuses[from_status],
+            statuses[to_status],
+            actor,
+            epoch,
+            token,
+            detail,
+        )
+        for at_ms, event, from_status, to_status, actor, epoch, token, detail in rows
+    ]

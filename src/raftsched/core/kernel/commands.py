@@ -1,0 +1,112 @@
+"""Commands: what the leader proposes and every replica applies, in log order.
+
+Commands are frozen, slotted dataclasses with imperative names. They carry
+everything the core needs that is not already in the state: identifiers,
+random draws and request data. Time and epoch are stamped once per Raft entry
+by the leader (see `Entry`), so that a group-committed batch of commands shares
+one clock reading and one term.
+
+Durations are integer milliseconds (`*_ms`), instants are integer
+milliseconds since the Unix epoch (`*_at_ms`). Opaque user data (payloads,
+results, progress) is canonical msgpack bytes: the core stores and returns it
+but never looks inside, which keeps memory per job small and the encoding
+exact.
+
+Each command has a stable integer tag in `raftsched.core.kernel.codec`; a tag is
+never reused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FailureKind = Literal["transient", "permanent", "unknown", "cancelled"]
+
+
+class Command:
+    """The base of every command: a frozen, slotted dataclass of a feature.
+
+    Each concrete command type is declared by one feature, with its tag,
+    field schema, handler and the version that introduced it."""
+
+    __slots__ = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Retry delay `d_n = min(max_ms, initial_ms * 2**n) + U(0, jitter_ms)`."""
+
+    initial_ms: int = 1_000
+    max_ms: int = 300_000
+    jitter_ms: int = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One job as a client asked for it (already validated for types by the API).
+
+    `run_at_ms` and `delay_ms` exclude each other; neither means "now".
+    `deadline_ms` is a duration from submission bounding the job's whole life.
+    `labels` is a tuple of (key, value) pairs sorted by key, so equal requests
+    encode equally.
+    """
+
+    queue: str
+    tenant: str = "default"
+    payload: bytes = b"\xc0"  # msgpack nil
+    priority: int = 0
+    run_at_ms: int | None = None
+    delay_ms: int | None = None
+    max_attempts: int = 5
+    backoff: Backoff = Backoff()
+    lease_ms: int = 30_000
+    deadline_ms: int | None = None
+    idempotency_key: str | None = None
+    ordering_key: str | None = None
+    correlation_id: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Tick(Command):
+    """Let time pass: due jobs become runnable, leases expire, deadlines and
+    retention are enforced. Proposed by the leader only when the core says
+    something is due. `seed` feeds the jitter of retries this tick causes.
+    `max_items` bounds the work one tick does; the rest waits for the next.
+    """
+
+    seed: int = 0
+    max_items: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class TakeOver(Command):
+    """The first command a new leader proposes. Applying any entry of a higher
+    epoch performs the takeover; this command exists so that a new leader
+    commits an entry of its term at once (and learns its commit index)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier(Command):
+    """A no-op entry: once applied, every read that arrived before it was
+    proposed can be answered linearizably from the local state."""
+
+
+@dataclass(frozen=True, slots=True)
+class RaiseClusterVersion(Command):
+    """Let commands up to `version` be proposed: the leader proposes it once
+    every member runs code that understands them (see kernel.cluster_version)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One Raft log entry: a batch of commands stamped by the leader that
+    proposed it. `now_ms` is that leader's clock; the core never lets
+    replicated time run backwards. `epoch` is that leader's Raft term."""
+
+    epoch: int
+    now_ms: int
+    commands: tuple[Command, ...]

@@ -1,0 +1,321 @@
+"""The replicated state of one shard, and the indexes derived from it.
+
+Rules
+-----
+1. The core does no I/O and reads no clock or random source. Time (`now_ms`),
+   the leader's term (`epoch`), random draws and new identifiers arrive inside
+   the applied `Entry` and its commands.
+2. The same entries applied in the same order to `new_state()` give a state
+   whose `encode_state` bytes are identical on every replica, whether it was
+   built by applying the log or by decoding a snapshot and applying the rest.
+3. A command either takes effect completely or is rejected and leaves the
+   state byte-for-byte unchanged. Handlers validate everything first, then
+   mutate with code that cannot fail; a bug that raises anyway is rolled back
+   by a savepoint and answered `Rejected(internal_error)`.
+4. Replicated time never runs backwards: `now_ms = max(now_ms, entry.now_ms)`.
+   Fencing tokens and epochs only ever increase.
+5. Job statuses change only through `model.TRANSITIONS`.
+
+Theory of operation
+-------------------
+The authoritative data is `jobs` (in submission order), the scalar counters
+below, and each job's own attempts, history and effects. Everything else is
+an index derived from the jobs and rebuilt by `rebuild_indexes` when a
+snapshot is decoded: status and per-queue counters, the idempotency map, the
+effects-ledger map, and five heaps that keep time-driven and claim work
+proportional to the work due rather than to the number of stored jobs:
+
+- `runnable`: the claimable pending jobs per queue and tenant, the tenants'
+  queued and leased counts, and the ordering-key chains (see `flow_index`).
+- `due`: (next_run_at_ms, seq, job) for scheduled and retry_wait jobs.
+- `leases`: (expires_at_ms, fencing_token, job) for leased jobs. Heartbeats
+  and takeovers extend a lease without touching the heap: when an entry comes
+  due for a lease that was extended, it is pushed again at the real expiry.
+  So a heap key is never later than the lease's expiry.
+- `deadlines`: (deadline_at_ms, seq, job) for jobs with a deadline.
+- `retention`: (updated_at_ms, seq, job) for finished jobs; a finished job is
+  purged when updated_at_ms + retention_ms has passed.
+
+Heaps use lazy deletion: an entry is valid only while the job still matches
+it (status, due time, token), and invalid entries are dropped when they reach
+the top. Work is counted only for valid entries and processed in key order,
+so stale entries, which differ between a replica that applied the log and one
+that decoded a snapshot, never change what a command does.
+"""
+
+from __future__ import annotations
+
+import heapq
+from itertools import compress
+from typing import Any, Final, TypeVar
+
+from raftsched.core.kernel import runnable_index as flow_index
+from raftsched.core.kernel.model import (
+    FINAL_STATUSES,
+    JOB_STATUSES,
+    LEASED_STATUSES,
+    PENDING,
+    WAITING_STATUSES,
+    HistoryRecord,
+    Job,
+    JobColumns,
+    StoredEffect,
+    count_pairs,
+    count_values,
+)
+from raftsched.core.kernel.runnable_index import RunnableEntry as RunnableEntry
+from raftsched.core.kernel.runnable_index import RunnableIndex
+from raftsched.core.kernel.sections import create_all
+
+DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
+
+T = TypeVar("T")
+
+TimedEntry = tuple[int, int, Job]
+
+
+class State:
+    """One shard's replicated state. Mutated only by `apply_entry`."""
+
+    __slots__ = (
+        # Authoritative scalars (encoded).
+        "now_ms",
+        "epoch",
+        "last_fencing_token",
+        "retention_ms",
+        "next_seq",
+        # Authoritative records (encoded), in submission order.
+        "jobs",
+        # Records beside the jobs (schedules, workflows, ...), see `sections`.
+        "sections",
+        # Derived indexes (rebuilt on decode).
+        "status_counts",
+        "queue_counts",
+        "idempotency",
+        "effects",
+        "runnable",
+        "due",
+        "leases",
+        "deadlines",
+        "retention",
+        "order",
+        "order_purged",
+        "interned",
+    )
+
+    def __init__(self) -> None:
+        self.now_ms = 0
+        self.epoch = 0
+        self.last_fencing_token = 0
+        self.retention_ms = DEFAULT_RETENTION_MS
+        self.next_seq = 1
+        self.jobs: dict[str, Job] = {}
+        self.sections: dict[str, Any] = create_all()
+        self.status_counts: dict[str, int] = dict.fromkeys(JOB_STATUSES, 0)
+        # queue -> [pending, leased, stored]; a queue with no stored job is
+        # dropped, so that the live map equals the one rebuilt on decode.
+        self.queue_counts: dict[str, list[int]] = {}
+        self.idempotency: dict[tuple[str, str], Job] = {}
+        self.effects: dict[str, tuple[Job, StoredEffect]] = {}
+        self.runnable = RunnableIndex()
+        self.due: list[TimedEntry] = []
+        self.leases: list[TimedEntry] = []
+        self.deadlines: list[TimedEntry] = []
+        self.retention: list[TimedEntry] = []
+        # Every job in submission order, for newest-first listing; purged
+        # jobs are skipped and compacted away now and then.
+        self.order: list[Job] = []
+        self.order_purged = 0
+        # Interned queue/tenant names and backoff objects: a million jobs
+        # share a handful of them.
+        self.interned: dict[object, object] = {}
+
+
+def new_state() -> State:
+    return State()
+
+
+def intern(state: State, value: T) -> T:
+    interned = state.interned
+    found = interned.get(value)
+    if found is None:
+        if len(interned) >= 100_000:
+            interned.clear()  # only a memory optimisation; never unbounded
+        interned[value] = value
+        return value
+    return found  # type: ignore[return-value]
+
+
+def set_status(state: State, job: Job, new_status: str) -> None:
+    """Change a job's status, keeping the counters in step."""
+    old_status = job.status
+    counts = state.status_counts
+    counts[old_status] -= 1
+    counts[new_status] += 1
+    job.status = new_status
+    queue_counts = state.queue_counts[job.queue]
+    if old_status == PENDING:
+        queue_counts[0] -= 1
+    elif old_status in LEASED_STATUSES:
+        queue_counts[1] -= 1
+    if new_status == PENDING:
+        queue_counts[0] += 1
+    elif new_status in LEASED_STATUSES:
+        queue_counts[1] += 1
+    flow_index.status_changed(state.runnable, job, old_status, new_status)
+
+
+def count_new_job(state: State, job: Job) -> None:
+    state.status_counts[job.status] += 1
+    queue_counts = state.queue_counts.get(job.queue)
+    if queue_counts is None:
+        queue_counts = state.queue_counts[job.queue] = [0, 0, 0]
+    queue_counts[2] += 1
+    if job.status == PENDING:
+        queue_counts[0] += 1
+    elif job.status in LEASED_STATUSES:
+        queue_counts[1] += 1
+    flow_index.add_new(state.runnable, job)
+
+
+def add_history(job: Job, record: HistoryRecord) -> None:
+    history = job.history
+    if history is None:
+        job.history = [record]
+    else:
+        history.append(record)
+
+
+def push_runnable(state: State, job: Job) -> None:
+    """`job` just became pending: claimable, or parked behind its ordering key."""
+    flow_index.push(state.runnable, job)
+
+
+def push_due(state: State, job: Job, due_ms: int) -> None:
+    heapq.heappush(state.due, (due_ms, job.seq, job))
+
+
+def push_lease(state: State, job: Job, expires_at_ms: int, fencing_token: int) -> None:
+    heapq.heappush(state.leases, (expires_at_ms, fencing_token, job))
+
+
+def push_deadline(state: State, job: Job, deadline_at_ms: int) -> None:
+    heapq.heappush(state.deadlines, (deadline_at_ms, job.seq, job))
+
+
+def push_retention(state: State, job: Job) -> None:
+    heapq.heappush(state.retention, (job.updated_at_ms, job.seq, job))
+
+
+def index_job(state: State, job: Job) -> None:
+    """Add one job to every index (used when a job is created or rebuilt)."""
+    status = job.status
+    if status == PENDING:
+        push_runnable(state, job)
+    elif status in WAITING_STATUSES:
+        assert job.next_run_at_ms is not None
+        push_due(state, job, job.next_run_at_ms)
+    elif status in LEASED_STATUSES:
+        assert job.lease is not None
+        push_lease(state, job, job.lease.expires_at_ms, job.lease.fencing_token)
+    elif status in FINAL_STATUSES:
+        push_retention(state, job)
+    if job.deadline_at_ms is not None and status not in FINAL_STATUSES:
+        push_deadline(state, job, job.deadline_at_ms)
+    if job.idempotency_key is not None:
+        state.idempotency[job.tenant, job.idempotency_key] = job
+    if job.effects is not None:
+        for effect in job.effects:
+            state.effects[effect.key] = (job, effect)
+
+
+def rebuild_indexes(state: State, decoded: JobColumns | None = None) -> None:
+    """Recompute every derived index from the jobs (snapshot decode, rollback).
+
+    With `decoded` (a snapshot's jobs and their columns), the jobs also become
+    `state.jobs`. At a million jobs every Python operation per job costs a
+    measurable fraction of a second, so the work is done a column at a time
+    by C loops (`map`, `Counter`, `compress`); only jobs that are not pending,
+    or that carry keys, deadlines or effects, get Python code of their own.
+    Heaps are filled unordered and heapified once at the end.
+    `flow.check_flow` compares the result with a job-by-job rebuild.
+    """
+    if decoded is None:
+        columns = JobColumns.from_jobs(list(state.jobs.values()))
+    else:
+        columns = decoded
+        state.jobs = dict(zip(columns.ids, columns.jobs, strict=True))
+    jobs, statuses = columns.jobs, columns.statuses
+    state.order, state.order_purged = jobs, 0
+    status_counts = state.status_counts = dict.fromkeys(JOB_STATUSES, 0)
+    for status, count in count_values(statuses).items():
+        status_counts[status] += count
+    queue_counts: dict[str, list[int]] = {}
+    for (queue, status), count in count_pairs(columns.queues, statuses).items():
+        counts = queue_counts.get(queue)
+        if counts is None:
+            counts = queue_counts[queue] = [0, 0, 0]
+        counts[2] += count
+        if status == PENDING:
+            counts[0] += count
+        elif status in LEASED_STATUSES:
+            counts[1] += count
+    state.queue_counts = queue_counts
+    state.idempotency, state.effects = {}, {}
+    state.due, state.leases, state.deadlines, state.retention = [], [], [], []
+    if status_counts[PENDING] != len(jobs):
+        for job in compress(jobs, map(PENDING.__ne__, statuses)):
+            _index_unsorted(state, job)
+    for job in columns.marked:
+        _index_keys_unsorted(state, job)
+    for timed in (state.due, state.leases, state.deadlines, state.retention):
+        heapq.heapify(timed)
+    state.runnable = flow_index.rebuild_from_jobs(columns)
+
+
+def _index_unsorted(state: State, job: Job) -> None:
+    """A job that is not pending: its time index, unordered."""
+    status = job.status
+    if status in WAITING_STATUSES:
+        assert job.next_run_at_ms is not None
+        state.due.append((job.next_run_at_ms, job.seq, job))
+    elif status in LEASED_STATUSES:
+        assert job.lease is not None
+        state.leases.append((job.lease.expires_at_ms, job.lease.fencing_token, job))
+    else:
+        state.retention.append((job.updated_at_ms, job.seq, job))
+
+
+def _index_keys_unsorted(state: State, job: Job) -> None:
+    """Deadline, idempotency key and effects of one job."""
+    if job.deadline_at_ms is not None and job.status not in FINAL_STATUSES:
+        state.deadlines.append((job.deadline_at_ms, job.seq, job))
+    if job.idempotency_key is not None:
+        state.idempotency[job.tenant, job.idempotency_key] = job
+    if job.effects is not None:
+        for effect in job.effects:
+            state.effects[effect.key] = (job, effect)
+
+
+def remove_job(state: State, job: Job) -> None:
+    """Purge a finished job with its idempotency key and effects."""
+    del state.jobs[job.id]
+    state.status_counts[job.status] -= 1
+    queue_counts = state.queue_counts[job.queue]
+    queue_counts[2] -= 1
+    if queue_counts[2] == 0:
+        del state.queue_counts[job.queue]
+    flow_index.purged(state.runnable, job, state.jobs)
+    key = job.idempotency_key
+    if key is not None and state.idempotency.get((job.tenant, key)) is job:
+        del state.idempotency[job.tenant, key]
+    if job.effects is not None:
+        for effect in job.effects:
+            owner = state.effects.get(effect.key)
+            if owner is not None and owner[0] is job:
+                del state.effects[effect.key]
+    state.order_purged += 1
+    if state.order_purged > 1024 and state.order_purged * 2 > len(state.order):
+        jobs = state.jobs
+        state.order = [each for each in state.order if jobs.get(each.id) is each]
+        state.order_purged = 0
