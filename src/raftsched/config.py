@@ -1,6 +1,6 @@
 """Node configuration: what an operator sets, parsed from flags or a TOML file.
 
-The CLI builds a `NodeConfig` and hands it to `raftsched.node.run_node`.
+The CLI builds a `NodeConfig` and hands it to `raftsched.process.run_node`.
 A node refuses to start without a cluster secret: pysyncobj speaks pickle on
 its Raft port, and only its `password` option (encryption and
 authentication) keeps strangers from running code in the node.
@@ -12,15 +12,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The proposer's queue (node/proposer.py): commands waiting behind the Raft
-# entry in flight. Four full entries' worth (an entry carries at most 4,000
-# commands and 8 MiB of requests): sixteen 1,000-op lease batches, or 32
-# max-size (1 MiB) submissions arriving at once, fit; beyond that a request is
-# answered 503 unavailable with Retry-After rather than held in memory that
-# would grow with the backlog. A request that finds the queue empty is always
-# taken: one bigger than a (lowered) bound is refused only while others wait.
-PROPOSAL_QUEUE_COMMANDS_MAX = 16_000
-PROPOSAL_QUEUE_BYTES_MAX = 32 * 1024 * 1024
+from raftsched.limits import BODY_BYTES_MAX, PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
 
 
 class ConfigError(ValueError):
@@ -63,7 +55,7 @@ class NodeConfig:
     # "fsync": an entry counts towards a commit only once it is on disk.
     # "none": pysyncobj's own behaviour, for benchmarks that show the cost.
     durability: str = "fsync"
-    max_body_bytes: int = 1024 * 1024
+    max_body_bytes: int = BODY_BYTES_MAX
     # A leader that has not heard from a majority for this long steps down.
     # Lease decisions never rely on it (every grant commits through Raft), so
     # it only bounds how long a cut-off leader keeps proposing in vain; too
@@ -78,7 +70,7 @@ class NodeConfig:
     log_compaction_entries: int = 5000
     log_format: str = "auto"  # "json", "text" or "auto" (text on a terminal)
     # Commands and request bytes that may wait for the next Raft entries
-    # (see PROPOSAL_QUEUE_COMMANDS_MAX); more are answered 503 unavailable.
+    # (see limits.PROPOSAL_QUEUE_COMMANDS_MAX); more are answered 503 unavailable.
     proposal_queue_commands_max: int = PROPOSAL_QUEUE_COMMANDS_MAX
     proposal_queue_bytes_max: int = PROPOSAL_QUEUE_BYTES_MAX
     extra: dict[str, str] = field(default_factory=dict)

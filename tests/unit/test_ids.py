@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from raftsched.node.clock import IdSource, _base32_id
+from raftsched.node.draws import Draws, IdSource, _base32_id
 
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
@@ -31,3 +31,13 @@ def test_ids_sort_by_creation_and_are_unique_within_a_millisecond() -> None:
     assert all(len(i) == len("job_") + 26 for i in made)
     # The clock stepping back does not make an id sort before an earlier one.
     assert ids.new("job", 1_764_547_100_000) > made[-1]
+
+
+def test_draws_stamp_ids_with_the_clock_and_a_batch_reads_it_once() -> None:
+    readings = iter([1_764_547_200_000, 1_764_547_200_009])
+    draws = Draws(lambda: next(readings))
+    batch = draws.new_ids("job", 3)
+    assert list(batch) == sorted(batch) and len(set(batch)) == 3
+    assert {made[4:14] for made in batch} == {_base32_id(1_764_547_200_000, 0)[:10]}
+    assert draws.new_id("wf")[3:13] == _base32_id(1_764_547_200_009, 0)[:10]
+    assert 0 <= draws.u32() < 2**32 and 0 <= draws.u64() < 2**64

@@ -51,13 +51,11 @@ def test_every_family_keeps_its_name_type_labels_help_and_buckets() -> None:
 
 
 def test_a_node_with_its_api_exports_every_declared_family(tmp_path: Path) -> None:
-    from raftsched.api.app import create_app
-    from raftsched.node.service import Node
+    from raftsched.process import assemble
 
     async def build() -> list[str]:
         config = NodeConfig("n1", tmp_path, "127.0.0.1", 1, "127.0.0.1:2", "s" * 20)
-        node = Node(config, asyncio.get_running_loop())  # Raft not started
-        create_app(node)
+        node, _ = assemble(config, asyncio.get_running_loop())  # Raft not started
         return node.metrics.unbound()
 
     assert asyncio.run(build()) == []

@@ -240,6 +240,8 @@ def test_every_reference_resolves_and_operations_are_complete() -> None:
 
 
 def test_request_limits_mirror_validation() -> None:
+    from raftsched import limits
+
     try:
         from raftsched.api import validation
     except ImportError as error:
@@ -252,11 +254,11 @@ def test_request_limits_mirror_validation() -> None:
     jobs = schemas["BatchSubmitRequest"]["properties"]["jobs"]
     assert jobs["maxItems"] == validation.BATCH_JOBS_MAX
     ops = schemas["LeaseBatchRequest"]["properties"]["ops"]
-    assert ops["maxItems"] == validation.BATCH_OPS_MAX
+    assert ops["maxItems"] == limits.LEASE_BATCH_OPS_MAX
     claim = schemas["ClaimRequest"]["properties"]
     assert claim["max_jobs"]["maximum"] == validation.CLAIM_JOBS_MAX
     assert claim["queues"]["maxItems"] == validation.CLAIM_QUEUES_MAX
-    assert claim["wait_s"]["maximum"] == validation.WAIT_S_MAX
+    assert claim["wait_s"]["maximum"] == limits.WAIT_S_MAX
     for lease_s in (job["lease_s"], claim["lease_s"]):
         assert (lease_s["minimum"], lease_s["maximum"]) == (
             validation.LEASE_S_MIN,
@@ -266,4 +268,4 @@ def test_request_limits_mirror_validation() -> None:
     assert job["idempotency_key"]["maxLength"] == validation.KEY_LENGTH_MAX
     assert job["labels"]["maxProperties"] == validation.LABELS_MAX
     reason = schemas["ReasonRequest"]["properties"]["reason"]
-    assert reason["maxLength"] == validation.REASON_LENGTH_MAX
+    assert reason["maxLength"] == limits.REASON_LENGTH_MAX

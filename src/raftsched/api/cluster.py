@@ -9,8 +9,8 @@ from importlib import resources
 
 from aiohttp import web
 
-from raftsched.api.app import node_of
 from raftsched.api.jsonbody import json_response
+from raftsched.api.requests import node_of
 from raftsched.node.metrics import CONTENT_TYPE
 from raftsched.node.versions import THIS_NODE
 
@@ -26,13 +26,12 @@ async def cluster(request: web.Request) -> web.Response:
     node = node_of(request)
     status = node.status()
     leader = node.leader()
-    urls = {p.id: p.http_url for p in node.config.peers}
-    urls[node.config.node_id] = node.config.advertised_http_url
+    urls = node.http_urls
     nodes = [
         {
-            "id": node.config.node_id,
-            "raft_address": node.config.raft_address,
-            "http_url": node.config.advertised_http_url,
+            "id": node.node_id,
+            "raft_address": node.raft_address,
+            "http_url": node.http_url,
             "role": status.role,
             "reachable": True,
             "match_index": None,
@@ -40,7 +39,7 @@ async def cluster(request: web.Request) -> web.Response:
         }
     ]
     for peer in status.peers:
-        heard = node.peer_versions.heard.get(peer.id)
+        heard = node.peer_version(peer.id)
         role = "leader" if leader is not None and leader.id == peer.id else "follower"
         nodes.append(
             {
@@ -54,7 +53,7 @@ async def cluster(request: web.Request) -> web.Response:
             }
         )
     body = {
-        "node_id": node.config.node_id,
+        "node_id": node.node_id,
         "leader": None if leader is None else {"id": leader.id, "http_url": leader.http_url},
         "term": status.term,
         "commit_index": status.commit_index,
@@ -67,7 +66,7 @@ async def cluster(request: web.Request) -> web.Response:
 
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
-    return json_response({"status": "ok", "node_id": node_of(request).config.node_id})
+    return json_response({"status": "ok", "node_id": node_of(request).node_id})
 
 
 @routes.get("/readyz")
@@ -82,10 +81,10 @@ async def readyz(request: web.Request) -> web.Response:
     `READY_CATCH_UP_S` to reach that index; one that cannot is not ready.
 
     A replica that stopped applying at an entry it cannot decode is never
-    ready, and says where and why (raft.RaftNode.halted).
+    ready, and says where and why (`halted`).
     """
     node = node_of(request)
-    halted = node.raft.halted
+    halted = node.halted
     if halted is not None:
         status = node.status()
         body = {
@@ -135,9 +134,5 @@ async def openapi(request: web.Request) -> web.Response:
 async def digest(request: web.Request) -> web.Response:
     """The state digest and applied index of this replica, for convergence checks."""
     node = node_of(request)
-    with node.reading():
-        value = node.replica.digest()
-        applied = node.status().applied_index
-    return json_response(
-        {"node_id": node.config.node_id, "digest": value, "applied_index": applied}
-    )
+    value, applied = node.digest()
+    return json_response({"node_id": node.node_id, "digest": value, "applied_index": applied})

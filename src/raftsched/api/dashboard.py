@@ -33,14 +33,15 @@ from aiohttp import web
 
 from raftsched import core
 from raftsched.api import render
-from raftsched.api.app import Handler, node_of
 from raftsched.api.errors import ApiError
 from raftsched.api.jsonbody import json_response
+from raftsched.api.requests import Handler, node_of
 from raftsched.api.validation import query_integer, reject_unknown
+from raftsched.limits import ACTOR_CHARS_MAX, OVERVIEW_ERRORS_MAX
 from raftsched.node import metrics as families
 from raftsched.node.observability import wall_ms
-from raftsched.node.service import Node
 from raftsched.node.versions import THIS_NODE
+from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
 log = logging.getLogger("raftsched.audit")
@@ -95,7 +96,7 @@ async def static_file(request: web.Request) -> web.Response:
 @routes.get("/v1/time")
 async def node_time(request: web.Request) -> web.Response:
     body = {
-        "node_id": node_of(request).config.node_id,
+        "node_id": node_of(request).node_id,
         "wall_ms": wall_ms(),
         "version": THIS_NODE.as_json(),
     }
@@ -105,7 +106,9 @@ async def node_time(request: web.Request) -> web.Response:
 @routes.get("/v1/overview")
 async def overview(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"errors"}))
-    errors_shown = query_integer(request.query, "errors", 0, 200, default=ERRORS_SHOWN)
+    errors_shown = query_integer(
+        request.query, "errors", 0, OVERVIEW_ERRORS_MAX, default=ERRORS_SHOWN
+    )
     assert errors_shown is not None
     node = node_of(request)
     body = {
@@ -123,10 +126,10 @@ async def overview(request: web.Request) -> web.Response:
     return json_response(body, headers=headers)
 
 
-def _node_json(node: Node) -> dict[str, Any]:
+def _node_json(node: NodeView) -> dict[str, Any]:
     status = node.status()
     leader = node.leader()
-    urls = {p.id: p.http_url for p in node.config.peers}
+    urls = node.http_urls
     peers = [
         {
             "id": peer.id,
@@ -138,8 +141,8 @@ def _node_json(node: Node) -> dict[str, Any]:
         for peer in status.peers
     ]
     return {
-        "id": node.config.node_id,
-        "http_url": node.config.advertised_http_url,
+        "id": node.node_id,
+        "http_url": node.http_url,
         "role": status.role,
         "term": status.term,
         "commit_index": status.commit_index,
@@ -150,7 +153,7 @@ def _node_json(node: Node) -> dict[str, Any]:
     }
 
 
-def _state_json(node: Node) -> dict[str, Any]:
+def _state_json(node: NodeView) -> dict[str, Any]:
     with node.reading() as state:
         now_ms = state.now_ms
         queues = []
@@ -185,14 +188,14 @@ def _state_json(node: Node) -> dict[str, Any]:
         }
 
 
-def _stuck_json(node: Node) -> list[dict[str, Any]]:
+def _stuck_json(node: NodeView) -> list[dict[str, Any]]:
     stuck = node.observer.stuck_jobs()
     for item in stuck:
         item["started_at"] = format_ms(int(item.pop("started_at_ms")))
     return stuck
 
 
-def _counters(node: Node) -> dict[str, dict[str, float]]:
+def _counters(node: NodeView) -> dict[str, dict[str, float]]:
     """Per-queue totals this node proposed, for the page to turn into rates."""
     metrics = node.metrics
     totals: dict[str, dict[str, float]] = {}
@@ -219,8 +222,8 @@ def _origin(url: str | None) -> str | None:
     return f"{parts.scheme}://{parts.netloc}" if parts.scheme and parts.netloc else None
 
 
-def allowed_origins(node: Node) -> frozenset[str]:
-    urls = [node.config.advertised_http_url, *(p.http_url for p in node.config.peers)]
+def allowed_origins(node: NodeView) -> frozenset[str]:
+    urls = node.http_urls.values()  # this node's and every peer's
     return frozenset(origin for origin in map(_origin, urls) if origin is not None)
 
 
@@ -259,7 +262,7 @@ async def _on_response_prepare(request: web.Request, response: web.StreamRespons
             request.path,
             response.status,
             extra={
-                "actor": actor.strip()[:200],
+                "actor": actor.strip()[:ACTOR_CHARS_MAX],
                 "method": request.method,
                 "path": request.path,
                 "status": response.status,

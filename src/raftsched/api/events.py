@@ -4,27 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
 from contextlib import suppress
 from typing import Any
 
 from aiohttp import web
 
-from raftsched.api.app import node_of, prepare_read, read_json
-from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
+from raftsched.api.requests import node_of, prepare_read, propose, read_json
 from raftsched.api.validation import (
-    WAIT_S_MAX,
     path_id,
     query_integer,
+    query_number,
     reject_unknown,
     require_object,
     string,
 )
 from raftsched.core.events import outbox
 from raftsched.core.events.commands import CreateSubscription, DeleteSubscription, RetryParked
-from raftsched.core.events.outbox import OutboxEvent, decode_data
+from raftsched.core.events.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, decode_data
 from raftsched.core.events.subscriptions import (
     SECRET_CHARS_MAX,
     TYPES_MAX,
@@ -33,12 +32,11 @@ from raftsched.core.events.subscriptions import (
     oldest_undelivered_at_ms,
     subscriptions,
 )
-from raftsched.core.kernel.results import ParkedRetried, Rejected, SubscriptionCreated
+from raftsched.core.kernel.results import Ack, ParkedRetried, SubscriptionCreated
+from raftsched.limits import EVENTS_LIMIT_MAX, WAIT_S_MAX
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
-
-EVENTS_LIMIT_MAX = 1000
 
 
 def event_json(event: OutboxEvent) -> dict[str, Any]:
@@ -50,26 +48,13 @@ def event_json(event: OutboxEvent) -> dict[str, Any]:
     }
 
 
-def _query_number(query: Mapping[str, str], name: str, low: float, high: float) -> float | None:
-    raw = query.get(name)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise invalid(name, "must be a number") from None
-    if not low <= value <= high:
-        raise invalid(name, f"must be between {low:g} and {high:g}")
-    return value
-
-
 @routes.get("/v1/events")
 async def list_events(request: web.Request) -> web.Response:
     """Events with seq > `after`, waiting up to `wait_s` for the first one."""
     query = request.query
     reject_unknown(query, frozenset({"after", "types", "wait_s", "limit", "consistency"}))
     after = query_integer(query, "after", 0, 2**63 - 1, default=0)
-    wait_s = _query_number(query, "wait_s", 0, WAIT_S_MAX) or 0.0
+    wait_s = query_number(query, "wait_s", 0, WAIT_S_MAX) or 0.0
     limit = query_integer(query, "limit", 1, EVENTS_LIMIT_MAX, default=100)
     assert after is not None and limit is not None
     types = [t for t in query.get("types", "").split(",") if t] or None
@@ -148,16 +133,12 @@ async def create_subscription(request: web.Request) -> web.Response:
     if (
         not isinstance(types, list)
         or len(types) > TYPES_MAX
-        or not all(isinstance(t, str) and 0 < len(t) <= 100 for t in types)
+        or not all(isinstance(t, str) and 0 < len(t) <= EVENT_TYPE_CHARS_MAX for t in types)
     ):
         raise invalid("types", f"must be a list of at most {TYPES_MAX} event types")
-    node = node_of(request)
-    subscription_id = string(body, "id") or node.ids.new("sub", node.clock.now_ms())
+    subscription_id = string(body, "id") or node_of(request).new_id("sub")
     command = CreateSubscription(subscription_id, url, tuple(sorted(set(types))), secret)
-    result = await node.propose(command)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, SubscriptionCreated)
+    result = await propose(request, command, SubscriptionCreated)
     answer = {"subscription": _read_subscription(request, subscription_id)}
     return json_response(answer, status=201 if result.created else 200)
 
@@ -186,9 +167,7 @@ async def get_subscription(request: web.Request) -> web.Response:
 @routes.delete("/v1/subscriptions/{subscription_id}")
 async def delete_subscription(request: web.Request) -> web.Response:
     subscription_id = path_id(request.match_info["subscription_id"], "subscription_id")
-    result = await node_of(request).propose(DeleteSubscription(subscription_id))
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
+    await propose(request, DeleteSubscription(subscription_id), Ack)
     return web.Response(status=204)
 
 
@@ -196,8 +175,5 @@ async def delete_subscription(request: web.Request) -> web.Response:
 async def retry_parked(request: web.Request) -> web.Response:
     """Operator action: deliver the subscription's parked events once more."""
     subscription_id = path_id(request.match_info["subscription_id"], "subscription_id")
-    result = await node_of(request).propose(RetryParked(subscription_id))
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, ParkedRetried)
+    result = await propose(request, RetryParked(subscription_id), ParkedRetried)
     return json_response({"retried": result.count})

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 
 from raftsched import core
-from raftsched.api import queues, render
-from raftsched.api.app import node_of, prepare_read, read_json
+from raftsched.api import render
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.requests import (
+    actor,
+    body_bytes,
+    node_of,
+    optional_body,
+    prepare_read,
+    propose,
+    read_json,
+)
 from raftsched.api.validation import (
     BATCH_JOBS_MAX,
     parse_job,
@@ -23,10 +32,9 @@ from raftsched.api.validation import (
 from raftsched.core.jobs.commands import CancelJob, ReplayJob, SubmitJobs
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.core.kernel.results import CancelAccepted, Rejected, Replayed, SubmitItem, Submitted
+from raftsched.limits import LIST_LIMIT_MAX
 
 routes = web.RouteTableDef()
-
-LIST_LIMIT_MAX = 1000
 
 
 def _job_json(request: web.Request, job_id: str) -> dict[str, Any]:
@@ -39,21 +47,26 @@ def _job_json(request: web.Request, job_id: str) -> dict[str, Any]:
 
 
 async def _submit(request: web.Request, specs: list[JobSpec], size_bytes: int) -> Submitted:
-    node = node_of(request)
-    now_ms = node.clock.now_ms()
-    job_ids = tuple(node.ids.new("job", now_ms) for _ in specs)
-    result = await node.propose(SubmitJobs(tuple(specs), job_ids), size_bytes)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, Submitted)
-    queues.count_rejections(request, specs, result.items)  # flow-control metrics
+    job_ids = node_of(request).new_ids("job", len(specs))
+    result = await propose(request, SubmitJobs(tuple(specs), job_ids), Submitted, size_bytes)
+    _count_queue_full(request, specs, result.items)
     return result
+
+
+def _count_queue_full(
+    request: web.Request, specs: Sequence[JobSpec], items: Sequence[SubmitItem | Rejected]
+) -> None:
+    """Count the submissions that tenant backpressure refused (flow-control metrics)."""
+    counter = node_of(request).metrics.flow_rejected
+    for spec, item in zip(specs, items, strict=True):
+        if isinstance(item, Rejected) and item.code == "queue_full":
+            counter.labels(spec.tenant, spec.queue).inc()
 
 
 @routes.post("/v1/jobs")
 async def submit_job(request: web.Request) -> web.Response:
     spec = parse_job(await read_json(request))
-    result = await _submit(request, [spec], request.content_length or 0)
+    result = await _submit(request, [spec], body_bytes(request))
     item = result.items[0]
     if isinstance(item, Rejected):
         raise from_rejection(item)
@@ -73,7 +86,7 @@ async def submit_batch(request: web.Request) -> web.Response:
     # The batch commits together, so it is validated whole first: one bad
     # request fails the call and nothing is proposed.
     specs = [parse_job(job, prefix=f"jobs[{i}].") for i, job in enumerate(jobs)]
-    result = await _submit(request, specs, request.content_length or 0)
+    result = await _submit(request, specs, body_bytes(request))
     results: list[dict[str, Any]] = []
     for item in result.items:
         if isinstance(item, SubmitItem):
@@ -166,39 +179,24 @@ def _by_idempotency_key(request: web.Request, key: str) -> dict[str, Any]:
         return {"jobs": [] if job is None else [render.job(job)], "next_cursor": None}
 
 
-def _reason(body: dict[str, Any]) -> str:
+def _reason(body: Mapping[str, Any]) -> str:
     reject_unknown(body, frozenset({"reason"}))
     return reason(body)
 
 
-async def _optional_body(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
-        return {}
-    return dict(require_object(await read_json(request)))
-
-
 @routes.post("/v1/jobs/{job_id}/cancel")
 async def cancel_job(request: web.Request) -> web.Response:
-    reason = _reason(await _optional_body(request))
+    reason = _reason(await optional_body(request))
     job_id = path_id(request.match_info["job_id"])
-    actor = request.headers.get("Raftsched-Actor", "").strip()[:200] or "api"
-    result = await node_of(request).propose(CancelJob(job_id, reason, actor=actor))
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, CancelAccepted)
+    await propose(request, CancelJob(job_id, reason, actor=actor(request, "api")), CancelAccepted)
     return json_response({"job": _job_json(request, job_id)})
 
 
 @routes.post("/v1/jobs/{job_id}/replay")
 async def replay_job(request: web.Request) -> web.Response:
-    body = await _optional_body(request)
-    reason = _reason(body)
+    reason = _reason(await optional_body(request))
     job_id = path_id(request.match_info["job_id"])
-    actor = request.headers.get("Raftsched-Actor", "").strip()[:200] or "operator"
-    result = await node_of(request).propose(ReplayJob(job_id, reason, actor=actor))
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, Replayed)
+    await propose(request, ReplayJob(job_id, reason, actor=actor(request, "operator")), Replayed)
     return json_response({"job": _job_json(request, job_id)})
 
 

@@ -14,17 +14,16 @@ from aiohttp import web
 
 from raftsched import core
 from raftsched.api import render, unsafe
-from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.requests import body_bytes, node_of, prepare_read, read_json
 from raftsched.api.validation import (
-    BATCH_OPS_MAX,
     CLAIM_JOBS_MAX,
     CLAIM_QUEUES_MAX,
     KEY_LENGTH_MAX,
     LEASE_S_MAX,
     LEASE_S_MIN,
-    WAIT_S_MAX,
+    NAME_LENGTH_MAX,
     choice,
     failure,
     fencing_token,
@@ -48,8 +47,9 @@ from raftsched.core.kernel.results import (
     Result,
     Started,
 )
-from raftsched.node.clock import random_u32
+from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
+from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
@@ -72,7 +72,7 @@ async def claim(request: web.Request) -> web.Response:
     if (
         not isinstance(queues, list)
         or not 1 <= len(queues) <= CLAIM_QUEUES_MAX
-        or not all(isinstance(q, str) and 0 < len(q) <= 200 for q in queues)
+        or not all(isinstance(q, str) and 0 < len(q) <= NAME_LENGTH_MAX for q in queues)
     ):
         raise invalid("queues", f"must be a list of 1 to {CLAIM_QUEUES_MAX} queue names")
     max_jobs = integer(body, "max_jobs", 1, CLAIM_JOBS_MAX) or 1
@@ -88,7 +88,9 @@ async def claim(request: web.Request) -> web.Response:
     return json_response({"leases": [render.lease(grant) for grant in outcome]})
 
 
-def _command_for(op: str, job_id: str, body: Mapping[str, Any], prefix: str = "") -> Command:
+def _command_for(
+    node: NodeView, op: str, job_id: str, body: Mapping[str, Any], prefix: str = ""
+) -> Command:
     """Validate one lease operation and build its command (raises 400)."""
     reject_unknown(body, OP_FIELDS[op] | ({"op", "job_id"} if prefix else set()), prefix)
     token = fencing_token(body, prefix)
@@ -102,11 +104,12 @@ def _command_for(op: str, job_id: str, body: Mapping[str, Any], prefix: str = ""
     if op == "complete":
         return CompleteJob(job_id, token, pack_json(body.get("result"), prefix + "result"))
     kind, message, retry_after_ms = failure(body, prefix)
-    return FailJob(job_id, token, kind, message, retry_after_ms, random_u32())
+    return FailJob(job_id, token, kind, message, retry_after_ms, node.random_u32())
 
 
 def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
-    """The JSON answer of one lease operation (raises for rejections)."""
+    """The JSON answer of one fenced operation, a lease op or "effect" (raises
+    for rejections, counting the lease_lost ones by op)."""
     node = node_of(request)
     if isinstance(result, Rejected):
         if result.code == "lease_lost":
@@ -136,6 +139,8 @@ def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
             "status": result.status,
             "next_run_at": render.time_or_none(result.next_run_at_ms),
         }
+    if isinstance(result, EffectRecorded):
+        return {"effect": render.effect(result.effect), "replayed": result.replayed}
     raise ApiError("internal_error", f"unexpected result {type(result).__name__}")
 
 
@@ -143,9 +148,10 @@ def _op_route(op: str) -> None:
     async def handler(request: web.Request) -> web.Response:
         body = require_object(await read_json(request))
         job_id = path_id(request.match_info["job_id"])
-        body = unsafe.ignore_fencing(node_of(request), job_id, body)  # negative control only
-        command = _command_for(op, job_id, body)
-        result = await node_of(request).propose(command, request.content_length or 0)
+        node = node_of(request)
+        body = unsafe.ignore_fencing(node, job_id, body)  # negative control only
+        command = _command_for(node, op, job_id, body)
+        result = await node.propose(command, body_bytes(request))
         return json_response(_answer(request, op, result))
 
     handler.__name__ = f"lease_{op}"
@@ -161,8 +167,8 @@ async def lease_batch(request: web.Request) -> web.Response:
     body = require_object(await read_json(request))
     reject_unknown(body, frozenset({"ops"}))
     ops = body.get("ops")
-    if not isinstance(ops, list) or not 1 <= len(ops) <= BATCH_OPS_MAX:
-        raise invalid("ops", f"must be a list of 1 to {BATCH_OPS_MAX} operations")
+    if not isinstance(ops, list) or not 1 <= len(ops) <= LEASE_BATCH_OPS_MAX:
+        raise invalid("ops", f"must be a list of 1 to {LEASE_BATCH_OPS_MAX} operations")
     node = node_of(request)
     if not node.is_leader:
         raise NotLeader()
@@ -181,11 +187,11 @@ async def lease_batch(request: web.Request) -> web.Response:
                 raise invalid(prefix + "op", "is required")
             job_id = string(item, "job_id", required=True, prefix=prefix)
             assert job_id is not None
-            commands.append(_command_for(op, job_id, item, prefix))
+            commands.append(_command_for(node, op, job_id, item, prefix))
             slots.append((op, None))
         except ApiError as error:
             slots.append(("error", error))
-    futures = iter(node.submit_all(commands, request.content_length or 0) if commands else [])
+    futures = iter(node.submit_all(commands, body_bytes(request)) if commands else [])
     slots = [(op, pending if op == "error" else next(futures)) for op, pending in slots]
     results: list[dict[str, Any]] = []
     for op, pending in slots:
@@ -222,14 +228,9 @@ async def record_effect(request: web.Request) -> web.Response:
     command = RecordEffect(
         key, job_id, fencing_token(body), pack_json(body.get("result"), "result")
     )
-    result = await node_of(request).propose(command, request.content_length or 0)
-    if isinstance(result, Rejected):
-        if result.code == "lease_lost":
-            node_of(request).metrics.lease_lost.labels("effect").inc()
-        raise from_rejection(result)
-    assert isinstance(result, EffectRecorded)
-    answer = {"effect": render.effect(result.effect), "replayed": result.replayed}
-    return json_response(answer, status=200 if result.replayed else 201)
+    result = await node_of(request).propose(command, body_bytes(request))
+    answer = _answer(request, "effect", result)
+    return json_response(answer, status=200 if answer["replayed"] else 201)
 
 
 @routes.get("/v1/effects/{key}")

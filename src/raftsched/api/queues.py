@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Counter
 
-from raftsched.api.app import node_of, prepare_read, read_json
-from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.requests import node_of, prepare_read, propose, read_json
 from raftsched.api.validation import (
     boolean,
     integer,
@@ -40,10 +39,11 @@ from raftsched.core.jobs.flow_queries import (
     tenant_names,
     tenant_view,
 )
-from raftsched.core.kernel.commands import Command
-from raftsched.core.kernel.results import Rejected
+from raftsched.core.kernel.results import Ack
+from raftsched.limits import METRIC_SERIES_MAX, PROBE_S_MAX, PROBE_S_MIN, RATE_PER_S_MIN
 from raftsched.node import metrics as families
 from raftsched.node.metrics import NodeMetrics, Samples
+from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
@@ -59,9 +59,6 @@ QUEUE_FIELDS = frozenset(
     }
 )
 TENANT_FIELDS = frozenset({"weight", "concurrency_limit", "max_queued"})
-RATE_PER_S_MIN = 0.001  # one milli-claim per second, the core's unit
-PROBE_S_MIN = 0.001
-PROBE_S_MAX = 86_400.0
 PROBE_MS_DEFAULT = 5_000
 
 
@@ -148,15 +145,9 @@ def render_tenant(view: TenantView) -> dict[str, Any]:
     }
 
 
-async def _propose(request: web.Request, command: Command) -> None:
-    result = await node_of(request).propose(command)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-
-
 def _queue_json(request: web.Request, name: str, with_blocked: bool) -> dict[str, Any]:
     node = node_of(request)
-    now_ms = node.clock.now_ms()
+    now_ms = node.now_ms()
     with node.reading() as state:
         return render_queue(queue_view(state, name, now_ms, with_blocked), now_ms)
 
@@ -169,21 +160,21 @@ def _tenant_json(request: web.Request, name: str) -> dict[str, Any]:
 @routes.put("/v1/queues/{name}")
 async def put_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await _propose(request, parse_queue(name, await read_json(request)))
+    await propose(request, parse_queue(name, await read_json(request)), Ack)
     return json_response({"queue": _queue_json(request, name, True)})
 
 
 @routes.post("/v1/queues/{name}/pause")
 async def pause_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await _propose(request, PauseQueue(name, True))
+    await propose(request, PauseQueue(name, True), Ack)
     return json_response({"queue": _queue_json(request, name, True)})
 
 
 @routes.post("/v1/queues/{name}/resume")
 async def resume_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await _propose(request, PauseQueue(name, False))
+    await propose(request, PauseQueue(name, False), Ack)
     return json_response({"queue": _queue_json(request, name, True)})
 
 
@@ -192,7 +183,7 @@ async def list_queues(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"consistency"}))
     headers = await prepare_read(request)
     node = node_of(request)
-    now_ms = node.clock.now_ms()
+    now_ms = node.now_ms()
     with node.reading() as state:
         views = [queue_view(state, name, now_ms) for name in queue_names(state)]
     body = {"queues": [render_queue(view, now_ms) for view in views]}
@@ -213,7 +204,7 @@ async def get_queue(request: web.Request) -> web.Response:
 @routes.put("/v1/tenants/{name}")
 async def put_tenant(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await _propose(request, parse_tenant(name, await read_json(request)))
+    await propose(request, parse_tenant(name, await read_json(request)), Ack)
     return json_response({"tenant": _tenant_json(request, name)})
 
 
@@ -237,9 +228,8 @@ async def get_tenant(request: web.Request) -> web.Response:
 
 # -- metrics -----------------------------------------------------------------------
 
-# Label sets stay bounded: at most this many queues and tenants (the busiest
-# by queued jobs) get series of their own; the rest are summed under "_other".
-METRIC_SERIES_MAX = 100
+# Label sets stay bounded: at most METRIC_SERIES_MAX queues and tenants (the
+# busiest by queued jobs) get series of their own; the rest are summed under "_other".
 OTHER = "_other"
 TENANT_FAMILIES = {
     "queued": families.TENANT_QUEUED,
@@ -253,25 +243,13 @@ QUEUE_FAMILIES = {
     "blocked_keys": families.FLOW_QUEUE_BLOCKED_KEYS,
     "circuit_open": families.FLOW_QUEUE_CIRCUIT_OPEN,
 }
-REJECTED = web.AppKey("flow_rejected", Counter)
 
 
-def setup(app: web.Application, node: Any) -> None:
+def setup(app: web.Application, node: NodeView) -> None:
     app.add_routes(routes)
     metrics: NodeMetrics = node.metrics
-    app[REJECTED] = metrics.flow_rejected
     metrics.sample_together(tuple(TENANT_FAMILIES.values()), lambda: _tenant_samples(node))
     metrics.sample_together(tuple(QUEUE_FAMILIES.values()), lambda: _queue_samples(node))
-
-
-def count_rejections(request: web.Request, specs: Any, items: Any) -> None:
-    """Count the queue_full answers of a submission (called by api/jobs)."""
-    counter = request.app.get(REJECTED)
-    if counter is None:
-        return
-    for spec, item in zip(specs, items, strict=True):
-        if isinstance(item, Rejected) and item.code == "queue_full":
-            counter.labels(spec.tenant, spec.queue).inc()
 
 
 def _bounded(samples: dict[str, float], ranking: dict[str, float]) -> Samples:
@@ -283,7 +261,7 @@ def _bounded(samples: dict[str, float], ranking: dict[str, float]) -> Samples:
     return [((name,), value) for name, value in out.items()]
 
 
-def _tenant_samples(node: Any) -> dict[str, Samples]:
+def _tenant_samples(node: NodeView) -> dict[str, Samples]:
     with node.reading() as state:
         views = [tenant_view(state, name) for name in tenant_names(state)]
     ranking = {view.name: float(view.queued) for view in views}
@@ -301,8 +279,8 @@ def _queue_value(view: Any, what: str) -> float:
     return float(getattr(view, what))
 
 
-def _queue_samples(node: Any) -> dict[str, Samples]:
-    now_ms = node.clock.now_ms()
+def _queue_samples(node: NodeView) -> dict[str, Samples]:
+    now_ms = node.now_ms()
     with node.reading() as state:
         views = [queue_view(state, name, now_ms) for name in queue_names(state)]
     ranking = {view.name: float(view.depth) for view in views}

@@ -13,9 +13,17 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from raftsched.api.app import node_of, prepare_read, read_json
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.render import time_or_none
+from raftsched.api.requests import (
+    body_bytes,
+    node_of,
+    optional_body,
+    prepare_read,
+    propose,
+    read_json,
+)
 from raftsched.api.validation import (
     boolean,
     choice,
@@ -30,11 +38,10 @@ from raftsched.api.validation import (
     string,
     unpack_json,
 )
-from raftsched.core.kernel.commands import Command, JobSpec
+from raftsched.core.kernel.commands import JobSpec
 from raftsched.core.kernel.results import (
     OccurrenceDecided,
     Rejected,
-    Result,
     ScheduleBackfilled,
     ScheduleSaved,
 )
@@ -65,9 +72,14 @@ from raftsched.core.schedules.queries import (
     occurrence_totals,
     occurrences,
 )
+from raftsched.limits import (
+    DURATION_S_MAX,
+    LIST_LIMIT_MAX,
+    METRIC_SCHEDULES_MAX,
+    SCHEDULE_BATCH_MAX,
+)
 from raftsched.node import metrics as families
-from raftsched.node.metrics import METRIC_SCHEDULES_MAX
-from raftsched.node.service import Node
+from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
@@ -88,13 +100,6 @@ SCHEDULE_FIELDS: Final = frozenset(
     }
 )
 CATCHUP_FIELDS: Final = frozenset({"policy", "window_s", "max_runs", "grace_s"})
-LIST_LIMIT_MAX: Final = 1000
-BATCH_MAX: Final = 1000
-DAY_S: Final = 86_400
-
-
-def _time(ms: int | None) -> str | None:
-    return None if ms is None else format_ms(ms)
 
 
 # -- parsing --------------------------------------------------------------------------
@@ -144,7 +149,7 @@ def _parse_calendar(body: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         fields["cron"] = cron
     else:
         fields["interval_ms"] = seconds_ms(
-            body, "interval_s", INTERVAL_MS_MIN / 1000, 366 * DAY_S, prefix=prefix
+            body, "interval_s", INTERVAL_MS_MIN / 1000, DURATION_S_MAX, prefix=prefix
         )
     timezone = string(body, "timezone", prefix=prefix)
     if timezone is not None:
@@ -158,7 +163,7 @@ def _parse_calendar(body: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     if start is not None and end is not None and end < start:
         raise invalid(prefix + "end_at", "must not be before start_at")
     fields.update(start_at_ms=start, end_at_ms=end)
-    jitter = seconds_ms(body, "jitter_s", 0, 366 * DAY_S, prefix=prefix)
+    jitter = seconds_ms(body, "jitter_s", 0, DURATION_S_MAX, prefix=prefix)
     if jitter is not None:
         fields["jitter_ms"] = jitter
     return fields
@@ -180,11 +185,15 @@ def _parse_policies(body: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         if policy is not None:
             fields["catchup_policy"] = policy
         optional = {
-            "catchup_window_ms": seconds_ms(catchup_body, "window_s", 0, 366 * DAY_S, prefix=where),
+            "catchup_window_ms": seconds_ms(
+                catchup_body, "window_s", 0, DURATION_S_MAX, prefix=where
+            ),
             "catchup_max_runs": integer(
                 catchup_body, "max_runs", 1, CATCHUP_MAX_RUNS_MAX, prefix=where
             ),
-            "catchup_grace_ms": seconds_ms(catchup_body, "grace_s", 0, 366 * DAY_S, prefix=where),
+            "catchup_grace_ms": seconds_ms(
+                catchup_body, "grace_s", 0, DURATION_S_MAX, prefix=where
+            ),
         }
         fields.update({k: v for k, v in optional.items() if v is not None})
     return fields
@@ -220,8 +229,8 @@ def render_schedule(state: Any, schedule: Schedule) -> dict[str, Any]:
         "cron": spec.cron,
         "interval_s": None if spec.interval_ms is None else spec.interval_ms / 1000,
         "timezone": spec.timezone,
-        "start_at": _time(spec.start_at_ms),
-        "end_at": _time(spec.end_at_ms),
+        "start_at": time_or_none(spec.start_at_ms),
+        "end_at": time_or_none(spec.end_at_ms),
         "jitter_s": spec.jitter_ms / 1000,
         "overlap": spec.overlap,
         "catchup": {
@@ -234,9 +243,9 @@ def render_schedule(state: Any, schedule: Schedule) -> dict[str, Any]:
         "job": render_template(spec.job),
         "created_at": format_ms(schedule.created_at_ms),
         "updated_at": format_ms(schedule.updated_at_ms),
-        "next_fire_at": None if schedule.paused else _time(schedule.next_fire_ms),
-        "next_nominal_time": None if schedule.paused else _time(schedule.next_nominal_ms),
-        "last_fired_at": _time(schedule.last_fired_at_ms),
+        "next_fire_at": None if schedule.paused else time_or_none(schedule.next_fire_ms),
+        "next_nominal_time": None if schedule.paused else time_or_none(schedule.next_nominal_ms),
+        "last_fired_at": time_or_none(schedule.last_fired_at_ms),
         "running": is_running(state, schedule),
         "running_job_ids": list(schedule.active),
         "buffered": [format_ms(nominal_ms) for nominal_ms, _ in schedule.buffer],
@@ -270,21 +279,13 @@ def _schedule_body(request: web.Request, schedule_id: str) -> dict[str, Any]:
         return {"schedule": render_schedule(state, schedule)}
 
 
-async def _propose(request: web.Request, command: Command) -> Result:
-    result = await node_of(request).propose(command, request.content_length or 0)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    return result
-
-
 def _schedule_id(request: web.Request) -> str:
     return path_id(request.match_info["schedule_id"], "schedule_id")
 
 
 def _with_generated_id(request: web.Request, body: Any) -> Any:
     if isinstance(body, dict) and body.get("id") is None:
-        node = node_of(request)
-        return {**body, "id": node.ids.new("sch", node.clock.now_ms())}
+        return {**body, "id": node_of(request).new_id("sch")}
     return body
 
 
@@ -294,8 +295,7 @@ def _with_generated_id(request: web.Request, body: Any) -> Any:
 @routes.post("/v1/schedules")
 async def create_schedule(request: web.Request) -> web.Response:
     spec = parse_schedule(_with_generated_id(request, await read_json(request)))
-    result = await _propose(request, CreateSchedule(spec))
-    assert isinstance(result, ScheduleSaved)
+    result = await propose(request, CreateSchedule(spec), ScheduleSaved, body_bytes(request))
     status = 201 if result.created else 200
     return json_response(_schedule_body(request, spec.id), status=status)
 
@@ -305,8 +305,8 @@ async def create_schedules(request: web.Request) -> web.Response:
     body = require_object(await read_json(request))
     reject_unknown(body, frozenset({"schedules"}))
     items = body.get("schedules")
-    if not isinstance(items, list) or not 1 <= len(items) <= BATCH_MAX:
-        raise invalid("schedules", f"must be a list of 1 to {BATCH_MAX} schedules")
+    if not isinstance(items, list) or not 1 <= len(items) <= SCHEDULE_BATCH_MAX:
+        raise invalid("schedules", f"must be a list of 1 to {SCHEDULE_BATCH_MAX} schedules")
     specs = [
         parse_schedule(_with_generated_id(request, item), prefix=f"schedules[{i}].")
         for i, item in enumerate(items)
@@ -315,7 +315,7 @@ async def create_schedules(request: web.Request) -> web.Response:
     # One command per schedule, queued all or none (503 unavailable when the
     # proposer's queue has no room); group commit packs them into a few entries.
     commands = [CreateSchedule(spec) for spec in specs]
-    results = await asyncio.gather(*node.submit_all(commands, request.content_length or 0))
+    results = await asyncio.gather(*node.submit_all(commands, body_bytes(request)))
     answers: list[dict[str, Any]] = []
     for spec, result in zip(specs, results, strict=True):
         if isinstance(result, Rejected):
@@ -359,38 +359,37 @@ async def get_one(request: web.Request) -> web.Response:
 async def edit(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
     spec = parse_schedule(await read_json(request), path_id_value=schedule_id)
-    await _propose(request, UpdateSchedule(spec))
+    await propose(request, UpdateSchedule(spec), ScheduleSaved, body_bytes(request))
     return json_response(_schedule_body(request, schedule_id))
 
 
 @routes.delete("/v1/schedules/{schedule_id}")
 async def delete(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
-    await _propose(request, DeleteSchedule(schedule_id))
+    await propose(request, DeleteSchedule(schedule_id), ScheduleSaved, body_bytes(request))
     return json_response({"deleted": True, "id": schedule_id})
 
 
 @routes.post("/v1/schedules/{schedule_id}/pause")
 async def pause(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
-    await _propose(request, PauseSchedule(schedule_id))
+    await propose(request, PauseSchedule(schedule_id), ScheduleSaved, body_bytes(request))
     return json_response(_schedule_body(request, schedule_id))
 
 
 @routes.post("/v1/schedules/{schedule_id}/resume")
 async def resume(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
-    await _propose(request, ResumeSchedule(schedule_id))
+    await propose(request, ResumeSchedule(schedule_id), ScheduleSaved, body_bytes(request))
     return json_response(_schedule_body(request, schedule_id))
 
 
 @routes.post("/v1/schedules/{schedule_id}/trigger")
 async def trigger(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
-    if request.can_read_body:
-        reject_unknown(require_object(await read_json(request)), frozenset())
-    result = await _propose(request, TriggerSchedule(schedule_id))
-    assert isinstance(result, OccurrenceDecided)
+    reject_unknown(await optional_body(request), frozenset())
+    command = TriggerSchedule(schedule_id)
+    result = await propose(request, command, OccurrenceDecided, body_bytes(request))
     return json_response({"occurrence": render_decided(result, result.nominal_ms)})
 
 
@@ -407,8 +406,8 @@ async def backfill(request: web.Request) -> web.Response:
     if to_ms < from_ms:
         raise invalid("to", "must not be before from")
     overlap = choice(body, "overlap", OVERLAP_POLICIES)
-    result = await _propose(request, BackfillSchedule(schedule_id, from_ms, to_ms, overlap))
-    assert isinstance(result, ScheduleBackfilled)
+    command = BackfillSchedule(schedule_id, from_ms, to_ms, overlap)
+    result = await propose(request, command, ScheduleBackfilled, body_bytes(request))
     with node_of(request).reading() as state:
         decided_at_ms = state.now_ms
     rendered = [render_decided(each, decided_at_ms) for each in result.decisions]
@@ -438,7 +437,7 @@ async def list_occurrences(request: web.Request) -> web.Response:
 Sample = tuple[tuple[str, ...], float]
 
 
-def setup(app: web.Application, node: Node) -> None:
+def setup(app: web.Application, node: NodeView) -> None:
     """Routes and the schedule metrics of this node."""
     app.add_routes(routes)
     sample = node.metrics.sample
@@ -452,13 +451,13 @@ def _first_schedules(state: Any) -> list[Schedule]:
     return first_schedules(state, METRIC_SCHEDULES_MAX)
 
 
-def _totals(node: Node) -> Iterable[Sample]:
+def _totals(node: NodeView) -> Iterable[Sample]:
     with node.reading() as state:
         totals = occurrence_totals(state)
     return [((key,), float(count)) for key, count in sorted(totals.items())]
 
 
-def _per_schedule(node: Node) -> Iterable[Sample]:
+def _per_schedule(node: NodeView) -> Iterable[Sample]:
     with node.reading() as state:
         return [
             ((schedule.id, key), float(count))
@@ -467,7 +466,7 @@ def _per_schedule(node: Node) -> Iterable[Sample]:
         ]
 
 
-def _lags(node: Node) -> Iterable[Sample]:
+def _lags(node: NodeView) -> Iterable[Sample]:
     with node.reading() as state:
         return [
             ((schedule.id,), schedule.last_lag_ms / 1000)
@@ -476,6 +475,6 @@ def _lags(node: Node) -> Iterable[Sample]:
         ]
 
 
-def _count(node: Node) -> Iterable[Sample]:
+def _count(node: NodeView) -> Iterable[Sample]:
     with node.reading() as state:
         return [((), float(count_schedules(state)))]

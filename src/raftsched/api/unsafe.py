@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from raftsched import core
-from raftsched.node.service import Node
+from raftsched.node.view import NodeView
 
 ENV = "RAFTSCHED_UNSAFE_IGNORE_FENCING"
 ENABLED = os.environ.get(ENV) == "1"
@@ -32,7 +32,7 @@ if ENABLED:
     )
 
 
-def ignore_fencing(node: Node, job_id: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
+def ignore_fencing(node: NodeView, job_id: str, body: Mapping[str, Any]) -> Mapping[str, Any]:
     """The request body, with its token replaced by the job's current one when
     the switch is on (otherwise `body` unchanged)."""
     if not ENABLED or "fencing_token" not in body:

@@ -18,23 +18,28 @@ import msgpack
 from raftsched.api.errors import invalid
 from raftsched.core.kernel import validate as core_limits
 from raftsched.core.kernel.commands import Backoff, FailureKind, JobSpec
+from raftsched.limits import (
+    BACKOFF_STEP_S_MAX,
+    DURATION_S_MAX,
+    JSON_DEPTH_MAX,
+    MESSAGE_LENGTH_MAX,
+    REASON_LENGTH_MAX,
+    RETRY_DELAY_S_MAX,
+)
 from raftsched.timefmt import parse_ms
 
 # The core's limits are the source of truth: checking them here as well means
 # a request the API accepts is never rejected by the core after a Raft round trip.
+# The shell's own limits are in raftsched/limits.py.
 NAME_LENGTH_MAX = core_limits.NAME_CHARS_MAX
 KEY_LENGTH_MAX = core_limits.KEY_CHARS_MAX
 LABELS_MAX = core_limits.LABELS_MAX
 LABEL_VALUE_LENGTH_MAX = core_limits.LABEL_VALUE_CHARS_MAX
 BATCH_JOBS_MAX = core_limits.BATCH_MAX
-BATCH_OPS_MAX = 1000
 CLAIM_JOBS_MAX = core_limits.CLAIM_JOBS_MAX
 CLAIM_QUEUES_MAX = core_limits.CLAIM_QUEUES_MAX
-WAIT_S_MAX = 60.0
 LEASE_S_MIN = core_limits.LEASE_MS_MIN / 1000
 LEASE_S_MAX = core_limits.LEASE_MS_MAX / 1000
-MESSAGE_LENGTH_MAX = 4096
-REASON_LENGTH_MAX = 4096
 
 JOB_FIELDS = frozenset(
     {
@@ -182,6 +187,20 @@ def query_integer(
     return value
 
 
+def query_number(query: Mapping[str, str], name: str, low: float, high: float) -> float | None:
+    """A query parameter that `float` reads, within [low, high]."""
+    raw = query.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise invalid(name, "must be a number") from None
+    if not low <= value <= high:
+        raise invalid(name, f"must be between {low:g} and {high:g}")
+    return value
+
+
 def seconds_ms(
     body: Mapping[str, Any], name: str, low_s: float, high_s: float, *, prefix: str = ""
 ) -> int | None:
@@ -206,7 +225,7 @@ def instant_ms(body: Mapping[str, Any], name: str, *, prefix: str = "") -> int |
 
 
 def _canonical(value: Any, where: str, depth: int = 0) -> Any:
-    if depth > 64:
+    if depth > JSON_DEPTH_MAX:
         raise invalid(where, "is nested too deeply")
     if isinstance(value, dict):
         return {k: _canonical(value[k], where, depth + 1) for k in sorted(value)}
@@ -232,9 +251,9 @@ def parse_backoff(value: object, prefix: str) -> Backoff:
     body = require_object(value, prefix.rstrip("."))
     reject_unknown(body, frozenset({"initial_s", "max_s", "jitter_s"}), prefix)
     default = Backoff()
-    initial = seconds_ms(body, "initial_s", 0, 86_400, prefix=prefix)
-    maximum = seconds_ms(body, "max_s", 0, 30 * 86_400, prefix=prefix)
-    jitter = seconds_ms(body, "jitter_s", 0, 86_400, prefix=prefix)
+    initial = seconds_ms(body, "initial_s", 0, BACKOFF_STEP_S_MAX, prefix=prefix)
+    maximum = seconds_ms(body, "max_s", 0, RETRY_DELAY_S_MAX, prefix=prefix)
+    jitter = seconds_ms(body, "jitter_s", 0, BACKOFF_STEP_S_MAX, prefix=prefix)
     backoff = Backoff(
         initial_ms=default.initial_ms if initial is None else initial,
         max_ms=default.max_ms if maximum is None else maximum,
@@ -273,12 +292,16 @@ def parse_job(value: object, prefix: str = "") -> JobSpec:
     }
     optional: dict[str, Any] = {
         "tenant": string(body, "tenant", prefix=prefix),
-        "priority": integer(body, "priority", -100, 100, prefix=prefix),
+        "priority": integer(
+            body, "priority", core_limits.PRIORITY_MIN, core_limits.PRIORITY_MAX, prefix=prefix
+        ),
         "run_at_ms": instant_ms(body, "run_at", prefix=prefix),
-        "delay_ms": seconds_ms(body, "delay_s", 0, 366 * 86_400, prefix=prefix),
-        "max_attempts": integer(body, "max_attempts", 1, 1000, prefix=prefix),
+        "delay_ms": seconds_ms(body, "delay_s", 0, DURATION_S_MAX, prefix=prefix),
+        "max_attempts": integer(
+            body, "max_attempts", 1, core_limits.MAX_ATTEMPTS_MAX, prefix=prefix
+        ),
         "lease_ms": seconds_ms(body, "lease_s", LEASE_S_MIN, LEASE_S_MAX, prefix=prefix),
-        "deadline_ms": seconds_ms(body, "deadline_s", 0.001, 366 * 86_400, prefix=prefix),
+        "deadline_ms": seconds_ms(body, "deadline_s", 0.001, DURATION_S_MAX, prefix=prefix),
         "idempotency_key": string(
             body, "idempotency_key", length_max=KEY_LENGTH_MAX, prefix=prefix
         ),
@@ -309,7 +332,7 @@ def failure(body: Mapping[str, Any], prefix: str = "") -> tuple[FailureKind, str
         message = ""
     if not isinstance(message, str):
         raise invalid(prefix + "error.message", "must be a string")
-    retry_after = seconds_ms(error, "retry_after_s", 0, 30 * 86_400, prefix=prefix + "error.")
+    retry_after = seconds_ms(error, "retry_after_s", 0, RETRY_DELAY_S_MAX, prefix=prefix + "error.")
     return cast(FailureKind, kind), message[:MESSAGE_LENGTH_MAX], retry_after
 
 

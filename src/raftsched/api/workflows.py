@@ -7,10 +7,17 @@ from typing import Any
 
 from aiohttp import web
 
-from raftsched.api.app import node_of, prepare_read, read_json
-from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
+from raftsched.api.requests import (
+    body_bytes,
+    node_of,
+    optional_body,
+    prepare_read,
+    propose,
+    read_json,
+)
 from raftsched.api.validation import (
     JOB_FIELDS,
     KEY_LENGTH_MAX,
@@ -27,7 +34,7 @@ from raftsched.api.validation import (
     unpack_json,
 )
 from raftsched.core.kernel.commands import JobSpec
-from raftsched.core.kernel.results import Rejected, WorkflowCancelAccepted, WorkflowSubmitted
+from raftsched.core.kernel.results import WorkflowCancelAccepted, WorkflowSubmitted
 from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
 from raftsched.core.workflows.handlers import STEP_NAME_CHARS_MAX, STEPS_MAX
 from raftsched.core.workflows.model import (
@@ -36,6 +43,7 @@ from raftsched.core.workflows.model import (
     Workflow,
     table,
 )
+from raftsched.limits import DURATION_S_MAX, LIST_LIMIT_MAX
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
@@ -46,7 +54,6 @@ WORKFLOW_FIELDS = frozenset(
 # A step's job takes the workflow's tenant; the workflow holds the idempotency key.
 STEP_JOB_FIELDS = JOB_FIELDS - {"tenant", "idempotency_key"}
 STEP_FIELDS = STEP_JOB_FIELDS | {"name", "depends_on", "compensation"}
-LIST_LIMIT_MAX = 1000
 
 
 def parse_workflow(value: object) -> dict[str, Any]:
@@ -60,7 +67,7 @@ def parse_workflow(value: object) -> dict[str, Any]:
         "steps": tuple(_parse_step(step, f"steps[{i}].") for i, step in enumerate(steps)),
         "tenant": string(body, "tenant") or "default",
         "idempotency_key": string(body, "idempotency_key", length_max=KEY_LENGTH_MAX),
-        "timeout_ms": seconds_ms(body, "timeout_s", 0.001, 366 * 86_400),
+        "timeout_ms": seconds_ms(body, "timeout_s", 0.001, DURATION_S_MAX),
     }
     fields["on_failure"] = choice(body, "on_failure", FAILURE_POLICIES, default="fail_fast")
     fields["compensate_on_cancel"] = boolean(body, "compensate_on_cancel", True)
@@ -185,13 +192,9 @@ def _read_workflow(request: web.Request, workflow_id: str) -> dict[str, Any]:
 @routes.post("/v1/workflows")
 async def submit_workflow(request: web.Request) -> web.Response:
     fields = parse_workflow(await read_json(request))
-    node = node_of(request)
-    workflow_id = node.ids.new("wf", node.clock.now_ms())
+    workflow_id = node_of(request).new_id("wf")
     command = SubmitWorkflow(workflow_id, **fields)
-    result = await node.propose(command, request.content_length or 0)
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, WorkflowSubmitted)
+    result = await propose(request, command, WorkflowSubmitted, body_bytes(request))
     body = {"workflow": _read_workflow(request, result.workflow_id)}
     if result.created:
         return json_response(body, status=201)
@@ -255,12 +258,7 @@ async def list_workflows(request: web.Request) -> web.Response:
 @routes.post("/v1/workflows/{workflow_id}/cancel")
 async def cancel_workflow(request: web.Request) -> web.Response:
     workflow_id = path_id(request.match_info["workflow_id"], "workflow_id")
-    body: Mapping[str, Any] = {}
-    if request.can_read_body:
-        body = require_object(await read_json(request))
+    body = await optional_body(request)
     reject_unknown(body, frozenset({"reason"}))
-    result = await node_of(request).propose(CancelWorkflow(workflow_id, reason(body)))
-    if isinstance(result, Rejected):
-        raise from_rejection(result)
-    assert isinstance(result, WorkflowCancelAccepted)
+    await propose(request, CancelWorkflow(workflow_id, reason(body)), WorkflowCancelAccepted)
     return json_response({"workflow": _read_workflow(request, workflow_id)})

@@ -26,14 +26,13 @@ from typing import Any
 
 from raftsched.cli._common import EXIT_USAGE
 from raftsched.config import (
-    PROPOSAL_QUEUE_BYTES_MAX,
-    PROPOSAL_QUEUE_COMMANDS_MAX,
     ConfigError,
     NodeConfig,
     Peer,
     load_toml,
     read_secret,
 )
+from raftsched.limits import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
 
 _FILE_KEYS = {
     "id", "data_dir", "http", "raft", "raft_bind", "http_url", "secret_file", "durability",
@@ -83,7 +82,7 @@ def run_node_command(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    from raftsched.node import run_node  # imported late: the CLI's other commands need no node
+    from raftsched.process import run_node  # imported late: the CLI's other commands need no node
 
     run_node(config)
     return 0

@@ -39,6 +39,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from raftsched.limits import METRIC_SCHEDULES_MAX
 from raftsched.node import gc_tuning
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -56,9 +57,9 @@ CLAIM_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 RUN_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
 ENTRY_COMMANDS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 4000)
 
-# Per-schedule series are exported for at most this many schedules (the first
-# by id); totals over all schedules are always exported. The help text says so.
-METRIC_SCHEDULES_MAX = 100
+# Per-schedule series are exported for at most METRIC_SCHEDULES_MAX schedules
+# (limits.py; the first by id); totals over all schedules are always exported.
+# The help text says so.
 
 
 @dataclass(frozen=True, slots=True)

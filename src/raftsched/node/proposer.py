@@ -43,11 +43,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from raftsched.config import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
 from raftsched.core import encode_entry
 from raftsched.core.jobs.commands import ClaimJobs, SubmitJobs
 from raftsched.core.kernel.commands import Barrier, Command, Entry, Tick
 from raftsched.core.kernel.results import Result
+from raftsched.limits import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
 
 log = logging.getLogger("raftsched.proposer")
 

@@ -20,10 +20,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -35,14 +34,15 @@ from raftsched.core.kernel.cluster_version import cluster_version
 from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
 from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.node import metrics as families
-from raftsched.node.clock import IdSource, LeaderClock, random_u64
+from raftsched.node.clock import LeaderClock
+from raftsched.node.draws import Draws
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, Proposer
-from raftsched.node.versions import POLL_PERIOD_S, PeerVersions, check_allowed
-from raftsched.node.webhooks import WebhookDelivery
-from raftsched.raft import RaftNode, RaftStatus
+from raftsched.node.versions import POLL_PERIOD_S, NodeVersion, PeerVersions, check_allowed
+from raftsched.node.view import LeaderInfo
+from raftsched.raft import Halt, RaftNode, RaftStatus
 from raftsched.raft_journal import SNAPSHOT_NAME
 
 log = logging.getLogger("raftsched.node")
@@ -56,19 +56,27 @@ TICK_ITEMS_MAX = 1_000
 IDLE_TICK_PAUSE_S = 0.05
 
 
-@dataclass(frozen=True, slots=True)
-class LeaderInfo:
-    id: str
-    http_url: str | None
+class LeaderDuty(Protocol):
+    """Work that runs only while this node leads (the webhook deliverer): started
+    with the term on election, stopped on stepping down, closed with the node."""
+
+    def start(self, term: int) -> None: ...
+
+    def stop(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class Node:
+    """One coordinator. The API and the webhook deliverer see it through
+    `node.view.NodeView` and `StateView`."""
+
     def __init__(self, config: NodeConfig, loop: asyncio.AbstractEventLoop) -> None:
         self.config = config
         self.loop = loop
         self.metrics = NodeMetrics()
         self.clock = LeaderClock()
-        self.ids = IdSource()
+        self.draws = Draws(self.clock.now_ms)  # every id and random number proposed
         self.replica = ReplicatedState(self._applied_threadsafe)
         self._changed = asyncio.Event()
         self._notify_scheduled = False
@@ -92,7 +100,7 @@ class Node:
         self._dispatch_task: asyncio.Task[None] | None = None
         self._leader_term: int | None = None
         self.observer = Observer(config.node_id, self.metrics, self.reading, self.status)
-        self.webhooks = WebhookDelivery(self)  # leader-only, started below
+        self._leader_duties: list[LeaderDuty] = []  # see add_leader_duty
         self.observer.is_leader = lambda: self.is_leader
         self.proposer = Proposer(
             loop,
@@ -112,6 +120,10 @@ class Node:
 
     # -- lifecycle ------------------------------------------------------------
 
+    def add_leader_duty(self, duty: LeaderDuty) -> None:
+        """Run `duty` while this node leads; added before `start`."""
+        self._leader_duties.append(duty)
+
     def start(self) -> None:
         """Start Raft. Must run on the main thread (see raftsched.raft)."""
         self.raft.start()
@@ -119,7 +131,8 @@ class Node:
 
     async def close(self) -> None:
         self.proposer.step_down()
-        await self.webhooks.close()
+        for duty in self._leader_duties:
+            await duty.close()
         if self._dispatch_task is not None:
             self._dispatch_task.cancel()
         if self._sampler_task is not None:
@@ -154,7 +167,8 @@ class Node:
                 self._dispatch_task.cancel()
                 self._dispatch_task = None
             self._leader_term = None
-            self.webhooks.stop()
+            for duty in self._leader_duties:
+                duty.stop()
             self.metrics.leader_changes.inc()
         if is_leader:
             log.info("became leader", extra={"epoch": term})
@@ -163,8 +177,41 @@ class Node:
             self.proposer.become_leader(term)
             self.observer.on_became_leader()
             self._dispatch_task = self.loop.create_task(self._dispatch(term))
-            self.webhooks.start(term)
+            for duty in self._leader_duties:
+                duty.start(term)
         self._notify_changed()
+
+    # -- who this node is -----------------------------------------------------
+
+    @property
+    def node_id(self) -> str:
+        return self.config.node_id
+
+    @property
+    def http_url(self) -> str:
+        return self.config.advertised_http_url
+
+    @property
+    def raft_address(self) -> str:
+        return self.config.raft_address
+
+    @property
+    def http_urls(self) -> Mapping[str, str]:
+        return self._http_urls
+
+    # -- what proposers draw (the leader clock, identifiers) -------------------
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def new_id(self, prefix: str) -> str:
+        return self.draws.new_id(prefix)
+
+    def new_ids(self, prefix: str, count: int) -> tuple[str, ...]:
+        return self.draws.new_ids(prefix, count)
+
+    def random_u32(self) -> int:
+        return self.draws.u32()
 
     # -- leadership and reads -------------------------------------------------
 
@@ -186,6 +233,11 @@ class Node:
         """Hold the state still while a handler reads and renders it."""
         with self.replica.lock:
             yield self.replica.state
+
+    def digest(self) -> tuple[str, int]:
+        """The state digest and the applied index it was taken at."""
+        with self.reading():
+            return self.replica.digest(), self.status().applied_index
 
     async def barrier(self) -> None:
         """Wait until every write committed before this call is applied here,
@@ -221,6 +273,13 @@ class Node:
     def _check_allowed(self, commands: Sequence[Command]) -> None:
         with self.reading() as state:
             check_allowed(state, commands)
+
+    def peer_version(self, node_id: str) -> NodeVersion | None:
+        return self.peer_versions.heard.get(node_id)
+
+    @property
+    def halted(self) -> Halt | None:
+        return self.raft.halted
 
     def cluster_version(self) -> int:
         """The cluster version in force on this replica (core.kernel.cluster_version)."""
@@ -312,7 +371,7 @@ class Node:
 
     async def _tick(self, now_ms: int) -> None:
         try:
-            tick = Tick(seed=random_u64(), max_items=TICK_ITEMS_MAX)
+            tick = Tick(seed=self.draws.u64(), max_items=TICK_ITEMS_MAX)
             result = await self.propose(tick, bounded=False)
         except OutcomeUnknown:
             await asyncio.sleep(IDLE_TICK_PAUSE_S)

@@ -33,7 +33,7 @@ import os
 import random
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
@@ -44,10 +44,8 @@ from raftsched.core.events.subscriptions import Subscription, pending_events, su
 from raftsched.core.kernel.commands import Command
 from raftsched.node import metrics as families
 from raftsched.node.metrics import Samples
+from raftsched.node.view import StateView
 from raftsched.timefmt import format_ms
-
-if TYPE_CHECKING:
-    from raftsched.node.service import Node
 
 log = logging.getLogger("raftsched.webhooks")
 
@@ -110,9 +108,9 @@ class _Target:
 
 
 class WebhookDelivery:
-    """Runs while this node leads (see `Node` leadership changes)."""
+    """Runs while this node leads: a leader duty of the node (`Node.add_leader_duty`)."""
 
-    def __init__(self, node: Node, settings: DeliverySettings | None = None) -> None:
+    def __init__(self, node: StateView, settings: DeliverySettings | None = None) -> None:
         self.node = node
         self.settings = settings or DeliverySettings()
         self._task: asyncio.Task[None] | None = None
@@ -126,7 +124,8 @@ class WebhookDelivery:
 
     def start(self, term: int) -> None:
         self.stop()
-        self._task = self.node.loop.create_task(self._supervise(term))
+        # Called on the node's event loop (its leadership changes run there).
+        self._task = asyncio.create_task(self._supervise(term))
 
     def stop(self) -> None:
         if self._task is not None:
@@ -157,7 +156,7 @@ class WebhookDelivery:
                         self._workers.pop(sub_id).cancel()
                 for sub_id, target in wanted.items():
                     if sub_id not in self._workers:
-                        self._workers[sub_id] = self.node.loop.create_task(self._serve(target))
+                        self._workers[sub_id] = asyncio.create_task(self._serve(target))
                 with suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), IDLE_WAIT_S)
         except asyncio.CancelledError:
@@ -251,7 +250,9 @@ class WebhookDelivery:
         for attempt in range(settings.max_attempts):
             if attempt:
                 cap_s = min(settings.backoff_max_s, settings.backoff_s * 2 ** (attempt - 1))
-                await asyncio.sleep(random.uniform(cap_s / 2, cap_s))  # jittered
+                # Jittered. Local retry timing, never proposed: not one of the
+                # node's draws (node/draws.py), which are what commands carry.
+                await asyncio.sleep(random.uniform(cap_s / 2, cap_s))
             self.metrics.webhook_attempts.labels(target.id).inc()
             error = await self._post(target.url, body, headers)
             if not error:

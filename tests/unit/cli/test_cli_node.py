@@ -8,22 +8,18 @@ from typing import Any
 import pytest
 
 from raftsched.cli import main
-from raftsched.config import (
-    PROPOSAL_QUEUE_BYTES_MAX,
-    PROPOSAL_QUEUE_COMMANDS_MAX,
-    NodeConfig,
-    Peer,
-)
+from raftsched.config import NodeConfig, Peer
+from raftsched.limits import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
 
 SECRET = "s" * 24
 
 
 @pytest.fixture
 def captured(monkeypatch: pytest.MonkeyPatch) -> list[NodeConfig]:
-    import raftsched.node
+    import raftsched.process
 
     configs: list[NodeConfig] = []
-    monkeypatch.setattr(raftsched.node, "run_node", configs.append)
+    monkeypatch.setattr(raftsched.process, "run_node", configs.append)
     return configs
 
 

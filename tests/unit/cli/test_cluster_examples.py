@@ -20,10 +20,10 @@ SECRET = "example-secret-" + "x" * 24
 @pytest.fixture
 def load(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> object:
     """Run `raftsched node --config FILE` with the real parser; return its config."""
-    import raftsched.node
+    import raftsched.process
 
     configs: list[NodeConfig] = []
-    monkeypatch.setattr(raftsched.node, "run_node", configs.append)
+    monkeypatch.setattr(raftsched.process, "run_node", configs.append)
     secret = tmp_path / "secret"
     secret.write_text(SECRET + "\n")
 

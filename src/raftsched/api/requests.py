@@ -1,0 +1,96 @@
+"""What every handler does with its request: find the node, read the body,
+propose a command, make a read linearizable.
+
+Handler modules import these from here, never from `api.app` or from each
+other: `app` assembles the handlers, so it sits above them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from raftsched.api import jsonbody
+from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.validation import require_object
+from raftsched.core.kernel.commands import Command
+from raftsched.core.kernel.results import Rejected
+from raftsched.limits import ACTOR_CHARS_MAX
+from raftsched.node.proposer import NotCommitted, OutcomeUnknown
+from raftsched.node.view import NodeView
+
+NODE: web.AppKey[NodeView] = web.AppKey("node")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+R = TypeVar("R")
+
+
+def node_of(request: web.Request) -> NodeView:
+    return request.app[NODE]
+
+
+async def read_json(request: web.Request) -> Any:
+    if not request.can_read_body:
+        raise invalid("body", "a JSON body is required")
+    raw = await request.read()
+    try:
+        return jsonbody.loads(raw)
+    except jsonbody.JsonError as error:
+        raise invalid("body", f"not valid JSON: {error}") from None
+
+
+async def optional_body(request: web.Request) -> Mapping[str, Any]:
+    """The JSON object of a request whose body may be left out (then `{}`)."""
+    if not request.can_read_body:
+        return {}
+    return require_object(await read_json(request))
+
+
+def actor(request: web.Request, default: str) -> str:
+    """Who asked for an operator action (`Raftsched-Actor`), as history records it."""
+    return request.headers.get("Raftsched-Actor", "").strip()[:ACTOR_CHARS_MAX] or default
+
+
+def body_bytes(request: web.Request) -> int:
+    """What the request's body counts against the proposer's byte bound."""
+    return request.content_length or 0
+
+
+async def propose(
+    request: web.Request, command: Command, expect: type[R], size_bytes: int = 0
+) -> R:
+    """Propose one command for the request and return its result, which the
+    core answers with an `expect` unless it rejects the command; a rejection
+    is raised as its HTTP error (`errors.from_rejection`)."""
+    result = await node_of(request).propose(command, size_bytes)
+    if isinstance(result, Rejected):
+        raise from_rejection(result)
+    assert isinstance(result, expect), result
+    return result
+
+
+def consistency(request: web.Request) -> str:
+    value = request.query.get("consistency", "linearizable")
+    if value not in ("linearizable", "stale"):
+        raise invalid("consistency", "must be linearizable or stale")
+    return value
+
+
+async def prepare_read(request: web.Request) -> dict[str, str]:
+    """Make a read linearizable (leader + barrier) unless the caller asked for a
+    stale one; returns headers for the response."""
+    node = node_of(request)
+    if consistency(request) == "stale":
+        with node.reading():
+            return {"Raftsched-Applied-Index": str(node.status().applied_index)}
+    try:
+        await node.barrier()
+    except (OutcomeUnknown, NotCommitted):
+        # A read changes nothing, so an unconfirmed barrier is simply unavailability.
+        raise ApiError(
+            "unavailable",
+            "leadership could not be confirmed; retry shortly",
+            headers={"Retry-After": "1"},
+        ) from None
+    return {}

@@ -1,0 +1,75 @@
+"""Identifiers and random numbers for commands: the one place they are drawn.
+
+The core never draws anything (design.md, Time): job, workflow,
+subscription and schedule ids, a failure's retry jitter and a Tick's seed
+arrive inside the command, drawn by the proposer. `Draws` is where the node
+draws them, so a test or a simulation can replace them all in one place.
+
+Identifiers are `<prefix>_` + 48 bits of milliseconds + 80 random bits in
+Crockford base32 (26 characters, like a ULID): sortable by creation time,
+unique without coordination.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Callable
+
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+# base64's base32 has the RFC 4648 alphabet; Crockford's is the same 5-bit
+# groups under other letters. Encoding through it is about five times faster
+# than a Python loop, which mattered: a 100-job batch makes 100 ids.
+_RFC4648_TO_CROCKFORD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD)
+
+
+def _base32_id(now_ms: int, random_bits: int) -> str:
+    """26 Crockford characters: the low 50 bits of `now_ms`, then 80 bits."""
+    value = ((now_ms & ((1 << 50) - 1)) << 80) | (random_bits & ((1 << 80) - 1))
+    # 20 bytes are 32 whole characters; the value is the last 26 of them.
+    text = base64.b32encode(value.to_bytes(20, "big")).decode("ascii")
+    return text[-26:].translate(_RFC4648_TO_CROCKFORD)
+
+
+class IdSource:
+    """Monotonic within a process: ids made in the same millisecond increase."""
+
+    def __init__(self) -> None:
+        self._last_ms = -1
+        self._last_random = 0
+
+    def new(self, prefix: str, now_ms: int) -> str:
+        if now_ms <= self._last_ms:
+            now_ms = self._last_ms
+            self._last_random += 1
+            random_bits = self._last_random
+        else:
+            random_bits = int.from_bytes(os.urandom(10), "big") >> 1
+            self._last_ms = now_ms
+            self._last_random = random_bits
+        return f"{prefix}_{_base32_id(now_ms, random_bits)}"
+
+
+class Draws:
+    """Every identifier and random number this node puts into a command.
+    `now_ms` is the leader clock the identifiers take their time from."""
+
+    def __init__(self, now_ms: Callable[[], int]) -> None:
+        self._now_ms = now_ms
+        self._ids = IdSource()
+
+    def new_id(self, prefix: str) -> str:
+        return self._ids.new(prefix, self._now_ms())
+
+    def new_ids(self, prefix: str, count: int) -> tuple[str, ...]:
+        now_ms = self._now_ms()  # one clock read for a batch
+        return tuple(self._ids.new(prefix, now_ms) for _ in range(count))
+
+    def u32(self) -> int:
+        """Uniform in [0, 2**32): a failure's retry jitter (FailJob)."""
+        return int.from_bytes(os.urandom(4), "big")
+
+    def u64(self) -> int:
+        """Uniform in [0, 2**64): a Tick's seed (the jitter of the retries it causes)."""
+        return int.from_bytes(os.urandom(8), "big")

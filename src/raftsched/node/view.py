@@ -1,0 +1,135 @@
+"""The node as the layers above it see it: two narrow protocols.
+
+`api/` and the webhook deliverer are written against these, not against
+`service.Node`: what they may ask of the node is listed here, and nothing
+else (its Raft adapter, proposer, clock or configuration) is in reach.
+`StateView` is what the webhook deliverer needs; `NodeView` adds what the
+HTTP API needs. `service.Node` satisfies both, which mypy checks where the
+process hands the node to them (`raftsched.process`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from raftsched import core
+from raftsched.core.kernel.commands import Command
+from raftsched.core.kernel.results import Lease, Rejected, Result
+from raftsched.node.metrics import NodeMetrics
+from raftsched.node.observability import Observer
+from raftsched.node.versions import NodeVersion
+from raftsched.raft import Halt, RaftStatus
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderInfo:
+    id: str
+    http_url: str | None
+
+
+class StateView(Protocol):
+    """The replicated state, its changes, and proposing while leader."""
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    @property
+    def metrics(self) -> NodeMetrics: ...
+
+    def reading(self) -> AbstractContextManager[core.State]:
+        """Hold the state still while the caller reads it."""
+        ...
+
+    def changed(self) -> asyncio.Event:
+        """An event set at the next applied entry or leadership change."""
+        ...
+
+    async def propose(
+        self, command: Command, size_bytes: int = 0, *, bounded: bool = True
+    ) -> Result: ...
+
+
+class NodeView(StateView, Protocol):
+    """Everything the HTTP API asks of its node."""
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def http_url(self) -> str:
+        """This node's advertised HTTP URL."""
+        ...
+
+    @property
+    def raft_address(self) -> str: ...
+
+    @property
+    def http_urls(self) -> Mapping[str, str]:
+        """Every member's advertised HTTP URL (this node's too), by node id."""
+        ...
+
+    @property
+    def observer(self) -> Observer: ...
+
+    def status(self) -> RaftStatus: ...
+
+    def leader(self) -> LeaderInfo | None: ...
+
+    def peer_reachable(self, node_id: str) -> bool: ...
+
+    def digest(self) -> tuple[str, int]:
+        """The state digest and the applied index it was taken at."""
+        ...
+
+    # Rolling upgrades (node.versions).
+
+    def cluster_version(self) -> int:
+        """The cluster version in force on this replica."""
+        ...
+
+    def peer_version(self, node_id: str) -> NodeVersion | None:
+        """What the peer answered this node's last version poll, or None."""
+        ...
+
+    @property
+    def halted(self) -> Halt | None:
+        """Where and why this replica stopped applying, or None."""
+        ...
+
+    # Identifiers and random numbers for commands come from the node's
+    # `node.draws.Draws`, through these methods only.
+
+    def now_ms(self) -> int:
+        """The leader clock: the time a command proposed now is stamped with."""
+        ...
+
+    def new_id(self, prefix: str) -> str:
+        """A new identifier, `<prefix>_` and 26 characters sortable by time."""
+        ...
+
+    def new_ids(self, prefix: str, count: int) -> tuple[str, ...]:
+        """`count` new identifiers, in the order they sort (a batch's)."""
+        ...
+
+    def random_u32(self) -> int:
+        """Uniform in [0, 2**32), for a command that carries a draw (FailJob)."""
+        ...
+
+    async def barrier(self) -> None: ...
+
+    def submit_all(
+        self, commands: Sequence[Command], size_bytes: int = 0
+    ) -> list[asyncio.Future[Result]]: ...
+
+    async def claim(
+        self,
+        worker_id: str,
+        queues: tuple[str, ...],
+        max_jobs: int,
+        wait_s: float,
+        lease_ms: int | None,
+    ) -> list[Lease] | Rejected: ...

@@ -1,0 +1,91 @@
+"""The coordinator process: the composition root above `node` and `api`.
+
+`run_node(config)` builds the node, the leader's webhook deliverer and the
+HTTP application, serves them until SIGTERM or SIGINT, then closes them. It is
+the one module that knows every layer of the shell, so that the arrows
+between them point down only: `api` uses `node`, and `node` knows nothing of
+HTTP. The CLI's `raftsched node` calls `run_node`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+from raftsched.config import NodeConfig
+from raftsched.logs import configure_logging
+from raftsched.node import gc_tuning
+from raftsched.node.service import Node
+from raftsched.node.webhooks import WebhookDelivery
+
+log = logging.getLogger("raftsched.node")
+server_log = logging.getLogger("aiohttp.server")
+
+
+class ClientFaultsAsWarnings(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's request handler reports a request it cannot parse (a header
+    with a NUL byte, a bad request line) with `logger.exception`, at error
+    level, and answers it 400 itself. That is the client's fault, not the
+    node's: it is logged as a warning with the parser's message, and every
+    other error stays an error."""
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(error, HttpProcessingError) and 400 <= error.code < 500:
+            self.warning("%s: %s", str(msg) % args if args else msg, error, **kwargs)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+
+def run_node(config: NodeConfig) -> None:
+    """Run a node until SIGTERM or SIGINT. Must be called on the main thread:
+    pysyncobj's tick thread stops when the thread that created it exits."""
+    config.validate()
+    configure_logging(config.log_format, node_id=config.node_id)
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    asyncio.run(_serve(config))
+
+
+def assemble(config: NodeConfig, loop: asyncio.AbstractEventLoop) -> tuple[Node, web.Application]:
+    """The node with its leader duties and its HTTP application, not started."""
+    # Imported only now, once logging is configured: api.unsafe logs its
+    # warning when it is imported.
+    from raftsched.api.app import create_app
+
+    node = Node(config, loop)
+    node.add_leader_duty(WebhookDelivery(node))
+    return node, create_app(node, max_body_bytes=config.max_body_bytes)
+
+
+async def _serve(config: NodeConfig) -> None:
+    gc_tuning.configure()
+    loop = asyncio.get_running_loop()
+    node, app = assemble(config, loop)
+    node.start()
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, logger=ClientFaultsAsWarnings(server_log)
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True)
+    await site.start()
+    log.info(
+        "node started",
+        extra={"http": config.advertised_http_url, "raft": config.raft_address},
+    )
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    gc_task = loop.create_task(gc_tuning.freeze_periodically())
+    try:
+        await stop.wait()
+    finally:
+        gc_task.cancel()
+        log.info("node stopping")
+        await runner.cleanup()
+        await node.close()
