@@ -20,6 +20,7 @@ from raftsched.core.jobs.queries import (
     status_counts,
 )
 from raftsched.core.jobs.tick import next_due_ms
+from raftsched.core.kernel import cluster_version  # noqa: F401  (registers its section)
 from raftsched.core.kernel.apply import apply_encoded, apply_entry
 from raftsched.core.kernel.codec import (
     COMMAND_TAGS,

@@ -4,7 +4,9 @@
 each command in order through one small handler per command type. Nothing
 escapes: pysyncobj re-applies a raising entry forever on every replica, so a
 bug becomes a recorded `Rejected(internal_error)` after the savepoint has put
-the state back as it was.
+the state back as it was. The one exception is an entry that this code cannot
+decode (`apply_encoded` raises `CodecError`): rejecting it would leave this
+replica behind every replica that applied it, so the node stops applying.
 """
 
 from __future__ import annotations
@@ -52,8 +54,16 @@ from raftsched.core.jobs.operator_commands import (
 )
 from raftsched.core.jobs.submit import apply_submit
 from raftsched.core.jobs.tick import apply_tick, take_over, tidy_heaps
+from raftsched.core.kernel import cluster_version
 from raftsched.core.kernel.codec import CodecError, decode_entry
-from raftsched.core.kernel.commands import Barrier, Command, Entry, TakeOver, Tick
+from raftsched.core.kernel.commands import (
+    Barrier,
+    Command,
+    Entry,
+    RaiseClusterVersion,
+    TakeOver,
+    Tick,
+)
 from raftsched.core.kernel.results import INTERNAL_ERROR, INVALID_REQUEST, Ack, Rejected, Result
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
@@ -86,6 +96,7 @@ COMMAND_TYPES = frozenset(
         TakeOver,
         Barrier,
         Configure,
+        RaiseClusterVersion,
         ConfigureOutbox,
         CreateSubscription,
         DeleteSubscription,
@@ -111,13 +122,20 @@ COMMANDS_PER_ENTRY_MAX = 100_000
 
 
 def apply_encoded(state: State, data: bytes) -> list[Result]:
-    """Decode one committed entry and apply it. This is what the Raft adapter calls."""
+    """Decode one committed entry and apply it. This is what the Raft adapter calls.
+
+    Raises `CodecError`, with the state untouched, when this code cannot
+    decode the entry: most likely a newer release proposed a command kind
+    this one does not know. The caller must stop applying (node.machine):
+    every replica that could decode the entry applied it, so skipping or
+    rejecting it here would diverge from them without a word.
+    """
     try:
         entry = decode_entry(data)
-    except CodecError as error:
-        return [Rejected(INVALID_REQUEST, f"undecodable entry: {error}", {"field": "entry"})]
-    except Exception as error:  # a codec bug must not wedge the log either
-        return [Rejected(INVALID_REQUEST, f"undecodable entry: {type(error).__name__}", {})]
+    except CodecError:
+        raise
+    except Exception as error:  # a codec bug: this code cannot read the entry either
+        raise CodecError(f"undecodable entry: {type(error).__name__}: {error}") from error
     return apply_entry(state, entry)
 
 
@@ -206,6 +224,8 @@ def _dispatch(state: State, command: Command, stale: bool, savepoint: Savepoint)
             return Ack()
         case Configure():
             return apply_configure(state, command)
+        case RaiseClusterVersion():
+            return cluster_version.apply_raise_cluster_version(state, command)
         case (
             ConfigureOutbox()
             | CreateSubscription()

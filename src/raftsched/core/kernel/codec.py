@@ -51,7 +51,16 @@ from raftsched.core.jobs.commands import (
     StartJob,
     SubmitJobs,
 )
-from raftsched.core.kernel.commands import Backoff, Barrier, Command, Entry, JobSpec, TakeOver, Tick
+from raftsched.core.kernel.commands import (
+    Backoff,
+    Barrier,
+    Command,
+    Entry,
+    JobSpec,
+    RaiseClusterVersion,
+    TakeOver,
+    Tick,
+)
 from raftsched.core.kernel.model import (
     JOB_EVENTS,
     JOB_FIELDS,
@@ -101,6 +110,7 @@ COMMAND_TAGS: Final[dict[type[Any], int]] = {
     TakeOver: 11,
     Barrier: 12,
     Configure: 13,
+    RaiseClusterVersion: 14,
     # Workflows, the outbox and webhook subscriptions: 40-59.
     ConfigureOutbox: 40,
     CreateSubscription: 41,
@@ -126,6 +136,17 @@ COMMAND_TAGS: Final[dict[type[Any], int]] = {
 }
 """Stable tags. Never renumber; never reuse a retired tag."""
 
+COMMAND_VERSION_MAX: Final = 2
+"""The highest command version this code understands (and reports to its peers)."""
+
+COMMAND_VERSIONS: Final[dict[type[Any], int]] = {
+    **dict.fromkeys(COMMAND_TAGS, 1),  # everything release 0.1.0 knew
+    RaiseClusterVersion: 2,
+}
+"""The version that introduced each command kind. A command may be proposed
+only once the replicated cluster version has reached it (kernel.cluster_version):
+a replica of an older release could not decode it."""
+
 # Field kinds, in dataclass field order.
 _SCHEMAS: Final[dict[type[Any], tuple[str, ...]]] = {
     SubmitJobs: ("specs", "strs"),
@@ -141,6 +162,7 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, ...]]] = {
     TakeOver: (),
     Barrier: (),
     Configure: ("int?",),
+    RaiseClusterVersion: ("int",),
     ConfigureOutbox: ("int?", "int?"),
     CreateSubscription: ("str", "str", "strs", "str"),
     DeleteSubscription: ("str",),
@@ -162,6 +184,8 @@ _SCHEMAS: Final[dict[type[Any], tuple[str, ...]]] = {
     BackfillSchedule: ("str", "int", "int", "str?"),
 }
 _BY_TAG: Final = {tag: cls for cls, tag in COMMAND_TAGS.items()}
+assert COMMAND_VERSIONS.keys() == COMMAND_TAGS.keys()
+assert max(COMMAND_VERSIONS.values()) == COMMAND_VERSION_MAX
 _SPEC_KINDS: Final = (
     "str", "str", "bytes", "int", "int?", "int?", "int", "backoff",
     "int", "int?", "str?", "str?", "str?", "labels",
@@ -447,7 +471,13 @@ def encode_state_pieces(state: State) -> Iterator[memoryview]:
         for start in range(0, len(jobs), _CHUNK_JOBS):
             packer.pack(_job_columns(jobs[start : start + _CHUNK_JOBS]))
             yield from _taken(packer)
-        packer.pack([[section.name, section.encode(state)] for section in SECTIONS])
+        packer.pack(
+            [
+                [section.name, section.encode(state)]
+                for section in SECTIONS
+                if not section.omitted(state)
+            ]
+        )
         yield from _taken(packer)
 
 
@@ -637,12 +667,26 @@ def _shared_value(state: State, value: object) -> object:
 
 
 def _decode_sections(state: State, rows: object) -> None:
-    if type(rows) is not tuple or len(rows) != len(SECTIONS):
+    """The sections in `SECTIONS` order. An optional one may be absent (it
+    keeps its default); every other must be there."""
+    if type(rows) is not tuple or len(rows) > len(SECTIONS):
         raise CodecError("state sections do not match this version")
-    for section, row in zip(SECTIONS, rows, strict=True):
-        if type(row) is not tuple or len(row) != 2 or row[0] != section.name:
+    at = 0
+    for section in SECTIONS:
+        row = rows[at] if at < len(rows) else None
+        named = type(row) is tuple and len(row) == 2 and row[0] == section.name
+        if not named:
+            if section.optional:
+                continue
             raise CodecError(f"expected state section {section.name}")
+        assert type(row) is tuple
         section.decode(state, row[1])
+        if section.omitted(state):
+            # Encoded at its default: not what `encode_state` writes.
+            raise CodecError(f"state section {section.name} holds its default")
+        at += 1
+    if at != len(rows):
+        raise CodecError("state sections do not match this version")
 
 
 def _decode_rows(state: State, next_row: Callable[[], Any], count: int) -> Iterator[Job]:

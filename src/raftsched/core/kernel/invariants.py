@@ -10,6 +10,7 @@ from collections import Counter
 
 from raftsched.core.events import outbox, subscriptions
 from raftsched.core.jobs import flow
+from raftsched.core.kernel import cluster_version
 from raftsched.core.kernel.model import (
     FINAL_STATUSES,
     JOB_STATUSES,
@@ -45,6 +46,7 @@ def check_invariants(state: State) -> list[str]:
     problems.extend(workflows.check(state))
     problems.extend(schedules_query.check(state))
     problems.extend(flow.check_flow(state))
+    problems.extend(cluster_version.check(state))
     return problems
 
 
