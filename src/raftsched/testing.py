@@ -110,6 +110,9 @@ class NodeProcess:
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
     paused: bool = False
+    # Another release's `src` directory to run instead of this checkout's
+    # code (a rolling-upgrade test), or None.
+    source_dir: Path | None = None
 
     @property
     def http_url(self) -> str:
@@ -182,6 +185,10 @@ class LocalCluster:
             if node.alive:
                 continue
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+            if node.source_dir is not None:
+                # Ahead of the installed package on the import path.
+                paths = [str(node.source_dir), env.get("PYTHONPATH", "")]
+                env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
             log_file = node.log_path.open("ab")
             # Dies with this process, even if it is SIGKILLed (child_processes).
             node.process = child_processes.popen(

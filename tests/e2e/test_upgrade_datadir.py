@@ -150,6 +150,9 @@ def restart_alone(cluster: LocalCluster, node_id: str, expected: dict[str, Any])
             f"{node_id} restarted on {expected['file']} holds another state.\n{golden.RULE}"
         )
         check_found(node.http_url, expected["found"])
+        # A release before 0.2.0 had no cluster version: it ran version 1.
+        status, view = get(node.http_url, "/v1/cluster")
+        assert view["cluster_version"] == expected.get("cluster_version", 1)
     finally:
         cluster.kill(node_id, signal.SIGTERM)
 

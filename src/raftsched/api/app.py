@@ -5,8 +5,10 @@ consistency) are in `api.requests`; this module only assembles the handlers.
 
 Every handler either answers from this node or raises: `ApiError` (rendered
 with the stable error body), `NotLeader` (a 307 to the leader, keeping method
-and body, or 503 `no_leader` when none is known), or `OutcomeUnknown` (504:
-the command may yet commit; retry with the same key or token).
+and body, or 503 `no_leader` when none is known), `OutcomeUnknown` (504:
+the command may yet commit; retry with the same key or token), or
+`UpgradeRequired` (409 `invalid_state`: the command needs a newer cluster
+version than the one in force; nothing was proposed).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from raftsched.api.errors import ApiError
 from raftsched.api.requests import NODE, Handler, node_of
 from raftsched.logs import REQUEST_ID
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, QueueFull
+from raftsched.node.versions import UpgradeRequired
 from raftsched.node.view import NodeView
 
 log = logging.getLogger("raftsched.api")
@@ -104,6 +107,17 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
                 "queue_bytes_max": error.bytes_max,
             },
             headers={"Retry-After": "1"},
+        ).response()
+    except UpgradeRequired as error:
+        return ApiError(
+            "invalid_state",
+            str(error),
+            {
+                "reason": "cluster_version",
+                "command": error.command_kind,
+                "command_version": error.needed,
+                "cluster_version": error.in_force,
+            },
         ).response()
     except NotCommitted as error:
         return ApiError(

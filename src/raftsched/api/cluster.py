@@ -12,6 +12,7 @@ from aiohttp import web
 from raftsched.api.jsonbody import json_response
 from raftsched.api.requests import node_of
 from raftsched.node.metrics import CONTENT_TYPE
+from raftsched.node.versions import THIS_NODE
 
 # How long /readyz waits for this replica to apply what was committed when the
 # request arrived: a replica that is applying gets there in milliseconds.
@@ -34,9 +35,11 @@ async def cluster(request: web.Request) -> web.Response:
             "role": status.role,
             "reachable": True,
             "match_index": None,
+            "version": THIS_NODE.as_json(),
         }
     ]
     for peer in status.peers:
+        heard = node.peer_version(peer.id)
         role = "leader" if leader is not None and leader.id == peer.id else "follower"
         nodes.append(
             {
@@ -46,6 +49,7 @@ async def cluster(request: web.Request) -> web.Response:
                 "role": role if peer.reachable else "unknown",
                 "reachable": peer.reachable,
                 "match_index": peer.match_index,
+                "version": None if heard is None else heard.as_json(),
             }
         )
     body = {
@@ -54,6 +58,7 @@ async def cluster(request: web.Request) -> web.Response:
         "term": status.term,
         "commit_index": status.commit_index,
         "applied_index": status.applied_index,
+        "cluster_version": node.cluster_version(),
         "nodes": nodes,
     }
     return json_response(body)
@@ -74,8 +79,22 @@ async def readyz(request: web.Request) -> web.Response:
     a commit before it applies it), so comparing the two at one instant
     answered 503 on healthy nodes. A replica that is applying gets up to
     `READY_CATCH_UP_S` to reach that index; one that cannot is not ready.
+
+    A replica that stopped applying at an entry it cannot decode is never
+    ready, and says where and why (`halted`).
     """
     node = node_of(request)
+    halted = node.halted
+    if halted is not None:
+        status = node.status()
+        body = {
+            "ready": False,
+            "leader_id": status.leader_id,
+            "commit_index": status.commit_index,
+            "applied_index": status.applied_index,
+            "halted": {"index": halted.index, "reason": halted.reason},
+        }
+        return json_response(body, status=503)
     status = node.status()
     target = status.commit_index
     deadline = asyncio.get_running_loop().time() + READY_CATCH_UP_S

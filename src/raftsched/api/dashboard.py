@@ -6,7 +6,8 @@ Routes:
   files ship in the package).
 - `GET /v1/overview`: everything the on-call view shows, from this node's
   replica and memory (so it answers on any node, with or without a leader).
-- `GET /v1/time`: this node's wall clock; the leader uses it to measure skew.
+- `GET /v1/time`: this node's wall clock and version; the leader uses it to
+  measure skew, every node to learn its peers' versions (node.versions).
 
 Why CORS: reads on a follower and all writes are redirected to the leader,
 and a browser will not follow a redirect to another origin (another port is
@@ -39,6 +40,7 @@ from raftsched.api.validation import query_integer, reject_unknown
 from raftsched.limits import ACTOR_CHARS_MAX, OVERVIEW_ERRORS_MAX
 from raftsched.node import metrics as families
 from raftsched.node.observability import wall_ms
+from raftsched.node.versions import THIS_NODE
 from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
@@ -93,7 +95,12 @@ async def static_file(request: web.Request) -> web.Response:
 
 @routes.get("/v1/time")
 async def node_time(request: web.Request) -> web.Response:
-    return json_response({"node_id": node_of(request).node_id, "wall_ms": wall_ms()})
+    body = {
+        "node_id": node_of(request).node_id,
+        "wall_ms": wall_ms(),
+        "version": THIS_NODE.as_json(),
+    }
+    return json_response(body)
 
 
 @routes.get("/v1/overview")

@@ -25,12 +25,13 @@ from raftsched.core.jobs.queries import (
     status_counts,
 )
 from raftsched.core.kernel import apply as _apply
+from raftsched.core.kernel import cluster_version as _cluster_version
 from raftsched.core.kernel import codec as _codec
 from raftsched.core.kernel import invariants as _invariants
 from raftsched.core.kernel import state as _state
 from raftsched.core.kernel import tick as _tick
 from raftsched.core.kernel.codec import CodecError
-from raftsched.core.kernel.commands import Entry
+from raftsched.core.kernel.commands import Command, Entry
 from raftsched.core.kernel.model import (
     FINAL_STATUSES,
     JOB_EVENTS,
@@ -46,6 +47,10 @@ from raftsched.core.registry import REGISTRY
 
 COMMAND_TAGS: Final[dict[type[Any], int]] = REGISTRY.command_tags
 """Stable tags by command type. Never renumber; never reuse a retired tag."""
+COMMAND_VERSIONS: Final[dict[type[Any], int]] = REGISTRY.command_versions
+"""The cluster version that introduced each command kind (`CommandKind.since`)."""
+COMMAND_VERSION_MAX: Final[int] = REGISTRY.command_version_max
+"""The highest command version this code understands (and reports to its peers)."""
 
 
 def apply_encoded(state: State, data: bytes) -> list[Result]:
@@ -92,8 +97,18 @@ def check_invariants(state: State) -> list[str]:
     return _invariants.check_invariants(state, REGISTRY)
 
 
+def command_version(command: Command) -> int:
+    return _cluster_version.command_version(command, REGISTRY)
+
+
+def needs_upgrade(state: State, command: Command) -> bool:
+    return _cluster_version.needs_upgrade(state, command, REGISTRY)
+
+
 __all__ = [
     "COMMAND_TAGS",
+    "COMMAND_VERSIONS",
+    "COMMAND_VERSION_MAX",
     "DEFAULT_RETENTION_MS",
     "FINAL_STATUSES",
     "JOB_EVENTS",
@@ -110,6 +125,7 @@ __all__ = [
     "apply_encoded",
     "apply_entry",
     "check_invariants",
+    "command_version",
     "decode_entry",
     "decode_state",
     "encode_entry",
@@ -120,6 +136,7 @@ __all__ = [
     "get_job",
     "job_history",
     "list_jobs",
+    "needs_upgrade",
     "new_state",
     "next_due_ms",
     "queue_stats",

@@ -5,6 +5,11 @@ state from the asyncio thread. One lock keeps them from racing: apply holds
 it for one entry, a read holds it while it renders its answer. After every
 entry the node is told (coalesced) so that long-polls and the dispatch loop
 re-check the state.
+
+An entry this code cannot decode (a newer release proposed a command it does
+not know) is not applied, skipped or rejected: every replica that could
+decode it has applied it, so this one stops applying at it
+(`raft.StopApplying`) and says so, and the node reports itself not ready.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from raftsched import core
+from raftsched.raft import StopApplying
 
 
 class ReplicatedState:
@@ -24,9 +30,12 @@ class ReplicatedState:
         self._on_applied = on_applied
 
     def apply(self, data: bytes) -> object:
-        with self.lock:
-            results = core.apply_encoded(self.state, data)
-            self.entries_applied += 1
+        try:
+            with self.lock:
+                results = core.apply_encoded(self.state, data)
+                self.entries_applied += 1
+        except core.CodecError as error:
+            raise StopApplying(f"this release cannot decode the entry ({error})") from error
         self._on_applied()
         return results
 

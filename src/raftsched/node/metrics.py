@@ -228,6 +228,11 @@ RAFT_IS_LEADER = Family("raftsched_raft_is_leader", "gauge", "1 if this node is 
 RAFT_TERM = Family("raftsched_raft_term", "gauge", "Current Raft term.")
 RAFT_COMMIT_INDEX = Family("raftsched_raft_commit_index", "gauge", "Raft commit index.")
 RAFT_APPLIED_INDEX = Family("raftsched_raft_applied_index", "gauge", "Raft applied index.")
+APPLY_HALTED = Family(
+    "raftsched_apply_halted",
+    "gauge",
+    "1 while this replica has stopped applying at an entry its release cannot decode.",
+)
 JOBS = Family("raftsched_jobs", "gauge", "Jobs by status.", ("status",))
 SNAPSHOT_AGE = Family(
     "raftsched_raft_snapshot_age_seconds",
@@ -373,8 +378,8 @@ SCHEDULES = Family("raftsched_schedules", "gauge", "Stored schedules.")
 
 SAMPLED = (
     GC_COLLECTIONS, GC_PAUSE_SECONDS, GC_PAUSE_MAX, RAFT_IS_LEADER, RAFT_TERM,
-    RAFT_COMMIT_INDEX, RAFT_APPLIED_INDEX, JOBS, SNAPSHOT_AGE, SNAPSHOT_DURATION, QUEUE_DEPTH,
-    QUEUE_RUNNING, QUEUE_OLDEST_AGE, PROPOSER_QUEUED_COMMANDS, PROPOSER_QUEUED_BYTES,
+    RAFT_COMMIT_INDEX, RAFT_APPLIED_INDEX, APPLY_HALTED, JOBS, SNAPSHOT_AGE, SNAPSHOT_DURATION,
+    QUEUE_DEPTH, QUEUE_RUNNING, QUEUE_OLDEST_AGE, PROPOSER_QUEUED_COMMANDS, PROPOSER_QUEUED_BYTES,
     PROPOSER_REFUSED, JOBS_STUCK, STUCK_THRESHOLD, OUTBOX_LAG, FOLLOWER_LAG,
     CLOCK_SKEW, CLOCK_SKEW_UNCERTAINTY, OUTBOX_DEPTH, WEBHOOK_OLDEST_AGE, TENANT_QUEUED,
     TENANT_RUNNING, TENANT_THROTTLED, FLOW_QUEUE_QUEUED, FLOW_QUEUE_RUNNING, FLOW_QUEUE_THROTTLED,

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -30,7 +30,8 @@ from raftsched import core
 from raftsched.config import NodeConfig
 from raftsched.core.jobs.commands import ClaimJobs
 from raftsched.core.jobs.flow_claim import claimable_at_ms
-from raftsched.core.kernel.commands import Barrier, Command, TakeOver, Tick
+from raftsched.core.kernel.cluster_version import cluster_version
+from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
 from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.node import metrics as families
 from raftsched.node.clock import LeaderClock
@@ -38,9 +39,10 @@ from raftsched.node.draws import Draws
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
-from raftsched.node.proposer import NotLeader, OutcomeUnknown, Proposer
+from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, Proposer
+from raftsched.node.versions import POLL_PERIOD_S, NodeVersion, PeerVersions, check_allowed
 from raftsched.node.view import LeaderInfo
-from raftsched.raft import RaftNode, RaftStatus
+from raftsched.raft import Halt, RaftNode, RaftStatus
 from raftsched.raft_journal import SNAPSHOT_NAME
 
 log = logging.getLogger("raftsched.node")
@@ -113,6 +115,8 @@ class Node:
         self._sampler_task: asyncio.Task[None] | None = None
         self._http_session: aiohttp.ClientSession | None = None
         self._skew_measured_at = 0.0
+        self.peer_versions = PeerVersions({p.id: p.http_url for p in config.peers})
+        self._versions_polled_at = 0.0
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -249,18 +253,38 @@ class Node:
     ) -> Result:
         """Propose one command and wait for its result. A request's commands
         are `bounded` by the proposer's queue (QueueFull: 503 unavailable);
-        the leader's own duties pass False (see node.proposer)."""
+        the leader's own duties pass False (see node.proposer). A command
+        newer than the cluster version raises UpgradeRequired (node.versions)."""
         if not self.is_leader:
             raise NotLeader()
+        self._check_allowed((command,))
         return await self.proposer.propose(command, size_bytes, bounded=bounded)
 
     def submit_all(
         self, commands: Sequence[Command], size_bytes: int = 0
     ) -> list[asyncio.Future[Result]]:
-        """Queue a request's commands together, all or none (QueueFull)."""
+        """Queue a request's commands together, all or none (QueueFull,
+        UpgradeRequired)."""
         if not self.is_leader:
             raise NotLeader()
+        self._check_allowed(commands)
         return self.proposer.submit_all(commands, size_bytes)
+
+    def _check_allowed(self, commands: Sequence[Command]) -> None:
+        with self.reading() as state:
+            check_allowed(state, commands)
+
+    def peer_version(self, node_id: str) -> NodeVersion | None:
+        return self.peer_versions.heard.get(node_id)
+
+    @property
+    def halted(self) -> Halt | None:
+        return self.raft.halted
+
+    def cluster_version(self) -> int:
+        """The cluster version in force on this replica (core.kernel.cluster_version)."""
+        with self.reading() as state:
+            return cluster_version(state)
 
     def status(self) -> RaftStatus:
         return self.raft.status()
@@ -365,7 +389,13 @@ class Node:
     # -- observation (see node.observability) ---------------------------------
 
     async def _sample(self) -> None:
-        """Once a second: measure peers' clocks every SKEW_PERIOD_S while leader."""
+        """Once a second: learn the peers' versions every POLL_PERIOD_S (and
+        as leader raise the cluster version), measure their clocks every
+        SKEW_PERIOD_S while leader."""
+        if self.loop.time() - self._versions_polled_at >= POLL_PERIOD_S:
+            self._versions_polled_at = self.loop.time()
+            await self.peer_versions.poll(self._peer_time)
+            await self._raise_cluster_version()
         if not self.is_leader:
             self.observer.forget_skew()
             return
@@ -376,11 +406,37 @@ class Node:
         await self.observer.measure_skew(peers, self._peer_wall_ms)
 
     async def _peer_wall_ms(self, url: str) -> float:
+        body = await self._peer_time(url)
+        return float(body["wall_ms"])
+
+    async def _peer_time(self, url: str) -> dict[str, Any]:
+        """A peer's answer to `GET /v1/time`: its clock and its version."""
         if self._http_session is None:
             self._http_session = aiohttp.ClientSession()
         async with self._http_session.get(url.rstrip("/") + "/v1/time") as response:
             body = await response.json()
-        return float(body["wall_ms"])
+        if not isinstance(body, dict):
+            raise ValueError("GET /v1/time did not answer an object")
+        return body
+
+    async def _raise_cluster_version(self) -> None:
+        """As leader, once every member understands a higher cluster version
+        than the one in force, propose it (node.versions)."""
+        if not self.is_leader:
+            return
+        version = self.peer_versions.version_to_raise(self.cluster_version())
+        if version is None:
+            return
+        try:
+            result = await self.propose(RaiseClusterVersion(version), bounded=False)
+        except (NotLeader, NotCommitted, OutcomeUnknown) as error:
+            # The next poll tries again; raising twice is harmless.
+            log.info("cluster version %d not raised yet: %r", version, error)
+            return
+        if isinstance(result, Rejected):
+            log.warning("raising the cluster version to %d was rejected: %r", version, result)
+        else:
+            log.info("cluster version raised to %d: every member understands it", version)
 
     # -- metrics --------------------------------------------------------------
 
@@ -396,6 +452,7 @@ class Node:
         sample(families.RAFT_TERM, lambda: [((), self.status().term)])
         sample(families.RAFT_COMMIT_INDEX, lambda: [((), self.status().commit_index)])
         sample(families.RAFT_APPLIED_INDEX, lambda: [((), self.status().applied_index)])
+        sample(families.APPLY_HALTED, lambda: [((), 0.0 if self.raft.halted is None else 1.0)])
         sample(families.JOBS, self._m_jobs)
         sample(families.SNAPSHOT_AGE, self._m_snapshot_age)
         sample(families.SNAPSHOT_DURATION, self._m_snapshot_duration)

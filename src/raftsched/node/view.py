@@ -21,7 +21,8 @@ from raftsched.core.kernel.commands import Command
 from raftsched.core.kernel.results import Lease, Rejected, Result
 from raftsched.node.metrics import NodeMetrics
 from raftsched.node.observability import Observer
-from raftsched.raft import RaftStatus
+from raftsched.node.versions import NodeVersion
+from raftsched.raft import Halt, RaftStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,21 @@ class NodeView(StateView, Protocol):
 
     def digest(self) -> tuple[str, int]:
         """The state digest and the applied index it was taken at."""
+        ...
+
+    # Rolling upgrades (node.versions).
+
+    def cluster_version(self) -> int:
+        """The cluster version in force on this replica."""
+        ...
+
+    def peer_version(self, node_id: str) -> NodeVersion | None:
+        """What the peer answered this node's last version poll, or None."""
+        ...
+
+    @property
+    def halted(self) -> Halt | None:
+        """Where and why this replica stopped applying, or None."""
         ...
 
     # Identifiers and random numbers for commands come from the node's

@@ -5,7 +5,9 @@ each command in order through the handler its feature declared for its type
 (`registry.handlers`: one dict lookup per command). Nothing
 escapes: pysyncobj re-applies a raising entry forever on every replica, so a
 bug becomes a recorded `Rejected(internal_error)` after the savepoint has put
-the state back as it was.
+the state back as it was. The one exception is an entry that this code cannot
+decode (`apply_encoded` raises `CodecError`): rejecting it would leave this
+replica behind every replica that applied it, so the node stops applying.
 """
 
 from __future__ import annotations
@@ -25,13 +27,20 @@ COMMANDS_PER_ENTRY_MAX = 100_000
 
 
 def apply_encoded(state: State, data: bytes, registry: Registry) -> list[Result]:
-    """Decode one committed entry and apply it. This is what the Raft adapter calls."""
+    """Decode one committed entry and apply it. This is what the Raft adapter calls.
+
+    Raises `CodecError`, with the state untouched, when this code cannot
+    decode the entry: most likely a newer release proposed a command kind
+    this one does not know. The caller must stop applying (node.machine):
+    every replica that could decode the entry applied it, so skipping or
+    rejecting it here would diverge from them without a word.
+    """
     try:
         entry = decode_entry(data, registry)
-    except CodecError as error:
-        return [Rejected(INVALID_REQUEST, f"undecodable entry: {error}", {"field": "entry"})]
-    except Exception as error:  # a codec bug must not wedge the log either
-        return [Rejected(INVALID_REQUEST, f"undecodable entry: {type(error).__name__}", {})]
+    except CodecError:
+        raise
+    except Exception as error:  # a codec bug: this code cannot read the entry either
+        raise CodecError(f"undecodable entry: {type(error).__name__}: {error}") from error
     return apply_entry(state, entry, registry)
 
 

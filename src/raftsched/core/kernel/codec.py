@@ -320,7 +320,8 @@ def encode_state_pieces(state: State, registry: Registry) -> Iterator[memoryview
 
     `[STATE_FORMAT, now_ms, epoch, last_fencing_token, retention_ms, next_seq,
     chunks, sections]`; sections are `[name, data]` pairs in the
-    registry's section order (sorted by name).
+    registry's section order (sorted by name), an optional section left out
+    while it holds its default.
 
     Jobs are stored in submission order, `_CHUNK_JOBS` to a chunk, column by
     column: a chunk is `[values, column, ...]` with one column per slot in
@@ -354,7 +355,13 @@ def encode_state_pieces(state: State, registry: Registry) -> Iterator[memoryview
         for start in range(0, len(jobs), _CHUNK_JOBS):
             packer.pack(_job_columns(jobs[start : start + _CHUNK_JOBS]))
             yield from _taken(packer)
-        packer.pack([[section.name, section.encode(state)] for section in registry.sections])
+        packer.pack(
+            [
+                [section.name, section.encode(state)]
+                for section in registry.sections
+                if not section.omitted(state)
+            ]
+        )
         yield from _taken(packer)
 
 
@@ -544,12 +551,26 @@ def _shared_value(state: State, value: object) -> object:
 
 
 def _decode_sections(state: State, rows: object, sections: tuple[Section, ...]) -> None:
-    if type(rows) is not tuple or len(rows) != len(sections):
+    """The sections in the registry's order. An optional one may be absent
+    (it keeps its default); every other must be there."""
+    if type(rows) is not tuple or len(rows) > len(sections):
         raise CodecError("state sections do not match this version")
-    for section, row in zip(sections, rows, strict=True):
-        if type(row) is not tuple or len(row) != 2 or row[0] != section.name:
+    at = 0
+    for section in sections:
+        row = rows[at] if at < len(rows) else None
+        named = type(row) is tuple and len(row) == 2 and row[0] == section.name
+        if not named:
+            if section.optional:
+                continue
             raise CodecError(f"expected state section {section.name}")
+        assert type(row) is tuple
         section.decode(state, row[1])
+        if section.omitted(state):
+            # Encoded at its default: not what `encode_state` writes.
+            raise CodecError(f"state section {section.name} holds its default")
+        at += 1
+    if at != len(rows):
+        raise CodecError("state sections do not match this version")
 
 
 def _decode_rows(state: State, next_row: Callable[[], Any], count: int) -> Iterator[Job]:

@@ -94,6 +94,14 @@ class Barrier(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class RaiseClusterVersion(Command):
+    """Let commands up to `version` be proposed: the leader proposes it once
+    every member runs code that understands them (see kernel.cluster_version)."""
+
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One Raft log entry: a batch of commands stamped by the leader that
     proposed it. `now_ms` is that leader's clock; the core never lets

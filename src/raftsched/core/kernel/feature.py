@@ -150,6 +150,7 @@ class Registry:
         "kinds",
         "command_tags",
         "command_versions",
+        "command_version_max",
         "codec",
         "sections",
         "tick_work",
@@ -189,6 +190,8 @@ class Registry:
         self.kinds: dict[type[Any], CommandKind] = {kind.type: kind for kind in kinds}
         self.command_tags: dict[type[Any], int] = {kind.type: kind.tag for kind in kinds}
         self.command_versions: dict[type[Any], int] = {kind.type: kind.since for kind in kinds}
+        # The highest command version this code understands (and reports to its peers).
+        self.command_version_max: int = max((kind.since for kind in kinds), default=1)
         custom = {each.name: (each.encode, each.decode) for each in field_kinds}
         self.codec = codec.CommandCodec([(k.type, k.tag, k.fields) for k in kinds], custom)
         # Encoding order: sorted by name (never import or feature order).

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from raftsched.core.kernel import outbox
+from raftsched.core.kernel import cluster_version, outbox
 from raftsched.core.kernel.model import (
     FINAL_STATUSES,
     JOB_STATUSES,
@@ -34,7 +34,7 @@ def check_invariants(state: State, registry: Registry) -> list[str]:
 
 
 def check_kernel(state: State) -> list[str]:
-    """The jobs, their indexes and the outbox."""
+    """The jobs, their indexes, the outbox and the cluster version."""
     problems: list[str] = []
     _check_scalars(state, problems)
     tokens: set[int] = set()
@@ -52,6 +52,7 @@ def check_kernel(state: State) -> list[str]:
     _check_maps(state, problems)
     _check_heaps(state, problems)
     problems.extend(outbox.check(state))
+    problems.extend(cluster_version.check(state))
     return problems
 
 

@@ -12,6 +12,11 @@ Adding a section: give it a name no other section uses and list it in its
 feature's record (`Feature.sections`); the registry refuses a name used twice
 and orders the sections. Never rename a section: snapshots on disk name
 their sections.
+
+A section added after a release can be optional: left out of the
+encoding while `at_default(state)`, and absent on decode meaning its default.
+A state that never uses it then keeps exactly the bytes (and the digest) the
+earlier release gave it, and that release can still read it.
 """
 
 from __future__ import annotations
@@ -33,3 +38,14 @@ class Section:
     encode: Callable[[State], Any]
     # Rebuild `state.sections[name]` (and any derived index) from that data.
     decode: Callable[[State, Any], None]
+    # Whether the section is as `create()` makes it; given, the section is
+    # optional: left out of the encoding then (see the module docstring).
+    at_default: Callable[[State], bool] | None = None
+
+    @property
+    def optional(self) -> bool:
+        return self.at_default is not None
+
+    def omitted(self, state: State) -> bool:
+        """Whether `encode_state` leaves the section out of `state`'s encoding."""
+        return self.at_default is not None and self.at_default(state)

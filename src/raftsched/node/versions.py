@@ -1,0 +1,122 @@
+"""Rolling upgrades, the node's part: what each member understands, and the gate.
+
+Theory of operation (the core's part is `core.kernel.cluster_version`). Every node
+answers `GET /v1/time` with its `version`: the release it runs and the
+highest command version its code understands. Every `POLL_PERIOD_S` each
+node asks its peers, so `GET /v1/cluster` can name every member's version.
+A node of release 0.1.0 answers without one: it understands version 1.
+
+The leader raises the replicated cluster version only from a poll in which
+every member answered: to the lowest version any of them understands, when
+that is above the version in force. A member that does not answer (down,
+partitioned, restarting) holds the version where it is; so does one member
+still on the old release.
+
+The gate: `check_allowed` refuses a command whose version is above the
+cluster version in force on this replica (`UpgradeRequired`, which the API
+answers 409 `invalid_state`, "upgrade every node first"). The node runs it
+on every proposal (`Node.propose`, `Node.submit_all`), so nothing that an
+old replica could not decode reaches the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import raftsched
+from raftsched.core import COMMAND_VERSION_MAX, command_version, needs_upgrade
+from raftsched.core.kernel.cluster_version import CLUSTER_VERSION_DEFAULT, cluster_version
+from raftsched.core.kernel.commands import Command
+from raftsched.core.kernel.state import State
+
+POLL_PERIOD_S: Final = 5.0
+POLL_TIMEOUT_S: Final = 1.0
+UPGRADE_FIRST: Final = "upgrade every node first"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVersion:
+    release: str | None  # None: a node of release 0.1.0, which does not say
+    command_version_max: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"release": self.release, "command_version_max": self.command_version_max}
+
+
+THIS_NODE: Final = NodeVersion(raftsched.__version__, COMMAND_VERSION_MAX)
+
+
+def from_answer(body: object) -> NodeVersion:
+    """A peer's version from its `GET /v1/time` answer (ValueError if it is not one)."""
+    if not isinstance(body, dict) or "wall_ms" not in body:
+        raise ValueError("not an answer of GET /v1/time")
+    version = body.get("version")
+    if version is None:
+        return NodeVersion(None, CLUSTER_VERSION_DEFAULT)
+    if not isinstance(version, dict):
+        raise ValueError("version is not an object")
+    release = version.get("release")
+    understood = version.get("command_version_max")
+    if type(understood) is not int or understood < 1:
+        raise ValueError("command_version_max is not a positive integer")
+    return NodeVersion(release if isinstance(release, str) else None, understood)
+
+
+class UpgradeRequired(Exception):
+    """A command needs a newer cluster version than the one in force;
+    nothing was proposed."""
+
+    def __init__(self, command: Command, needed: int, in_force: int) -> None:
+        super().__init__(UPGRADE_FIRST)
+        self.command_kind = type(command).__name__
+        self.needed = needed
+        self.in_force = in_force
+
+
+def check_allowed(state: State, commands: Iterable[Command]) -> None:
+    """Raise `UpgradeRequired` for the first command that needs a newer
+    cluster version than `state` has."""
+    for command in commands:
+        if needs_upgrade(state, command):
+            raise UpgradeRequired(command, command_version(command), cluster_version(state))
+
+
+Fetch = Callable[[str], Awaitable[object]]
+
+
+class PeerVersions:
+    """What this node heard from each peer in its last poll."""
+
+    def __init__(self, peer_urls: Mapping[str, str]) -> None:
+        self._peer_urls = dict(peer_urls)
+        # node id -> its version, or None when it did not answer the last poll.
+        self.heard: dict[str, NodeVersion | None] = dict.fromkeys(peer_urls)
+
+    async def poll(self, fetch: Fetch) -> None:
+        """Ask every peer at once; one that does not answer in time is unknown."""
+        ids = sorted(self._peer_urls)
+        answers = await asyncio.gather(
+            *(self._ask(fetch, self._peer_urls[node_id]) for node_id in ids)
+        )
+        self.heard = dict(zip(ids, answers, strict=True))
+
+    @staticmethod
+    async def _ask(fetch: Fetch, url: str) -> NodeVersion | None:
+        try:
+            return from_answer(await asyncio.wait_for(fetch(url), POLL_TIMEOUT_S))
+        except Exception:
+            return None
+
+    def version_to_raise(self, in_force: int) -> int | None:
+        """The cluster version every member (this node too) understands, if
+        every peer answered the last poll and it is above `in_force`."""
+        understood = [THIS_NODE.command_version_max]
+        for version in self.heard.values():
+            if version is None:
+                return None
+            understood.append(version.command_version_max)
+        lowest = min(understood)
+        return lowest if lowest > in_force else None

@@ -1,0 +1,142 @@
+"""The node's part of rolling upgrades: peers' versions, the raise, the gate,
+and the replica that stops at an entry it cannot decode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import msgpack
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+
+from raftsched import core
+from raftsched.api.app import _answer
+from raftsched.core import COMMAND_VERSION_MAX, COMMAND_VERSIONS
+from raftsched.core.jobs.commands import Configure, SetQueue
+from raftsched.core.kernel.codec import ENTRY_FORMAT
+from raftsched.core.kernel.commands import Entry, RaiseClusterVersion, TakeOver
+from raftsched.node.machine import ReplicatedState
+from raftsched.node.versions import (
+    THIS_NODE,
+    UPGRADE_FIRST,
+    NodeVersion,
+    PeerVersions,
+    UpgradeRequired,
+    check_allowed,
+    from_answer,
+)
+from raftsched.raft import StopApplying
+
+
+def test_a_node_of_release_0_1_0_answers_without_a_version_and_understands_1() -> None:
+    assert from_answer({"node_id": "n2", "wall_ms": 1.0}) == NodeVersion(None, 1)
+
+
+def test_a_node_of_today_says_what_it_understands() -> None:
+    answer = {"node_id": "n2", "wall_ms": 1.0, "version": THIS_NODE.as_json()}
+    assert from_answer(answer) == THIS_NODE
+    assert THIS_NODE.command_version_max == COMMAND_VERSION_MAX
+
+
+@pytest.mark.parametrize(
+    "body",
+    [None, [], {}, {"wall_ms": 1, "version": 2}, {"wall_ms": 1, "version": {"release": "x"}}],
+)
+def test_other_answers_are_no_answer(body: Any) -> None:
+    with pytest.raises(ValueError):
+        from_answer(body)
+
+
+def poll(answers: dict[str, Any]) -> PeerVersions:
+    """PeerVersions after one poll in which each peer's URL answered as given
+    (an exception: it did not answer)."""
+    versions = PeerVersions({node_id: node_id for node_id in answers})
+
+    async def fetch(url: str) -> object:
+        answer = answers[url]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    asyncio.run(versions.poll(fetch))
+    return versions
+
+
+NEW = {"wall_ms": 1, "version": {"release": "0.2.0", "command_version_max": 2}}
+OLD = {"wall_ms": 1}
+
+
+def test_the_version_is_raised_when_every_member_understands_it() -> None:
+    assert poll({"n2": NEW, "n3": NEW}).version_to_raise(1) == 2
+
+
+def test_one_old_member_holds_the_version() -> None:
+    versions = poll({"n2": NEW, "n3": OLD})
+    assert versions.heard == {"n2": NodeVersion("0.2.0", 2), "n3": NodeVersion(None, 1)}
+    assert versions.version_to_raise(1) is None
+
+
+def test_a_member_that_does_not_answer_holds_the_version() -> None:
+    versions = poll({"n2": NEW, "n3": ConnectionRefusedError()})
+    assert versions.heard["n3"] is None
+    assert versions.version_to_raise(1) is None
+
+
+def test_nothing_to_raise_at_the_version_in_force() -> None:
+    assert poll({"n2": NEW, "n3": NEW}).version_to_raise(2) is None
+
+
+def test_a_member_that_understands_less_than_this_node_sets_the_version() -> None:
+    partial = {"wall_ms": 1, "version": {"release": "x", "command_version_max": 1}}
+    assert poll({"n2": partial, "n3": NEW}).version_to_raise(1) is None
+
+
+def test_the_gate_refuses_a_command_newer_than_the_cluster_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    state = core.new_state()
+    check_allowed(state, [Configure(), RaiseClusterVersion(2)])
+    monkeypatch.setitem(COMMAND_VERSIONS, SetQueue, 2)  # as if it were new
+    with pytest.raises(UpgradeRequired) as refused:
+        check_allowed(state, [Configure(), SetQueue("q")])
+    assert (refused.value.command_kind, refused.value.needed, refused.value.in_force) == (
+        "SetQueue",
+        2,
+        1,
+    )
+
+
+def test_the_api_answers_409_invalid_state_upgrade_every_node_first() -> None:
+    async def handler(request: web.Request) -> web.Response:
+        raise UpgradeRequired(SetQueue("q"), 2, 1)
+
+    async def answer() -> web.StreamResponse:
+        return await _answer(make_mocked_request("PUT", "/v1/queues/q"), handler)
+
+    response = asyncio.run(answer())
+    assert isinstance(response, web.Response) and response.status == 409
+    assert response.text is not None
+    body = json.loads(response.text)
+    assert body["error"]["code"] == "invalid_state"
+    assert body["error"]["message"] == UPGRADE_FIRST == "upgrade every node first"
+    assert body["error"]["details"] == {
+        "reason": "cluster_version",
+        "command": "SetQueue",
+        "command_version": 2,
+        "cluster_version": 1,
+    }
+
+
+def test_the_replica_stops_at_an_entry_it_cannot_decode_and_changes_nothing() -> None:
+    applied: list[None] = []
+    replica = ReplicatedState(lambda: applied.append(None))
+    replica.apply(core.encode_entry(Entry(1, 5, (TakeOver(),))))
+    before = replica.digest()
+    future = msgpack.packb([ENTRY_FORMAT, 1, 6, [[99]]])
+    with pytest.raises(StopApplying, match="unknown command tag 99"):
+        replica.apply(future)
+    assert replica.digest() == before
+    assert replica.entries_applied == 1 and len(applied) == 1
