@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from raftsched.core import State, apply_entry, new_state, state_digest
+from raftsched.core import State, apply_entry, check_invariants, new_state, state_digest
 from raftsched.core.jobs.commands import ClaimJobs, StartJob, SubmitJobs
 from raftsched.core.kernel.commands import Command, Entry, JobSpec, TakeOver
-from raftsched.core.kernel.invariants import check_invariants
 from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Submitted
 
 T0 = 1_000_000

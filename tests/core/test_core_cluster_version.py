@@ -6,18 +6,21 @@ import msgpack
 import pytest
 from core_support import Cluster
 
-from raftsched.core import CodecError, decode_state, encode_state
-from raftsched.core.jobs.commands import Configure
-from raftsched.core.kernel.cluster_version import (
-    CLUSTER_VERSION,
-    cluster_version,
+from raftsched.core import (
+    COMMAND_TAGS,
+    COMMAND_VERSION_MAX,
+    COMMAND_VERSIONS,
+    REGISTRY,
+    CodecError,
     command_version,
+    decode_state,
+    encode_state,
     needs_upgrade,
 )
-from raftsched.core.kernel.codec import COMMAND_TAGS, COMMAND_VERSION_MAX, COMMAND_VERSIONS
+from raftsched.core.jobs.commands import Configure
+from raftsched.core.kernel.cluster_version import CLUSTER_VERSION, cluster_version
 from raftsched.core.kernel.commands import RaiseClusterVersion
 from raftsched.core.kernel.results import Ack, Rejected
-from raftsched.core.kernel.sections import SECTIONS
 
 
 def test_a_new_state_is_at_version_1() -> None:
@@ -60,7 +63,7 @@ def test_at_its_default_the_section_is_not_encoded_at_all() -> None:
     doc = msgpack.unpackb(encode_state(cluster.state))
     names = [name for name, _ in doc[7]]
     assert CLUSTER_VERSION not in names
-    assert names == [s.name for s in SECTIONS if s.name != CLUSTER_VERSION]
+    assert names == [s.name for s in REGISTRY.sections if s.name != CLUSTER_VERSION]
 
 
 def test_a_raised_version_is_encoded_in_section_order_and_round_trips() -> None:

@@ -10,9 +10,11 @@ from core_support import T0, Cluster
 
 from raftsched.core import (
     COMMAND_TAGS,
+    REGISTRY,
     CodecError,
     apply_encoded,
     apply_entry,
+    check_invariants,
     decode_entry,
     decode_state,
     encode_entry,
@@ -54,10 +56,8 @@ from raftsched.core.kernel.commands import (
     TakeOver,
     Tick,
 )
-from raftsched.core.kernel.invariants import check_invariants
 from raftsched.core.kernel.model import JOB_FIELDS
 from raftsched.core.kernel.results import Rejected
-from raftsched.core.kernel.sections import SECTIONS
 from raftsched.core.schedules.commands import (
     BackfillSchedule,
     CreateSchedule,
@@ -298,7 +298,9 @@ def test_a_snapshot_in_the_row_format_still_decodes() -> None:
 
     rows = [[getattr(job, name) for name in JOB_FIELDS] for job in state.jobs.values()]
     sections = [
-        [section.name, section.encode(state)] for section in SECTIONS if not section.omitted(state)
+        [section.name, section.encode(state)]
+        for section in REGISTRY.sections
+        if not section.omitted(state)
     ]
     header = [2, state.now_ms, state.epoch, state.last_fencing_token, state.retention_ms]
     data = msgpack.packb([*header, state.next_seq, rows, sections], default=records)

@@ -6,7 +6,7 @@ import random
 
 from core_support import Cluster
 
-from raftsched.core import decode_state, encode_state
+from raftsched.core import check_invariants, decode_state, encode_state
 from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
@@ -19,7 +19,6 @@ from raftsched.core.jobs.commands import (
     SubmitJobs,
 )
 from raftsched.core.kernel.commands import Command, JobSpec, Tick
-from raftsched.core.kernel.invariants import check_invariants
 from raftsched.core.kernel.results import Claimed
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import msgpack
 import pytest
 from core_support import Cluster, assert_rejected_unchanged
 
-from raftsched.core import State, decode_state, encode_state
+from raftsched.core import State, check_invariants, decode_state, encode_state
 from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
@@ -16,7 +18,10 @@ from raftsched.core.events.commands import (
     ParkDelivery,
     RetryParked,
 )
-from raftsched.core.events.outbox import (
+from raftsched.core.events.subscriptions import PARKED_MAX, subscriptions
+from raftsched.core.jobs.commands import CancelJob, CompleteJob, FailJob
+from raftsched.core.kernel.commands import Tick
+from raftsched.core.kernel.outbox import (
     decode_data,
     emit,
     events_after,
@@ -24,12 +29,8 @@ from raftsched.core.events.outbox import (
     last_seq,
     outbox,
 )
-from raftsched.core.events.subscriptions import PARKED_MAX, subscriptions
-from raftsched.core.jobs import lifecycle
-from raftsched.core.jobs.commands import CancelJob, CompleteJob, FailJob
-from raftsched.core.kernel.commands import Tick
-from raftsched.core.kernel.invariants import check_invariants
 from raftsched.core.kernel.results import Ack, ParkedRetried, SubscriptionCreated
+from raftsched.core.kernel.savepoint import Savepoint
 
 
 def _types(cluster: Cluster) -> list[str]:
@@ -68,7 +69,7 @@ def test_transient_failure_emits_nothing() -> None:
 def test_events_after_filters_by_seq_type_and_limit() -> None:
     cluster = Cluster()
     for kind in ("a.x", "b.y", "a.z", "b.y"):
-        emit(cluster.state, kind, {})
+        emit(cluster.state, kind, {}, Savepoint(cluster.state))
     assert [e.seq for e in events_after(cluster.state, 1)] == [2, 3, 4]
     assert [e.seq for e in events_after(cluster.state, 0, ["b.y"])] == [2, 4]
     assert [e.seq for e in events_after(cluster.state, 0, ["a.*"])] == [1, 3]
@@ -79,15 +80,15 @@ def test_events_after_filters_by_seq_type_and_limit() -> None:
 def test_retention_trims_and_seq_is_never_reused() -> None:
     cluster = Cluster()
     cluster.one(ConfigureOutbox(retention_ms=1_000))
-    emit(cluster.state, "x", {})
-    emit(cluster.state, "x", {})
+    emit(cluster.state, "x", {}, Savepoint(cluster.state))
+    emit(cluster.state, "x", {}, Savepoint(cluster.state))
     assert cluster.state.sections["outbox"].retention_ms == 1_000
     cluster.one(Tick(), at=cluster.now_ms + 999)
     assert len(outbox(cluster.state)) == 2
     cluster.one(Tick(), at=cluster.now_ms + 1)
     assert len(outbox(cluster.state)) == 0
     assert first_held_seq(cluster.state) == 3
-    emit(cluster.state, "x", {})
+    emit(cluster.state, "x", {}, Savepoint(cluster.state))
     assert [e.seq for e in events_after(cluster.state, 0)] == [3]
 
 
@@ -97,7 +98,7 @@ def test_subscription_cursor_holds_back_trimming() -> None:
     result = cluster.one(CreateSubscription("s1", "http://127.0.0.1:9/hook", ("job.*",), "k"))
     assert result == SubscriptionCreated("s1", True, 0)
     for _ in range(3):
-        emit(cluster.state, "job.succeeded", {})
+        emit(cluster.state, "job.succeeded", {}, Savepoint(cluster.state))
     cluster.one(Tick())
     assert len(outbox(cluster.state)) == 3
     cluster.one(AckDelivery("s1", 2))
@@ -112,7 +113,7 @@ def test_full_outbox_drops_the_oldest_and_counts() -> None:
     cluster = Cluster()
     cluster.one(ConfigureOutbox(events_max=2))
     for _ in range(5):
-        emit(cluster.state, "x", {})
+        emit(cluster.state, "x", {}, Savepoint(cluster.state))
     box = outbox(cluster.state)
     assert [e.seq for e in events_after(cluster.state, 0)] == [4, 5]
     assert box.dropped == 3
@@ -121,7 +122,7 @@ def test_full_outbox_drops_the_oldest_and_counts() -> None:
 
 def test_create_subscription_is_idempotent_and_validated() -> None:
     cluster = Cluster()
-    emit(cluster.state, "x", {})
+    emit(cluster.state, "x", {}, Savepoint(cluster.state))
     command = CreateSubscription("s1", "https://example.test/h", ("job.succeeded",), "secret")
     assert cluster.one(command) == SubscriptionCreated("s1", True, 1)
     assert cluster.one(command) == SubscriptionCreated("s1", False, 1)
@@ -143,8 +144,8 @@ def test_create_subscription_is_idempotent_and_validated() -> None:
 def test_ack_only_moves_forward_and_not_beyond_the_outbox() -> None:
     cluster = Cluster()
     cluster.one(CreateSubscription("s1", "http://h/", (), "k"))
-    emit(cluster.state, "x", {})
-    emit(cluster.state, "x", {})
+    emit(cluster.state, "x", {}, Savepoint(cluster.state))
+    emit(cluster.state, "x", {}, Savepoint(cluster.state))
     assert cluster.one(AckDelivery("s1", 2)) == Ack()
     cluster.one(AckDelivery("s1", 1))
     assert subscriptions(cluster.state)["s1"].cursor == 2
@@ -154,7 +155,7 @@ def test_ack_only_moves_forward_and_not_beyond_the_outbox() -> None:
 def test_park_retry_and_ack_parked() -> None:
     cluster = Cluster()
     cluster.one(CreateSubscription("s1", "http://h/", (), "k"))
-    emit(cluster.state, "x", {"n": 1})
+    emit(cluster.state, "x", {"n": 1}, Savepoint(cluster.state))
     assert cluster.one(ParkDelivery("s1", 1, 8, "HTTP 500")) == Ack()
     cluster.one(AckDelivery("s1", 1))
     cluster.one(ConfigureOutbox(retention_ms=0))
@@ -180,7 +181,7 @@ def test_parked_events_are_bounded() -> None:
     cluster = Cluster()
     cluster.one(CreateSubscription("s1", "http://h/", (), "k"))
     for _ in range(PARKED_MAX + 2):
-        emit(cluster.state, "x", {})
+        emit(cluster.state, "x", {}, Savepoint(cluster.state))
     cluster.run(*(ParkDelivery("s1", seq, 1, "e") for seq in range(1, PARKED_MAX + 3)))
     sub = subscriptions(cluster.state)["s1"]
     assert len(sub.parked) == PARKED_MAX and sub.parked_dropped == 2
@@ -192,7 +193,7 @@ def test_sections_survive_a_snapshot_byte_for_byte() -> None:
     cluster.one(CreateSubscription("s1", "http://h/", ("job.*",), "k"))
     lease = cluster.start()
     cluster.one(CompleteJob(lease.job_id, lease.fencing_token))
-    emit(cluster.state, "x", {})
+    emit(cluster.state, "x", {}, Savepoint(cluster.state))
     cluster.one(ParkDelivery("s1", 2, 1, "e"))
     data = encode_state(cluster.state)
     copy = decode_state(data)
@@ -203,15 +204,16 @@ def test_sections_survive_a_snapshot_byte_for_byte() -> None:
 
 def test_a_rolled_back_command_takes_its_events_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = Cluster()
-    emit(cluster.state, "before", {})
+    emit(cluster.state, "before", {}, Savepoint(cluster.state))
     lease = cluster.start()
     before = cluster.digest()
 
-    def emit_then_raise(state: State, job: object) -> None:
-        emit(state, "job.succeeded", {})
+    def emit_then_raise(state: State, job: object, savepoint: Savepoint) -> None:
+        emit(state, "job.succeeded", {}, savepoint)
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(lifecycle, "job_finished", emit_then_raise)
+    hooks = cluster.state.hooks
+    monkeypatch.setattr(cluster.state, "hooks", replace(hooks, on_job_finished=(emit_then_raise,)))
     result = cluster.one(CompleteJob(lease.job_id, lease.fencing_token))
     assert result.code == "internal_error"
     assert cluster.digest() == before

@@ -7,27 +7,25 @@ from typing import Any
 import pytest
 from core_support import T0, Cluster
 
-from raftsched.core import apply_entry, check_invariants
+from raftsched.core import REGISTRY, apply_entry, check_invariants
 from raftsched.core.jobs import leases as leases_module
 from raftsched.core.jobs import tick as tick_module
 from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, StartJob, SubmitJobs
-from raftsched.core.kernel import apply as apply_module
 from raftsched.core.kernel.commands import Barrier, Entry, JobSpec, Tick
 from raftsched.core.kernel.results import Rejected, Submitted
-from raftsched.core.workflows import handlers as workflows_module
 from raftsched.core.workflows.commands import StepSpec, SubmitWorkflow
 
 
 def test_a_raising_handler_is_rolled_back_and_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
     cluster = Cluster()
     lease = cluster.start()
-    real = apply_module.apply_complete
+    real = REGISTRY.handlers[CompleteJob]
 
-    def broken(state: Any, command: Any, savepoint: Any) -> Any:
-        real(state, command, savepoint)  # mutates completely, then fails
+    def broken(state: Any, command: Any, context: Any) -> Any:
+        real(state, command, context)  # mutates completely, then fails
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(apply_module, "apply_complete", broken)
+    monkeypatch.setitem(REGISTRY.handlers, CompleteJob, broken)
     before = cluster.digest()
     result = cluster.one(CompleteJob(lease.job_id, lease.fencing_token))
     assert isinstance(result, Rejected) and result.code == "internal_error"
@@ -121,13 +119,13 @@ def test_a_workflow_submit_failing_after_its_step_jobs_removes_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cluster = Cluster()
-    real = workflows_module.apply_submit_workflow
+    real = REGISTRY.handlers[SubmitWorkflow]
 
-    def broken(state: Any, command: Any, savepoint: Any) -> Any:
-        real(state, command, savepoint)  # creates the first steps' jobs, then fails
+    def broken(state: Any, command: Any, context: Any) -> Any:
+        real(state, command, context)  # creates the first steps' jobs, then fails
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(workflows_module, "apply_submit_workflow", broken)
+    monkeypatch.setitem(REGISTRY.handlers, SubmitWorkflow, broken)
     before = cluster.digest()
     steps = (StepSpec("a", JobSpec("q")), StepSpec("b", JobSpec("q")))
     result = cluster.one(SubmitWorkflow("wf_1", steps))
@@ -140,13 +138,13 @@ def test_a_submit_failing_after_it_created_its_jobs_removes_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cluster = Cluster()
-    real = apply_module.apply_submit
+    real = REGISTRY.handlers[SubmitJobs]
 
-    def broken(state: Any, command: Any, savepoint: Any) -> Any:
-        real(state, command, savepoint)
+    def broken(state: Any, command: Any, context: Any) -> Any:
+        real(state, command, context)
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(apply_module, "apply_submit", broken)
+    monkeypatch.setitem(REGISTRY.handlers, SubmitJobs, broken)
     before = cluster.digest()
     result = cluster.one(SubmitJobs((JobSpec("q"), JobSpec("q")), ("job_a", "job_b")))
     assert isinstance(result, Rejected) and result.code == "internal_error"

@@ -9,9 +9,9 @@ import pytest
 from core_support import Cluster, assert_rejected_unchanged
 
 from raftsched.core import decode_state, encode_state, state_digest
-from raftsched.core.events.outbox import events_after
 from raftsched.core.jobs.commands import CancelJob, CompleteJob, FailJob, StartJob
 from raftsched.core.kernel.commands import JobSpec, Tick
+from raftsched.core.kernel.outbox import events_after
 from raftsched.core.kernel.results import (
     OccurrenceDecided,
     ScheduleBackfilled,

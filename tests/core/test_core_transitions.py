@@ -15,6 +15,7 @@ from raftsched.core.jobs.lifecycle import ON_ENTER, finish, transition
 from raftsched.core.kernel.commands import Backoff, Tick
 from raftsched.core.kernel.model import START, ImpossibleTransition
 from raftsched.core.kernel.results import Rejected
+from raftsched.core.kernel.savepoint import Savepoint
 
 # Repeated starts and heartbeats keep the status and are not history events;
 # test_core_leases covers them.
@@ -88,7 +89,7 @@ def test_a_move_the_table_lacks_raises() -> None:
     cluster = Cluster()
     job = cluster.job(cluster.submit())
     with pytest.raises(ImpossibleTransition, match="no job transition 'start' from 'pending'"):
-        transition(cluster.state, job, START, "test")
+        transition(cluster.state, job, START, "test", Savepoint(cluster.state))
 
 
 def test_an_impossible_move_inside_a_command_is_rolled_back(

@@ -6,11 +6,10 @@ import msgpack
 import pytest
 from core_support import Cluster, assert_rejected_unchanged
 
-from raftsched.core import decode_state, encode_state
-from raftsched.core.events.outbox import events_after
+from raftsched.core import check_invariants, decode_state, encode_state
 from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, FailJob, StartJob
 from raftsched.core.kernel.commands import JobSpec, Tick
-from raftsched.core.kernel.invariants import check_invariants
+from raftsched.core.kernel.outbox import events_after
 from raftsched.core.kernel.results import Claimed, Lease, WorkflowCancelAccepted, WorkflowSubmitted
 from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
 from raftsched.core.workflows.model import table

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from e2e_support import REPO_ROOT, cluster_env
 
-from raftsched.core.kernel.codec import COMMAND_VERSION_MAX
+from raftsched.core import COMMAND_VERSION_MAX
 from raftsched.node.versions import POLL_PERIOD_S
 from raftsched.testing import LocalCluster, http_json, wait_for
 
@@ -57,11 +57,11 @@ def next_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     the release that introduced it would declare it."""
     root = tmp_path_factory.mktemp("next") / "src"
     shutil.copytree(REPO_ROOT / "src" / "raftsched", root / "raftsched")
-    codec = root / "raftsched" / "core" / "kernel" / "codec.py"
-    text = codec.read_text()
-    declared = "    RaiseClusterVersion: 2,\n"
+    record = root / "raftsched" / "core" / "jobs" / "feature.py"
+    text = record.read_text()
+    declared = "            flow.apply_set_queue,\n"
     assert declared in text
-    codec.write_text(text.replace(declared, declared + "    SetQueue: 2,\n", 1))
+    record.write_text(text.replace(declared, declared + "            since=2,\n", 1))
     return root
 
 

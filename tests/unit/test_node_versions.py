@@ -14,8 +14,9 @@ from aiohttp.test_utils import make_mocked_request
 
 from raftsched import core
 from raftsched.api.app import _answer
+from raftsched.core import COMMAND_VERSION_MAX, COMMAND_VERSIONS
 from raftsched.core.jobs.commands import Configure, SetQueue
-from raftsched.core.kernel.codec import COMMAND_VERSION_MAX, COMMAND_VERSIONS, ENTRY_FORMAT
+from raftsched.core.kernel.codec import ENTRY_FORMAT
 from raftsched.core.kernel.commands import Entry, RaiseClusterVersion, TakeOver
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.versions import (

@@ -21,9 +21,7 @@ from raftsched.api.validation import (
     require_object,
     string,
 )
-from raftsched.core.events import outbox
 from raftsched.core.events.commands import CreateSubscription, DeleteSubscription, RetryParked
-from raftsched.core.events.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, decode_data
 from raftsched.core.events.subscriptions import (
     SECRET_CHARS_MAX,
     TYPES_MAX,
@@ -32,6 +30,8 @@ from raftsched.core.events.subscriptions import (
     oldest_undelivered_at_ms,
     subscriptions,
 )
+from raftsched.core.kernel import outbox
+from raftsched.core.kernel.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, decode_data
 from raftsched.core.kernel.results import Ack, ParkedRetried, SubscriptionCreated
 from raftsched.limits import EVENTS_LIMIT_MAX, WAIT_S_MAX
 from raftsched.timefmt import format_ms

@@ -198,7 +198,8 @@ class Observer:
         """Per webhook subscription: outbox events not yet delivered (None on
         a build without the outbox)."""
         try:
-            from raftsched.core.events import outbox, subscriptions
+            from raftsched.core.events import subscriptions
+            from raftsched.core.kernel import outbox
         except ImportError:
             return None
         try:

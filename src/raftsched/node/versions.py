@@ -27,13 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import raftsched
-from raftsched.core.kernel.cluster_version import (
-    CLUSTER_VERSION_DEFAULT,
-    cluster_version,
-    command_version,
-    needs_upgrade,
-)
-from raftsched.core.kernel.codec import COMMAND_VERSION_MAX
+from raftsched.core import COMMAND_VERSION_MAX, command_version, needs_upgrade
+from raftsched.core.kernel.cluster_version import CLUSTER_VERSION_DEFAULT, cluster_version
 from raftsched.core.kernel.commands import Command
 from raftsched.core.kernel.state import State
 

@@ -37,11 +37,11 @@ from typing import Any
 
 import aiohttp
 
-from raftsched.core.events import outbox
 from raftsched.core.events.commands import AckDelivery, AckParked, ParkDelivery
-from raftsched.core.events.outbox import OutboxEvent, decode_data
 from raftsched.core.events.subscriptions import Subscription, pending_events, subscriptions
+from raftsched.core.kernel import outbox
 from raftsched.core.kernel.commands import Command
+from raftsched.core.kernel.outbox import OutboxEvent, decode_data
 from raftsched.node import metrics as families
 from raftsched.node.metrics import Samples
 from raftsched.node.view import StateView

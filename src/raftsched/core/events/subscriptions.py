@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any, Final, NamedTuple
 
-from raftsched.core.events import outbox as outbox_module
 from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
@@ -27,8 +26,14 @@ from raftsched.core.events.commands import (
     ParkDelivery,
     RetryParked,
 )
-from raftsched.core.events.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, events_after, last_seq
-from raftsched.core.kernel import savepoint as savepoints
+from raftsched.core.kernel.feature import Context
+from raftsched.core.kernel.outbox import (
+    EVENT_TYPE_CHARS_MAX,
+    OutboxEvent,
+    events_after,
+    last_seq,
+    type_matches,
+)
 from raftsched.core.kernel.results import (
     IDEMPOTENCY_CONFLICT,
     NOT_FOUND,
@@ -37,7 +42,8 @@ from raftsched.core.kernel.results import (
     Rejected,
     SubscriptionCreated,
 )
-from raftsched.core.kernel.sections import Section, register
+from raftsched.core.kernel.savepoint import Savepoint
+from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     TEXT_CHARS_MAX,
@@ -96,7 +102,7 @@ class Subscription:
         self.parked_dropped = 0
 
     def matches(self, event_type: str) -> bool:
-        return outbox_module.type_matches(frozenset(self.types), event_type)
+        return type_matches(frozenset(self.types), event_type)
 
 
 def subscriptions(state: State) -> dict[str, Subscription]:
@@ -104,10 +110,8 @@ def subscriptions(state: State) -> dict[str, Subscription]:
     return found
 
 
-def _undo(state: State, action: Any) -> None:
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(action)
+def _undo(savepoint: Savepoint, action: Any) -> None:
+    savepoint.on_rollback(action)
 
 
 def _find(state: State, subscription_id: str) -> Subscription | Rejected:
@@ -146,8 +150,9 @@ def _check_create(command: CreateSubscription) -> Rejected | None:
 
 
 def apply_create_subscription(
-    state: State, command: CreateSubscription
+    state: State, command: CreateSubscription, context: Context
 ) -> SubscriptionCreated | Rejected:
+    savepoint = context.savepoint
     rejected = _check_create(command)
     if rejected is not None:
         return rejected
@@ -176,18 +181,21 @@ def apply_create_subscription(
         state.now_ms,
         cursor,
     )
-    _undo(state, lambda: table.pop(command.subscription_id, None))
+    _undo(savepoint, lambda: table.pop(command.subscription_id, None))
     return SubscriptionCreated(command.subscription_id, True, cursor)
 
 
-def apply_delete_subscription(state: State, command: DeleteSubscription) -> Ack | Rejected:
+def apply_delete_subscription(
+    state: State, command: DeleteSubscription, context: Context
+) -> Ack | Rejected:
+    savepoint = context.savepoint
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
     table = subscriptions(state)
     before = dict(table)
     del table[found.id]
-    _undo(state, lambda: _restore_table(table, before))
+    _undo(savepoint, lambda: _restore_table(table, before))
     return Ack()
 
 
@@ -196,7 +204,8 @@ def _restore_table(table: dict[str, Subscription], before: dict[str, Subscriptio
     table.update(before)  # keeps the insertion (and so the encoding) order
 
 
-def apply_ack_delivery(state: State, command: AckDelivery) -> Ack | Rejected:
+def apply_ack_delivery(state: State, command: AckDelivery, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
@@ -206,7 +215,7 @@ def apply_ack_delivery(state: State, command: AckDelivery) -> Ack | Rejected:
     if command.through_seq > found.cursor:
         old = found.cursor
         found.cursor = command.through_seq
-        _undo(state, lambda: setattr(found, "cursor", old))
+        _undo(savepoint, lambda: setattr(found, "cursor", old))
     return Ack()
 
 
@@ -215,7 +224,8 @@ def _held_event(state: State, seq: int) -> OutboxEvent | None:
     return found[0] if found and found[0].seq == seq else None
 
 
-def apply_park_delivery(state: State, command: ParkDelivery) -> Ack | Rejected:
+def apply_park_delivery(state: State, command: ParkDelivery, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
@@ -234,7 +244,7 @@ def apply_park_delivery(state: State, command: ParkDelivery) -> Ack | Rejected:
     if event is None:
         return Rejected(NOT_FOUND, f"event {command.seq} is not in the outbox", {"field": "seq"})
     before, dropped = dict(parked), found.parked_dropped
-    _undo(state, lambda: _restore_parked(found, before, dropped))
+    _undo(savepoint, lambda: _restore_parked(found, before, dropped))
     error = command.error[:ERROR_CHARS_MAX]
     parked.pop(command.seq, None)  # re-parked entries move to the end
     parked[command.seq] = Parked(event, command.attempts, error, state.now_ms, False)
@@ -248,17 +258,21 @@ def _restore_parked(found: Subscription, parked: dict[int, Parked], dropped: int
     found.parked, found.parked_dropped = parked, dropped
 
 
-def apply_retry_parked(state: State, command: RetryParked) -> ParkedRetried | Rejected:
+def apply_retry_parked(
+    state: State, command: RetryParked, context: Context
+) -> ParkedRetried | Rejected:
+    savepoint = context.savepoint
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
     before, dropped = found.parked, found.parked_dropped
-    _undo(state, lambda: _restore_parked(found, before, dropped))
+    _undo(savepoint, lambda: _restore_parked(found, before, dropped))
     found.parked = {seq: item._replace(retry=True) for seq, item in before.items()}
     return ParkedRetried(found.id, len(before))
 
 
-def apply_ack_parked(state: State, command: AckParked) -> Ack | Rejected:
+def apply_ack_parked(state: State, command: AckParked, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     found = _find(state, command.subscription_id)
     if isinstance(found, Rejected):
         return found
@@ -268,7 +282,7 @@ def apply_ack_parked(state: State, command: AckParked) -> Ack | Rejected:
     if command.seq in found.parked:
         before, dropped = dict(found.parked), found.parked_dropped
         del found.parked[command.seq]
-        _undo(state, lambda: _restore_parked(found, before, dropped))
+        _undo(savepoint, lambda: _restore_parked(found, before, dropped))
     return Ack()
 
 
@@ -285,12 +299,10 @@ def oldest_undelivered_at_ms(state: State, subscription: Subscription) -> int | 
     return found[0].at_ms if found else None
 
 
-def _floor(state: State) -> int | None:
+def lowest_cursor(state: State) -> int | None:
+    """The lowest delivery cursor: the outbox keeps every event above it."""
     table = subscriptions(state)
     return min((sub.cursor for sub in table.values()), default=None)
-
-
-outbox_module.register_floor(_floor)
 
 
 def check(state: State) -> list[str]:
@@ -341,4 +353,4 @@ def _decode(state: State, rows: Any) -> None:
     state.sections[SUBSCRIPTIONS] = table
 
 
-SECTION: Final = register(Section(SUBSCRIPTIONS, dict, _encode, _decode))
+SECTION: Final = Section(SUBSCRIPTIONS, dict, _encode, _decode)

@@ -13,7 +13,7 @@ This module keeps the replicated part in the `flow` section:
   whether the next claim belongs to the reserved high-priority share);
 - per tenant (`TenantFlow`): weight, concurrency limit and maximum queued.
 
-Which pending jobs are claimable is the derived `flow_index`; the claim
+Which pending jobs are claimable is the derived `runnable_index`; the claim
 itself is `flow_claim`. A queue record with default settings exists only
 while it carries rotation state, and is dropped when the queue has no
 claimable job left, so arbitrary queue names do not accumulate.
@@ -28,13 +28,12 @@ forgets the window; a failure keeps it open.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Final
 
 from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetTenant
-from raftsched.core.kernel import runnable_index as flow_index
-from raftsched.core.kernel import savepoint as savepoints
+from raftsched.core.kernel import runnable_index
 from raftsched.core.kernel.commands import JobSpec
+from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
     OUTCOME_FAILED,
     OUTCOME_LEASE_EXPIRED,
@@ -43,7 +42,7 @@ from raftsched.core.kernel.model import (
 )
 from raftsched.core.kernel.results import QUEUE_FULL, Ack, Rejected
 from raftsched.core.kernel.savepoint import Savepoint
-from raftsched.core.kernel.sections import Section, register
+from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     TIME_MS_MAX,
@@ -179,20 +178,13 @@ def _decode(state: State, data: Any) -> None:
     state.sections[FLOW] = flow
 
 
-register(Section(FLOW, Flow, _encode, _decode))
+SECTION: Final = Section(FLOW, Flow, _encode, _decode)
 
 
 # -- undo ----------------------------------------------------------------------
 
 
-def _undo(state: State, savepoint: Savepoint | None, action: Callable[[], None]) -> None:
-    if savepoint is None:
-        savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(action)
-
-
-def guard_queue(state: State, queue: str, savepoint: Savepoint | None) -> QueueFlow:
+def guard_queue(state: State, queue: str, savepoint: Savepoint) -> QueueFlow:
     """The queue's record, created if missing, with its present values
     restored (or the record removed) if the command rolls back."""
     flow = flow_of(state)
@@ -203,7 +195,7 @@ def guard_queue(state: State, queue: str, savepoint: Savepoint | None) -> QueueF
         def forget() -> None:
             flow.queues.pop(queue, None)
 
-        _undo(state, savepoint, forget)
+        savepoint.on_rollback(forget)
         return record
     saved = tuple(getattr(record, field) for field in _QUEUE_FIELDS)
 
@@ -212,7 +204,7 @@ def guard_queue(state: State, queue: str, savepoint: Savepoint | None) -> QueueF
         for field, value in zip(_QUEUE_FIELDS, saved, strict=True):
             setattr(record, field, value)
 
-    _undo(state, savepoint, restore)
+    savepoint.on_rollback(restore)
     return record
 
 
@@ -228,7 +220,8 @@ def drop_if_idle(state: State, queue: str) -> None:
 # -- commands ------------------------------------------------------------------
 
 
-def apply_set_queue(state: State, command: SetQueue, savepoint: Savepoint) -> Ack | Rejected:
+def apply_set_queue(state: State, command: SetQueue, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     rejected = _check_set_queue(command)
     if rejected is not None:
         return rejected
@@ -281,7 +274,8 @@ def _check_set_queue(command: SetQueue) -> Rejected | None:
     )
 
 
-def apply_pause_queue(state: State, command: PauseQueue, savepoint: Savepoint) -> Ack | Rejected:
+def apply_pause_queue(state: State, command: PauseQueue, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     rejected = check_name(command.queue, "queue")
     if rejected is None and type(command.paused) is not bool:
         rejected = invalid("paused", "paused is true or false")
@@ -293,7 +287,8 @@ def apply_pause_queue(state: State, command: PauseQueue, savepoint: Savepoint) -
     return Ack()
 
 
-def apply_set_tenant(state: State, command: SetTenant, savepoint: Savepoint) -> Ack | Rejected:
+def apply_set_tenant(state: State, command: SetTenant, context: Context) -> Ack | Rejected:
+    savepoint = context.savepoint
     rejected = (
         check_name(command.tenant, "tenant")
         or check_int(command.weight, "weight", 1, WEIGHT_MAX)
@@ -305,7 +300,7 @@ def apply_set_tenant(state: State, command: SetTenant, savepoint: Savepoint) -> 
     tenants = flow_of(state).tenants
     name = command.tenant
     previous = tenants.get(name)
-    _undo(state, savepoint, lambda: _restore_tenant(tenants, name, previous))
+    savepoint.on_rollback(lambda: _restore_tenant(tenants, name, previous))
     record = TenantFlow(command.weight, command.concurrency_limit, command.max_queued)
     if record.weight == 1 and record.concurrency_limit is None and record.max_queued is None:
         tenants.pop(name, None)  # the defaults: nothing to store
@@ -341,14 +336,15 @@ def admit(state: State, spec: JobSpec) -> Rejected | None:
     )
 
 
-def job_finished(state: State, job: Job) -> None:
-    """lifecycle.finish: release (or, dead-lettered, keep blocking) the job's ordering key."""
+def release_ordering_key(state: State, job: Job, savepoint: Savepoint) -> None:
+    """on_job_finished: release (or, dead-lettered, keep blocking) the job's
+    ordering key. Only derived data (the runnable index) changes."""
     if job.ordering_key is not None:
-        flow_index.finished(state.runnable, job, state.jobs)
+        runnable_index.finished(state.runnable, job, state.jobs)
 
 
-def attempt_ended(state: State, job: Job, outcome: str, counted: bool) -> None:
-    """lifecycle.end_attempt: feed the queue's circuit, if it has one."""
+def feed_circuit(state: State, job: Job, outcome: str, counted: bool, savepoint: Savepoint) -> None:
+    """on_attempt_ended: count the attempt's outcome in its queue's circuit, if any."""
     queues: dict[str, QueueFlow] = state.sections[FLOW].queues
     record = queues.get(job.queue) if queues else None
     if record is None or record.circuit_window is None:
@@ -359,7 +355,7 @@ def attempt_ended(state: State, job: Job, outcome: str, counted: bool) -> None:
         failed = True
     else:
         return  # cancelled, or not the handler's doing (deadline, never started)
-    record = guard_queue(state, job.queue, None)
+    record = guard_queue(state, job.queue, savepoint)
     record_outcome(record, failed, state.now_ms)
 
 
@@ -393,13 +389,13 @@ def check_flow(state: State) -> list[str]:
 def _check_index(state: State, problems: list[str]) -> None:
     """The live runnable index chooses exactly as one rebuilt from the jobs."""
     live = state.runnable
-    fresh = flow_index.RunnableIndex()
+    fresh = runnable_index.RunnableIndex()
     pending = []
     for job in state.jobs.values():
-        flow_index.add_new(fresh, job)
+        runnable_index.add_new(fresh, job)
         if job.status == "pending":
             pending.append(job)
-    flow_index.rebuild(fresh, pending)
+    runnable_index.rebuild(fresh, pending)
     for queue, lanes in live.queues.items():
         if lanes.ring != sorted(lanes.counts) or any(n <= 0 for n in lanes.counts.values()):
             problems.append(f"flow: ring of {queue} disagrees with its counts")
@@ -410,7 +406,9 @@ def _check_index(state: State, problems: list[str]) -> None:
     nonzero = {t: c for t, c in live.tenants.items() if any(c)}
     if nonzero != {t: c for t, c in fresh.tenants.items() if any(c)}:
         problems.append(f"flow: tenant counts {nonzero} disagree with the jobs")
-    live_heads = {key: flow_index.chain_head(chain, state.jobs) for key, chain in live.keys.items()}
+    live_heads = {
+        key: runnable_index.chain_head(chain, state.jobs) for key, chain in live.keys.items()
+    }
     live_heads = {key: head for key, head in live_heads.items() if head is not None}
     fresh_heads = {key: chain[0] for key, chain in fresh.keys.items()}
     if live_heads != fresh_heads:
@@ -424,5 +422,5 @@ def _check_index(state: State, problems: list[str]) -> None:
         for entry in heap
     }
     for job in pending:
-        if flow_index.is_head(fresh, job) and (job.queue, job.tenant, id(job)) not in in_lanes:
+        if runnable_index.is_head(fresh, job) and (job.queue, job.tenant, id(job)) not in in_lanes:
             problems.append(f"job {job.id}: claimable but not in its lane")

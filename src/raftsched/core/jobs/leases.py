@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, FailJob, HeartbeatJob, StartJob
 from raftsched.core.jobs.flow_claim import Selector
-from raftsched.core.jobs.job_events import lease_inputs
 from raftsched.core.jobs.lifecycle import (
     allowed,
     end_attempt,
     invalid_state,
+    lease_inputs,
     retry_or_dead_letter,
     transition,
 )
+from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
     CANCEL,
     CLAIM,
@@ -34,7 +35,6 @@ from raftsched.core.kernel.model import (
 from raftsched.core.kernel.results import (
     LEASE_LOST,
     NOT_FOUND,
-    STALE_EPOCH,
     Claimed,
     Completed,
     Failed,
@@ -42,6 +42,7 @@ from raftsched.core.kernel.results import (
     Lease,
     Rejected,
     Started,
+    stale_epoch,
 )
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
@@ -61,14 +62,6 @@ from raftsched.core.kernel.validate import (
     check_token,
     invalid,
 )
-
-
-def stale_epoch(state: State) -> Rejected:
-    return Rejected(
-        STALE_EPOCH,
-        "proposed under an epoch older than one already applied",
-        {"epoch": state.epoch},
-    )
 
 
 def not_found(job_id: str) -> Rejected:
@@ -97,11 +90,10 @@ def current_lease(state: State, job_id: str, token: int) -> tuple[Job, JobLease]
     return job, lease
 
 
-def apply_claim(
-    state: State, command: ClaimJobs, stale: bool, savepoint: Savepoint
-) -> Claimed | Rejected:
+def apply_claim(state: State, command: ClaimJobs, context: Context) -> Claimed | Rejected:
+    stale, savepoint = context.stale, context.savepoint
     if stale:
-        return stale_epoch(state)
+        return stale_epoch(state.epoch)
     rejected = _check_claim(command)
     if rejected is not None:
         return rejected
@@ -152,7 +144,7 @@ def _grant(state: State, job: Job, worker_id: str, lease_ms: int, savepoint: Sav
     job.lease = JobLease(worker_id, epoch, token, expires_at_ms, lease_ms)
     job.attempts = (*job.attempts, Attempt(number, worker_id, epoch, token, now_ms))
     job.next_run_at_ms = None
-    transition(state, job, CLAIM, worker_id, token)  # into the lease heap
+    transition(state, job, CLAIM, worker_id, savepoint, token)  # into the lease heap
     return Lease(
         job.id,
         number,
@@ -172,7 +164,8 @@ def _grant(state: State, job: Job, worker_id: str, lease_ms: int, savepoint: Sav
     )
 
 
-def apply_start(state: State, command: StartJob, savepoint: Savepoint) -> Started | Rejected:
+def apply_start(state: State, command: StartJob, context: Context) -> Started | Rejected:
+    savepoint = context.savepoint
     found = current_lease(state, command.job_id, command.fencing_token)
     if isinstance(found, Rejected):
         return found
@@ -182,13 +175,14 @@ def apply_start(state: State, command: StartJob, savepoint: Savepoint) -> Starte
     if job.status != RUNNING:  # a repeated start changes nothing
         savepoint.touch(job)
         job.attempts[-1].started_at_ms = state.now_ms
-        transition(state, job, START, lease.worker_id, lease.fencing_token)
+        transition(state, job, START, lease.worker_id, savepoint, lease.fencing_token)
     return Started(job.id, lease.expires_at_ms)
 
 
 def apply_heartbeat(
-    state: State, command: HeartbeatJob, savepoint: Savepoint
+    state: State, command: HeartbeatJob, context: Context
 ) -> HeartbeatAccepted | Rejected:
+    savepoint = context.savepoint
     rejected = check_optional_int(command.extend_ms, "extend", 1, LEASE_MS_MAX) or (
         None if command.progress is None else check_bytes(command.progress, "progress")
     )
@@ -207,9 +201,8 @@ def apply_heartbeat(
     return HeartbeatAccepted(job.id, expires_at_ms, job.cancel_requested)
 
 
-def apply_complete(
-    state: State, command: CompleteJob, savepoint: Savepoint
-) -> Completed | Rejected:
+def apply_complete(state: State, command: CompleteJob, context: Context) -> Completed | Rejected:
+    savepoint = context.savepoint
     rejected = check_bytes(command.result, "result")
     if rejected is not None:
         return rejected
@@ -218,9 +211,9 @@ def apply_complete(
         return _replayed_completion(state, command) or found
     job, lease = found
     savepoint.touch(job)
-    end_attempt(state, job, OUTCOME_SUCCEEDED, None, counted=True)
+    end_attempt(state, job, OUTCOME_SUCCEEDED, None, savepoint, counted=True)
     job.result = command.result
-    transition(state, job, COMPLETE, lease.worker_id, lease.fencing_token)
+    transition(state, job, COMPLETE, lease.worker_id, savepoint, lease.fencing_token)
     return Completed(job.id, command.result, replayed=False)
 
 
@@ -234,7 +227,8 @@ def _replayed_completion(state: State, command: CompleteJob) -> Completed | None
     return Completed(job.id, job.result if job.result is not None else b"\xc0", replayed=True)
 
 
-def apply_fail(state: State, command: FailJob, savepoint: Savepoint) -> Failed | Rejected:
+def apply_fail(state: State, command: FailJob, context: Context) -> Failed | Rejected:
+    savepoint = context.savepoint
     rejected = _check_fail(command)
     if rejected is not None:
         return rejected
@@ -248,15 +242,15 @@ def apply_fail(state: State, command: FailJob, savepoint: Savepoint) -> Failed |
     savepoint.touch(job)
     job.last_error = error
     if command.kind == "cancelled" or job.cancel_requested:
-        end_attempt(state, job, OUTCOME_CANCELLED, error, counted=True)
-        transition(state, job, CANCEL, actor, token, detail)
+        end_attempt(state, job, OUTCOME_CANCELLED, error, savepoint, counted=True)
+        transition(state, job, CANCEL, actor, savepoint, token, detail)
     elif command.kind == "permanent":
-        end_attempt(state, job, OUTCOME_FAILED, error, counted=True)
-        transition(state, job, DEAD_LETTER_EVENT, actor, token, detail)
+        end_attempt(state, job, OUTCOME_FAILED, error, savepoint, counted=True)
+        transition(state, job, DEAD_LETTER_EVENT, actor, savepoint, token, detail)
     else:
-        end_attempt(state, job, OUTCOME_FAILED, error, counted=True)
+        end_attempt(state, job, OUTCOME_FAILED, error, savepoint, counted=True)
         retry_or_dead_letter(
-            state, job, actor, token, detail, command.random_u32, command.retry_after_ms
+            state, job, actor, token, detail, command.random_u32, savepoint, command.retry_after_ms
         )
     return Failed(job.id, job.status, job.next_run_at_ms)
 

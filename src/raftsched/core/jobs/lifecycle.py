@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from raftsched.core.jobs import flow
-from raftsched.core.jobs.job_events import job_finished
 from raftsched.core.jobs.retry import retry_delay_ms
 from raftsched.core.kernel.model import (
     CANCELLED,
@@ -36,6 +34,7 @@ from raftsched.core.kernel.model import (
     next_status,
 )
 from raftsched.core.kernel.results import INVALID_STATE, Rejected
+from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import (
     State,
     add_history,
@@ -45,9 +44,19 @@ from raftsched.core.kernel.state import (
     push_runnable,
     set_status,
 )
-from raftsched.core.schedules.model import job_finished as schedule_job_finished
 
 SYSTEM_ACTOR = "system"
+
+
+def lease_inputs(state: State, job: Job) -> bytes | None:
+    """The `inputs` a lease of this job carries (workflow steps only)."""
+    if job.workflow_id is None:
+        return None  # most jobs: no hook to ask
+    for hook in state.hooks.lease_inputs:
+        inputs = hook(state, job)
+        if inputs is not None:
+            return inputs
+    return None
 
 
 def allowed(job: Job, event: str) -> bool:
@@ -67,6 +76,7 @@ def transition(
     job: Job,
     event: str,
     actor: str,
+    savepoint: Savepoint,
     fencing_token: int | None = None,
     detail: str | None = None,
 ) -> None:
@@ -84,11 +94,16 @@ def transition(
         return
     set_status(state, job, to_status)
     job.updated_at_ms = now_ms  # before ON_ENTER: the retention heap is keyed by it
-    ON_ENTER[to_status](state, job)
+    ON_ENTER[to_status](state, job, savepoint)
 
 
 def end_attempt(
-    state: State, job: Job, outcome: str, error: ErrorInfo | None, counted: bool
+    state: State,
+    job: Job,
+    outcome: str,
+    error: ErrorInfo | None,
+    savepoint: Savepoint,
+    counted: bool,
 ) -> None:
     """Close the current attempt and drop the lease."""
     attempt = job.attempts[-1]
@@ -98,38 +113,46 @@ def end_attempt(
     job.lease = None
     if counted:
         job.attempts_made += 1
-    flow.attempt_ended(state, job, outcome, counted)  # the queue's circuit
+    for hook in state.hooks.on_attempt_ended:  # the queue's circuit (jobs.flow)
+        hook(state, job, outcome, counted, savepoint)
 
 
-def finish(state: State, job: Job) -> None:
+def finish(state: State, job: Job, savepoint: Savepoint) -> None:
     """A job reached a final status: it now waits out the retention period."""
     job.next_run_at_ms = None
     push_retention(state, job)
-    job_finished(state, job)  # its outbox event and its workflow, same command
-    flow.job_finished(state, job)  # release its ordering key, or block it if dead-lettered
-    schedule_job_finished(state, job)  # its schedule's buffered occurrence may start
+    # In rank order (see each feature's record): its outbox event, its
+    # workflow's next steps, its ordering key released (or kept blocked when
+    # dead-lettered), its schedule's buffered occurrence made ready.
+    for hook in state.hooks.on_job_finished:
+        hook(state, job, savepoint)
 
 
-def wait_until_due(state: State, job: Job) -> None:
+def make_runnable(state: State, job: Job, savepoint: Savepoint) -> None:
+    """Into the runnable index: claimable, or parked behind its ordering key."""
+    push_runnable(state, job)
+
+
+def wait_until_due(state: State, job: Job, savepoint: Savepoint) -> None:
     """Into the due heap at `next_run_at_ms`: Tick makes it pending then."""
     assert job.next_run_at_ms is not None
     push_due(state, job, job.next_run_at_ms)
 
 
-def watch_lease_expiry(state: State, job: Job) -> None:
+def watch_lease_expiry(state: State, job: Job, savepoint: Savepoint) -> None:
     """Into the lease heap at the lease's expiry: Tick expires it then."""
     lease = job.lease
     assert lease is not None
     push_lease(state, job, lease.expires_at_ms, lease.fencing_token)
 
 
-def keep_lease(state: State, job: Job) -> None:
+def keep_lease(state: State, job: Job, savepoint: Savepoint) -> None:
     """Nothing: the claim's lease heap entry still stands."""
 
 
-ON_ENTER: Final[dict[str, Callable[[State, Job], None]]] = {
+ON_ENTER: Final[dict[str, Callable[[State, Job, Savepoint], None]]] = {
     SCHEDULED: wait_until_due,
-    PENDING: push_runnable,
+    PENDING: make_runnable,
     CLAIMED: watch_lease_expiry,
     RUNNING: keep_lease,
     RETRY_WAIT: wait_until_due,
@@ -148,12 +171,13 @@ def retry_or_dead_letter(
     fencing_token: int,
     detail: str,
     random_u32: int,
+    savepoint: Savepoint,
     retry_after_ms: int | None = None,
 ) -> None:
     """After a counted failure: retry with backoff, or dead-letter when the
     attempt budget is spent."""
     if job.attempts_made >= job.max_attempts:
-        transition(state, job, DEAD_LETTER_EVENT, actor, fencing_token, detail)
+        transition(state, job, DEAD_LETTER_EVENT, actor, savepoint, fencing_token, detail)
         return
     backoff = DEFAULT_BACKOFF_MS if job.backoff is None else job.backoff
     delay_ms = retry_delay_ms(backoff, job.attempts_made - 1, random_u32)
@@ -161,7 +185,7 @@ def retry_or_dead_letter(
         delay_ms = retry_after_ms  # the worker's hint is a lower bound
     if delay_ms <= 0:
         job.next_run_at_ms = state.now_ms
-        transition(state, job, REQUEUE, actor, fencing_token, detail)
+        transition(state, job, REQUEUE, actor, savepoint, fencing_token, detail)
         return
     job.next_run_at_ms = state.now_ms + delay_ms
-    transition(state, job, RETRY, actor, fencing_token, detail)
+    transition(state, job, RETRY, actor, savepoint, fencing_token, detail)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from raftsched.core.jobs.commands import CancelJob, Configure, RecordEffect, ReplayJob
 from raftsched.core.jobs.leases import current_lease, not_found
 from raftsched.core.jobs.lifecycle import allowed, invalid_state, transition
+from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
     CANCEL,
     CANCELLED,
@@ -42,9 +43,12 @@ def _find(state: State, job_id: str) -> Job | Rejected:
     return not_found(job_id) if job is None else job
 
 
-def apply_cancel(
-    state: State, command: CancelJob, savepoint: Savepoint
-) -> CancelAccepted | Rejected:
+def apply_cancel(state: State, command: CancelJob, context: Context) -> CancelAccepted | Rejected:
+    return cancel_job(state, command, context.savepoint)
+
+
+def cancel_job(state: State, command: CancelJob, savepoint: Savepoint) -> CancelAccepted | Rejected:
+    """CancelJob, also for workflows and schedules cancelling their jobs."""
     rejected = check_text(command.reason, "reason") or check_name(command.actor, "actor")
     if rejected is not None:
         return rejected
@@ -59,16 +63,17 @@ def apply_cancel(
             job.cancel_requested = True
             lease = job.lease
             token = None if lease is None else lease.fencing_token
-            transition(state, job, REQUEST_CANCEL, command.actor, token, reason)
+            transition(state, job, REQUEST_CANCEL, command.actor, savepoint, token, reason)
         return CancelAccepted(job.id, job.status, cancel_requested=True)
     if not allowed(job, CANCEL):
         return invalid_state(job, CANCEL)
     savepoint.touch(job)
-    transition(state, job, CANCEL, command.actor, None, reason)
+    transition(state, job, CANCEL, command.actor, savepoint, None, reason)
     return CancelAccepted(job.id, CANCELLED, cancel_requested=job.cancel_requested)
 
 
-def apply_replay(state: State, command: ReplayJob, savepoint: Savepoint) -> Replayed | Rejected:
+def apply_replay(state: State, command: ReplayJob, context: Context) -> Replayed | Rejected:
+    savepoint = context.savepoint
     rejected = check_text(command.reason, "reason") or check_name(command.actor, "actor")
     if rejected is not None:
         return rejected
@@ -85,13 +90,14 @@ def apply_replay(state: State, command: ReplayJob, savepoint: Savepoint) -> Repl
     job.cancel_requested = False
     job.deadline_at_ms = None
     job.next_run_at_ms = state.now_ms
-    transition(state, job, REPLAY, command.actor, None, command.reason or None)
+    transition(state, job, REPLAY, command.actor, savepoint, None, command.reason or None)
     return Replayed(job.id)
 
 
 def apply_record_effect(
-    state: State, command: RecordEffect, savepoint: Savepoint
+    state: State, command: RecordEffect, context: Context
 ) -> EffectRecorded | Rejected:
+    savepoint = context.savepoint
     rejected = check_name(command.key, "key", KEY_CHARS_MAX) or check_bytes(
         command.result, "result"
     )
@@ -135,7 +141,7 @@ def public_effect(job: Job, effect: StoredEffect) -> Effect:
     )
 
 
-def apply_configure(state: State, command: Configure) -> Ack | Rejected:
+def apply_configure(state: State, command: Configure, context: Context) -> Ack | Rejected:
     rejected = check_optional_int(command.retention_ms, "retention", 0, TIME_MS_MAX)
     if rejected is not None:
         return rejected

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from raftsched.core.jobs.operator_commands import public_effect
-from raftsched.core.kernel import runnable_index as flow_index
+from raftsched.core.kernel import runnable_index
 from raftsched.core.kernel.model import INITIAL_STATUSES, SCHEDULED, SUBMIT, Job
 from raftsched.core.kernel.results import Effect
 from raftsched.core.kernel.state import State
@@ -97,8 +97,8 @@ def queue_stats(state: State) -> dict[str, QueueStats]:
 
 
 def _oldest_runnable_ms(state: State, queue: str) -> int | None:
-    # The job next in line of each tenant (flow_index): O(tenants), not O(jobs).
-    return flow_index.oldest_runnable_ms(state.runnable, queue)
+    # The job next in line of each tenant (runnable_index): O(tenants), not O(jobs).
+    return runnable_index.oldest_runnable_ms(state.runnable, queue)
 
 
 def status_counts(state: State) -> dict[str, int]:

@@ -11,6 +11,7 @@ from raftsched.core.jobs import flow
 from raftsched.core.jobs.commands import SubmitJobs
 from raftsched.core.kernel.codec import spec_row
 from raftsched.core.kernel.commands import Backoff, JobSpec
+from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import DEFAULT_BACKOFF_MS, PENDING, SCHEDULED, BackoffMs, Job
 from raftsched.core.kernel.results import (
     IDEMPOTENCY_CONFLICT,
@@ -23,7 +24,12 @@ from raftsched.core.kernel.state import State, count_new_job, index_job, intern
 from raftsched.core.kernel.validate import BATCH_MAX, check_name, check_spec, invalid
 
 
-def apply_submit(state: State, command: SubmitJobs, savepoint: Savepoint) -> Submitted | Rejected:
+def apply_submit(state: State, command: SubmitJobs, context: Context) -> Submitted | Rejected:
+    return submit_jobs(state, command, context.savepoint)
+
+
+def submit_jobs(state: State, command: SubmitJobs, savepoint: Savepoint) -> Submitted | Rejected:
+    """SubmitJobs, also for schedules firing an occurrence."""
     specs, job_ids = command.specs, command.job_ids
     if type(specs) is not tuple or not 1 <= len(specs) <= BATCH_MAX:
         return invalid("specs", f"a submission carries 1 to {BATCH_MAX} specs")

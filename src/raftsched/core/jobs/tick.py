@@ -1,9 +1,10 @@
-"""Time-driven work: Tick, the epoch takeover, and `next_due_ms`.
+"""The jobs' time-driven work: their steps of Tick, the epoch takeover, the
+tidying of the heaps after every entry, and when the jobs next need a Tick.
 
 Each kind of work pops its own heap in key order and counts only entries that
 are still valid, so a tick does the same work on every replica however many
-stale entries its heaps happen to hold. Work is done in a fixed order (lease
-expiry, deadlines, due jobs, retention) and stops after `max_items` items.
+stale entries its heaps happen to hold. The steps run in the registry's rank
+order (see `kernel.tick`) and stop when the Tick's budget is spent.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from raftsched.core.events import outbox
-from raftsched.core.jobs.leases import stale_epoch
 from raftsched.core.jobs.lifecycle import (
     SYSTEM_ACTOR,
     end_attempt,
@@ -21,6 +20,7 @@ from raftsched.core.jobs.lifecycle import (
 )
 from raftsched.core.jobs.retry import seeded_u32
 from raftsched.core.kernel.commands import Tick
+from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
     CANCEL,
     CLAIMED,
@@ -36,12 +36,8 @@ from raftsched.core.kernel.model import (
     WAITING_STATUSES,
     Job,
 )
-from raftsched.core.kernel.results import Rejected, Ticked
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State, TimedEntry, remove_job
-from raftsched.core.kernel.validate import TICK_ITEMS_MAX, U64_MAX, check_int
-from raftsched.core.schedules import fire as schedules_fire
-from raftsched.core.workflows import handlers as workflows
 
 _Validity = Callable[[Job, int], bool]
 
@@ -50,29 +46,23 @@ _UNKNOWN_OUTCOME = (ERROR_LEASE_EXPIRED, "lease expired while running; outcome u
 _DEADLINE_ERROR = (ERROR_DEADLINE, "deadline exceeded")
 
 
-def apply_tick(state: State, command: Tick, stale: bool, savepoint: Savepoint) -> Ticked | Rejected:
-    if stale:
-        return stale_epoch(state)
-    rejected = check_int(command.seed, "seed", 0, U64_MAX) or check_int(
-        command.max_items, "max_items", 1, TICK_ITEMS_MAX
-    )
-    if rejected is not None:
-        return rejected
-    budget = command.max_items
-    expired = _expire_leases(state, budget, command.seed, savepoint)
-    budget -= expired
-    dead_lettered = _enforce_deadlines(state, budget, savepoint)
-    budget -= dead_lettered
-    made_runnable = _make_due_runnable(state, budget, savepoint)
-    budget -= made_runnable
-    budget -= schedules_fire.fire_due(state, budget, savepoint)
-    purged = _purge_finished(state, budget, savepoint)
-    budget -= purged
-    budget -= workflows.tick(state, budget)
-    budget -= outbox.trim(state, budget)
-    due_ms = next_due_ms(state)
-    more = due_ms is not None and due_ms <= state.now_ms
-    return Ticked(made_runnable, expired, dead_lettered, purged, more)
+# The jobs' steps of Tick (`TickWork.run`); ranks in `jobs.feature`.
+
+
+def expire_leases(state: State, budget: int, command: Tick, context: Context) -> int:
+    return _expire_leases(state, budget, command.seed, context.savepoint)
+
+
+def enforce_deadlines(state: State, budget: int, command: Tick, context: Context) -> int:
+    return _enforce_deadlines(state, budget, context.savepoint)
+
+
+def make_due_runnable(state: State, budget: int, command: Tick, context: Context) -> int:
+    return _make_due_runnable(state, budget, context.savepoint)
+
+
+def purge_finished(state: State, budget: int, command: Tick, context: Context) -> int:
+    return _purge_finished(state, budget, context.savepoint)
 
 
 def take_over(state: State) -> None:
@@ -130,18 +120,24 @@ def _expire(state: State, job: Job, seed: int, savepoint: Savepoint) -> None:
     savepoint.touch(job)
     started = job.status != CLAIMED
     if job.cancel_requested:
-        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, counted=started)
-        transition(state, job, CANCEL, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL)
+        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, savepoint, counted=started)
+        transition(state, job, CANCEL, SYSTEM_ACTOR, savepoint, token, _LEASE_EXPIRED_DETAIL)
     elif not started:
         # The handler never started: a safe retry that costs no attempt.
-        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, counted=False)
+        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, None, savepoint, counted=False)
         job.next_run_at_ms = state.now_ms
-        transition(state, job, REQUEUE, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL)
+        transition(state, job, REQUEUE, SYSTEM_ACTOR, savepoint, token, _LEASE_EXPIRED_DETAIL)
     else:
-        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, _UNKNOWN_OUTCOME, counted=True)
+        end_attempt(state, job, OUTCOME_LEASE_EXPIRED, _UNKNOWN_OUTCOME, savepoint, counted=True)
         job.last_error = _UNKNOWN_OUTCOME
         retry_or_dead_letter(
-            state, job, SYSTEM_ACTOR, token, _LEASE_EXPIRED_DETAIL, seeded_u32(seed, job.id)
+            state,
+            job,
+            SYSTEM_ACTOR,
+            token,
+            _LEASE_EXPIRED_DETAIL,
+            seeded_u32(seed, job.id),
+            savepoint,
         )
 
 
@@ -157,9 +153,11 @@ def _enforce_deadlines(state: State, budget: int, savepoint: Savepoint) -> int:
         if job.status in LEASED_STATUSES:
             assert job.lease is not None
             token = job.lease.fencing_token
-            end_attempt(state, job, OUTCOME_FAILED, _DEADLINE_ERROR, counted=False)
+            end_attempt(state, job, OUTCOME_FAILED, _DEADLINE_ERROR, savepoint, counted=False)
         job.last_error = _DEADLINE_ERROR
-        transition(state, job, DEAD_LETTER_EVENT, SYSTEM_ACTOR, token, _DEADLINE_ERROR[1])
+        transition(
+            state, job, DEAD_LETTER_EVENT, SYSTEM_ACTOR, savepoint, token, _DEADLINE_ERROR[1]
+        )
         done += 1
     return done
 
@@ -172,7 +170,7 @@ def _make_due_runnable(state: State, budget: int, savepoint: Savepoint) -> int:
         if job.status not in WAITING_STATUSES or job.next_run_at_ms != key_ms:
             continue
         savepoint.touch(job)
-        transition(state, job, DUE, SYSTEM_ACTOR)
+        transition(state, job, DUE, SYSTEM_ACTOR, savepoint)
         done += 1
     return done
 
@@ -199,12 +197,9 @@ def _purgeable(state: State, job: Job, key_ms: int) -> bool:
 
 
 def next_due_ms(state: State) -> int | None:
-    """When the next time-driven thing is due, or None when nothing is waiting.
-
-    The leader proposes a Tick once replicated time reaches this. It only
-    drops stale heap entries (derived data), so it must run where `apply`
-    runs (same thread or lock), but it never changes the encoded state.
-    """
+    """When the jobs' heaps next need a Tick (`kernel.tick.next_due_ms`
+    takes the earliest over every feature). It only drops stale heap
+    entries (derived data)."""
     candidates: list[int] = []
     lease_top = _current_lease_top(state)
     if lease_top is not None:
@@ -218,13 +213,6 @@ def next_due_ms(state: State) -> int | None:
     retention_top = _settle(state.retention, lambda job, key: _purgeable(state, job, key))
     if retention_top is not None:
         candidates.append(retention_top[0] + state.retention_ms)
-    for section_due_ms in (
-        workflows.next_due_ms(state),
-        outbox.next_due_ms(state),
-        schedules_fire.next_due_ms(state),
-    ):
-        if section_due_ms is not None:
-            candidates.append(section_due_ms)
     return min(candidates) if candidates else None
 
 

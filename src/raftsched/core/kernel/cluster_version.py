@@ -1,11 +1,13 @@
 """The cluster version: which command kinds every replica can decode.
 
 Theory of operation. Each command kind carries the version that introduced it
-(`codec.COMMAND_VERSIONS`); each node's code understands commands up to
-`codec.COMMAND_VERSION_MAX`. During a rolling upgrade some replicas run the
-previous release, and an entry they cannot decode would stop them (see
-`node.machine`). So a command is proposed only when its version is at most
-the replicated cluster version, which the leader raises with
+(`CommandKind.since`, collected in `registry.command_versions`); each node's
+code understands commands up to the highest of them
+(`registry.command_version_max`, `raftsched.core.COMMAND_VERSION_MAX`).
+During a rolling upgrade some replicas run the previous release, and an
+entry they cannot decode would stop them (see `node.machine`). So a command
+is proposed only when its version is at most the replicated cluster
+version, which the leader raises with
 `RaiseClusterVersion` once every member reports that it understands the new
 version (`node.versions`). The version only goes up: a member that is later
 replaced by an older release is an operator error that the halting replica
@@ -20,13 +22,16 @@ release 0.1.0 gave it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from raftsched.core.kernel.codec import COMMAND_VERSION_MAX, COMMAND_VERSIONS, CodecError
+from raftsched.core.kernel.codec import CodecError
 from raftsched.core.kernel.commands import Command, RaiseClusterVersion
 from raftsched.core.kernel.results import INVALID_REQUEST, Ack, Rejected
-from raftsched.core.kernel.sections import Section, register
+from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
+
+if TYPE_CHECKING:
+    from raftsched.core.kernel.feature import Context, Registry
 
 CLUSTER_VERSION: Final = "cluster_version"
 # What a cluster of the first release runs, and what a state that does not
@@ -45,34 +50,38 @@ def cluster_version(state: State) -> int:
     return record.version
 
 
-def command_version(command: Command) -> int:
+def command_version(command: Command, registry: Registry) -> int:
     """The version that introduced the command's kind."""
-    return COMMAND_VERSIONS[type(command)]
+    return registry.command_versions[type(command)]
 
 
-def needs_upgrade(state: State, command: Command) -> bool:
+def needs_upgrade(state: State, command: Command, registry: Registry) -> bool:
     """Whether proposing `command` must wait until every node is upgraded.
 
     `RaiseClusterVersion` never waits: it is what opens the gate, and the
     leader proposes it only once every member understands its version."""
     if type(command) is RaiseClusterVersion:
         return False
-    return command_version(command) > cluster_version(state)
+    return command_version(command, registry) > cluster_version(state)
 
 
-def apply_raise_cluster_version(state: State, command: RaiseClusterVersion) -> Ack | Rejected:
+def apply_raise_cluster_version(
+    state: State, command: RaiseClusterVersion, context: Context
+) -> Ack | Rejected:
     """Raise the cluster version to `command.version`; a lower one changes
     nothing (a retried or late proposal), a version this code does not know
     is refused (the proposer's code is newer than this replica's)."""
-    version = command.version
-    if type(version) is not int or not 1 <= version <= COMMAND_VERSION_MAX:
+    version, version_max = command.version, context.registry.command_version_max
+    if type(version) is not int or not 1 <= version <= version_max:
         return Rejected(
             INVALID_REQUEST,
-            f"cluster version must be from 1 to {COMMAND_VERSION_MAX}",
+            f"cluster version must be from 1 to {version_max}",
             {"field": "version"},
         )
     record: ClusterVersion = state.sections[CLUSTER_VERSION]
-    record.version = max(record.version, version)
+    before = record.version
+    context.savepoint.on_rollback(lambda: setattr(record, "version", before))
+    record.version = max(before, version)
     return Ack()
 
 
@@ -98,6 +107,4 @@ def _decode(state: State, data: Any) -> None:
     state.sections[CLUSTER_VERSION] = ClusterVersion(data)
 
 
-SECTION: Final = register(
-    Section(CLUSTER_VERSION, ClusterVersion, _encode, _decode, at_default=_at_default)
-)
+SECTION: Final = Section(CLUSTER_VERSION, ClusterVersion, _encode, _decode, at_default=_at_default)

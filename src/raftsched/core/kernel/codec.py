@@ -1,8 +1,10 @@
 """msgpack encoding of entries, commands and whole states (snapshots).
 
-Every command type has a stable integer tag; a tag is never reused, and a new
-command type takes a new one. An entry is `[ENTRY_FORMAT, epoch, now_ms,
-[[tag, field, ...], ...]]` with fields in dataclass order. Decoding checks
+Every command type has a stable integer tag, declared with the command by its
+feature (`feature.CommandKind`); a tag is never reused, and a new command type
+takes a new one. The tables come from the registry the functions are given.
+An entry is `[ENTRY_FORMAT, epoch, now_ms, [[tag, field, ...], ...]]` with
+fields in dataclass order. Decoding checks
 every field's type exactly, so garbage becomes a `CodecError`, never a
 half-built command.
 
@@ -17,50 +19,17 @@ the same state always gives the same bytes. No pickle anywhere.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from hashlib import sha256
 from itertools import chain, compress, count, starmap
 from operator import attrgetter, is_not
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
 
-from raftsched.core.events.commands import (
-    AckDelivery,
-    AckParked,
-    ConfigureOutbox,
-    CreateSubscription,
-    DeleteSubscription,
-    ParkDelivery,
-    RetryParked,
-)
-from raftsched.core.jobs.commands import (
-    CancelJob,
-    ClaimJobs,
-    CompleteJob,
-    Configure,
-    FailJob,
-    HeartbeatJob,
-    PauseQueue,
-    RecordEffect,
-    ReplayJob,
-    SetQueue,
-    SetTenant,
-    StartJob,
-    SubmitJobs,
-)
-from raftsched.core.kernel.commands import (
-    Backoff,
-    Barrier,
-    Command,
-    Entry,
-    JobSpec,
-    RaiseClusterVersion,
-    TakeOver,
-    Tick,
-)
+from raftsched.core.kernel.commands import Backoff, Command, Entry, JobSpec
 from raftsched.core.kernel.model import (
     JOB_EVENTS,
     JOB_FIELDS,
@@ -74,19 +43,11 @@ from raftsched.core.kernel.model import (
     StoredEffect,
     uniform,
 )
-from raftsched.core.kernel.sections import SECTIONS
+from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State, intern, rebuild_indexes
-from raftsched.core.schedules.commands import (
-    BackfillSchedule,
-    CreateSchedule,
-    DeleteSchedule,
-    PauseSchedule,
-    ResumeSchedule,
-    ScheduleSpec,
-    TriggerSchedule,
-    UpdateSchedule,
-)
-from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
+
+if TYPE_CHECKING:
+    from raftsched.core.kernel.feature import Registry
 
 
 class CodecError(ValueError):
@@ -96,101 +57,72 @@ class CodecError(ValueError):
 ENTRY_FORMAT: Final = 1
 STATE_FORMAT: Final = 3
 
-COMMAND_TAGS: Final[dict[type[Any], int]] = {
-    SubmitJobs: 1,
-    ClaimJobs: 2,
-    StartJob: 3,
-    HeartbeatJob: 4,
-    CompleteJob: 5,
-    FailJob: 6,
-    CancelJob: 7,
-    ReplayJob: 8,
-    RecordEffect: 9,
-    Tick: 10,
-    TakeOver: 11,
-    Barrier: 12,
-    Configure: 13,
-    RaiseClusterVersion: 14,
-    # Workflows, the outbox and webhook subscriptions: 40-59.
-    ConfigureOutbox: 40,
-    CreateSubscription: 41,
-    DeleteSubscription: 42,
-    AckDelivery: 43,
-    ParkDelivery: 44,
-    RetryParked: 45,
-    AckParked: 46,
-    SubmitWorkflow: 50,
-    CancelWorkflow: 51,
-    # Flow control: 60-79.
-    SetQueue: 60,
-    PauseQueue: 61,
-    SetTenant: 62,
-    # Recurring schedules: 20-39.
-    CreateSchedule: 20,
-    UpdateSchedule: 21,
-    DeleteSchedule: 22,
-    PauseSchedule: 23,
-    ResumeSchedule: 24,
-    TriggerSchedule: 25,
-    BackfillSchedule: 26,
-}
-"""Stable tags. Never renumber; never reuse a retired tag."""
-
-COMMAND_VERSION_MAX: Final = 2
-"""The highest command version this code understands (and reports to its peers)."""
-
-COMMAND_VERSIONS: Final[dict[type[Any], int]] = {
-    **dict.fromkeys(COMMAND_TAGS, 1),  # everything release 0.1.0 knew
-    RaiseClusterVersion: 2,
-}
-"""The version that introduced each command kind. A command may be proposed
-only once the replicated cluster version has reached it (kernel.cluster_version):
-a replica of an older release could not decode it."""
-
-# Field kinds, in dataclass field order.
-_SCHEMAS: Final[dict[type[Any], tuple[str, ...]]] = {
-    SubmitJobs: ("specs", "strs"),
-    ClaimJobs: ("str", "strs", "int", "int?"),
-    StartJob: ("str", "int"),
-    HeartbeatJob: ("str", "int", "int?", "bytes?"),
-    CompleteJob: ("str", "int", "bytes"),
-    FailJob: ("str", "int", "str", "str", "int?", "int"),
-    CancelJob: ("str", "str", "str"),
-    ReplayJob: ("str", "str", "str"),
-    RecordEffect: ("str", "str", "int", "bytes"),
-    Tick: ("int", "int"),
-    TakeOver: (),
-    Barrier: (),
-    Configure: ("int?",),
-    RaiseClusterVersion: ("int",),
-    ConfigureOutbox: ("int?", "int?"),
-    CreateSubscription: ("str", "str", "strs", "str"),
-    DeleteSubscription: ("str",),
-    AckDelivery: ("str", "int"),
-    ParkDelivery: ("str", "int", "int", "str"),
-    RetryParked: ("str",),
-    AckParked: ("str", "int"),
-    SubmitWorkflow: ("str", "steps", "str", "str?", "int?", "str", "bool"),
-    CancelWorkflow: ("str", "str", "str"),
-    SetQueue: ("str", "bool", "int?", "int?", "int?", "int?", "int"),
-    PauseQueue: ("str", "bool"),
-    SetTenant: ("str", "int", "int?", "int?"),
-    CreateSchedule: ("schedule",),
-    UpdateSchedule: ("schedule",),
-    DeleteSchedule: ("str",),
-    PauseSchedule: ("str",),
-    ResumeSchedule: ("str",),
-    TriggerSchedule: ("str",),
-    BackfillSchedule: ("str", "int", "int", "str?"),
-}
-_BY_TAG: Final = {tag: cls for cls, tag in COMMAND_TAGS.items()}
-assert COMMAND_VERSIONS.keys() == COMMAND_TAGS.keys()
-assert max(COMMAND_VERSIONS.values()) == COMMAND_VERSION_MAX
+# The field kinds the kernel knows; a feature adds its own (`feature.FieldKind`).
+KERNEL_FIELD_KINDS: Final = (
+    "int", "int?", "str", "str?", "bytes", "bytes?", "bool",
+    "strs", "specs", "backoff", "labels",
+)  # fmt: skip
 _SPEC_KINDS: Final = (
     "str", "str", "bytes", "int", "int?", "int?", "int", "backoff",
     "int", "int?", "str?", "str?", "str?", "labels",
 )  # fmt: skip
-_COMMAND_FIELDS: Final = {cls: tuple(cls.__dataclass_fields__) for cls in COMMAND_TAGS}
+
+Encode = Callable[[Any], Any]
+Decode = Callable[[object], Any]
+
+
+class CommandCodec:
+    """A registry's command tables: tag, field names and per-field encoders
+    by type; type and per-field decoders by tag. Built once, so encoding or
+    decoding a command is one dict lookup and a loop over its fields."""
+
+    __slots__ = ("by_type", "by_tag")
+
+    def __init__(
+        self,
+        kinds: Iterable[tuple[type[Any], int, tuple[str, ...]]],
+        custom: dict[str, tuple[Encode, Decode]],
+    ) -> None:
+        self.by_type: dict[type[Any], tuple[int, tuple[str, ...], tuple[Encode | None, ...]]] = {}
+        self.by_tag: dict[int, tuple[type[Any], tuple[Decode, ...]]] = {}
+        for cls, tag, field_kinds in kinds:
+            for kind in field_kinds:
+                if kind not in KERNEL_FIELD_KINDS and kind not in custom:
+                    raise ValueError(f"{cls.__name__}: unknown field kind {kind}")
+            names = tuple(cls.__dataclass_fields__)
+            encoders = tuple(_encoder(kind, custom) for kind in field_kinds)
+            self.by_type[cls] = (tag, names, encoders)
+            self.by_tag[tag] = (cls, tuple(_decoder(kind, custom) for kind in field_kinds))
+
+
+def _encoder(kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Encode | None:
+    if kind in custom:
+        return custom[kind][0]
+    if kind == "specs":
+        return _spec_rows
+    if kind == "strs":
+        return list
+    return None  # plain data as it is
+
+
+def _spec_rows(specs: tuple[JobSpec, ...]) -> list[list[Any]]:
+    return [spec_row(spec) for spec in specs]
+
+
+def _decoder(kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Decode:
+    if kind in custom:
+        return custom[kind][1]
+    plain = _PLAIN.get(kind)
+    if plain is None:
+        return lambda value: decode_field(value, kind)
+    expected_type, optional = plain
+
+    def decode_plain(value: object) -> Any:
+        if type(value) is expected_type or (value is None and optional):
+            return value
+        raise CodecError(f"expected {kind}, got {type(value).__name__}")
+
+    return decode_plain
 
 
 def spec_row(spec: JobSpec) -> list[Any]:
@@ -213,51 +145,26 @@ def spec_row(spec: JobSpec) -> list[Any]:
     ]
 
 
-def step_row(step: StepSpec) -> list[Any]:
-    compensation = None if step.compensation is None else spec_row(step.compensation)
-    return [step.name, spec_row(step.job), list(step.depends_on), compensation]
-
-
-def _decode_step(row: object) -> StepSpec:
-    if type(row) is not tuple or len(row) != 4:
-        raise CodecError("a workflow step is [name, spec, depends_on, compensation]")
-    name, spec, depends_on, compensation = row
-    _expect(name, "str")
-    return StepSpec(
-        name,
-        _decode_spec(spec),
-        _decode_field(depends_on, "strs"),
-        None if compensation is None else _decode_spec(compensation),
-    )
-
-
-def _command_row(command: Command) -> list[Any]:
-    cls = type(command)
-    row: list[Any] = [COMMAND_TAGS[cls]]
-    for name, kind in zip(_COMMAND_FIELDS[cls], _SCHEMAS[cls], strict=True):
+def _command_row(command: Command, tables: CommandCodec) -> list[Any]:
+    tag, names, encoders = tables.by_type[type(command)]
+    row: list[Any] = [tag]
+    for name, encode in zip(names, encoders, strict=True):
         value = getattr(command, name)
-        if kind == "specs":
-            value = [spec_row(spec) for spec in value]
-        elif kind == "schedule":
-            value = schedule_row(value)
-        elif kind == "steps":
-            value = [step_row(step) for step in value]
-        elif kind == "strs":
-            value = list(value)
-        row.append(value)
+        row.append(value if encode is None else encode(value))
     return row
 
 
-def encode_entry(entry: Entry) -> bytes:
+def encode_entry(entry: Entry, registry: Registry) -> bytes:
+    tables = registry.codec
     try:
-        rows = [_command_row(command) for command in entry.commands]
+        rows = [_command_row(command, tables) for command in entry.commands]
         packed: bytes = msgpack.packb([ENTRY_FORMAT, entry.epoch, entry.now_ms, rows])
     except Exception as error:
         raise CodecError(f"cannot encode entry: {error}") from error
     return packed
 
 
-def decode_entry(data: bytes) -> Entry:
+def decode_entry(data: bytes, registry: Registry) -> Entry:
     try:
         doc = msgpack.unpackb(data, use_list=False)
     except Exception as error:
@@ -265,23 +172,26 @@ def decode_entry(data: bytes) -> Entry:
     if type(doc) is not tuple or len(doc) != 4 or doc[0] != ENTRY_FORMAT:
         raise CodecError("not an entry")
     _, epoch, now_ms, rows = doc
-    _expect(epoch, "int")
-    _expect(now_ms, "int")
+    expect(epoch, "int")
+    expect(now_ms, "int")
     if type(rows) is not tuple:
         raise CodecError("entry commands must be an array")
-    return Entry(epoch, now_ms, tuple(_decode_command(row) for row in rows))
+    by_tag = registry.codec.by_tag
+    return Entry(epoch, now_ms, tuple(_decode_command(row, by_tag) for row in rows))
 
 
-def _decode_command(row: object) -> Command:
+def _decode_command(
+    row: object, by_tag: dict[int, tuple[type[Any], tuple[Decode, ...]]]
+) -> Command:
     if type(row) is not tuple or not row or type(row[0]) is not int:
         raise CodecError("a command is [tag, fields...]")
-    cls = _BY_TAG.get(row[0])
-    if cls is None:
+    found = by_tag.get(row[0])
+    if found is None:
         raise CodecError(f"unknown command tag {row[0]}")
-    kinds = _SCHEMAS[cls]
-    if len(row) != len(kinds) + 1:
-        raise CodecError(f"{cls.__name__} has {len(kinds)} fields")
-    values = [_decode_field(value, kind) for value, kind in zip(row[1:], kinds, strict=True)]
+    cls, decoders = found
+    if len(row) != len(decoders) + 1:
+        raise CodecError(f"{cls.__name__} has {len(decoders)} fields")
+    values = [decode(value) for decode, value in zip(decoders, row[1:], strict=True)]
     command: Command = cls(*values)
     return command
 
@@ -303,7 +213,8 @@ _DEFAULT_BACKOFF_ROW: Final = (
 )
 
 
-def _decode_field(value: object, kind: str) -> Any:
+def decode_field(value: object, kind: str) -> Any:
+    """One field of a kernel kind (`KERNEL_FIELD_KINDS`), type-checked exactly."""
     plain = _PLAIN.get(kind)
     if plain is not None:
         if type(value) is plain[0] or (value is None and plain[1]):
@@ -319,20 +230,14 @@ def _decode_field(value: object, kind: str) -> Any:
         return value
     if kind == "backoff":
         return _decode_backoff(value)
-    if kind == "schedule":
-        return decode_schedule(value)
-    if kind == "steps":
-        if type(value) is not tuple:
-            raise CodecError("steps must be an array")
-        return tuple(_decode_step(row) for row in value)
     if kind == "labels":
         if type(value) is not tuple:
             raise CodecError("labels must be an array")
         for pair in value:
             if type(pair) is not tuple or len(pair) != 2:
                 raise CodecError("a label is [key, value]")
-            _expect(pair[0], "str")
-            _expect(pair[1], "str")
+            expect(pair[0], "str")
+            expect(pair[1], "str")
         return value
     raise CodecError(f"unknown field kind {kind}")  # a bug in the schemas
 
@@ -343,37 +248,14 @@ def _decode_backoff(value: object) -> Backoff:
     if value == _DEFAULT_BACKOFF_ROW:
         return _DEFAULT_BACKOFF  # one shared object for the common case
     for item in value:
-        _expect(item, "int")
+        expect(item, "int")
     return Backoff(*value)
 
 
-def _expect(value: object, kind: str) -> None:
+def expect(value: object, kind: str) -> None:
     expected_type, optional = _PLAIN[kind]
     if type(value) is not expected_type and not (optional and value is None):
         raise CodecError(f"expected {kind}, got {type(value).__name__}")
-
-
-_SCHEDULE_KINDS: Final = (
-    "str", "spec", "str?", "int?", "str", "int?", "int?", "int",
-    "str", "str", "int", "int", "int", "bool",
-)  # fmt: skip
-
-
-def schedule_row(spec: ScheduleSpec) -> list[Any]:
-    """A ScheduleSpec as plain data, fields in dataclass order (job as a spec row)."""
-    row: list[Any] = [getattr(spec, name) for name in ScheduleSpec.__dataclass_fields__]
-    row[1] = spec_row(spec.job)
-    return row
-
-
-def decode_schedule(row: object) -> ScheduleSpec:
-    if type(row) is not tuple or len(row) != len(_SCHEDULE_KINDS):
-        raise CodecError(f"a schedule has {len(_SCHEDULE_KINDS)} fields")
-    values: list[Any] = [
-        _decode_spec(value) if kind == "spec" else _decode_field(value, kind)
-        for value, kind in zip(row, _SCHEDULE_KINDS, strict=True)
-    ]
-    return ScheduleSpec(*values)
 
 
 def decode_spec(row: object) -> JobSpec:
@@ -384,7 +266,7 @@ def decode_spec(row: object) -> JobSpec:
 def _decode_spec(row: object) -> JobSpec:
     if type(row) is not tuple or len(row) != len(_SPEC_KINDS):
         raise CodecError("a job spec has 14 fields")
-    values = [_decode_field(value, kind) for value, kind in zip(row, _SPEC_KINDS, strict=True)]
+    values = [decode_field(value, kind) for value, kind in zip(row, _SPEC_KINDS, strict=True)]
     return JobSpec(*values)
 
 
@@ -421,23 +303,25 @@ def _pack_record(value: object) -> tuple[Any, ...]:
     raise TypeError(f"cannot encode {kind.__name__}")
 
 
-def encode_state(state: State) -> bytes:
+def encode_state(state: State, registry: Registry) -> bytes:
     """The whole state as one bytes object; see `encode_state_pieces`."""
     # Each piece is copied into one growing buffer rather than kept for a
     # join, which would hold every piece and the result at once: a 1M-job
     # state is ~270 MB, and on this VM fresh memory costs more than copying.
     out = bytearray()
-    for piece in encode_state_pieces(state):
+    for piece in encode_state_pieces(state, registry):
         out += piece
     return bytes(out)
 
 
-def encode_state_pieces(state: State) -> Iterator[memoryview]:
+def encode_state_pieces(state: State, registry: Registry) -> Iterator[memoryview]:
     """The encoded state in pieces, which joined in order are the bytes
     `decode_state` reads:
 
     `[STATE_FORMAT, now_ms, epoch, last_fencing_token, retention_ms, next_seq,
-    chunks, sections]`; sections are `[name, data]` pairs in `SECTIONS` order.
+    chunks, sections]`; sections are `[name, data]` pairs in the
+    registry's section order (sorted by name), an optional section left out
+    while it holds its default.
 
     Jobs are stored in submission order, `_CHUNK_JOBS` to a chunk, column by
     column: a chunk is `[values, column, ...]` with one column per slot in
@@ -474,7 +358,7 @@ def encode_state_pieces(state: State) -> Iterator[memoryview]:
         packer.pack(
             [
                 [section.name, section.encode(state)]
-                for section in SECTIONS
+                for section in registry.sections
                 if not section.omitted(state)
             ]
         )
@@ -522,14 +406,14 @@ def _job_columns(jobs: list[Job]) -> list[Any]:
     return [list(values), *columns]
 
 
-def state_digest(state: State) -> str:
+def state_digest(state: State, registry: Registry) -> str:
     digest = sha256()
-    for piece in encode_state_pieces(state):
+    for piece in encode_state_pieces(state, registry):
         digest.update(piece)
     return digest.hexdigest()
 
 
-def decode_state(data: bytes | memoryview) -> State:
+def decode_state(data: bytes | memoryview, registry: Registry) -> State:
     """Rebuild a state from `encode_state` bytes (a snapshot).
 
     Snapshots come from this code on another replica or from the local disk,
@@ -538,14 +422,14 @@ def decode_state(data: bytes | memoryview) -> State:
     """
     try:
         with _gc_paused():
-            return _decode_state(data)
+            return _decode_state(data, registry)
     except CodecError:
         raise
     except Exception as error:
         raise CodecError(f"not a state: {type(error).__name__}: {error}") from error
 
 
-def _decode_state(data: bytes | memoryview) -> State:
+def _decode_state(data: bytes | memoryview, registry: Registry) -> State:
     unpacker = msgpack.Unpacker(_Reader(data), use_list=False, read_size=1 << 20)
     if unpacker.read_array_header() != 8:
         raise CodecError("not a state")
@@ -553,8 +437,8 @@ def _decode_state(data: bytes | memoryview) -> State:
     if header[0] not in (STATE_FORMAT, _ROW_FORMAT):
         raise CodecError("unknown state format")
     for value in header[1:]:
-        _expect(value, "int")
-    state = State()
+        expect(value, "int")
+    state = State(registry)
     _, state.now_ms, state.epoch, state.last_fencing_token, state.retention_ms = header[:5]
     state.next_seq = header[5]
     length = unpacker.read_array_header()
@@ -567,7 +451,7 @@ def _decode_state(data: bytes | memoryview) -> State:
     rebuild_indexes(state, columns)
     if len(state.jobs) != len(columns.jobs):
         raise CodecError("duplicate job ids")
-    _decode_sections(state, unpacker.unpack())
+    _decode_sections(state, unpacker.unpack(), registry.sections)
     try:
         unpacker.unpack()
     except msgpack.OutOfData:
@@ -666,13 +550,13 @@ def _shared_value(state: State, value: object) -> object:
     return value
 
 
-def _decode_sections(state: State, rows: object) -> None:
-    """The sections in `SECTIONS` order. An optional one may be absent (it
-    keeps its default); every other must be there."""
-    if type(rows) is not tuple or len(rows) > len(SECTIONS):
+def _decode_sections(state: State, rows: object, sections: tuple[Section, ...]) -> None:
+    """The sections in the registry's order. An optional one may be absent
+    (it keeps its default); every other must be there."""
+    if type(rows) is not tuple or len(rows) > len(sections):
         raise CodecError("state sections do not match this version")
     at = 0
-    for section in SECTIONS:
+    for section in sections:
         row = rows[at] if at < len(rows) else None
         named = type(row) is tuple and len(row) == 2 and row[0] == section.name
         if not named:

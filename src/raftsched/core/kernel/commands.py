@@ -12,8 +12,8 @@ results, progress) is canonical msgpack bytes: the core stores and returns it
 but never looks inside, which keeps memory per job small and the encoding
 exact.
 
-Each command has a stable integer tag in `raftsched.core.kernel.codec`; a tag is
-never reused.
+Each command has a stable integer tag, declared with its handler and field
+kinds in its feature's record (`<feature>/feature.py`); a tag is never reused.
 """
 
 from __future__ import annotations

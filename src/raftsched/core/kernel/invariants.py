@@ -1,16 +1,16 @@
 """Everything that must hold between commands. Tests run it after every step.
 
 `check_invariants` returns a list of violations (empty when the state is
-sound). It is O(jobs); the node may run it after decoding a snapshot.
+sound): the kernel's own (`check_kernel`, jobs and indexes) and each
+feature's. It is O(jobs); the node may run it after decoding a snapshot.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from raftsched.core.events import outbox, subscriptions
-from raftsched.core.jobs import flow
-from raftsched.core.kernel import cluster_version
+from raftsched.core.kernel import cluster_version, outbox
 from raftsched.core.kernel.model import (
     FINAL_STATUSES,
     JOB_STATUSES,
@@ -20,11 +20,21 @@ from raftsched.core.kernel.model import (
     Job,
 )
 from raftsched.core.kernel.state import State
-from raftsched.core.schedules import queries as schedules_query
-from raftsched.core.workflows import handlers as workflows
+
+if TYPE_CHECKING:
+    from raftsched.core.kernel.feature import Registry
 
 
-def check_invariants(state: State) -> list[str]:
+def check_invariants(state: State, registry: Registry) -> list[str]:
+    """Every feature's invariants, the kernel's first (`Feature.check`)."""
+    problems: list[str] = []
+    for check in registry.checks:
+        problems.extend(check(state))
+    return problems
+
+
+def check_kernel(state: State) -> list[str]:
+    """The jobs, their indexes, the outbox and the cluster version."""
     problems: list[str] = []
     _check_scalars(state, problems)
     tokens: set[int] = set()
@@ -42,10 +52,6 @@ def check_invariants(state: State) -> list[str]:
     _check_maps(state, problems)
     _check_heaps(state, problems)
     problems.extend(outbox.check(state))
-    problems.extend(subscriptions.check(state))
-    problems.extend(workflows.check(state))
-    problems.extend(schedules_query.check(state))
-    problems.extend(flow.check_flow(state))
     problems.extend(cluster_version.check(state))
     return problems
 

@@ -41,6 +41,16 @@ class Rejected:
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def stale_epoch(epoch: int) -> Rejected:
+    """For a claim or Tick proposed under an epoch older than `epoch`, the
+    highest one applied: a deposed leader's proposal."""
+    return Rejected(
+        STALE_EPOCH,
+        "proposed under an epoch older than one already applied",
+        {"epoch": epoch},
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class SubmitItem:
     """One accepted spec: the job it names, and whether this command created it

@@ -22,18 +22,6 @@ _attempt_fields = attrgetter(*_ATTEMPT_FIELDS)
 
 _Capture = tuple[tuple[object, ...], int | None, tuple[object, ...] | None, int, int]
 
-# The savepoint of the command being applied, for helpers that change a
-# section but are called where no savepoint is at hand (`outbox.emit` from
-# `lifecycle.finish`). Apply is single-threaded; `current` checks the state.
-_active: list[Savepoint] = []
-
-
-def current(state: State) -> Savepoint | None:
-    """The savepoint of the command now being applied to `state`, if any."""
-    if _active and _active[0].state is state:
-        return _active[0]
-    return None
-
 
 class Savepoint:
     __slots__ = ("state", "scalars", "touched", "created", "purged", "undo")
@@ -50,10 +38,6 @@ class Savepoint:
 
     def reset(self) -> None:
         state = self.state
-        if _active:
-            _active[0] = self
-        else:
-            _active.append(self)
         self.scalars = (
             state.now_ms,
             state.epoch,

@@ -8,9 +8,10 @@ so the state's bytes stay deterministic, and
 rebuilt by its own `decode` after the jobs exist (a section may refer to
 jobs by id). A section encodes to plain msgpack data only.
 
-Adding a section: give it a name no other section uses and `register` it from
-its module (imported by `raftsched.core`). Never rename a section: snapshots
-on disk name their sections.
+Adding a section: give it a name no other section uses and list it in its
+feature's record (`Feature.sections`); the registry refuses a name used twice
+and orders the sections. Never rename a section: snapshots on disk name
+their sections.
 
 A section added after a release can be optional: left out of the
 encoding while `at_default(state)`, and absent on decode meaning its default.
@@ -48,19 +49,3 @@ class Section:
     def omitted(self, state: State) -> bool:
         """Whether `encode_state` leaves the section out of `state`'s encoding."""
         return self.at_default is not None and self.at_default(state)
-
-
-# Encoding order: sorted by name.
-SECTIONS: list[Section] = []
-
-
-def register(section: Section) -> Section:
-    if any(existing.name == section.name for existing in SECTIONS):
-        raise ValueError(f"section {section.name} registered twice")
-    SECTIONS.append(section)
-    SECTIONS.sort(key=lambda registered: registered.name)
-    return section
-
-
-def create_all() -> dict[str, Any]:
-    return {section.name: section.create() for section in SECTIONS}

@@ -26,7 +26,7 @@ effects-ledger map, and five heaps that keep time-driven and claim work
 proportional to the work due rather than to the number of stored jobs:
 
 - `runnable`: the claimable pending jobs per queue and tenant, the tenants'
-  queued and leased counts, and the ordering-key chains (see `flow_index`).
+  queued and leased counts, and the ordering-key chains (see `runnable_index`).
 - `due`: (next_run_at_ms, seq, job) for scheduled and retry_wait jobs.
 - `leases`: (expires_at_ms, fencing_token, job) for leased jobs. Heartbeats
   and takeovers extend a lease without touching the heap: when an entry comes
@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import heapq
 from itertools import compress
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from raftsched.core.kernel import runnable_index as flow_index
+from raftsched.core.kernel import runnable_index
 from raftsched.core.kernel.model import (
     FINAL_STATUSES,
     JOB_STATUSES,
@@ -65,7 +65,9 @@ from raftsched.core.kernel.model import (
 )
 from raftsched.core.kernel.runnable_index import RunnableEntry as RunnableEntry
 from raftsched.core.kernel.runnable_index import RunnableIndex
-from raftsched.core.kernel.sections import create_all
+
+if TYPE_CHECKING:
+    from raftsched.core.kernel.feature import Hooks, Registry
 
 DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
 
@@ -101,16 +103,18 @@ class State:
         "order",
         "order_purged",
         "interned",
+        # The features' life-cycle hooks (not replicated; from the registry).
+        "hooks",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, registry: Registry) -> None:
         self.now_ms = 0
         self.epoch = 0
         self.last_fencing_token = 0
         self.retention_ms = DEFAULT_RETENTION_MS
         self.next_seq = 1
         self.jobs: dict[str, Job] = {}
-        self.sections: dict[str, Any] = create_all()
+        self.sections: dict[str, Any] = registry.create_sections()
         self.status_counts: dict[str, int] = dict.fromkeys(JOB_STATUSES, 0)
         # queue -> [pending, leased, stored]; a queue with no stored job is
         # dropped, so that the live map equals the one rebuilt on decode.
@@ -129,10 +133,11 @@ class State:
         # Interned queue/tenant names and backoff objects: a million jobs
         # share a handful of them.
         self.interned: dict[object, object] = {}
+        self.hooks: Hooks = registry.hooks
 
 
-def new_state() -> State:
-    return State()
+def new_state(registry: Registry) -> State:
+    return State(registry)
 
 
 def intern(state: State, value: T) -> T:
@@ -162,7 +167,7 @@ def set_status(state: State, job: Job, new_status: str) -> None:
         queue_counts[0] += 1
     elif new_status in LEASED_STATUSES:
         queue_counts[1] += 1
-    flow_index.status_changed(state.runnable, job, old_status, new_status)
+    runnable_index.status_changed(state.runnable, job, old_status, new_status)
 
 
 def count_new_job(state: State, job: Job) -> None:
@@ -175,7 +180,7 @@ def count_new_job(state: State, job: Job) -> None:
         queue_counts[0] += 1
     elif job.status in LEASED_STATUSES:
         queue_counts[1] += 1
-    flow_index.add_new(state.runnable, job)
+    runnable_index.add_new(state.runnable, job)
 
 
 def add_history(job: Job, record: HistoryRecord) -> None:
@@ -188,7 +193,7 @@ def add_history(job: Job, record: HistoryRecord) -> None:
 
 def push_runnable(state: State, job: Job) -> None:
     """`job` just became pending: claimable, or parked behind its ordering key."""
-    flow_index.push(state.runnable, job)
+    runnable_index.push(state.runnable, job)
 
 
 def push_due(state: State, job: Job, due_ms: int) -> None:
@@ -270,7 +275,7 @@ def rebuild_indexes(state: State, decoded: JobColumns | None = None) -> None:
         _index_keys_unsorted(state, job)
     for timed in (state.due, state.leases, state.deadlines, state.retention):
         heapq.heapify(timed)
-    state.runnable = flow_index.rebuild_from_jobs(columns)
+    state.runnable = runnable_index.rebuild_from_jobs(columns)
 
 
 def _index_unsorted(state: State, job: Job) -> None:
@@ -305,7 +310,7 @@ def remove_job(state: State, job: Job) -> None:
     queue_counts[2] -= 1
     if queue_counts[2] == 0:
         del state.queue_counts[job.queue]
-    flow_index.purged(state.runnable, job, state.jobs)
+    runnable_index.purged(state.runnable, job, state.jobs)
     key = job.idempotency_key
     if key is not None and state.idempotency.get((job.tenant, key)) is job:
         del state.idempotency[job.tenant, key]

@@ -23,11 +23,13 @@ from dataclasses import replace
 from hashlib import blake2b
 from typing import Final
 
-from raftsched.core.events import outbox
 from raftsched.core.jobs.commands import CancelJob, SubmitJobs
-from raftsched.core.jobs.operator_commands import apply_cancel
-from raftsched.core.jobs.submit import apply_submit
+from raftsched.core.jobs.operator_commands import cancel_job
+from raftsched.core.jobs.submit import submit_jobs
+from raftsched.core.kernel.commands import Tick
+from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import Job
+from raftsched.core.kernel.outbox import emit
 from raftsched.core.kernel.results import OccurrenceDecided, Rejected
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
@@ -225,7 +227,7 @@ def _fire_job(
     key = occurrence_key(schedule.id, nominal_ms, kind)
     spec = replace(schedule.spec.job, idempotency_key=key)
     job_id = occurrence_job_id(state.now_ms, key)
-    result = apply_submit(state, SubmitJobs((spec,), (job_id,)), savepoint)
+    result = submit_jobs(state, SubmitJobs((spec,), (job_id,)), savepoint)
     item = result if isinstance(result, Rejected) else result.items[0]
     if isinstance(item, Rejected):
         return None, f"{JOB_REJECTED}: {item.code}: {item.message}"[:500]
@@ -304,7 +306,7 @@ def _cancel_running(state: State, schedule: Schedule, savepoint: Savepoint) -> N
     for job_id in list(schedule.active):
         job = state.jobs.get(job_id)
         if job is not None and job_unfinished(state, job_id) and not job.cancel_requested:
-            apply_cancel(
+            cancel_job(
                 state,
                 CancelJob(
                     job_id,
@@ -327,10 +329,11 @@ def miss(
     decided = add_record(
         savepoint, state, schedule, nominal_ms, MISSED, None, reason, f"{MISSED}:{code}"
     )
-    outbox.emit(
+    emit(
         state,
         "schedule.missed",
         {"schedule_id": schedule.id, "nominal_ms": nominal_ms, "reason": code},
+        savepoint,
     )
     return decided
 
@@ -338,9 +341,10 @@ def miss(
 # -- Tick -----------------------------------------------------------------------------
 
 
-def fire_due(state: State, budget: int, savepoint: Savepoint) -> int:
-    """The schedules' part of Tick: release buffers whose run ended, then decide
+def fire_due(state: State, budget: int, command: Tick, context: Context) -> int:
+    """The schedules' step of Tick: release buffers whose run ended, then decide
     due occurrences in timer order. Returns the work done (<= budget)."""
+    savepoint = context.savepoint
     budget = min(budget, FIRINGS_PER_TICK_MAX)
     done = _release_buffers(state, budget, savepoint)
     while done < budget:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.results import (
     IDEMPOTENCY_CONFLICT,
     NOT_FOUND,
@@ -18,7 +19,6 @@ from raftsched.core.kernel.results import (
     ScheduleBackfilled,
     ScheduleSaved,
 )
-from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     TIME_MS_MAX,
@@ -148,8 +148,9 @@ def _find(state: State, schedule_id: object) -> Schedule | Rejected:
 
 
 def apply_create(
-    state: State, command: CreateSchedule, savepoint: Savepoint
+    state: State, command: CreateSchedule, context: Context
 ) -> ScheduleSaved | Rejected:
+    savepoint = context.savepoint
     spec = command.spec
     rejected = check_schedule(spec)
     if rejected is not None:
@@ -182,8 +183,9 @@ def apply_create(
 
 
 def apply_update(
-    state: State, command: UpdateSchedule, savepoint: Savepoint
+    state: State, command: UpdateSchedule, context: Context
 ) -> ScheduleSaved | Rejected:
+    savepoint = context.savepoint
     spec = command.spec
     rejected = check_schedule(spec)
     if rejected is not None:
@@ -208,8 +210,9 @@ def apply_update(
 
 
 def apply_delete(
-    state: State, command: DeleteSchedule, savepoint: Savepoint
+    state: State, command: DeleteSchedule, context: Context
 ) -> ScheduleSaved | Rejected:
+    savepoint = context.savepoint
     schedule = _find(state, command.schedule_id)
     if isinstance(schedule, Rejected):
         return schedule
@@ -229,9 +232,8 @@ def apply_delete(
     return ScheduleSaved(schedule.id, created=False)
 
 
-def apply_pause(
-    state: State, command: PauseSchedule, savepoint: Savepoint
-) -> ScheduleSaved | Rejected:
+def apply_pause(state: State, command: PauseSchedule, context: Context) -> ScheduleSaved | Rejected:
+    savepoint = context.savepoint
     schedule = _find(state, command.schedule_id)
     if isinstance(schedule, Rejected):
         return schedule
@@ -245,8 +247,9 @@ def apply_pause(
 
 
 def apply_resume(
-    state: State, command: ResumeSchedule, savepoint: Savepoint
+    state: State, command: ResumeSchedule, context: Context
 ) -> ScheduleSaved | Rejected:
+    savepoint = context.savepoint
     schedule = _find(state, command.schedule_id)
     if isinstance(schedule, Rejected):
         return schedule
@@ -266,8 +269,9 @@ def _maybe_ready(state: State, schedule: Schedule) -> None:
 
 
 def apply_trigger(
-    state: State, command: TriggerSchedule, savepoint: Savepoint
+    state: State, command: TriggerSchedule, context: Context
 ) -> OccurrenceDecided | Rejected:
+    savepoint = context.savepoint
     schedule = _find(state, command.schedule_id)
     if isinstance(schedule, Rejected):
         return schedule
@@ -278,8 +282,9 @@ def apply_trigger(
 
 
 def apply_backfill(
-    state: State, command: BackfillSchedule, savepoint: Savepoint
+    state: State, command: BackfillSchedule, context: Context
 ) -> ScheduleBackfilled | Rejected:
+    savepoint = context.savepoint
     schedule = _find(state, command.schedule_id)
     if isinstance(schedule, Rejected):
         return schedule

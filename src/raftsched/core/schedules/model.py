@@ -34,10 +34,12 @@ import heapq
 from collections import deque
 from typing import Any, Final
 
-from raftsched.core.kernel.codec import CodecError, decode_schedule, schedule_row
+from raftsched.core.kernel.codec import CodecError
 from raftsched.core.kernel.model import FINAL_STATUSES, Job
-from raftsched.core.kernel.sections import Section, register
+from raftsched.core.kernel.savepoint import Savepoint
+from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
+from raftsched.core.schedules.codec import decode_schedule, schedule_row
 from raftsched.core.schedules.commands import ScheduleSpec
 
 SCHEDULES: Final = "schedules"
@@ -177,9 +179,9 @@ def settle_timers(state: State) -> tuple[int, int, Schedule] | None:
     return None
 
 
-def job_finished(state: State, job: Job) -> None:
-    """`lifecycle.finish` hook: a run of this schedule ended, so its buffer may
-    be released by the next Tick. Only derived data changes here."""
+def mark_buffer_releasable(state: State, job: Job, savepoint: Savepoint) -> None:
+    """on_job_finished: a run of this schedule ended, so its buffered
+    occurrence may be started by the next Tick. Only derived data changes here."""
     schedule_id = job.schedule_id
     if schedule_id is None:
         return
@@ -247,4 +249,4 @@ def _from_row(row: Any) -> Schedule:
     return schedule
 
 
-SECTION: Final = register(Section(SCHEDULES, ScheduleBook, _encode, _decode))
+SECTION: Final = Section(SCHEDULES, ScheduleBook, _encode, _decode)

@@ -1,9 +1,10 @@
 """Workflows: SubmitWorkflow, CancelWorkflow, and how a workflow advances.
 
 Theory of operation. A workflow advances only inside the command that
-changed one of its jobs: `lifecycle.finish` calls `job_finished` (through
-`job_events`), which records the step's outcome and then runs `_advance`,
-a loop that derives everything from the step statuses:
+changed one of its jobs: `lifecycle.finish` calls `record_step_outcome` (the
+workflows feature's `on_job_finished` hook), which records the step's outcome
+and then runs `_advance`, a loop that derives everything from the step
+statuses:
 
 - running: start every waiting step whose dependencies all succeeded (its job
   is created in this same command); under `continue`, skip steps that depend
@@ -17,7 +18,7 @@ a loop that derives everything from the step statuses:
   the original step's result as input; then the workflow takes its final
   status. A failed compensation is recorded and the rest still run.
 
-Cancelling a step job inside `_advance` re-enters `job_finished` for that
+Cancelling a step job inside `_advance` re-enters `record_step_outcome` for that
 job; the `advancing` flag turns the re-entry into bookkeeping only and the
 outer loop picks up the change.
 """
@@ -31,17 +32,15 @@ from typing import Any, Final
 
 import msgpack
 
-from raftsched.core.events.outbox import emit
 from raftsched.core.jobs.commands import CancelJob
-from raftsched.core.jobs.job_events import on_lease_inputs, on_workflow_job
-from raftsched.core.jobs.operator_commands import apply_cancel
+from raftsched.core.jobs.operator_commands import cancel_job
 from raftsched.core.jobs.submit import create_job
-from raftsched.core.kernel import savepoint as savepoints
-from raftsched.core.kernel.codec import step_row
-from raftsched.core.kernel.commands import JobSpec
+from raftsched.core.kernel.commands import JobSpec, Tick
+from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import CANCELLED as JOB_CANCELLED
 from raftsched.core.kernel.model import DEAD_LETTER, Job
 from raftsched.core.kernel.model import SUCCEEDED as JOB_SUCCEEDED
+from raftsched.core.kernel.outbox import emit
 from raftsched.core.kernel.results import (
     IDEMPOTENCY_CONFLICT,
     INVALID_STATE,
@@ -63,6 +62,7 @@ from raftsched.core.kernel.validate import (
     check_text,
     invalid,
 )
+from raftsched.core.workflows.codec import step_row
 from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
 from raftsched.core.workflows.model import (
     ACTIVE,
@@ -105,17 +105,10 @@ _JOB_FINAL_EVENTS: Final = {JOB_SUCCEEDED: SUCCEED, DEAD_LETTER: FAIL, JOB_CANCE
 """A step's (or compensation's) job reached this final status -> the step's event."""
 
 
-def _savepoint(state: State) -> Savepoint:
-    found = savepoints.current(state)
-    return found if found is not None else Savepoint(state)
-
-
-def _keep_undo(state: State, workflow: Workflow) -> None:
+def _keep_undo(state: State, savepoint: Savepoint, workflow: Workflow) -> None:
     """Before changing a workflow: how to put it back if the command fails."""
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        saved, found = workflow.copy(), table(state)
-        savepoint.on_rollback(lambda: _restore(found, saved))
+    saved, found = workflow.copy(), table(state)
+    savepoint.on_rollback(lambda: _restore(found, saved))
 
 
 def _restore(found: WorkflowTable, saved: Workflow) -> None:
@@ -132,8 +125,9 @@ def _history(state: State, workflow: Workflow, event: str, detail: str | None = 
 
 
 def apply_submit_workflow(
-    state: State, command: SubmitWorkflow, savepoint: Savepoint
+    state: State, command: SubmitWorkflow, context: Context
 ) -> WorkflowSubmitted | Rejected:
+    savepoint = context.savepoint
     checked = _check_submit(command)
     if isinstance(checked, Rejected):
         return checked
@@ -162,7 +156,7 @@ def apply_submit_workflow(
                 return invalid("workflow_id", "a step job id derived from it is in use")
     workflow = _create(state, command, checked, fingerprint)
     savepoint.on_rollback(lambda: _forget(found, workflow))
-    _advance(state, workflow)
+    _advance(state, savepoint, workflow)
     return WorkflowSubmitted(workflow.id, created=True)
 
 
@@ -315,8 +309,9 @@ def _create(
 
 
 def apply_cancel_workflow(
-    state: State, command: CancelWorkflow
+    state: State, command: CancelWorkflow, context: Context
 ) -> WorkflowCancelAccepted | Rejected:
+    savepoint = context.savepoint
     rejected = (
         check_name(command.workflow_id, "workflow_id")
         or check_text(command.reason, "reason", TEXT_CHARS_MAX)
@@ -330,10 +325,10 @@ def apply_cancel_workflow(
             NOT_FOUND, f"no workflow {command.workflow_id}", {"workflow_id": command.workflow_id}
         )
     if workflow.status == RUNNING:
-        _keep_undo(state, workflow)
+        _keep_undo(state, savepoint, workflow)
         reason = command.reason or f"cancelled by {command.actor}"
-        _stop(state, workflow, CANCELLED, reason)
-        _advance(state, workflow)
+        _stop(state, savepoint, workflow, CANCELLED, reason)
+        _advance(state, savepoint, workflow)
     elif workflow.is_final and workflow.status != CANCELLED:
         return Rejected(
             INVALID_STATE,
@@ -346,9 +341,12 @@ def apply_cancel_workflow(
 # -- advancing ------------------------------------------------------------------
 
 
-def job_finished(state: State, job: Job) -> None:
-    """A job of a workflow reached a final status (from lifecycle.finish)."""
-    workflow = table(state).workflows.get(job.workflow_id or "")
+def record_step_outcome(state: State, job: Job, savepoint: Savepoint) -> None:
+    """on_job_finished: a job of a workflow (a step or a compensation) reached
+    a final status; record it and let the workflow advance."""
+    if job.workflow_id is None:
+        return
+    workflow = table(state).workflows.get(job.workflow_id)
     if workflow is None:
         return
     step = workflow.step_named(job.step)
@@ -356,39 +354,39 @@ def job_finished(state: State, job: Job) -> None:
     if step is None or event is None:
         return
     if job.id == step.job_id and step.status == ACTIVE:
-        _keep_undo(state, workflow)
+        _keep_undo(state, savepoint, workflow)
         transition_step(step, event)
         if step.status == SUCCEEDED:
             step.result = job.result
             workflow.completed.append(workflow.steps.index(step))
         _history(state, workflow, f"step_{step.status}", step.name)
     elif job.id == step.comp_job_id and step.comp_status == ACTIVE:
-        _keep_undo(state, workflow)
+        _keep_undo(state, savepoint, workflow)
         transition_compensation(step, event)
         step.comp_result = job.result
         _history(state, workflow, f"compensation_{step.comp_status}", step.name)
     else:
         return
     if not workflow.advancing:
-        _advance(state, workflow)
+        _advance(state, savepoint, workflow)
 
 
-def _advance(state: State, workflow: Workflow) -> None:
+def _advance(state: State, savepoint: Savepoint, workflow: Workflow) -> None:
     workflow.advancing = True
     try:
         if workflow.status == RUNNING:
-            _advance_running(state, workflow)
+            _advance_running(state, savepoint, workflow)
         if workflow.status == COMPENSATING:
-            _advance_compensating(state, workflow)
+            _advance_compensating(state, savepoint, workflow)
     finally:
         workflow.advancing = False
 
 
-def _advance_running(state: State, workflow: Workflow) -> None:
+def _advance_running(state: State, savepoint: Savepoint, workflow: Workflow) -> None:
     steps = workflow.steps
     failed = next((step for step in steps if step.status in (FAILED, CANCELLED)), None)
     if failed is not None and workflow.on_failure == FAIL_FAST:
-        _stop(state, workflow, FAILED, f"step {failed.name} {failed.status}")
+        _stop(state, savepoint, workflow, FAILED, f"step {failed.name} {failed.status}")
         return
     # Steps are validated acyclic but not sorted: repeat until nothing changes.
     changed = True
@@ -399,7 +397,7 @@ def _advance_running(state: State, workflow: Workflow) -> None:
                 continue
             statuses = [steps[dep].status for dep in step.deps]
             if all(status == SUCCEEDED for status in statuses):
-                _start_step(state, workflow, index, step)
+                _start_step(state, savepoint, workflow, index, step)
                 changed = True
             elif workflow.on_failure == CONTINUE and any(
                 status in UNSUCCESSFUL_STEP for status in statuses
@@ -411,23 +409,29 @@ def _advance_running(state: State, workflow: Workflow) -> None:
         return
     unsuccessful = [step.name for step in steps if step.status != SUCCEEDED]
     if unsuccessful:
-        _stop(state, workflow, FAILED, f"steps did not succeed: {', '.join(unsuccessful)}")
+        _stop(
+            state, savepoint, workflow, FAILED, f"steps did not succeed: {', '.join(unsuccessful)}"
+        )
     else:
-        _finish(state, workflow, SUCCEED)
+        _finish(state, savepoint, workflow, SUCCEED)
 
 
-def _start_step(state: State, workflow: Workflow, index: int, step: Step) -> None:
+def _start_step(
+    state: State, savepoint: Savepoint, workflow: Workflow, index: int, step: Step
+) -> None:
     job_id = step_job_id(workflow.id, index)
-    _create_job(state, workflow, step.spec, job_id, step.name)
+    _create_job(state, savepoint, workflow, step.spec, job_id, step.name)
     transition_step(step, START)
     step.job_id = job_id
     _history(state, workflow, "step_started", step.name)
 
 
-def _create_job(state: State, workflow: Workflow, spec: JobSpec, job_id: str, step: str) -> None:
+def _create_job(
+    state: State, savepoint: Savepoint, workflow: Workflow, spec: JobSpec, job_id: str, step: str
+) -> None:
     if spec.tenant != workflow.tenant:
         spec = _with_tenant(spec, workflow.tenant)
-    job = create_job(state, spec, job_id, savepoints.current(state))
+    job = create_job(state, spec, job_id, savepoint)
     job.workflow_id = workflow.id
     job.step = step
 
@@ -436,7 +440,9 @@ def _with_tenant(spec: JobSpec, tenant: str) -> JobSpec:
     return replace(spec, tenant=tenant)
 
 
-def _stop(state: State, workflow: Workflow, outcome: str, reason: str) -> None:
+def _stop(
+    state: State, savepoint: Savepoint, workflow: Workflow, outcome: str, reason: str
+) -> None:
     """Failure, cancel or timeout: nothing new starts; running steps are asked to stop."""
     transition_workflow(workflow, STOP)
     workflow.outcome = outcome
@@ -448,17 +454,17 @@ def _stop(state: State, workflow: Workflow, outcome: str, reason: str) -> None:
             _history(state, workflow, "step_skipped", step.name)
     for step in workflow.steps:
         if step.status == ACTIVE and step.job_id is not None:
-            _cancel_job(state, step.job_id, reason)
+            _cancel_job(state, savepoint, step.job_id, reason)
 
 
-def _cancel_job(state: State, job_id: str, reason: str) -> None:
+def _cancel_job(state: State, savepoint: Savepoint, job_id: str, reason: str) -> None:
     job = state.jobs.get(job_id)
     if job is None or job.is_final or job.cancel_requested:
         return
-    apply_cancel(state, CancelJob(job_id, reason[:TEXT_CHARS_MAX], SYSTEM_ACTOR), _savepoint(state))
+    cancel_job(state, CancelJob(job_id, reason[:TEXT_CHARS_MAX], SYSTEM_ACTOR), savepoint)
 
 
-def _advance_compensating(state: State, workflow: Workflow) -> None:
+def _advance_compensating(state: State, savepoint: Savepoint, workflow: Workflow) -> None:
     steps = workflow.steps
     if any(step.status == ACTIVE for step in steps):
         return  # wait for leased steps to honour the cancel request
@@ -477,21 +483,23 @@ def _advance_compensating(state: State, workflow: Workflow) -> None:
         if step.comp_status == ACTIVE:
             return  # one at a time, in order
         if step.comp_status == PENDING:
-            _start_compensation(state, workflow, index, step)
+            _start_compensation(state, savepoint, workflow, index, step)
             return
-    _finish(state, workflow, OUTCOME_EVENTS[workflow.outcome or FAILED])
+    _finish(state, savepoint, workflow, OUTCOME_EVENTS[workflow.outcome or FAILED])
 
 
-def _start_compensation(state: State, workflow: Workflow, index: int, step: Step) -> None:
+def _start_compensation(
+    state: State, savepoint: Savepoint, workflow: Workflow, index: int, step: Step
+) -> None:
     assert step.compensation is not None
     job_id = step_job_id(workflow.id, index, compensation=True)
-    _create_job(state, workflow, step.compensation, job_id, step.name)
+    _create_job(state, savepoint, workflow, step.compensation, job_id, step.name)
     transition_compensation(step, START)
     step.comp_job_id = job_id
     _history(state, workflow, "compensation_started", step.name)
 
 
-def _finish(state: State, workflow: Workflow, event: str) -> None:
+def _finish(state: State, savepoint: Savepoint, workflow: Workflow, event: str) -> None:
     transition_workflow(workflow, event)
     status = workflow.status
     _history(state, workflow, "finished", status)
@@ -506,14 +514,15 @@ def _finish(state: State, workflow: Workflow, event: str) -> None:
             state,
             "workflow.compensated" if compensated else "workflow.compensation_failed",
             {**data, "steps": [workflow.steps[i].name for i in workflow.compensations]},
+            savepoint,
         )
-    emit(state, f"workflow.{status}", data)
+    emit(state, f"workflow.{status}", data, savepoint)
 
 
 # -- lease inputs ---------------------------------------------------------------
 
 
-def lease_inputs(state: State, job: Job) -> bytes | None:
+def step_inputs(state: State, job: Job) -> bytes | None:
     """A msgpack map of step name -> result: the dependencies' results for a
     step, the original step's result for a compensation."""
     workflow = table(state).workflows.get(job.workflow_id or "")
@@ -531,56 +540,54 @@ def lease_inputs(state: State, job: Job) -> bytes | None:
     return b"".join(parts)
 
 
-on_workflow_job(job_finished)
-on_lease_inputs(lease_inputs)
-
-
 # -- time: timeouts and retention -------------------------------------------------
 
 
-def tick(state: State, budget: int) -> int:
-    """Tick phase: time out running workflows, purge old finished ones."""
+def tick(state: State, budget: int, command: Tick, context: Context) -> int:
+    """Tick step: time out running workflows, purge old finished ones."""
+    savepoint = context.savepoint
     found = table(state)
     done = 0
     while done < budget and found.timeouts and found.timeouts[0][0] <= state.now_ms:
         entry = heapq.heappop(found.timeouts)
-        _undo_pop(state, found.timeouts, entry)
+        _undo_pop(state, savepoint, found.timeouts, entry)
         workflow = found.workflows.get(entry[2])
         if workflow is None or workflow.status != RUNNING or workflow.timeout_at_ms != entry[0]:
             continue
-        _keep_undo(state, workflow)
-        _stop(state, workflow, TIMED_OUT, "timed_out")
-        _advance(state, workflow)
+        _keep_undo(state, savepoint, workflow)
+        _stop(state, savepoint, workflow, TIMED_OUT, "timed_out")
+        _advance(state, savepoint, workflow)
         done += 1
     while done < budget and found.retention:
         entry = found.retention[0]
         if entry[0] + state.retention_ms > state.now_ms:
             break
         heapq.heappop(found.retention)
-        _undo_pop(state, found.retention, entry)
+        _undo_pop(state, savepoint, found.retention, entry)
         workflow = found.workflows.get(entry[2])
         if workflow is None or not workflow.is_final or workflow.updated_at_ms != entry[0]:
             continue
-        _purge(state, found, workflow)
+        _purge(state, savepoint, found, workflow)
         done += 1
     return done
 
 
-def _undo_pop(state: State, heap: list[tuple[int, int, str]], entry: tuple[int, int, str]) -> None:
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(lambda: heapq.heappush(heap, entry))
+def _undo_pop(
+    state: State,
+    savepoint: Savepoint,
+    heap: list[tuple[int, int, str]],
+    entry: tuple[int, int, str],
+) -> None:
+    savepoint.on_rollback(lambda: heapq.heappush(heap, entry))
 
 
-def _purge(state: State, found: WorkflowTable, workflow: Workflow) -> None:
+def _purge(state: State, savepoint: Savepoint, found: WorkflowTable, workflow: Workflow) -> None:
     before = dict(found.workflows)
     del found.workflows[workflow.id]
     key = workflow.idempotency_key
     if key is not None and found.keys.get((workflow.tenant, key)) == workflow.id:
         del found.keys[workflow.tenant, key]
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(lambda: _unpurge(found, before, workflow))
+    savepoint.on_rollback(lambda: _unpurge(found, before, workflow))
 
 
 def _unpurge(found: WorkflowTable, before: dict[str, Workflow], workflow: Workflow) -> None:
@@ -608,50 +615,3 @@ def next_due_ms(state: State) -> int | None:
             break
         heapq.heappop(found.retention)
     return min(candidates) if candidates else None
-
-
-# -- invariants -------------------------------------------------------------------
-
-
-def check(state: State) -> list[str]:
-    problems: list[str] = []
-    found = table(state)
-    for workflow_id, workflow in found.workflows.items():
-        where = f"workflow {workflow_id}"
-        if workflow.advancing:
-            problems.append(f"{where}: left advancing")
-        timeout = (workflow.timeout_at_ms, workflow.seq, workflow.id)
-        running = workflow.status == RUNNING and workflow.timeout_at_ms is not None
-        if running and timeout not in found.timeouts:
-            problems.append(f"{where}: timeout missing from the heap")
-        for index, step in enumerate(workflow.steps):
-            _check_step_record(state, workflow, index, step, problems)
-        if workflow.status == SUCCEEDED and any(s.status != SUCCEEDED for s in workflow.steps):
-            problems.append(f"{where}: succeeded with unsuccessful steps")
-        if workflow.is_final and any(s.status in (WAITING, ACTIVE) for s in workflow.steps):
-            problems.append(f"{where}: final with steps still to run")
-        if len(set(workflow.completed)) != len(workflow.completed):
-            problems.append(f"{where}: a step completed twice")
-    for (tenant, key), workflow_id in found.keys.items():
-        keyed = found.workflows.get(workflow_id)
-        if keyed is None or (keyed.tenant, keyed.idempotency_key) != (tenant, key):
-            problems.append(f"workflow key {key}: points at the wrong workflow")
-    return problems
-
-
-def _check_step_record(
-    state: State, workflow: Workflow, index: int, step: Step, problems: list[str]
-) -> None:
-    where = f"workflow {workflow.id} step {step.name}"
-    if step.status == WAITING and step.job_id is not None:
-        problems.append(f"{where}: waiting with a job")
-    if step.status == ACTIVE:
-        job = state.jobs.get(step.job_id or "")
-        if job is None or job.is_final:
-            problems.append(f"{where}: active without a live job")
-        if step.job_id != step_job_id(workflow.id, index):
-            problems.append(f"{where}: job id is not derived from the workflow")
-    if step.comp_status == ACTIVE:
-        job = state.jobs.get(step.comp_job_id or "")
-        if job is None or job.is_final:
-            problems.append(f"{where}: compensation active without a live job")

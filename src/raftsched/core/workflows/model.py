@@ -27,7 +27,7 @@ from typing import Any, Final
 from raftsched.core.kernel.codec import decode_spec, spec_row
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.core.kernel.model import next_status
-from raftsched.core.kernel.sections import Section, register
+from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
 
 WORKFLOWS: Final = "workflows"
@@ -363,4 +363,4 @@ def _decode(state: State, data: Any) -> None:
     state.sections[WORKFLOWS] = found
 
 
-SECTION: Final = register(Section(WORKFLOWS, WorkflowTable, _encode, _decode))
+SECTION: Final = Section(WORKFLOWS, WorkflowTable, _encode, _decode)

@@ -1,5 +1,10 @@
 """The transactional outbox: events appended by the command that made them.
 
+The outbox is the kernel's: every feature reports its transitions here
+(`emit`), as every job records its history. What consumers do with it
+(subscriptions, deliveries, retention trimming, `ConfigureOutbox`) is the
+events feature's (`raftsched.core.events`).
+
 Rules
 -----
 1. An event is appended by the same command that makes the transition it
@@ -21,17 +26,14 @@ msgpack bytes so that an event costs one tuple and one bytes object.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Final, NamedTuple
 
 import msgpack
 
-from raftsched.core.events.commands import ConfigureOutbox
-from raftsched.core.kernel import savepoint as savepoints
-from raftsched.core.kernel.results import Ack, Rejected
-from raftsched.core.kernel.sections import Section, register
+from raftsched.core.kernel.savepoint import Savepoint
+from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
-from raftsched.core.kernel.validate import TIME_MS_MAX, check_optional_int
 
 OUTBOX: Final = "outbox"
 DEFAULT_OUTBOX_RETENTION_MS: Final = 24 * 3600 * 1000
@@ -69,32 +71,21 @@ class Outbox:
         return self.events[self.head] if self.head < len(self.events) else None
 
 
-# Sources of the lowest delivery cursor (subscriptions register one). An event
-# above any floor is still owed to somebody and is not trimmed.
-_floors: list[Callable[[State], int | None]] = []
-
-
-def register_floor(floor: Callable[[State], int | None]) -> None:
-    _floors.append(floor)
-
-
 def outbox(state: State) -> Outbox:
     box: Outbox = state.sections[OUTBOX]
     return box
 
 
-def emit(state: State, event_type: str, data: dict[str, Any]) -> None:
+def emit(state: State, event_type: str, data: dict[str, Any], savepoint: Savepoint) -> None:
     """Append one event, stamped with replicated time, in the current command."""
     box: Outbox = state.sections[OUTBOX]
     seq = box.next_seq
     box.next_seq = seq + 1
     box.events.append(OutboxEvent(seq, event_type, state.now_ms, msgpack.packb(data)))
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(lambda: _undo_emit(box, seq))
+    savepoint.on_rollback(lambda: _undo_emit(box, seq))
     if len(box.events) - box.head > box.events_max:
         box.dropped += 1
-        _advance_head(state, box)
+        advance_head(box, savepoint)
 
 
 def _undo_emit(box: Outbox, seq: int) -> None:
@@ -102,17 +93,13 @@ def _undo_emit(box: Outbox, seq: int) -> None:
     box.next_seq = seq
 
 
-def _advance_head(state: State, box: Outbox) -> None:
+def advance_head(box: Outbox, savepoint: Savepoint) -> None:
     """Drop the head event (undoably); compact the list now and then."""
     events, head = box.events, box.head
     box.head = head + 1
-    savepoint = savepoints.current(state)
     if head + 1 >= _COMPACT_AFTER and (head + 1) * 2 >= len(events):
         box.events, box.head = events[head + 1 :], 0
-        if savepoint is not None:
-            savepoint.on_rollback(lambda: _restore(box, events, head))
-    elif savepoint is not None:
-        savepoint.on_rollback(lambda: _restore(box, events, head))
+    savepoint.on_rollback(lambda: _restore(box, events, head))
 
 
 def _restore(box: Outbox, events: list[OutboxEvent], head: int) -> None:
@@ -163,64 +150,6 @@ def decode_data(event: OutboxEvent) -> dict[str, Any]:
     return data
 
 
-# -- commands and time ----------------------------------------------------------
-
-
-def apply_configure_outbox(state: State, command: ConfigureOutbox) -> Ack | Rejected:
-    rejected = check_optional_int(
-        command.retention_ms, "retention", 0, TIME_MS_MAX
-    ) or check_optional_int(command.events_max, "events_max", 1, EVENTS_MAX_MAX)
-    if rejected is not None:
-        return rejected
-    box = outbox(state)
-    old = (box.retention_ms, box.events_max)
-    savepoint = savepoints.current(state)
-    if savepoint is not None:
-        savepoint.on_rollback(lambda: _set_limits(box, *old))
-    _set_limits(
-        box,
-        box.retention_ms if command.retention_ms is None else command.retention_ms,
-        box.events_max if command.events_max is None else command.events_max,
-    )
-    return Ack()
-
-
-def _set_limits(box: Outbox, retention_ms: int, events_max: int) -> None:
-    box.retention_ms, box.events_max = retention_ms, events_max
-
-
-def _delivered_floor(state: State) -> int | None:
-    floors = [floor for floor in (source(state) for source in _floors) if floor is not None]
-    return min(floors) if floors else None
-
-
-def trim(state: State, budget: int) -> int:
-    """Tick phase: drop events past retention that every subscriber has."""
-    box = outbox(state)
-    floor = _delivered_floor(state)
-    done = 0
-    while done < budget:
-        first = box.first()
-        if first is None or first.at_ms + box.retention_ms > state.now_ms:
-            break
-        if floor is not None and first.seq > floor:
-            break
-        _advance_head(state, box)
-        done += 1
-    return done
-
-
-def next_due_ms(state: State) -> int | None:
-    box = outbox(state)
-    first = box.first()
-    if first is None:
-        return None
-    floor = _delivered_floor(state)
-    if floor is not None and first.seq > floor:
-        return None  # waits for a delivery, not for time
-    return first.at_ms + box.retention_ms
-
-
 def check(state: State) -> list[str]:
     """Invariants of the outbox section."""
     box = outbox(state)
@@ -262,4 +191,4 @@ def _decode(state: State, data: Any) -> None:
     state.sections[OUTBOX] = box
 
 
-SECTION: Final = register(Section(OUTBOX, Outbox, _encode, _decode))
+SECTION: Final = Section(OUTBOX, Outbox, _encode, _decode)

@@ -1,0 +1,43 @@
+"""The events feature: what consumers do with the kernel's outbox, namely
+webhook subscriptions, their deliveries and parked events, and trimming."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from raftsched.core.events import outbox_retention, subscriptions
+from raftsched.core.events.commands import (
+    AckDelivery,
+    AckParked,
+    ConfigureOutbox,
+    CreateSubscription,
+    DeleteSubscription,
+    ParkDelivery,
+    RetryParked,
+)
+from raftsched.core.kernel.feature import CommandKind, Feature, TickWork
+
+FEATURE: Final = Feature(
+    name="events",
+    sections=(subscriptions.SECTION,),
+    # Tags 40-49.
+    commands=(
+        CommandKind(ConfigureOutbox, 40, ("int?", "int?"), outbox_retention.apply_configure_outbox),
+        CommandKind(
+            CreateSubscription,
+            41,
+            ("str", "str", "strs", "str"),
+            subscriptions.apply_create_subscription,
+        ),
+        CommandKind(DeleteSubscription, 42, ("str",), subscriptions.apply_delete_subscription),
+        CommandKind(AckDelivery, 43, ("str", "int"), subscriptions.apply_ack_delivery),
+        CommandKind(
+            ParkDelivery, 44, ("str", "int", "int", "str"), subscriptions.apply_park_delivery
+        ),
+        CommandKind(RetryParked, 45, ("str",), subscriptions.apply_retry_parked),
+        CommandKind(AckParked, 46, ("str", "int"), subscriptions.apply_ack_parked),
+    ),
+    tick=(TickWork(70, outbox_retention.trim),),
+    next_due_ms=outbox_retention.next_due_ms,
+    check=subscriptions.check,
+)

@@ -1,0 +1,38 @@
+"""The kernel's own feature record: what every registry has.
+
+`Tick` (whose work the features supply), `TakeOver`, `Barrier` and
+`RaiseClusterVersion`, the outbox that every feature appends its events to,
+the optional `cluster_version` section, and the invariants of the jobs and
+their indexes. `raftsched.core.registry` lists it first.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from raftsched.core.kernel import cluster_version, invariants, outbox
+from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
+from raftsched.core.kernel.feature import CommandKind, Context, Feature
+from raftsched.core.kernel.results import Ack
+from raftsched.core.kernel.state import State
+from raftsched.core.kernel.tick import apply_tick
+
+
+def acknowledge(state: State, command: Command, context: Context) -> Ack:
+    """TakeOver and Barrier: applying the entry was the point."""
+    return Ack()
+
+
+FEATURE: Final = Feature(
+    name="kernel",
+    sections=(outbox.SECTION, cluster_version.SECTION),
+    commands=(
+        CommandKind(Tick, 10, ("int", "int"), apply_tick),
+        CommandKind(TakeOver, 11, (), acknowledge),
+        CommandKind(Barrier, 12, (), acknowledge),
+        CommandKind(
+            RaiseClusterVersion, 14, ("int",), cluster_version.apply_raise_cluster_version, since=2
+        ),
+    ),
+    check=invariants.check_kernel,
+)

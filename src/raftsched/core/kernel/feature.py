@@ -1,0 +1,224 @@
+"""A feature as one record, and the registry that derives the core's tables.
+
+A feature (jobs, schedules, workflows, events) declares everything it adds
+to the state machine in one `Feature` value: its state sections, its
+commands (type, codec tag, field schema, handler, the version that
+introduced it), the codec field kinds it owns, its share of `Tick`, when it
+next needs a Tick, its invariants, and the hooks it hangs on a job's life
+cycle. `raftsched.core.registry` lists the features in order, and a
+`Registry` built from that list derives what used to be written out by hand
+in five places: the dispatcher, the codec's tag and schema tables, the Tick
+work list, `next_due_ms`, `check_invariants` and the state sections.
+
+The kernel never imports a feature: the functions that need the features
+(`apply_entry`, the codec, `new_state`, `check_invariants`) take a registry
+as a parameter, and `raftsched.core` binds them to the one registry. A state
+keeps a reference to its registry's `Hooks` (not replicated, never encoded),
+so that code deep inside a job's life cycle (`lifecycle.finish`) reaches the
+other features without importing them.
+
+Building a registry checks that no two commands share a type or a tag, no
+two sections or field kinds share a name, and no two pieces of Tick work or
+job-finished hooks share a rank; a mistake there fails at import, on every
+node, before any entry is applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from raftsched.core.kernel import codec
+from raftsched.core.kernel.commands import Command, Tick
+from raftsched.core.kernel.model import Job
+from raftsched.core.kernel.results import Result, Ticked
+from raftsched.core.kernel.savepoint import Savepoint
+from raftsched.core.kernel.sections import Section
+
+if TYPE_CHECKING:
+    from raftsched.core.kernel.state import State
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What a handler gets beside the state and its command; one per entry."""
+
+    # The entry was proposed under an epoch older than one already applied.
+    stale: bool
+    # Undo log of the command being applied (reset before each command).
+    savepoint: Savepoint
+    registry: Registry
+
+
+Handler = Callable[["State", Any, Context], Result]
+
+
+@dataclass(frozen=True, slots=True)
+class CommandKind:
+    """One command type: how it is encoded and who applies it."""
+
+    type: type[Command]
+    # Stable codec tag; never renumbered, never reused once retired.
+    tag: int
+    # Codec field kinds in dataclass field order (`codec.KERNEL_FIELD_KINDS`
+    # or a feature's `FieldKind`).
+    fields: tuple[str, ...]
+    handler: Handler
+    # The cluster version that introduced the command.
+    since: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class FieldKind:
+    """A codec field kind a feature owns, e.g. "schedule" for a ScheduleSpec."""
+
+    name: str
+    # The value as plain msgpack data (lists, ints, strings, bytes, None).
+    encode: Callable[[Any], Any]
+    # That data (as msgpack decodes it: tuples) back into the value; raises
+    # `codec.CodecError` on anything malformed.
+    decode: Callable[[object], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TickWork:
+    """One step of `Tick`. Steps run in rank order, each within what is left
+    of the Tick's `max_items` budget, and return how many items they did."""
+
+    rank: int
+    run: Callable[[State, int, Tick, Context], int]
+    # The `Ticked` field that reports this step's count, if any.
+    reports: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinishedHook:
+    """Called in the command that made a job final, in rank order."""
+
+    rank: int
+    run: Callable[[State, Job, Savepoint], None]
+
+
+AttemptEndedHook = Callable[["State", Job, str, bool, Savepoint], None]
+LeaseInputs = Callable[["State", Job], "bytes | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Feature:
+    name: str
+    sections: tuple[Section, ...] = ()
+    commands: tuple[CommandKind, ...] = ()
+    field_kinds: tuple[FieldKind, ...] = ()
+    tick: tuple[TickWork, ...] = ()
+    # When this feature next needs a Tick (None: nothing waits on time).
+    next_due_ms: Callable[[State], int | None] | None = None
+    # Violations of this feature's invariants (empty when sound).
+    check: Callable[[State], list[str]] | None = None
+    on_job_finished: tuple[JobFinishedHook, ...] = ()
+    # An attempt ended: (state, job, outcome, counted, savepoint).
+    on_attempt_ended: AttemptEndedHook | None = None
+    # The `inputs` a lease of a workflow job carries (first non-None wins).
+    lease_inputs: LeaseInputs | None = None
+    # The first entry of a higher epoch was applied (the takeover).
+    on_new_epoch: Callable[[State], None] | None = None
+    # After every entry, with its number of commands (tidying derived data).
+    after_entry: Callable[[State, int], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """The life-cycle hooks of every feature, in order; `State.hooks`."""
+
+    on_job_finished: tuple[Callable[[State, Job, Savepoint], None], ...] = ()
+    on_attempt_ended: tuple[AttemptEndedHook, ...] = ()
+    lease_inputs: tuple[LeaseInputs, ...] = ()
+
+
+# The counts a `TickWork` may report, by field name.
+TICKED_COUNTS: Final = tuple(item.name for item in fields(Ticked) if item.name != "more")
+T = TypeVar("T")
+
+
+class Registry:
+    """The ordered features and every table derived from them. Built once at
+    import; treat it as read-only."""
+
+    __slots__ = (
+        "features",
+        "handlers",
+        "kinds",
+        "command_tags",
+        "command_versions",
+        "command_version_max",
+        "codec",
+        "sections",
+        "tick_work",
+        "next_due",
+        "checks",
+        "on_new_epoch",
+        "after_entry",
+        "hooks",
+    )
+
+    def __init__(self, features: Sequence[Feature]) -> None:
+        self.features = tuple(features)
+        _unique("feature", (feature.name for feature in self.features))
+        kinds = [kind for feature in self.features for kind in feature.commands]
+        _unique("command type", (kind.type.__name__ for kind in kinds))
+        _unique("command tag", (kind.tag for kind in kinds))
+        for kind in kinds:
+            if len(kind.type.__dataclass_fields__) != len(kind.fields):  # type: ignore[attr-defined]
+                raise ValueError(f"{kind.type.__name__}: one field kind per dataclass field")
+            if type(kind.since) is not int or kind.since < 1:
+                raise ValueError(f"{kind.type.__name__}: since is a version from 1")
+        field_kinds = [each for feature in self.features for each in feature.field_kinds]
+        _unique("field kind", [*codec.KERNEL_FIELD_KINDS, *(each.name for each in field_kinds)])
+        sections = [section for feature in self.features for section in feature.sections]
+        _unique("state section", (section.name for section in sections))
+        tick_work = [work for feature in self.features for work in feature.tick]
+        _unique("tick rank", (work.rank for work in tick_work))
+        _unique("Ticked count", (work.reports for work in tick_work if work.reports))
+        for work in tick_work:
+            if work.reports is not None and work.reports not in TICKED_COUNTS:
+                raise ValueError(f"Ticked has no count {work.reports}")
+        finished = [hook for feature in self.features for hook in feature.on_job_finished]
+        _unique("job-finished rank", (hook.rank for hook in finished))
+
+        # The dispatcher: one dict lookup per command.
+        self.handlers: dict[type[Any], Handler] = {kind.type: kind.handler for kind in kinds}
+        self.kinds: dict[type[Any], CommandKind] = {kind.type: kind for kind in kinds}
+        self.command_tags: dict[type[Any], int] = {kind.type: kind.tag for kind in kinds}
+        self.command_versions: dict[type[Any], int] = {kind.type: kind.since for kind in kinds}
+        # The highest command version this code understands (and reports to its peers).
+        self.command_version_max: int = max((kind.since for kind in kinds), default=1)
+        custom = {each.name: (each.encode, each.decode) for each in field_kinds}
+        self.codec = codec.CommandCodec([(k.type, k.tag, k.fields) for k in kinds], custom)
+        # Encoding order: sorted by name (never import or feature order).
+        self.sections = tuple(sorted(sections, key=lambda section: section.name))
+        self.tick_work = tuple(sorted(tick_work, key=lambda work: work.rank))
+        self.next_due = _present(feature.next_due_ms for feature in self.features)
+        self.checks = _present(feature.check for feature in self.features)
+        self.on_new_epoch = _present(feature.on_new_epoch for feature in self.features)
+        self.after_entry = _present(feature.after_entry for feature in self.features)
+        self.hooks = Hooks(
+            tuple(hook.run for hook in sorted(finished, key=lambda hook: hook.rank)),
+            _present(feature.on_attempt_ended for feature in self.features),
+            _present(feature.lease_inputs for feature in self.features),
+        )
+
+    def create_sections(self) -> dict[str, Any]:
+        """Fresh, empty sections, in encoding order (what `new_state()` holds)."""
+        return {section.name: section.create() for section in self.sections}
+
+
+def _present(items: Iterable[T | None]) -> tuple[T, ...]:
+    return tuple(item for item in items if item is not None)
+
+
+def _unique(what: str, values: Iterable[object]) -> None:
+    seen: set[object] = set()
+    for value in values:
+        if value in seen:
+            raise ValueError(f"{what} {value!r} declared twice")
+        seen.add(value)
