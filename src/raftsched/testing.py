@@ -47,10 +47,31 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
     return bool(predicate())
 
 
+# Ports for test servers come from below Linux's ephemeral range (32768 and
+# up), never from the kernel's `bind(0)`: a port in that range can be taken
+# by any outgoing connection while its node is down for a restart, and the
+# node then fails to bind it ("address already in use").
+_TEST_PORTS = range(20_000, 32_000)
+_handed_out: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port that is free now, below the ephemeral range, not handed out before
+    by this process."""
+    import random
+
+    for _ in range(500):
+        port = random.choice(_TEST_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError("no free port found")
 
 
 def free_port_block(count: int, host: str = "127.0.0.1", tries: int = 200) -> int:
@@ -58,7 +79,7 @@ def free_port_block(count: int, host: str = "127.0.0.1", tries: int = 200) -> in
     import random
 
     for _ in range(tries):
-        base = random.randrange(20_000, 60_000 - count)
+        base = random.randrange(_TEST_PORTS.start, _TEST_PORTS.stop - count)
         sockets: list[socket.socket] = []
         try:
             for port in range(base, base + count):

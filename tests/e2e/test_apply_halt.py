@@ -26,7 +26,8 @@ import msgpack
 import pytest
 from e2e_support import cluster_env
 
-from raftsched.core.kernel.codec import ENTRY_FORMAT, encode_entry
+from raftsched.core import encode_entry
+from raftsched.core.kernel.codec import ENTRY_FORMAT
 from raftsched.core.kernel.commands import Barrier, Entry
 from raftsched.raft_journal import Disk, DurableJournal
 from raftsched.testing import LocalCluster, http_json, wait_for
