@@ -27,6 +27,7 @@ from raftsched.node.versions import (
     UpgradeRequired,
     check_allowed,
     from_answer,
+    gated,
 )
 from raftsched.raft import StopApplying
 
@@ -140,3 +141,10 @@ def test_the_replica_stops_at_an_entry_it_cannot_decode_and_changes_nothing() ->
         replica.apply(future)
     assert replica.digest() == before
     assert replica.entries_applied == 1 and len(applied) == 1
+
+
+def test_only_commands_newer_than_every_cluster_version_are_gated() -> None:
+    everyday = [Configure(None), TakeOver(), SetQueue("q", False, None, None, None, None, 0)]
+    assert gated(everyday) == []
+    raise_version = RaiseClusterVersion(2)
+    assert gated([*everyday, raise_version]) == [raise_version]

@@ -40,7 +40,13 @@ from raftsched.node.machine import ReplicatedState
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, Proposer
-from raftsched.node.versions import POLL_PERIOD_S, NodeVersion, PeerVersions, check_allowed
+from raftsched.node.versions import (
+    POLL_PERIOD_S,
+    NodeVersion,
+    PeerVersions,
+    check_allowed,
+    gated,
+)
 from raftsched.node.view import LeaderInfo
 from raftsched.raft import Halt, RaftNode, RaftStatus
 from raftsched.raft_journal import SNAPSHOT_NAME
@@ -271,9 +277,9 @@ class Node:
         return self.proposer.submit_all(commands, size_bytes)
 
     def _check_allowed(self, commands: Sequence[Command]) -> None:
-        # Commands of the first version pass any cluster version, so the
-        # common case never takes the replica's lock from the event loop.
-        newer = [command for command in commands if core.command_version(command) > 1]
+        # Most commands pass any cluster version, so the common case never
+        # takes the replica's lock from the event loop.
+        newer = gated(commands)
         if newer:
             with self.reading() as state:
                 check_allowed(state, newer)

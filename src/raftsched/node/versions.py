@@ -76,6 +76,12 @@ class UpgradeRequired(Exception):
         self.in_force = in_force
 
 
+def gated(commands: Iterable[Command]) -> list[Command]:
+    """The commands that any cluster version does not already allow: only
+    these need `check_allowed` (and the state it reads)."""
+    return [command for command in commands if command_version(command) > CLUSTER_VERSION_DEFAULT]
+
+
 def check_allowed(state: State, commands: Iterable[Command]) -> None:
     """Raise `UpgradeRequired` for the first command that needs a newer
     cluster version than `state` has."""
