@@ -35,8 +35,6 @@ from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from prometheus_client import Histogram
-
 from raftsched import core
 from raftsched.core.jobs.commands import (
     CancelJob,
@@ -313,15 +311,12 @@ class Observer:
 
     def _on_claimed(self, leases: Sequence[Lease]) -> None:
         family = self.metrics.claim_latency
-        latency: dict[str, Histogram] = {}  # a claim's leases are mostly of one queue
         granted: dict[str, int] = {}
         for lease in leases:
             granted[lease.queue] = granted.get(lease.queue, 0) + 1
             if lease.runnable_since_ms is not None:
                 claimed_ms = lease.expires_at_ms - lease.lease_ms
-                series = latency.get(lease.queue) or latency.setdefault(
-                    lease.queue, self._child(family, lease.queue)
-                )
+                series = self._child(family, lease.queue)
                 series.observe(max(0, claimed_ms - lease.runnable_since_ms) / 1000)
         for queue, count in granted.items():
             self._child(self.metrics.job_attempts, queue).inc(count)
