@@ -32,20 +32,31 @@ from raftsched.node.versions import POLL_PERIOD_S
 from raftsched.testing import LocalCluster, http_json, wait_for
 
 OLD_RELEASE = "v0.1.0"
+# The commit the tag names. A clone made without tags still has the commit,
+# so the test runs there too instead of skipping.
+OLD_RELEASE_COMMIT = "4fb7e8c9d3ad49150f9f7d2bda4430a6d9666700"
+
+
+def _resolve(revision: str) -> str | None:
+    found = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    return found.stdout.strip() if found.returncode == 0 else None
 
 
 @pytest.fixture(scope="module")
 def old_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The `src` directory of the previous release."""
-    found = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "--quiet", f"{OLD_RELEASE}^{{}}"],
-        capture_output=True,
-    )
-    if found.returncode != 0:
-        pytest.skip(f"the tag {OLD_RELEASE} is not in {REPO_ROOT} (a shallow clone?)")
+    tagged = _resolve(OLD_RELEASE)
+    assert tagged in (None, OLD_RELEASE_COMMIT), f"{OLD_RELEASE} moved to {tagged}"
+    commit = tagged or _resolve(OLD_RELEASE_COMMIT)
+    if commit is None:
+        pytest.skip(f"neither {OLD_RELEASE} nor its commit is in {REPO_ROOT} (a shallow clone?)")
     root = tmp_path_factory.mktemp(OLD_RELEASE)
     archive = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "archive", OLD_RELEASE], capture_output=True, check=True
+        ["git", "-C", str(REPO_ROOT), "archive", commit], capture_output=True, check=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
     return root / "src"
