@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, suppress
 from typing import Any, Protocol
 
 import aiohttp
@@ -234,11 +234,9 @@ class Node:
     def peer_reachable(self, node_id: str) -> bool:
         return any(p.id == node_id and p.reachable for p in self.status().peers)
 
-    @contextmanager
-    def reading(self) -> Iterator[core.State]:
+    def reading(self) -> AbstractContextManager[core.State]:
         """Hold the state still while a handler reads and renders it."""
-        with self.replica.lock:
-            yield self.replica.state
+        return self.replica.reading()
 
     def digest(self) -> tuple[str, int]:
         """The state digest and the applied index it was taken at."""
