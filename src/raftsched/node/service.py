@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from raftsched import core
+from raftsched import core, tls
 from raftsched.config import NodeConfig
 from raftsched.core.jobs.commands import ClaimJobs
 from raftsched.core.jobs.flow_claim import claimable_at_ms
@@ -120,6 +120,9 @@ class Node:
         self._init_metrics()
         self._sampler_task: asyncio.Task[None] | None = None
         self._http_session: aiohttp.ClientSession | None = None
+        # Peers' /v1/time over HTTPS: verified against the node's CA, with the
+        # node's certificate for peers that require one (raftsched.tls).
+        self._peer_ssl = tls.peer_context(config)
         self._skew_measured_at = 0.0
         self.peer_versions = PeerVersions({p.id: p.http_url for p in config.peers})
         self._versions_polled_at = 0.0
@@ -423,7 +426,8 @@ class Node:
         """A peer's answer to `GET /v1/time`: its clock and its version."""
         if self._http_session is None:
             self._http_session = aiohttp.ClientSession()
-        async with self._http_session.get(url.rstrip("/") + "/v1/time") as response:
+        peer_ssl = True if self._peer_ssl is None else self._peer_ssl  # True: aiohttp's default
+        async with self._http_session.get(url.rstrip("/") + "/v1/time", ssl=peer_ssl) as response:
             body = await response.json()
         if not isinstance(body, dict):
             raise ValueError("GET /v1/time did not answer an object")

@@ -36,6 +36,7 @@ def test_flags_build_the_config(tmp_path: Path, captured: list[NodeConfig]) -> N
         "--http-url", "http://10.0.0.1:8701/", "--secret-file", str(secret_file(tmp_path)),
         "--peer", "n2=10.0.0.2:9701@http://10.0.0.2:8701", "--durability", "none",
         "--proposal-queue-commands-max", "40", "--proposal-queue-bytes-max", "4096",
+        "--insecure-http",
     ])  # fmt: skip
     assert code == 0
     [config] = captured
