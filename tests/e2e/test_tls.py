@@ -141,6 +141,29 @@ def test_a_worker_over_tls_completes_a_job(https_cluster: LocalCluster, tmp_path
     assert worker.returncode == 0, (tmp_path / "worker.log").read_text()
 
 
+def test_nodes_verify_their_peers_with_their_ca(tmp_path: Path) -> None:
+    # The nodes trust another CA than the one that signed their certificates:
+    # Raft (not HTTP) still elects a leader, but no node learns its peers'
+    # versions, and each says why.
+    tls = make_cluster_tls(tmp_path / "tls")
+    stranger = make_cluster_tls(tmp_path / "stranger")
+    cluster = LocalCluster(
+        tmp_path / "cluster", size=3, env=cluster_env(), tls=tls,
+        extra_args=["--tls-ca", str(stranger.ca_file)],
+    )  # fmt: skip
+    cluster.start()
+    try:
+        cluster.wait_for_leader(timeout_s=30)
+        assert wait_for(lambda: "TLS with peer https://" in cluster.logs(), 15), cluster.logs()
+        for node_id in cluster.nodes:
+            view = cluster.cluster_view(node_id)
+            assert view is not None
+            assert [member["version"] for member in view["nodes"][1:]] == [None, None], view
+    finally:
+        cluster.stop()
+    assert "CERTIFICATE_VERIFY_FAILED" in cluster.logs()
+
+
 def handshake_and_read(url: str, context: ssl.SSLContext) -> bytes:
     """Open a TLS connection, send a request, read the answer's first bytes."""
     parts = urlsplit(url)
