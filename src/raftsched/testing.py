@@ -9,6 +9,7 @@ Raft and real HTTP (or HTTPS, given a `ClusterTls` from `make_cluster_tls`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
@@ -221,8 +222,6 @@ class LocalCluster:
     tls: ClusterTls | None = None
 
     def __post_init__(self) -> None:
-        # What the cluster's own checks (leader, readiness, digests) speak with.
-        self.ssl_context = None if self.tls is None else self.tls.client_context()
         _note_created(self)
         self.root.mkdir(parents=True, exist_ok=True)
         self.secret_file = self.root / "secret"
@@ -239,6 +238,12 @@ class LocalCluster:
                 log_path=self.root / f"{node_id}.log",
                 scheme="http" if self.tls is None else "https",
             )
+
+    @functools.cached_property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """What the cluster's own checks (leader, readiness, digests) speak
+        HTTPS with: the cluster's CA and its client certificate."""
+        return None if self.tls is None else self.tls.client_context()
 
     # -- processes ------------------------------------------------------------
 
