@@ -129,10 +129,10 @@ class NodeConfig:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
         if not self.tls_enabled:
-            for name, value in (("--tls-client-ca", self.tls_client_ca_file),
-                                ("--tls-ca", self.tls_ca_file)):  # fmt: skip
-                if value is not None:
-                    raise ConfigError(f"{name} needs --tls-cert and --tls-key")
+            if self.tls_client_ca_file is not None:
+                raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+            if self.tls_ca_file is not None:
+                raise ConfigError("--tls-ca needs --tls-cert and --tls-key")
             if not self.insecure_http and not is_loopback_host(self.http_host):
                 raise ConfigError(
                     f"--http {self.http_host}:{self.http_port} is not a loopback address, and "

@@ -85,12 +85,11 @@ def tls_options(args: argparse.Namespace) -> TlsOptions:
     return {"ca_file": args.ca_file, "client_cert": args.client_cert, "client_key": args.client_key}
 
 
-def make_client(args: argparse.Namespace, urls: Sequence[str] | None = None) -> Client:
-    """A client for `urls` (default: the nodes the options name)."""
+def make_client(args: argparse.Namespace) -> Client:
     # A person is waiting: give up on a dead cluster sooner than programs do.
     budget_s = min(CLI_RETRY_BUDGET_MAX_S, 2 * args.timeout_s)
     return Client(
-        urls if urls is not None else urls_from(args),
+        urls_from(args),
         timeout_s=args.timeout_s,
         retry_budget_s=budget_s,
         token=args.token,
