@@ -102,7 +102,8 @@ def test_submit_through_a_follower_follows_an_https_redirect(https_cluster: Loca
         job = client.submit("tls", {"n": 2}, idempotency_key="tls-redirect")
         assert client.get_job(job["id"])["status"] == "pending"
     # Without that CA, the system's trust store knows nothing of it.
-    with Client([follower_url], retry_budget_s=1) as untrusting, pytest.raises(TransportError):
+    untrusting = Client([follower_url], retry_budget_s=1)
+    with untrusting, pytest.raises(TransportError, match="CERTIFICATE_VERIFY_FAILED"):
         untrusting.get_job(job["id"])
     # Plain HTTP to an HTTPS port gets no HTTP answer.
     plain = follower_url.replace("https://", "http://")
