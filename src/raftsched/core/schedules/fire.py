@@ -26,10 +26,10 @@ from typing import Any, Final
 from raftsched.core.jobs.commands import CancelJob, SubmitJobs
 from raftsched.core.jobs.operator_commands import cancel_job
 from raftsched.core.jobs.submit import submit_jobs
+from raftsched.core.kernel.cluster_version import cluster_version
 from raftsched.core.kernel.commands import Tick
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import Job
-from raftsched.core.kernel.cluster_version import cluster_version
 from raftsched.core.kernel.outbox import EVENT_TENANT_SINCE, emit
 from raftsched.core.kernel.results import OccurrenceDecided, Rejected
 from raftsched.core.kernel.savepoint import Savepoint
