@@ -81,7 +81,7 @@ async def list_events(request: web.Request) -> web.Response:
             if principal.tenants is None:
                 found = outbox.events_after(state, after, types, limit)
             else:
-                found = _scoped_events(principal, state, after, types, limit)
+                found = scoped_events(principal, state, after, types, limit)
             body = {
                 "events": [event_json(event) for event in found],
                 "last_seq": outbox.last_seq(state),
@@ -94,7 +94,7 @@ async def list_events(request: web.Request) -> web.Response:
             await asyncio.wait_for(changed.wait(), remaining)
 
 
-def _scoped_events(
+def scoped_events(
     principal: Principal, state: State, after: int, types: list[str] | None, limit: int
 ) -> list[OutboxEvent]:
     """Up to `limit` events after `after` that the caller may see. Like a
