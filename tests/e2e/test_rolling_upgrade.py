@@ -149,7 +149,9 @@ def test_a_rolling_upgrade_from_the_previous_release(old_source: Path, tmp_path:
         )
         assert raised, cluster_versions(cluster)
         view = get(cluster.nodes[cluster.wait_for_leader()].http_url, "/v1/cluster")
-        assert [n["version"]["command_version_max"] for n in view["nodes"]] == [2, 2, 2]
+        assert [n["version"]["command_version_max"] for n in view["nodes"]] == [
+            COMMAND_VERSION_MAX
+        ] * 3
 
         acknowledged["after"] = submit(cluster, "after")
         cluster.wait_converged(timeout_s=60)
