@@ -212,7 +212,8 @@ def test_a_newer_command_waits_until_every_node_is_upgraded(
         cluster.nodes["n3"].source_dir = next_source
         cluster.start("n3")
         assert wait_for(
-            lambda: set(cluster_versions(cluster).values()) == {2}, timeout_s=4 * POLL_PERIOD_S
+            lambda: set(cluster_versions(cluster).values()) == {COMMAND_VERSION_MAX},
+            timeout_s=4 * POLL_PERIOD_S,
         ), cluster_versions(cluster)
         status, body = set_queue(cluster)
         assert status == 200, body
