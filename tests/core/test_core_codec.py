@@ -47,6 +47,7 @@ from raftsched.core.jobs.commands import (
     SubmitJobs,
 )
 from raftsched.core.kernel.commands import (
+    Audited,
     Backoff,
     Barrier,
     Command,
@@ -137,6 +138,9 @@ EVERY_COMMAND: tuple[Command, ...] = (
     PauseQueue("q", False),
     SetTenant("acme", 3, 10, 1_000),
     SetTenant("acme"),
+    # The audit trail (issue 15).
+    Audited("alice (tok_1)", CancelJob("job_1", "why", "alice (tok_1)")),
+    Audited("bob", SetQueue("q", True, 2_500, 10, 4, 20, 1_000)),
 )  # fmt: skip
 
 
@@ -151,6 +155,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         AckDelivery: 43, ParkDelivery: 44, RetryParked: 45, AckParked: 46,
         SubmitWorkflow: 50, CancelWorkflow: 51,
         SetQueue: 60, PauseQueue: 61, SetTenant: 62,
+        Audited: 80,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

@@ -10,8 +10,8 @@ from core_support import Cluster, assert_rejected_unchanged
 
 from raftsched.core import decode_state, encode_state, state_digest
 from raftsched.core.jobs.commands import CancelJob, CompleteJob, FailJob, StartJob
-from raftsched.core.kernel.commands import JobSpec, Tick
-from raftsched.core.kernel.outbox import events_after
+from raftsched.core.kernel.commands import JobSpec, RaiseClusterVersion, Tick
+from raftsched.core.kernel.outbox import decode_data, events_after
 from raftsched.core.kernel.results import (
     OccurrenceDecided,
     ScheduleBackfilled,
@@ -321,6 +321,17 @@ def test_catchup_skip_misses_a_late_lone_occurrence(cluster: Cluster) -> None:
     tick(cluster, 3600 * S + 31 * S)
     assert decisions(cluster) == [(3600 * S, "missed")]
     (event,) = [e for e in events_after(cluster.state, 0, None, 100) if e.type == "schedule.missed"]
+    # Before cluster version 3 the event names no tenant (as the previous
+    # release's replicas record it).
+    assert "tenant" not in decode_data(event)
+
+
+def test_from_cluster_version_3_a_missed_occurrence_names_its_tenant(cluster: Cluster) -> None:
+    cluster.one(RaiseClusterVersion(3))
+    make(cluster, interval_ms=3600 * S, catchup_policy="skip", catchup_grace_ms=30 * S)
+    tick(cluster, 3600 * S + 31 * S)
+    (event,) = [e for e in events_after(cluster.state, 0, None, 100) if e.type == "schedule.missed"]
+    assert decode_data(event)["tenant"] == "default"
 
 
 def test_catchup_latest(cluster: Cluster) -> None:

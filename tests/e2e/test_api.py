@@ -228,6 +228,10 @@ def test_unknown_job_and_route_are_404_and_stale_lease_ops_are_409(
     )
     assert status == 409 and body["error"]["code"] == "lease_lost"
     status, body, _ = http_json("POST", f"{leader_url}/v1/jobs/{job['id']}/replay", {})
+    assert status == 400 and body["error"]["details"] == {"field": "reason"}
+    status, body, _ = http_json(
+        "POST", f"{leader_url}/v1/jobs/{job['id']}/replay", {"reason": "try it"}
+    )
     assert status == 409 and body["error"]["code"] == "invalid_state"
 
 

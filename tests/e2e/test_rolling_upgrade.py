@@ -149,7 +149,9 @@ def test_a_rolling_upgrade_from_the_previous_release(old_source: Path, tmp_path:
         )
         assert raised, cluster_versions(cluster)
         view = get(cluster.nodes[cluster.wait_for_leader()].http_url, "/v1/cluster")
-        assert [n["version"]["command_version_max"] for n in view["nodes"]] == [2, 2, 2]
+        assert [n["version"]["command_version_max"] for n in view["nodes"]] == [
+            COMMAND_VERSION_MAX
+        ] * 3
 
         acknowledged["after"] = submit(cluster, "after")
         cluster.wait_converged(timeout_s=60)
@@ -210,7 +212,8 @@ def test_a_newer_command_waits_until_every_node_is_upgraded(
         cluster.nodes["n3"].source_dir = next_source
         cluster.start("n3")
         assert wait_for(
-            lambda: set(cluster_versions(cluster).values()) == {2}, timeout_s=4 * POLL_PERIOD_S
+            lambda: set(cluster_versions(cluster).values()) == {COMMAND_VERSION_MAX},
+            timeout_s=4 * POLL_PERIOD_S,
         ), cluster_versions(cluster)
         status, body = set_queue(cluster)
         assert status == 200, body

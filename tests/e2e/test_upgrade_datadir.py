@@ -193,6 +193,11 @@ def check_found(url: str, found: dict[str, Any]) -> None:
         assert status == 200, (subscription_id, body)
         check_same(f"subscription {subscription_id}", old, body["subscription"], SUBSCRIPTION_KEYS)
         assert body["subscription"]["cursor_seq"] == old["cursor_seq"]
+    if "audit" in found:  # releases from 0.3.0 on record their audit trail
+        status, body = get(url, "/v1/audit?limit=1000")
+        assert status == 200, body
+        now = {entry["seq"]: entry for entry in body["entries"]}
+        assert [now.get(entry["seq"]) for entry in found["audit"]] == found["audit"]
 
 
 def use_after_upgrade(cluster: LocalCluster, expected: dict[str, Any]) -> None:

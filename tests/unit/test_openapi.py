@@ -44,6 +44,7 @@ def _pending(name: str | None) -> bool:
 def _route_tables() -> list[Any]:
     try:
         from raftsched.api import (
+            audit,
             cluster,
             dashboard,
             events,
@@ -69,6 +70,7 @@ def _route_tables() -> list[Any]:
         events.routes,
         queues.routes,
         schedules.routes,
+        audit.routes,
     ]
 
 
@@ -160,6 +162,8 @@ ACCEPTED_BODIES: dict[str, Any] = {
 
 # Bodies the server rejects with 400 that a loose schema would let through.
 REJECTED_BODIES: list[tuple[str, Any]] = [
+    ("replayJob", {}),
+    ("replayJob", {"reason": ""}),
     ("submitWorkflow", {"steps": [{"name": "a", "queue": "q", "tenant": "acme"}]}),
     ("submitWorkflow", {"steps": [{"queue": "q"}]}),
     ("createSchedule", {**_SCHEDULE, "job": {"queue": "q", "idempotency_key": "k"}}),

@@ -21,7 +21,17 @@ import uuid
 
 from aiohttp import web
 
-from raftsched.api import cluster, dashboard, events, jobs, leases, queues, schedules, workflows
+from raftsched.api import (
+    audit,
+    cluster,
+    dashboard,
+    events,
+    jobs,
+    leases,
+    queues,
+    schedules,
+    workflows,
+)
 from raftsched.api.errors import ApiError
 from raftsched.api.requests import NODE, Handler, node_of
 from raftsched.logs import REQUEST_ID
@@ -160,6 +170,7 @@ def create_app(node: NodeView, *, max_body_bytes: int) -> web.Application:
     app.add_routes(cluster.routes)
     app.add_routes(workflows.routes)
     app.add_routes(events.routes)
+    app.add_routes(audit.routes)
     dashboard.setup(app)
     schedules.setup(app, node)
     queues.setup(app, node)

@@ -9,6 +9,7 @@ from importlib import resources
 
 from aiohttp import web
 
+from raftsched.api import scope
 from raftsched.api.jsonbody import json_response
 from raftsched.api.requests import node_of
 from raftsched.node.metrics import CONTENT_TYPE
@@ -118,6 +119,8 @@ async def readyz(request: web.Request) -> web.Response:
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
+    """Every tenant's and queue's series: only for callers of every tenant."""
+    scope.require_all_tenants(request, "/metrics")
     return web.Response(
         body=node_of(request).metrics.render(),
         headers={"Content-Type": CONTENT_TYPE, "X-Content-Type-Options": "nosniff"},

@@ -15,10 +15,16 @@ another origin) without CORS headers. The dashboard therefore sends its
 requests straight to the leader's advertised URL, and every node allows
 exactly the origins of the cluster's advertised URLs, never `*`.
 
-Audit: a write that carries `Raftsched-Actor` (the dashboard sends
-`Raftsched-Actor: dashboard`) gets an `audit:` log line with the method,
-path, status and request id, besides the job history record that cancel and
-replay keep.
+Audit: a write by an authenticated caller, or (while authentication is off)
+one that carries `Raftsched-Actor` (the dashboard sends `Raftsched-Actor:
+dashboard`), gets an `audit:` log line with the actor, method, path, status
+and request id, besides the replicated audit trail (`GET /v1/audit`) and the
+job history record that cancel and replay keep.
+
+Scope: the overview mixes every tenant's figures (status counts, queues,
+dead letters, stuck jobs, errors, per-queue counters), so it needs a caller
+who sees every tenant (403 otherwise); a scoped viewer's page reads the
+scoped routes (`/v1/jobs`, `/v1/tenants`, ...) instead.
 """
 
 from __future__ import annotations
@@ -32,12 +38,13 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from raftsched import core
-from raftsched.api import render
+from raftsched.api import render, scope
 from raftsched.api.errors import ApiError
 from raftsched.api.jsonbody import json_response
-from raftsched.api.requests import Handler, node_of
+from raftsched.api.principal import principal_of
+from raftsched.api.requests import Handler, actor, node_of
 from raftsched.api.validation import query_integer, reject_unknown
-from raftsched.limits import ACTOR_CHARS_MAX, OVERVIEW_ERRORS_MAX
+from raftsched.limits import OVERVIEW_ERRORS_MAX
 from raftsched.node import metrics as families
 from raftsched.node.observability import wall_ms
 from raftsched.node.versions import THIS_NODE
@@ -106,6 +113,7 @@ async def node_time(request: web.Request) -> web.Response:
 @routes.get("/v1/overview")
 async def overview(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"errors"}))
+    scope.require_all_tenants(request, "the overview")
     errors_shown = query_integer(
         request.query, "errors", 0, OVERVIEW_ERRORS_MAX, default=ERRORS_SHOWN
     )
@@ -254,15 +262,15 @@ async def _on_response_prepare(request: web.Request, response: web.StreamRespons
         response.headers["Access-Control-Allow-Origin"] = origin
         response.headers["Access-Control-Expose-Headers"] = CORS_EXPOSED_HEADERS
         response.headers["Vary"] = "Origin"
-    actor = request.headers.get("Raftsched-Actor")
-    if actor and request.method in ("POST", "PUT", "DELETE"):
+    named = principal_of(request).authenticated or request.headers.get("Raftsched-Actor")
+    if named and request.method in ("POST", "PUT", "DELETE"):
         log.info(
             "audit: %s %s -> %d",
             request.method,
             request.path,
             response.status,
             extra={
-                "actor": actor.strip()[:ACTOR_CHARS_MAX],
+                "actor": actor(request, "api"),
                 "method": request.method,
                 "path": request.path,
                 "status": response.status,

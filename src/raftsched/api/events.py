@@ -1,4 +1,12 @@
-"""`/v1/events` (the outbox, long-polled) and `/v1/subscriptions` (webhooks)."""
+"""`/v1/events` (the outbox, long-polled) and `/v1/subscriptions` (webhooks).
+
+Scope (api.scope): a caller scoped to some tenants gets only the events
+that name one of its tenants (an event without a tenant, recorded before
+cluster version 3, is left out); `last_seq` and `first_seq` stay the
+outbox's own, so a consumer's cursor moves exactly as before. A
+subscription delivers every tenant's events, so subscriptions need a caller
+who sees every tenant (403 otherwise).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +17,12 @@ from typing import Any
 
 from aiohttp import web
 
+from raftsched.api import scope
 from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.principal import Principal, principal_of
 from raftsched.api.render import time_or_none
-from raftsched.api.requests import node_of, prepare_read, propose, read_json
+from raftsched.api.requests import node_of, prepare_read, propose_audited, read_json
 from raftsched.api.validation import (
     path_id,
     query_integer,
@@ -33,6 +43,7 @@ from raftsched.core.events.subscriptions import (
 from raftsched.core.kernel import outbox
 from raftsched.core.kernel.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, decode_data
 from raftsched.core.kernel.results import Ack, ParkedRetried, SubscriptionCreated
+from raftsched.core.kernel.state import State
 from raftsched.limits import EVENTS_LIMIT_MAX, WAIT_S_MAX
 from raftsched.timefmt import format_ms
 
@@ -60,13 +71,17 @@ async def list_events(request: web.Request) -> web.Response:
     types = [t for t in query.get("types", "").split(",") if t] or None
     headers = await prepare_read(request)
     node = node_of(request)
+    principal = principal_of(request)
     deadline = time.monotonic() + wait_s
     while True:
         # Wait on the event for the *next* applied entry before reading, so
         # that an entry applied between the read and the wait is not missed.
         changed = node.changed()
         with node.reading() as state:
-            found = outbox.events_after(state, after, types, limit)
+            if principal.tenants is None:
+                found = outbox.events_after(state, after, types, limit)
+            else:
+                found = scoped_events(principal, state, after, types, limit)
             body = {
                 "events": [event_json(event) for event in found],
                 "last_seq": outbox.last_seq(state),
@@ -79,7 +94,26 @@ async def list_events(request: web.Request) -> web.Response:
             await asyncio.wait_for(changed.wait(), remaining)
 
 
+def scoped_events(
+    principal: Principal, state: State, after: int, types: list[str] | None, limit: int
+) -> list[OutboxEvent]:
+    """Up to `limit` events after `after` that the caller may see. Like a
+    type filter, it reads past the events it leaves out, page by page."""
+    found: list[OutboxEvent] = []
+    while len(found) < limit:
+        page = outbox.events_after(state, after, types, limit)
+        if not page:
+            break
+        found.extend(scope.filter_events(principal, page))
+        after = page[-1].seq
+    return found[:limit]
+
+
 # -- subscriptions ----------------------------------------------------------------
+
+
+def _subscriptions_scope(request: web.Request) -> None:
+    scope.require_all_tenants(request, "a subscription")
 
 
 def subscription_json(
@@ -119,6 +153,7 @@ def _read_subscription(request: web.Request, subscription_id: str) -> dict[str, 
 
 @routes.post("/v1/subscriptions")
 async def create_subscription(request: web.Request) -> web.Response:
+    _subscriptions_scope(request)
     body = require_object(await read_json(request))
     reject_unknown(body, frozenset({"id", "url", "types", "secret"}))
     url = string(body, "url", required=True, length_max=URL_CHARS_MAX)
@@ -138,7 +173,7 @@ async def create_subscription(request: web.Request) -> web.Response:
         raise invalid("types", f"must be a list of at most {TYPES_MAX} event types")
     subscription_id = string(body, "id") or node_of(request).new_id("sub")
     command = CreateSubscription(subscription_id, url, tuple(sorted(set(types))), secret)
-    result = await propose(request, command, SubscriptionCreated)
+    result = await propose_audited(request, command, SubscriptionCreated)
     answer = {"subscription": _read_subscription(request, subscription_id)}
     return json_response(answer, status=201 if result.created else 200)
 
@@ -146,6 +181,7 @@ async def create_subscription(request: web.Request) -> web.Response:
 @routes.get("/v1/subscriptions")
 async def list_subscriptions(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"consistency"}))
+    _subscriptions_scope(request)
     headers = await prepare_read(request)
     with node_of(request).reading() as state:
         found = [
@@ -157,6 +193,7 @@ async def list_subscriptions(request: web.Request) -> web.Response:
 
 @routes.get("/v1/subscriptions/{subscription_id}")
 async def get_subscription(request: web.Request) -> web.Response:
+    _subscriptions_scope(request)
     headers = await prepare_read(request)
     subscription_id = path_id(request.match_info["subscription_id"], "subscription_id")
     return json_response(
@@ -166,14 +203,16 @@ async def get_subscription(request: web.Request) -> web.Response:
 
 @routes.delete("/v1/subscriptions/{subscription_id}")
 async def delete_subscription(request: web.Request) -> web.Response:
+    _subscriptions_scope(request)
     subscription_id = path_id(request.match_info["subscription_id"], "subscription_id")
-    await propose(request, DeleteSubscription(subscription_id), Ack)
+    await propose_audited(request, DeleteSubscription(subscription_id), Ack)
     return web.Response(status=204)
 
 
 @routes.post("/v1/subscriptions/{subscription_id}/retry")
 async def retry_parked(request: web.Request) -> web.Response:
     """Operator action: deliver the subscription's parked events once more."""
+    _subscriptions_scope(request)
     subscription_id = path_id(request.match_info["subscription_id"], "subscription_id")
-    result = await propose(request, RetryParked(subscription_id), ParkedRetried)
+    result = await propose_audited(request, RetryParked(subscription_id), ParkedRetried)
     return json_response({"retried": result.count})

@@ -8,9 +8,10 @@ from typing import Any
 from aiohttp import web
 
 from raftsched import core
-from raftsched.api import render
+from raftsched.api import render, scope
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.principal import principal_of
 from raftsched.api.requests import (
     actor,
     body_bytes,
@@ -18,6 +19,7 @@ from raftsched.api.requests import (
     optional_body,
     prepare_read,
     propose,
+    propose_audited,
     read_json,
 )
 from raftsched.api.validation import (
@@ -66,6 +68,7 @@ def _count_queue_full(
 @routes.post("/v1/jobs")
 async def submit_job(request: web.Request) -> web.Response:
     spec = parse_job(await read_json(request))
+    scope.require_tenant(request, (spec.tenant,))
     result = await _submit(request, [spec], body_bytes(request))
     item = result.items[0]
     if isinstance(item, Rejected):
@@ -86,6 +89,7 @@ async def submit_batch(request: web.Request) -> web.Response:
     # The batch commits together, so it is validated whole first: one bad
     # request fails the call and nothing is proposed.
     specs = [parse_job(job, prefix=f"jobs[{i}].") for i, job in enumerate(jobs)]
+    scope.require_tenant(request, {spec.tenant for spec in specs})
     result = await _submit(request, specs, body_bytes(request))
     results: list[dict[str, Any]] = []
     for item in result.items:
@@ -103,9 +107,10 @@ async def submit_batch(request: web.Request) -> web.Response:
 async def get_job(request: web.Request) -> web.Response:
     headers = await prepare_read(request)
     job_id = request.match_info["job_id"]
+    principal = principal_of(request)
     with node_of(request).reading() as state:
         job = core.get_job(state, job_id)
-        if job is None:
+        if job is None or not scope.visible_job(principal, job):
             raise ApiError("not_found", f"no job {job_id}")
         body = {"job": render.job(job)}
     return json_response(body, headers=headers)
@@ -143,6 +148,7 @@ async def list_jobs(request: web.Request) -> web.Response:
     key = query.get("idempotency_key")
     if key is not None:
         return json_response(_by_idempotency_key(request, key), headers=headers)
+    principal = principal_of(request)
     with node_of(request).reading() as state:
         jobs, next_cursor = core.list_jobs(
             state,
@@ -154,6 +160,8 @@ async def list_jobs(request: web.Request) -> web.Response:
             schedule_id=query.get("schedule_id"),
             workflow_id=query.get("workflow_id"),
             correlation_id=query.get("correlation_id"),
+            tenants=principal.tenants,
+            queues=principal.queues,
         )
         body = {"jobs": [render.job(job) for job in jobs], "next_cursor": next_cursor}
     return json_response(body, headers=headers)
@@ -176,6 +184,8 @@ def _by_idempotency_key(request: web.Request, key: str) -> dict[str, Any]:
             value is not None and getattr(job, name) != value for name, value in wanted.items()
         ):
             job = None
+        if job is not None and not scope.visible_job(principal_of(request), job):
+            job = None
         return {"jobs": [] if job is None else [render.job(job)], "next_cursor": None}
 
 
@@ -188,15 +198,23 @@ def _reason(body: Mapping[str, Any]) -> str:
 async def cancel_job(request: web.Request) -> web.Response:
     reason = _reason(await optional_body(request))
     job_id = path_id(request.match_info["job_id"])
-    await propose(request, CancelJob(job_id, reason, actor=actor(request, "api")), CancelAccepted)
+    scope.require_job(request, job_id)
+    who = actor(request, "api")
+    await propose_audited(request, CancelJob(job_id, reason, actor=who), CancelAccepted)
     return json_response({"job": _job_json(request, job_id)})
 
 
 @routes.post("/v1/jobs/{job_id}/replay")
 async def replay_job(request: web.Request) -> web.Response:
+    """Replay needs a reason: it reruns work that failed for good, and the
+    audit trail and the job's history say why."""
     reason = _reason(await optional_body(request))
+    if not reason.strip():
+        raise invalid("reason", "a replay needs a reason")
     job_id = path_id(request.match_info["job_id"])
-    await propose(request, ReplayJob(job_id, reason, actor=actor(request, "operator")), Replayed)
+    scope.require_job(request, job_id)
+    who = actor(request, "operator")
+    await propose_audited(request, ReplayJob(job_id, reason, actor=who), Replayed)
     return json_response({"job": _job_json(request, job_id)})
 
 
@@ -204,9 +222,11 @@ async def replay_job(request: web.Request) -> web.Response:
 async def job_history(request: web.Request) -> web.Response:
     headers = await prepare_read(request)
     job_id = request.match_info["job_id"]
+    principal = principal_of(request)
     with node_of(request).reading() as state:
+        job = core.get_job(state, job_id)
         events = core.job_history(state, job_id)
-        if events is None:
+        if events is None or job is None or not scope.visible_job(principal, job):
             raise ApiError("not_found", f"no job {job_id}")
         body = {"events": [render.history_event(event) for event in events]}
     return json_response(body, headers=headers)

@@ -1,5 +1,10 @@
 """The worker protocol (`/v1/leases`) and the effects ledger (`/v1/effects`).
 
+Scope (api.scope): a claim that names a queue outside the caller's queues is
+`403 forbidden`; a lease operation or effect record on a job outside the
+caller's queues or tenants, and an effect of such a job, is `404 not_found`,
+exactly as for a job or effect that does not exist.
+
 Every operation here is fenced: the core accepts it only with the job's
 current lease token, so a retry after an unknown outcome is safe, and a
 worker whose lease moved on gets `409 lease_lost` and changes nothing.
@@ -13,9 +18,10 @@ from typing import Any
 from aiohttp import web
 
 from raftsched import core
-from raftsched.api import render, unsafe
+from raftsched.api import render, scope, unsafe
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.principal import principal_of
 from raftsched.api.requests import body_bytes, node_of, prepare_read, read_json
 from raftsched.api.validation import (
     CLAIM_JOBS_MAX,
@@ -78,6 +84,7 @@ async def claim(request: web.Request) -> web.Response:
     max_jobs = integer(body, "max_jobs", 1, CLAIM_JOBS_MAX) or 1
     wait_ms = seconds_ms(body, "wait_s", 0, WAIT_S_MAX) or 0
     lease_ms = seconds_ms(body, "lease_s", LEASE_S_MIN, LEASE_S_MAX)
+    scope.require_queues(request, queues)
     node = node_of(request)
     outcome = await node.claim(
         worker_id, tuple(dict.fromkeys(queues)), max_jobs, wait_ms / 1000, lease_ms
@@ -151,6 +158,7 @@ def _op_route(op: str) -> None:
         node = node_of(request)
         body = unsafe.ignore_fencing(node, job_id, body)  # negative control only
         command = _command_for(node, op, job_id, body)
+        scope.require_job(request, job_id)
         result = await node.propose(command, body_bytes(request))
         return json_response(_answer(request, op, result))
 
@@ -187,7 +195,9 @@ async def lease_batch(request: web.Request) -> web.Response:
                 raise invalid(prefix + "op", "is required")
             job_id = string(item, "job_id", required=True, prefix=prefix)
             assert job_id is not None
-            commands.append(_command_for(node, op, job_id, item, prefix))
+            command = _command_for(node, op, job_id, item, prefix)
+            scope.require_job(request, job_id)
+            commands.append(command)
             slots.append((op, None))
         except ApiError as error:
             slots.append(("error", error))
@@ -225,6 +235,7 @@ async def record_effect(request: web.Request) -> web.Response:
     job_id = string(body, "job_id", required=True)
     assert key is not None and job_id is not None
     body = unsafe.ignore_fencing(node_of(request), job_id, body)  # negative control only
+    scope.require_job(request, job_id)
     command = RecordEffect(
         key, job_id, fencing_token(body), pack_json(body.get("result"), "result")
     )
@@ -237,8 +248,11 @@ async def record_effect(request: web.Request) -> web.Response:
 async def get_effect(request: web.Request) -> web.Response:
     headers = await prepare_read(request)
     key = request.match_info["key"]
+    principal = principal_of(request)
     with node_of(request).reading() as state:
         effect = core.get_effect(state, key)
+        if effect is not None and not scope.unrestricted(principal):
+            effect = effect if scope.visible_effect(principal, state, key) else None
     if effect is None:
         raise ApiError("not_found", f"no effect {key}")
     return json_response({"effect": render.effect(effect)}, headers=headers)

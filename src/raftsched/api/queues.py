@@ -3,6 +3,12 @@
 PUT replaces the settings (an omitted limit means none). Pause and resume
 change only `paused`. Reads show the settings with the live figures: depth,
 running, oldest runnable age, tokens, circuit, throttled and blocked keys.
+
+Scope (api.scope): a queue is shared by every tenant, and its figures and
+settings (depth, tokens, circuit, blocked keys, pausing it) mix them, so the
+queue routes need a caller who sees every tenant (403 otherwise). A tenant's
+figures are its own: a scoped caller lists only its tenants, and another
+tenant is `404 not_found` to it, read or written.
 """
 
 from __future__ import annotations
@@ -11,9 +17,11 @@ from typing import Any
 
 from aiohttp import web
 
+from raftsched.api import scope
 from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
-from raftsched.api.requests import node_of, prepare_read, propose, read_json
+from raftsched.api.principal import principal_of
+from raftsched.api.requests import node_of, prepare_read, propose_audited, read_json
 from raftsched.api.validation import (
     boolean,
     integer,
@@ -157,30 +165,44 @@ def _tenant_json(request: web.Request, name: str) -> dict[str, Any]:
         return render_tenant(tenant_view(state, name))
 
 
+def _queues_scope(request: web.Request) -> None:
+    scope.require_all_tenants(request, "a queue")
+
+
+def _tenant_scope(request: web.Request, name: str) -> None:
+    """Another tenant's settings are as absent to a scoped caller."""
+    if not scope.visible_tenant(principal_of(request), name):
+        raise ApiError("not_found", f"no tenant {name}")
+
+
 @routes.put("/v1/queues/{name}")
 async def put_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await propose(request, parse_queue(name, await read_json(request)), Ack)
+    _queues_scope(request)
+    await propose_audited(request, parse_queue(name, await read_json(request)), Ack)
     return json_response({"queue": _queue_json(request, name, True)})
 
 
 @routes.post("/v1/queues/{name}/pause")
 async def pause_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await propose(request, PauseQueue(name, True), Ack)
+    _queues_scope(request)
+    await propose_audited(request, PauseQueue(name, True), Ack)
     return json_response({"queue": _queue_json(request, name, True)})
 
 
 @routes.post("/v1/queues/{name}/resume")
 async def resume_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await propose(request, PauseQueue(name, False), Ack)
+    _queues_scope(request)
+    await propose_audited(request, PauseQueue(name, False), Ack)
     return json_response({"queue": _queue_json(request, name, True)})
 
 
 @routes.get("/v1/queues")
 async def list_queues(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"consistency"}))
+    _queues_scope(request)
     headers = await prepare_read(request)
     node = node_of(request)
     now_ms = node.now_ms()
@@ -193,6 +215,7 @@ async def list_queues(request: web.Request) -> web.Response:
 @routes.get("/v1/queues/{name}")
 async def get_queue(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"consistency"}))
+    _queues_scope(request)
     headers = await prepare_read(request)
     name = path_id(request.match_info["name"], "name")
     with node_of(request).reading() as state:
@@ -204,7 +227,8 @@ async def get_queue(request: web.Request) -> web.Response:
 @routes.put("/v1/tenants/{name}")
 async def put_tenant(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
-    await propose(request, parse_tenant(name, await read_json(request)), Ack)
+    _tenant_scope(request, name)
+    await propose_audited(request, parse_tenant(name, await read_json(request)), Ack)
     return json_response({"tenant": _tenant_json(request, name)})
 
 
@@ -212,8 +236,12 @@ async def put_tenant(request: web.Request) -> web.Response:
 async def list_tenants(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"consistency"}))
     headers = await prepare_read(request)
+    principal = principal_of(request)
     with node_of(request).reading() as state:
-        views = [tenant_view(state, name) for name in tenant_names(state)]
+        names = tenant_names(state)
+        if principal.tenants is not None:
+            names = [name for name in names if name in principal.tenants]
+        views = [tenant_view(state, name) for name in names]
     return json_response({"tenants": [render_tenant(v) for v in views]}, headers=headers)
 
 
@@ -222,6 +250,7 @@ async def get_tenant(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"consistency"}))
     headers = await prepare_read(request)
     name = path_id(request.match_info["name"], "name")
+    _tenant_scope(request, name)
     # Every tenant exists with the default settings; unknown ones show zeros.
     return json_response({"tenant": _tenant_json(request, name)}, headers=headers)
 

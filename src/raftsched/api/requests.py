@@ -14,14 +14,18 @@ from aiohttp import web
 
 from raftsched.api import jsonbody
 from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.principal import principal_of
 from raftsched.api.validation import require_object
-from raftsched.core.kernel.commands import Command
+from raftsched.core import COMMAND_VERSIONS
+from raftsched.core.kernel.commands import Audited, Command
 from raftsched.core.kernel.results import Rejected
 from raftsched.limits import ACTOR_CHARS_MAX
 from raftsched.node.proposer import NotCommitted, OutcomeUnknown
 from raftsched.node.view import NodeView
 
 NODE: web.AppKey[NodeView] = web.AppKey("node")
+# The cluster version from which operator commands are proposed `Audited`.
+AUDITED_SINCE = COMMAND_VERSIONS[Audited]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 R = TypeVar("R")
 
@@ -48,7 +52,13 @@ async def optional_body(request: web.Request) -> Mapping[str, Any]:
 
 
 def actor(request: web.Request, default: str) -> str:
-    """Who asked for an operator action (`Raftsched-Actor`), as history records it."""
+    """Who asked for an operator action, as history and the audit trail record
+    it: the caller's token (name and id). Only while authentication is off
+    (no token) is the `Raftsched-Actor` header honoured, as before tokens
+    existed, and `default` used without it."""
+    principal = principal_of(request)
+    if principal.authenticated:
+        return principal.actor[:ACTOR_CHARS_MAX]
     return request.headers.get("Raftsched-Actor", "").strip()[:ACTOR_CHARS_MAX] or default
 
 
@@ -68,6 +78,28 @@ async def propose(
         raise from_rejection(result)
     assert isinstance(result, expect), result
     return result
+
+
+def audited(request: web.Request, command: Command, default_actor: str = "api") -> Command:
+    """An operator command as the node should propose it: wrapped in
+    `Audited` (so the audit trail records who asked) once the cluster version
+    in force is at least the one that introduced it; bare before, so that a
+    replica of the previous release never meets a command it cannot decode."""
+    if node_of(request).cluster_version() < AUDITED_SINCE:
+        return command
+    return Audited(actor(request, default_actor), command)
+
+
+async def propose_audited(
+    request: web.Request,
+    command: Command,
+    expect: type[R],
+    size_bytes: int = 0,
+    default_actor: str = "api",
+) -> R:
+    """`propose` for an operator command: audited (see `audited`). The
+    answer is the inner command's."""
+    return await propose(request, audited(request, command, default_actor), expect, size_bytes)
 
 
 def consistency(request: web.Request) -> str:

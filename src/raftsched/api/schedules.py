@@ -13,15 +13,18 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from raftsched.api import scope
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.principal import principal_of
 from raftsched.api.render import time_or_none
 from raftsched.api.requests import (
+    audited,
     body_bytes,
     node_of,
     optional_body,
     prepare_read,
-    propose,
+    propose_audited,
     read_json,
 )
 from raftsched.api.validation import (
@@ -295,7 +298,10 @@ def _with_generated_id(request: web.Request, body: Any) -> Any:
 @routes.post("/v1/schedules")
 async def create_schedule(request: web.Request) -> web.Response:
     spec = parse_schedule(_with_generated_id(request, await read_json(request)))
-    result = await propose(request, CreateSchedule(spec), ScheduleSaved, body_bytes(request))
+    scope.require_tenant(request, (spec.job.tenant,))
+    scope.require_schedule(request, spec.id)
+    command = CreateSchedule(spec)
+    result = await propose_audited(request, command, ScheduleSaved, body_bytes(request))
     status = 201 if result.created else 200
     return json_response(_schedule_body(request, spec.id), status=status)
 
@@ -311,10 +317,13 @@ async def create_schedules(request: web.Request) -> web.Response:
         parse_schedule(_with_generated_id(request, item), prefix=f"schedules[{i}].")
         for i, item in enumerate(items)
     ]
+    scope.require_tenant(request, {spec.job.tenant for spec in specs})
+    for spec in specs:
+        scope.require_schedule(request, spec.id)
     node = node_of(request)
     # One command per schedule, queued all or none (503 unavailable when the
     # proposer's queue has no room); group commit packs them into a few entries.
-    commands = [CreateSchedule(spec) for spec in specs]
+    commands = [audited(request, CreateSchedule(spec)) for spec in specs]
     results = await asyncio.gather(*node.submit_all(commands, body_bytes(request)))
     answers: list[dict[str, Any]] = []
     for spec, result in zip(specs, results, strict=True):
@@ -333,8 +342,9 @@ async def list_all(request: web.Request) -> web.Response:
     limit = query_integer(query, "limit", 1, LIST_LIMIT_MAX, default=50)
     assert limit is not None
     headers = await prepare_read(request)
+    principal = principal_of(request)
     with node_of(request).reading() as state:
-        page, cursor = list_schedules(state, limit, query.get("cursor"))
+        page, cursor = list_schedules(state, limit, query.get("cursor"), principal.tenants)
         body = {
             "schedules": [render_schedule(state, schedule) for schedule in page],
             "next_cursor": cursor,
@@ -347,9 +357,10 @@ async def get_one(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"consistency"}))
     headers = await prepare_read(request)
     schedule_id = _schedule_id(request)
+    principal = principal_of(request)
     with node_of(request).reading() as state:
         schedule = get_schedule(state, schedule_id)
-        if schedule is None:
+        if schedule is None or not scope.visible_schedule(principal, schedule):
             raise ApiError("not_found", f"no schedule {schedule_id}")
         body = {"schedule": render_schedule(state, schedule)}
     return json_response(body, headers=headers)
@@ -359,28 +370,36 @@ async def get_one(request: web.Request) -> web.Response:
 async def edit(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
     spec = parse_schedule(await read_json(request), path_id_value=schedule_id)
-    await propose(request, UpdateSchedule(spec), ScheduleSaved, body_bytes(request))
+    scope.require_schedule(request, schedule_id)
+    scope.require_tenant(request, (spec.job.tenant,))
+    await propose_audited(request, UpdateSchedule(spec), ScheduleSaved, body_bytes(request))
     return json_response(_schedule_body(request, schedule_id))
 
 
 @routes.delete("/v1/schedules/{schedule_id}")
 async def delete(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
-    await propose(request, DeleteSchedule(schedule_id), ScheduleSaved, body_bytes(request))
+    scope.require_schedule(request, schedule_id)
+    command = DeleteSchedule(schedule_id)
+    await propose_audited(request, command, ScheduleSaved, body_bytes(request))
     return json_response({"deleted": True, "id": schedule_id})
 
 
 @routes.post("/v1/schedules/{schedule_id}/pause")
 async def pause(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
-    await propose(request, PauseSchedule(schedule_id), ScheduleSaved, body_bytes(request))
+    scope.require_schedule(request, schedule_id)
+    command = PauseSchedule(schedule_id)
+    await propose_audited(request, command, ScheduleSaved, body_bytes(request))
     return json_response(_schedule_body(request, schedule_id))
 
 
 @routes.post("/v1/schedules/{schedule_id}/resume")
 async def resume(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
-    await propose(request, ResumeSchedule(schedule_id), ScheduleSaved, body_bytes(request))
+    scope.require_schedule(request, schedule_id)
+    command = ResumeSchedule(schedule_id)
+    await propose_audited(request, command, ScheduleSaved, body_bytes(request))
     return json_response(_schedule_body(request, schedule_id))
 
 
@@ -388,8 +407,9 @@ async def resume(request: web.Request) -> web.Response:
 async def trigger(request: web.Request) -> web.Response:
     schedule_id = _schedule_id(request)
     reject_unknown(await optional_body(request), frozenset())
+    scope.require_schedule(request, schedule_id)
     command = TriggerSchedule(schedule_id)
-    result = await propose(request, command, OccurrenceDecided, body_bytes(request))
+    result = await propose_audited(request, command, OccurrenceDecided, body_bytes(request))
     return json_response({"occurrence": render_decided(result, result.nominal_ms)})
 
 
@@ -406,8 +426,9 @@ async def backfill(request: web.Request) -> web.Response:
     if to_ms < from_ms:
         raise invalid("to", "must not be before from")
     overlap = choice(body, "overlap", OVERLAP_POLICIES)
+    scope.require_schedule(request, schedule_id)
     command = BackfillSchedule(schedule_id, from_ms, to_ms, overlap)
-    result = await propose(request, command, ScheduleBackfilled, body_bytes(request))
+    result = await propose_audited(request, command, ScheduleBackfilled, body_bytes(request))
     with node_of(request).reading() as state:
         decided_at_ms = state.now_ms
     rendered = [render_decided(each, decided_at_ms) for each in result.decisions]
@@ -422,9 +443,10 @@ async def list_occurrences(request: web.Request) -> web.Response:
     assert limit is not None
     headers = await prepare_read(request)
     schedule_id = _schedule_id(request)
+    principal = principal_of(request)
     with node_of(request).reading() as state:
         schedule = get_schedule(state, schedule_id)
-        if schedule is None:
+        if schedule is None or not scope.visible_schedule(principal, schedule):
             raise ApiError("not_found", f"no schedule {schedule_id}")
         records = occurrences(schedule, limit)
     body = {"occurrences": [render_occurrence(record) for record in records]}

@@ -7,15 +7,19 @@ from typing import Any
 
 from aiohttp import web
 
+from raftsched.api import scope
 from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
+from raftsched.api.principal import principal_of
 from raftsched.api.render import time_or_none
 from raftsched.api.requests import (
+    actor,
     body_bytes,
     node_of,
     optional_body,
     prepare_read,
     propose,
+    propose_audited,
     read_json,
 )
 from raftsched.api.validation import (
@@ -33,6 +37,7 @@ from raftsched.api.validation import (
     string,
     unpack_json,
 )
+from raftsched.core.jobs.queries import within
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.core.kernel.results import WorkflowCancelAccepted, WorkflowSubmitted
 from raftsched.core.workflows.commands import CancelWorkflow, StepSpec, SubmitWorkflow
@@ -179,9 +184,10 @@ def workflow_json(workflow: Workflow, jobs: Mapping[str, Any], full: bool = True
 
 
 def _read_workflow(request: web.Request, workflow_id: str) -> dict[str, Any]:
+    principal = principal_of(request)
     with node_of(request).reading() as state:
         workflow = table(state).workflows.get(workflow_id)
-        if workflow is None:
+        if workflow is None or not scope.visible_workflow(principal, workflow):
             raise ApiError("not_found", f"no workflow {workflow_id}")
         return workflow_json(workflow, state.jobs)
 
@@ -192,6 +198,7 @@ def _read_workflow(request: web.Request, workflow_id: str) -> dict[str, Any]:
 @routes.post("/v1/workflows")
 async def submit_workflow(request: web.Request) -> web.Response:
     fields = parse_workflow(await read_json(request))
+    scope.require_tenant(request, (fields["tenant"],))
     workflow_id = node_of(request).new_id("wf")
     command = SubmitWorkflow(workflow_id, **fields)
     result = await propose(request, command, WorkflowSubmitted, body_bytes(request))
@@ -212,9 +219,10 @@ async def get_workflow(request: web.Request) -> web.Response:
 async def workflow_history(request: web.Request) -> web.Response:
     headers = await prepare_read(request)
     workflow_id = path_id(request.match_info["workflow_id"], "workflow_id")
+    principal = principal_of(request)
     with node_of(request).reading() as state:
         workflow = table(state).workflows.get(workflow_id)
-        if workflow is None:
+        if workflow is None or not scope.visible_workflow(principal, workflow):
             raise ApiError("not_found", f"no workflow {workflow_id}")
         events = [
             {"at": format_ms(at_ms), "event": event, "detail": detail}
@@ -238,13 +246,16 @@ async def list_workflows(request: web.Request) -> web.Response:
     found: list[dict[str, Any]] = []
     next_cursor: str | None = None
     found_seq = 0
+    tenant_in = within(tenant, principal_of(request).tenants)
+    if tenant_in == frozenset():
+        return json_response({"workflows": [], "next_cursor": None}, headers=headers)
     with node_of(request).reading() as state:
         workflows = list(table(state).workflows.values())
         for workflow in reversed(workflows):
             if cursor is not None and workflow.seq >= cursor:
                 continue
             if (status is not None and workflow.status != status) or (
-                tenant is not None and workflow.tenant != tenant
+                tenant_in is not None and workflow.tenant not in tenant_in
             ):
                 continue
             if len(found) == limit:
@@ -260,5 +271,7 @@ async def cancel_workflow(request: web.Request) -> web.Response:
     workflow_id = path_id(request.match_info["workflow_id"], "workflow_id")
     body = await optional_body(request)
     reject_unknown(body, frozenset({"reason"}))
-    await propose(request, CancelWorkflow(workflow_id, reason(body)), WorkflowCancelAccepted)
+    scope.require_workflow(request, workflow_id)
+    command = CancelWorkflow(workflow_id, reason(body), actor(request, "api"))
+    await propose_audited(request, command, WorkflowCancelAccepted)
     return json_response({"workflow": _read_workflow(request, workflow_id)})

@@ -370,6 +370,18 @@ class AsyncClient(AsyncSchedulesMixin):
         """`{"events": [...], "last_seq", "first_seq"}`: events with seq > after."""
         return await self.call(wf_calls.events(after, types, wait_s, limit, consistency))
 
+    async def audit(
+        self,
+        *,
+        actor: str | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        consistency: Consistency | None = None,
+    ) -> JsonObject:
+        """`{"entries": [...], "next_cursor"}`: operator actions, newest first."""
+        return await self.call(wf_calls.audit(actor, kind, limit, cursor, consistency))
+
     async def create_subscription(
         self,
         url: str,

@@ -366,6 +366,18 @@ class Client(SchedulesMixin):
         """`{"events": [...], "last_seq", "first_seq"}`: events with seq > after."""
         return self.call(wf_calls.events(after, types, wait_s, limit, consistency))
 
+    def audit(
+        self,
+        *,
+        actor: str | None = None,
+        kind: str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+        consistency: Consistency | None = None,
+    ) -> JsonObject:
+        """`{"entries": [...], "next_cursor"}`: operator actions, newest first."""
+        return self.call(wf_calls.audit(actor, kind, limit, cursor, consistency))
+
     def create_subscription(
         self,
         url: str,

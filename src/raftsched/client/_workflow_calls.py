@@ -1,4 +1,5 @@
-"""Calls for workflows, the outbox (events) and webhook subscriptions.
+"""Calls for workflows, the outbox (events), webhook subscriptions and the
+audit trail.
 
 Reads change nothing, so they are marked safe to repeat after an unknown outcome.
 """
@@ -62,6 +63,17 @@ def events(
     return Call(
         "GET", "/v1/events", _json_object, query, retry_unknown=True, extra_timeout_s=wait_s or 0.0
     )
+
+
+def audit(
+    actor: str | None,
+    kind: str | None,
+    limit: int | None,
+    cursor: str | None,
+    consistency: Consistency | None,
+) -> Call[JsonObject]:
+    query = _query(consistency, actor=actor, kind=kind, limit=limit, cursor=cursor)
+    return Call("GET", "/v1/audit", _json_object, query, retry_unknown=True)
 
 
 def create_subscription(

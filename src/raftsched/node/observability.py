@@ -45,7 +45,7 @@ from raftsched.core.jobs.commands import (
     StartJob,
     SubmitJobs,
 )
-from raftsched.core.kernel.commands import Tick
+from raftsched.core.kernel.commands import Audited, Tick
 from raftsched.core.kernel.results import (
     CancelAccepted,
     Claimed,
@@ -249,6 +249,8 @@ class Observer:
             log.exception("observing results failed")
 
     def _observe_one(self, state: core.State, command: object, result: object) -> None:
+        if isinstance(command, Audited):  # an operator command and its actor
+            command = command.command
         match command, result:
             case SubmitJobs(), Submitted(items=items):
                 created: dict[str, int] = {}  # one increment per queue, not per job

@@ -144,3 +144,30 @@ def test_ca_file_and_client_certificate_from_flags_or_environment(
     worker = ["worker", "--queue", "q", "--handler", "raftsched.demo:handle"]
     assert main([*worker, "--ca-file", str(missing)]) == 2
     assert "cannot load TLS files" in capsys.readouterr().err
+
+
+def test_audit_list_sends_its_filters_and_prints_a_table(
+    fake: FakeCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    entry = {
+        "seq": 7, "at": "2026-12-02T10:00:00.000Z", "actor": "alice (tok_1)",
+        "kind": "job.replay", "target": "job_1", "tenant": "acme", "detail": "fixed",
+    }  # fmt: skip
+    fake.nodes[0].script = lambda seen: reply(200, {"entries": [entry], "next_cursor": "7"})
+    code = main([
+        "audit", "list", "--actor", "alice (tok_1)", "--kind", "job.replay", "--limit", "1",
+        "--cursor", "9", "--url", fake.urls[0],
+    ])  # fmt: skip
+    assert code == 0
+    seen: Seen = fake.nodes[0].seen[0]
+    assert seen.path == "/v1/audit"
+    assert seen.query == {
+        "actor": "alice (tok_1)",
+        "kind": "job.replay",
+        "limit": "1",
+        "cursor": "9",
+    }
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["SEQ", "AT", "ACTOR", "KIND", "TARGET", "TENANT", "DETAIL"]
+    assert "alice (tok_1)" in lines[1] and "job.replay" in lines[1] and "acme" in lines[1]
+    assert lines[-1] == "(more: --cursor 7)"

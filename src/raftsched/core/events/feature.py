@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from raftsched.core.events import outbox_retention, subscriptions
+from raftsched.core.events import audit, outbox_retention, subscriptions
 from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
@@ -28,13 +28,22 @@ FEATURE: Final = Feature(
             41,
             ("str", "str", "strs", "str"),
             subscriptions.apply_create_subscription,
+            audit=audit.CREATE,
         ),
-        CommandKind(DeleteSubscription, 42, ("str",), subscriptions.apply_delete_subscription),
+        CommandKind(
+            DeleteSubscription,
+            42,
+            ("str",),
+            subscriptions.apply_delete_subscription,
+            audit=audit.DELETE,
+        ),
         CommandKind(AckDelivery, 43, ("str", "int"), subscriptions.apply_ack_delivery),
         CommandKind(
             ParkDelivery, 44, ("str", "int", "int", "str"), subscriptions.apply_park_delivery
         ),
-        CommandKind(RetryParked, 45, ("str",), subscriptions.apply_retry_parked),
+        CommandKind(
+            RetryParked, 45, ("str",), subscriptions.apply_retry_parked, audit=audit.RETRY_PARKED
+        ),
         CommandKind(AckParked, 46, ("str", "int"), subscriptions.apply_ack_parked),
     ),
     tick=(TickWork(70, outbox_retention.trim),),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from raftsched.core.jobs import flow, tick
+from raftsched.core.jobs import audit, flow, tick
 from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
@@ -52,8 +52,8 @@ FEATURE: Final = Feature(
         CommandKind(HeartbeatJob, 4, ("str", "int", "int?", "bytes?"), apply_heartbeat),
         CommandKind(CompleteJob, 5, ("str", "int", "bytes"), apply_complete),
         CommandKind(FailJob, 6, ("str", "int", "str", "str", "int?", "int"), apply_fail),
-        CommandKind(CancelJob, 7, ("str", "str", "str"), apply_cancel),
-        CommandKind(ReplayJob, 8, ("str", "str", "str"), apply_replay),
+        CommandKind(CancelJob, 7, ("str", "str", "str"), apply_cancel, audit=audit.CANCEL),
+        CommandKind(ReplayJob, 8, ("str", "str", "str"), apply_replay, audit=audit.REPLAY),
         CommandKind(RecordEffect, 9, ("str", "str", "int", "bytes"), apply_record_effect),
         CommandKind(Configure, 13, ("int?",), apply_configure),
         # Flow control: 60-79.
@@ -62,9 +62,18 @@ FEATURE: Final = Feature(
             60,
             ("str", "bool", "int?", "int?", "int?", "int?", "int"),
             flow.apply_set_queue,
+            audit=audit.SET_QUEUE,
         ),
-        CommandKind(PauseQueue, 61, ("str", "bool"), flow.apply_pause_queue),
-        CommandKind(SetTenant, 62, ("str", "int", "int?", "int?"), flow.apply_set_tenant),
+        CommandKind(
+            PauseQueue, 61, ("str", "bool"), flow.apply_pause_queue, audit=audit.PAUSE_QUEUE
+        ),
+        CommandKind(
+            SetTenant,
+            62,
+            ("str", "int", "int?", "int?"),
+            flow.apply_set_tenant,
+            audit=audit.SET_TENANT,
+        ),
     ),
     tick=(
         TickWork(10, tick.expire_leases, reports="leases_expired"),

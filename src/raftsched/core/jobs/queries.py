@@ -52,13 +52,21 @@ def list_jobs(
     schedule_id: str | None = None,
     workflow_id: str | None = None,
     correlation_id: str | None = None,
+    *,
+    tenants: frozenset[str] | None = None,
+    queues: frozenset[str] | None = None,
 ) -> tuple[list[Job], str | None]:
     """Jobs newest first, filtered; `next_cursor` continues after the last one.
 
     The cursor is the submission sequence number of the last job returned (as
-    a string). Cost grows with the jobs skipped by the filters.
+    a string). Cost grows with the jobs skipped by the filters. `tenants` and
+    `queues` bound the jobs a caller may see (None: all); they merge with the
+    `tenant` and `queue` filters, so a scope costs no more per job than a filter.
     """
     limit = max(1, min(limit, LIST_LIMIT_MAX))
+    tenant_in, queue_in = within(tenant, tenants), within(queue, queues)
+    if tenant_in == frozenset() or queue_in == frozenset():
+        return [], None
     order = state.order
     position = len(order)
     if cursor is not None:
@@ -72,9 +80,9 @@ def list_jobs(
         if jobs.get(job.id) is not job:
             continue  # purged
         if (
-            (queue is not None and job.queue != queue)
+            (queue_in is not None and job.queue not in queue_in)
             or (status is not None and job.status != status)
-            or (tenant is not None and job.tenant != tenant)
+            or (tenant_in is not None and job.tenant not in tenant_in)
             or (schedule_id is not None and job.schedule_id != schedule_id)
             or (workflow_id is not None and job.workflow_id != workflow_id)
             or (correlation_id is not None and job.correlation_id != correlation_id)
@@ -84,6 +92,16 @@ def list_jobs(
         if len(found) == limit:
             return found, str(job.seq) if index > 0 else None
     return found, None
+
+
+def within(asked: str | None, allowed: frozenset[str] | None) -> frozenset[str] | None:
+    """One filter value within a set of allowed values, as a set: None is no
+    filter at all, an empty set matches nothing."""
+    if asked is None:
+        return allowed
+    if allowed is None or asked in allowed:
+        return frozenset((asked,))
+    return frozenset()
 
 
 def queue_stats(state: State) -> dict[str, QueueStats]:

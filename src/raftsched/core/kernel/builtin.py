@@ -2,7 +2,8 @@
 
 `Tick` (whose work the features supply), `TakeOver`, `Barrier` and
 `RaiseClusterVersion`, the outbox that every feature appends its events to,
-the optional `cluster_version` section, and the invariants of the jobs and
+the optional `cluster_version` section, the audit trail (`Audited` and its
+optional `audit` section), and the invariants of the jobs and
 their indexes. `raftsched.core.registry` lists it first.
 """
 
@@ -10,8 +11,15 @@ from __future__ import annotations
 
 from typing import Final
 
-from raftsched.core.kernel import cluster_version, invariants, outbox
-from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
+from raftsched.core.kernel import audit, cluster_version, invariants, outbox
+from raftsched.core.kernel.commands import (
+    Audited,
+    Barrier,
+    Command,
+    RaiseClusterVersion,
+    TakeOver,
+    Tick,
+)
 from raftsched.core.kernel.feature import CommandKind, Context, Feature
 from raftsched.core.kernel.results import Ack
 from raftsched.core.kernel.state import State
@@ -23,9 +31,13 @@ def acknowledge(state: State, command: Command, context: Context) -> Ack:
     return Ack()
 
 
+def _check(state: State) -> list[str]:
+    return invariants.check_kernel(state) + audit.check(state)
+
+
 FEATURE: Final = Feature(
     name="kernel",
-    sections=(outbox.SECTION, cluster_version.SECTION),
+    sections=(outbox.SECTION, cluster_version.SECTION, audit.SECTION),
     commands=(
         CommandKind(Tick, 10, ("int", "int"), apply_tick),
         CommandKind(TakeOver, 11, (), acknowledge),
@@ -33,6 +45,7 @@ FEATURE: Final = Feature(
         CommandKind(
             RaiseClusterVersion, 14, ("int",), cluster_version.apply_raise_cluster_version, since=2
         ),
+        CommandKind(Audited, 80, ("str", "command"), audit.apply_audited, since=3),
     ),
-    check=invariants.check_kernel,
+    check=_check,
 )

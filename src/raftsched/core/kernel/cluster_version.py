@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from raftsched.core.kernel.codec import CodecError
-from raftsched.core.kernel.commands import Command, RaiseClusterVersion
+from raftsched.core.kernel.commands import Audited, Command, RaiseClusterVersion
 from raftsched.core.kernel.results import INVALID_REQUEST, Ack, Rejected
 from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
@@ -51,8 +51,12 @@ def cluster_version(state: State) -> int:
 
 
 def command_version(command: Command, registry: Registry) -> int:
-    """The version that introduced the command's kind."""
-    return registry.command_versions[type(command)]
+    """The version that introduced the command's kind; for an `Audited`
+    command, the higher of its own and its inner command's."""
+    version = registry.command_versions[type(command)]
+    if type(command) is Audited and type(command.command) in registry.command_versions:
+        return max(version, registry.command_versions[type(command.command)])
+    return version
 
 
 def needs_upgrade(state: State, command: Command, registry: Registry) -> bool:

@@ -60,7 +60,7 @@ STATE_FORMAT: Final = 3
 # The field kinds the kernel knows; a feature adds its own (`feature.FieldKind`).
 KERNEL_FIELD_KINDS: Final = (
     "int", "int?", "str", "str?", "bytes", "bytes?", "bool",
-    "strs", "specs", "backoff", "labels",
+    "strs", "specs", "backoff", "labels", "command",
 )  # fmt: skip
 _SPEC_KINDS: Final = (
     "str", "str", "bytes", "int", "int?", "int?", "int", "backoff",
@@ -90,9 +90,34 @@ class CommandCodec:
                 if kind not in KERNEL_FIELD_KINDS and kind not in custom:
                     raise ValueError(f"{cls.__name__}: unknown field kind {kind}")
             names = tuple(cls.__dataclass_fields__)
-            encoders = tuple(_encoder(kind, custom) for kind in field_kinds)
+            encoders = tuple(self._encoder(kind, custom) for kind in field_kinds)
             self.by_type[cls] = (tag, names, encoders)
-            self.by_tag[tag] = (cls, tuple(_decoder(kind, custom) for kind in field_kinds))
+            self.by_tag[tag] = (cls, tuple(self._decoder(kind, custom) for kind in field_kinds))
+
+    def _encoder(self, kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Encode | None:
+        if kind == "command":
+            return self._nested_row
+        return _encoder(kind, custom)
+
+    def _decoder(self, kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Decode:
+        if kind == "command":
+            return self._nested_command
+        return _decoder(kind, custom)
+
+    def _nested_row(self, command: Command) -> list[Any]:
+        """A command inside a command (`Audited`): its row, as in an entry.
+        Only one level: a nested command may not itself nest one."""
+        if type(command) not in self.by_type:
+            raise CodecError(f"cannot encode {type(command).__name__}")
+        if any(encode == self._nested_row for encode in self.by_type[type(command)][2]):
+            raise CodecError("a nested command cannot nest another")
+        return _command_row(command, self)
+
+    def _nested_command(self, row: object) -> Command:
+        command = _decode_command(row, self.by_tag)
+        if any(decode == self._nested_command for decode in self.by_tag[_tag_of(row)][1]):
+            raise CodecError("a nested command cannot nest another")
+        return command
 
 
 def _encoder(kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Encode | None:
@@ -178,6 +203,11 @@ def decode_entry(data: bytes, registry: Registry) -> Entry:
         raise CodecError("entry commands must be an array")
     by_tag = registry.codec.by_tag
     return Entry(epoch, now_ms, tuple(_decode_command(row, by_tag) for row in rows))
+
+
+def _tag_of(row: object) -> int:
+    assert type(row) is tuple and type(row[0]) is int  # _decode_command checked it
+    return row[0]
 
 
 def _decode_command(

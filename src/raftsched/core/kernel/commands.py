@@ -110,3 +110,17 @@ class Entry:
     epoch: int
     now_ms: int
     commands: tuple[Command, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Audited(Command):
+    """An operator command and who asked for it (kernel.audit).
+
+    The core applies `command` as if it had come alone and, unless it was
+    rejected, appends an entry naming `actor` to the replicated audit trail
+    in the same command, so the action and its record commit together. Only
+    command kinds that declare how they are audited (`CommandKind.audit`)
+    may be wrapped, and never an `Audited` itself."""
+
+    actor: str
+    command: Command

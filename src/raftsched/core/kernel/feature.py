@@ -55,6 +55,31 @@ Handler = Callable[["State", Any, Context], Result]
 
 
 @dataclass(frozen=True, slots=True)
+class AuditSubject:
+    """What an operator command acts on, as the audit trail records it."""
+
+    # The id or name it acts on (job id, schedule id, queue name, ...).
+    target: str | None
+    # The tenant whose data it touches; None for what no tenant owns
+    # (queue settings, subscriptions), which only all-tenant readers see.
+    tenant: str | None
+    # A few words on what was asked (a reason, the new settings); short.
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Audit:
+    """How a command kind is audited when it arrives wrapped in `Audited`."""
+
+    # Its stable name in the trail, e.g. "job.cancel"; never renamed, since
+    # replicas store it.
+    kind: str
+    # Called before the command is applied (a deleted schedule's tenant is
+    # gone after); reads the state, never changes it.
+    describe: Callable[[State, Any], AuditSubject]
+
+
+@dataclass(frozen=True, slots=True)
 class CommandKind:
     """One command type: how it is encoded and who applies it."""
 
@@ -67,6 +92,8 @@ class CommandKind:
     handler: Handler
     # The cluster version that introduced the command.
     since: int = 1
+    # Set for operator commands: they may be wrapped in `Audited`.
+    audit: Audit | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +175,7 @@ class Registry:
         "features",
         "handlers",
         "kinds",
+        "audits",
         "command_tags",
         "command_versions",
         "command_version_max",
@@ -188,6 +216,11 @@ class Registry:
         # The dispatcher: one dict lookup per command.
         self.handlers: dict[type[Any], Handler] = {kind.type: kind.handler for kind in kinds}
         self.kinds: dict[type[Any], CommandKind] = {kind.type: kind for kind in kinds}
+        # The operator commands that `Audited` may wrap, and how.
+        self.audits: dict[type[Any], Audit] = {
+            kind.type: kind.audit for kind in kinds if kind.audit is not None
+        }
+        _unique("audit kind", (audit.kind for audit in self.audits.values()))
         self.command_tags: dict[type[Any], int] = {kind.type: kind.tag for kind in kinds}
         self.command_versions: dict[type[Any], int] = {kind.type: kind.since for kind in kinds}
         # The highest command version this code understands (and reports to its peers).

@@ -20,7 +20,12 @@ Rules
    for want of room to report it would stop payments, not protect them.
 
 Event data is small plain data (ids, queue, tenant, status), stored as
-msgpack bytes so that an event costs one tuple and one bytes object.
+msgpack bytes so that an event costs one tuple and one bytes object. Every
+event names the tenant whose data it reports (`data["tenant"]`), so that the
+events API can leave other tenants' events out for a scoped caller. The one
+event type that did not (`schedule.missed`) names it from cluster version
+`EVENT_TENANT_SINCE` on; an event without a tenant is shown only to callers
+who see every tenant.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ EVENTS_MAX_MAX: Final = 10_000_000
 EVENT_TYPE_CHARS_MAX: Final = 100
 # Compact the event list once this many trimmed slots sit before the head.
 _COMPACT_AFTER: Final = 4096
+# The cluster version from which every event carries its tenant.
+EVENT_TENANT_SINCE: Final = 3
 
 
 class OutboxEvent(NamedTuple):

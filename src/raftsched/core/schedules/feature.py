@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from raftsched.core.kernel.feature import CommandKind, Feature, JobFinishedHook, TickWork
-from raftsched.core.schedules import fire, handlers, model, queries
+from raftsched.core.schedules import audit, fire, handlers, model, queries
 from raftsched.core.schedules.codec import SCHEDULE_FIELD
 from raftsched.core.schedules.commands import (
     BackfillSchedule,
@@ -22,13 +22,19 @@ FEATURE: Final = Feature(
     sections=(model.SECTION,),
     # Tags 20-39.
     commands=(
-        CommandKind(CreateSchedule, 20, ("schedule",), handlers.apply_create),
-        CommandKind(UpdateSchedule, 21, ("schedule",), handlers.apply_update),
-        CommandKind(DeleteSchedule, 22, ("str",), handlers.apply_delete),
-        CommandKind(PauseSchedule, 23, ("str",), handlers.apply_pause),
-        CommandKind(ResumeSchedule, 24, ("str",), handlers.apply_resume),
-        CommandKind(TriggerSchedule, 25, ("str",), handlers.apply_trigger),
-        CommandKind(BackfillSchedule, 26, ("str", "int", "int", "str?"), handlers.apply_backfill),
+        CommandKind(CreateSchedule, 20, ("schedule",), handlers.apply_create, audit=audit.CREATE),
+        CommandKind(UpdateSchedule, 21, ("schedule",), handlers.apply_update, audit=audit.UPDATE),
+        CommandKind(DeleteSchedule, 22, ("str",), handlers.apply_delete, audit=audit.DELETE),
+        CommandKind(PauseSchedule, 23, ("str",), handlers.apply_pause, audit=audit.PAUSE),
+        CommandKind(ResumeSchedule, 24, ("str",), handlers.apply_resume, audit=audit.RESUME),
+        CommandKind(TriggerSchedule, 25, ("str",), handlers.apply_trigger, audit=audit.TRIGGER),
+        CommandKind(
+            BackfillSchedule,
+            26,
+            ("str", "int", "int", "str?"),
+            handlers.apply_backfill,
+            audit=audit.BACKFILL,
+        ),
     ),
     field_kinds=(SCHEDULE_FIELD,),
     tick=(TickWork(40, fire.fire_due),),

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 from hashlib import blake2b
-from typing import Final
+from typing import Any, Final
 
 from raftsched.core.jobs.commands import CancelJob, SubmitJobs
 from raftsched.core.jobs.operator_commands import cancel_job
 from raftsched.core.jobs.submit import submit_jobs
+from raftsched.core.kernel.cluster_version import cluster_version
 from raftsched.core.kernel.commands import Tick
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import Job
-from raftsched.core.kernel.outbox import emit
+from raftsched.core.kernel.outbox import EVENT_TENANT_SINCE, emit
 from raftsched.core.kernel.results import OccurrenceDecided, Rejected
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
@@ -329,12 +330,13 @@ def miss(
     decided = add_record(
         savepoint, state, schedule, nominal_ms, MISSED, None, reason, f"{MISSED}:{code}"
     )
-    emit(
-        state,
-        "schedule.missed",
-        {"schedule_id": schedule.id, "nominal_ms": nominal_ms, "reason": code},
-        savepoint,
-    )
+    data: dict[str, Any] = {"schedule_id": schedule.id, "nominal_ms": nominal_ms, "reason": code}
+    # From cluster version 3 every event names its tenant, so that a caller
+    # scoped to some tenants sees only theirs; before, a replica of the
+    # previous release would store different bytes.
+    if cluster_version(state) >= EVENT_TENANT_SINCE:
+        data["tenant"] = schedule.spec.job.tenant
+    emit(state, "schedule.missed", data, savepoint)
     return decided
 
 

@@ -23,11 +23,14 @@ def get_schedule(state: State, schedule_id: str) -> Schedule | None:
 
 
 def list_schedules(
-    state: State, limit: int, after_id: str | None = None
+    state: State, limit: int, after_id: str | None = None, tenants: frozenset[str] | None = None
 ) -> tuple[list[Schedule], str | None]:
-    """Schedules in id order, `limit` at a time; the cursor is the last id."""
+    """Schedules in id order, `limit` at a time; the cursor is the last id.
+    `tenants` (None: all) bounds them by their job template's tenant."""
     schedules = book(state).schedules
     ids = sorted(schedules) if after_id is None else sorted(k for k in schedules if k > after_id)
+    if tenants is not None:
+        ids = [k for k in ids if schedules[k].spec.job.tenant in tenants]
     page = [schedules[schedule_id] for schedule_id in ids[:limit]]
     cursor = page[-1].id if len(ids) > limit else None
     return page, cursor

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Final
 
 from raftsched.core.kernel.feature import CommandKind, Feature, JobFinishedHook, TickWork
-from raftsched.core.workflows import handlers, invariants, model
+from raftsched.core.workflows import audit, handlers, invariants, model
 from raftsched.core.workflows.codec import STEPS_FIELD
 from raftsched.core.workflows.commands import CancelWorkflow, SubmitWorkflow
 
@@ -20,7 +20,13 @@ FEATURE: Final = Feature(
             ("str", "steps", "str", "str?", "int?", "str", "bool"),
             handlers.apply_submit_workflow,
         ),
-        CommandKind(CancelWorkflow, 51, ("str", "str", "str"), handlers.apply_cancel_workflow),
+        CommandKind(
+            CancelWorkflow,
+            51,
+            ("str", "str", "str"),
+            handlers.apply_cancel_workflow,
+            audit=audit.CANCEL,
+        ),
     ),
     field_kinds=(STEPS_FIELD,),
     tick=(TickWork(60, handlers.tick),),

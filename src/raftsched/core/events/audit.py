@@ -1,0 +1,25 @@
+"""How subscription commands appear in the audit trail (`kernel.audit`).
+Subscriptions see every tenant's events, so their entries name no tenant
+(only readers of every tenant see them); the secret is never recorded."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from raftsched.core.events.commands import CreateSubscription
+from raftsched.core.kernel.feature import Audit, AuditSubject
+from raftsched.core.kernel.state import State
+
+
+def _create(state: State, command: CreateSubscription) -> AuditSubject:
+    types = ",".join(command.types) if type(command.types) is tuple else ""
+    return AuditSubject(command.subscription_id, None, f"{command.url} types={types or '*'}")
+
+
+def _by_id(state: State, command: Any) -> AuditSubject:
+    return AuditSubject(command.subscription_id, None)
+
+
+CREATE: Final = Audit("subscription.create", _create)
+DELETE: Final = Audit("subscription.delete", _by_id)
+RETRY_PARKED: Final = Audit("subscription.retry_parked", _by_id)
