@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from browser_support import shot
+from browser_support import csp_violations, shot
 
 from raftsched.client import Client
 from raftsched.testing import LocalCluster, http_json
@@ -240,3 +240,33 @@ def test_workflow_page_draws_the_step_graph_and_cancels(
         )
     )
     assert cancelled
+
+
+def test_the_page_runs_under_its_policy_and_a_violation_would_be_caught(
+    cluster: LocalCluster, client: Client, page: Any
+) -> None:
+    """The page gets the strict policy; an inline script is refused, and the
+    fixture's check (which every other test passes) sees the refusal."""
+    base = follower_url(cluster)
+    response = page.goto(base + "/")
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert response.headers["x-frame-options"] == "DENY"
+    page.locator("#nodes tbody tr").first.wait_for()
+    assert csp_violations(page) == []  # the page itself needs nothing refused
+
+    page.evaluate(
+        """() => {
+          const script = document.createElement("script");
+          script.textContent = "window.inlineRan = true";
+          document.body.appendChild(script);
+          document.body.insertAdjacentHTML("beforeend", '<p style="color: red">x</p>');
+        }"""
+    )
+    wait_for(lambda: len(csp_violations(page)) >= 2, 5)
+    assert page.evaluate("window.inlineRan === undefined")
+    found = csp_violations(page)
+    assert any("script-src" in line for line in found), found
+    # Expected here: clear them so that the fixture's check passes.
+    page.csp_console.clear()
+    page.evaluate("window.__cspViolations = []")

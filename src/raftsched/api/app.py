@@ -21,7 +21,17 @@ import uuid
 
 from aiohttp import web
 
-from raftsched.api import cluster, dashboard, events, jobs, leases, queues, schedules, workflows
+from raftsched.api import (
+    cluster,
+    dashboard,
+    events,
+    headers,
+    jobs,
+    leases,
+    queues,
+    schedules,
+    workflows,
+)
 from raftsched.api.errors import ApiError
 from raftsched.api.requests import NODE, Handler, node_of
 from raftsched.logs import REQUEST_ID
@@ -164,6 +174,7 @@ def create_app(
     app.add_routes(workflows.routes)
     app.add_routes(events.routes)
     dashboard.setup(app)
+    headers.setup(app)
     schedules.setup(app, node)
     queues.setup(app, node)
     return app
