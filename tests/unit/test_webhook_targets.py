@@ -79,6 +79,8 @@ def test_an_explicit_cidr_allows_exactly_its_network() -> None:
         "http://[::1]:8080/hook",
         "http://127.0.0.1:9/hook",
         "http://localhost:8080/hook",  # resolves to loopback
+        "http://2130706433/hook",  # 127.0.0.1 as one number: a name to the parser
+        "http://0x7f.1/hook",
         "http://10.0.0.1/hook",
         "http:///no-host",
     ],

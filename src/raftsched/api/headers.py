@@ -34,9 +34,7 @@ DASHBOARD_POLICY: Final = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
     "connect-src 'self'{peers}; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
 )
-API_POLICY: Final = (
-    "default-src 'none'; frame-ancestors 'none'; base-uri 'none'"
-)
+API_POLICY: Final = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'"
 HSTS: Final = "max-age=31536000"
 ALWAYS: Final = {
     "X-Content-Type-Options": "nosniff",

@@ -148,6 +148,8 @@ def _from_file(path: Path) -> dict[str, Any]:
         data["secret_accept_files"] = [
             base / str(item) for item in _list(data, "secret_accept_files")
         ]
+    if "webhook_allow_cidrs" in data:
+        data["webhook_allow_cidrs"] = [str(item) for item in _list(data, "webhook_allow_cidrs")]
     return dict(data)
 
 

@@ -137,20 +137,26 @@ class TargetPolicy:
 
     async def check_url(self, url: str, resolver: AbstractResolver | None = None) -> str | None:
         """Why `url` is refused as a target now, or None. A name that does
-        not resolve (now) is not refused: delivery checks it again."""
-        checking = CheckingResolver(self, resolver)
+        not resolve (now) is not refused: delivery checks it again. A given
+        `resolver` stays open (the caller's); the default one is closed."""
         host = urlsplit(url).hostname or ""
+        why = self.refusal_for_url(url)
+        if why is not None or _is_address(host):
+            return why
+        owned = resolver is None
+        inner = resolver or DefaultResolver()
         try:
-            why = self.refusal_for_url(url)
-            if why is not None or _is_address(host):
-                return why
-            await asyncio.wait_for(checking.resolve(host, 0, socket.AF_UNSPEC), RESOLVE_TIMEOUT_S)
+            await asyncio.wait_for(
+                CheckingResolver(self, inner).resolve(host, 0, socket.AF_UNSPEC),
+                RESOLVE_TIMEOUT_S,
+            )
         except ForbiddenTarget as refused:
             return str(refused)
         except (OSError, TimeoutError, UnicodeError):
             return None
         finally:
-            await checking.close()
+            if owned:
+                await inner.close()
         return None
 
 
