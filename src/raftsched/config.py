@@ -3,11 +3,14 @@
 The CLI builds a `NodeConfig` and hands it to `raftsched.process.run_node`.
 A node refuses to start without a cluster secret: pysyncobj speaks pickle on
 its Raft port, and only its `password` option (encryption and
-authentication) keeps strangers from running code in the node.
+authentication) keeps strangers from running code in the node. Likewise its
+HTTP API (tokens, payloads) is served in clear text only on a loopback
+address, unless it has TLS or the operator says `--insecure-http`.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +85,21 @@ class NodeConfig:
     webhook_allow_private: bool = False
     webhook_allow_cidrs: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
+    # TLS (docs/security.md): the node's certificate chain and key (PEM). With
+    # them it serves HTTPS, and presents the certificate to peers that ask.
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    # CA bundle that client certificates must chain to: mutual TLS when set.
+    tls_client_ca_file: Path | None = None
+    # CA bundle that peers' server certificates must chain to (default: the
+    # client CA if set, else the system store).
+    tls_ca_file: Path | None = None
+    # Serve plain HTTP on a non-loopback address anyway (behind a TLS proxy).
+    insecure_http: bool = False
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_cert_file is not None
 
     def webhook_policy(self) -> TargetPolicy:
         try:
@@ -91,7 +109,9 @@ class NodeConfig:
 
     @property
     def advertised_http_url(self) -> str:
-        return self.http_url or f"http://{self.http_host}:{self.http_port}"
+        scheme = "https" if self.tls_enabled else "http"
+        host = f"[{self.http_host}]" if ":" in self.http_host else self.http_host
+        return self.http_url or f"{scheme}://{host}:{self.http_port}"
 
     def validate(self) -> None:
         if not self.node_id:
@@ -120,6 +140,45 @@ class NodeConfig:
         self.webhook_policy()
         if self.proposal_queue_commands_max < 1 or self.proposal_queue_bytes_max < 1:
             raise ConfigError("proposal queue bounds must be at least 1")
+        self._validate_tls()
+
+    def _validate_tls(self) -> None:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
+        if not self.tls_enabled:
+            if self.tls_client_ca_file is not None:
+                raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key")
+            if self.tls_ca_file is not None:
+                raise ConfigError("--tls-ca needs --tls-cert and --tls-key")
+            if not self.insecure_http and not is_loopback_host(self.http_host):
+                raise ConfigError(
+                    f"--http {self.http_host}:{self.http_port} is not a loopback address, and "
+                    "the API would carry tokens and payloads in clear text there: give "
+                    "--tls-cert and --tls-key to serve HTTPS, or --insecure-http if a "
+                    "TLS-terminating proxy or a private network protects it"
+                )
+            return
+        urls = [("--http-url", self.advertised_http_url)]
+        urls += [(f"peer {peer.id}", peer.http_url) for peer in self.peers]
+        for what, url in urls:
+            if not url.startswith("https://"):
+                raise ConfigError(
+                    f"{what} is {url!r}: a node with TLS needs https:// URLs for itself "
+                    "and its peers (redirects and peer calls use them)"
+                )
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether binding `host` listens on this machine's loopback interface
+    only: `localhost` or a loopback IP literal (127.0.0.0/8, ::1). Any other
+    name counts as not loopback, since what it resolves to may change; an
+    empty host or 0.0.0.0 / :: means every interface."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_host_port(text: str, what: str) -> None:

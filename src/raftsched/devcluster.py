@@ -4,6 +4,9 @@ Layout under the data directory (default ./data/dev):
 
     secret          the generated cluster secret (mode 0600), reused on every run
     cluster.json    each node's id, http_url, raft_address, pid and data_dir
+    tls/            with --tls: ca.pem (the CA file for clients), ca.key, and
+                    each node's n1.pem/n1.key (keys mode 0600); the CA is made
+                    once and reused, node certificates are made on every run
     n1/ n2/ ...     each node's data; a second run resumes from it
     n1.log ...      each child's output (also printed, prefixed with its name)
 
@@ -33,6 +36,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from raftsched import child_processes
+from raftsched.config import is_loopback_host
+from raftsched.pki import DevTls, dev_certificates
 
 STOP_TIMEOUT_S = 10.0
 POLL_S = 0.2
@@ -59,12 +64,13 @@ class Child:
 
 
 def plan_nodes(
-    count: int, data_dir: Path, host: str, http_port: int, raft_port: int
+    count: int, data_dir: Path, host: str, http_port: int, raft_port: int, *, tls: bool = False
 ) -> list[DevNode]:
+    scheme = "https" if tls else "http"
     return [
         DevNode(
             id=f"n{index + 1}",
-            http_url=f"http://{host}:{http_port + index}",
+            http_url=f"{scheme}://{host}:{http_port + index}",
             http_address=f"{host}:{http_port + index}",
             raft_address=f"{host}:{raft_port + index}",
             data_dir=data_dir / f"n{index + 1}",
@@ -82,7 +88,14 @@ def ensure_secret(path: Path) -> Path:
     return path
 
 
-def node_command(node: DevNode, others: Sequence[DevNode], secret: Path) -> list[str]:
+def node_command(
+    node: DevNode,
+    others: Sequence[DevNode],
+    secret: Path,
+    tls: DevTls | None = None,
+    *,
+    insecure_http: bool = False,
+) -> list[str]:
     command = [
         sys.executable, "-m", "raftsched.cli", "node", "--id", node.id,
         "--data-dir", str(node.data_dir), "--http", node.http_address,
@@ -94,15 +107,23 @@ def node_command(node: DevNode, others: Sequence[DevNode], secret: Path) -> list
     ]  # fmt: skip
     for peer in others:
         command += ["--peer", f"{peer.id}={peer.raft_address}@{peer.http_url}"]
+    if tls is not None:
+        cert, key = tls.nodes[node.id]
+        command += ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(tls.ca_file)]
+    elif insecure_http:
+        command += ["--insecure-http"]
     return command
 
 
-def worker_command(nodes: Sequence[DevNode]) -> list[str]:
-    return [
+def worker_command(nodes: Sequence[DevNode], tls: DevTls | None = None) -> list[str]:
+    command = [
         sys.executable, "-m", "raftsched.cli", "worker", "--queue", "default",
         "--handler", "raftsched.demo:handle", "--worker-id", "dev-worker",
         "--url", ",".join(node.http_url for node in nodes), "--log-format", _log_format(),
     ]  # fmt: skip
+    if tls is not None:
+        command += ["--ca-file", str(tls.ca_file)]
+    return command
 
 
 def _log_format() -> str:
@@ -141,7 +162,9 @@ def busy_ports(nodes: Sequence[DevNode]) -> list[str]:
     return busy
 
 
-def write_cluster_json(path: Path, nodes: Sequence[DevNode], children: Sequence[Child]) -> None:
+def write_cluster_json(
+    path: Path, nodes: Sequence[DevNode], children: Sequence[Child], tls: DevTls | None = None
+) -> None:
     pids = {child.name: child.process.pid for child in children}
     document: dict[str, Any] = {
         "nodes": [
@@ -156,6 +179,7 @@ def write_cluster_json(path: Path, nodes: Sequence[DevNode], children: Sequence[
         ],
         "worker": {"pid": pids["worker"]} if "worker" in pids else None,
         "secret_file": str(path.parent / "secret"),
+        "ca_file": None if tls is None else str(tls.ca_file),
     }
     temporary = path.with_suffix(".json.tmp")
     temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
@@ -241,7 +265,9 @@ def watch(children: Sequence[Child], stop: threading.Event, output: Output) -> N
                 )
 
 
-def print_banner(nodes: Sequence[DevNode], data_dir: Path, output: Output) -> None:
+def print_banner(
+    nodes: Sequence[DevNode], data_dir: Path, output: Output, tls: DevTls | None = None
+) -> None:
     urls = ",".join(node.http_url for node in nodes)
     lines = [f"dev: {len(nodes)} nodes, data in {data_dir}"]
     lines += [
@@ -249,15 +275,23 @@ def print_banner(nodes: Sequence[DevNode], data_dir: Path, output: Output) -> No
     ]
     default = ",".join(f"http://127.0.0.1:{8701 + i}" for i in range(3))
     url_hint = "" if urls == default else f"  export RAFTSCHED_URL={urls}"
+    ca_hint = [] if tls is None else [f"  export RAFTSCHED_CA_FILE={tls.ca_file.resolve()}"]
     lines += [
         "try:",
         *([url_hint] if url_hint else []),
+        *ca_hint,
         "  raftsched submit default --payload '{\"amount\": 1200}'",
         '  raftsched submit default --payload \'{"fail": "transient"}\' --max-attempts 3',
         "  raftsched jobs list",
         "  raftsched cluster status",
         f"dashboard: {nodes[0].http_url}/   logs: {data_dir}/<name>.log   Ctrl-C stops everything",
     ]
+    if tls is not None:
+        lines += [
+            f"TLS: the nodes' certificates come from the CA in {tls.ca_file}; give it to the",
+            "  CLI and workers (--ca-file or RAFTSCHED_CA_FILE) and, for the dashboard, trust",
+            "  it in your browser or accept its warning once per node.",
+        ]
     output.say("\n".join(lines))
 
 
@@ -269,28 +303,41 @@ def run_dev(
     raft_port: int = 9701,
     worker: bool = True,
     host: str = "127.0.0.1",
+    tls: bool = False,
+    insecure_http: bool = False,
 ) -> int:
     output = Output()
+    if not tls and not insecure_http and not is_loopback_host(host):
+        print(
+            f"error: --host {host} is not a loopback address: use --tls to serve HTTPS, "
+            "or --insecure-http to serve plain HTTP there anyway",
+            file=sys.stderr,
+        )
+        return 2
     data_dir.mkdir(parents=True, exist_ok=True)
-    plan = plan_nodes(nodes, data_dir, host, http_port, raft_port)
+    plan = plan_nodes(nodes, data_dir, host, http_port, raft_port, tls=tls)
     problem = check_layout(data_dir / "cluster.json", plan)
     busy = busy_ports(plan)
     if problem or busy:
         print(f"error: {problem or 'ports in use: ' + ', '.join(busy)}", file=sys.stderr)
         return 2
     secret = ensure_secret(data_dir / "secret")
+    certificates = (
+        dev_certificates(data_dir / "tls", [node.id for node in plan], [host]) if tls else None
+    )
     stop = threading.Event()
     for signum in STOP_SIGNALS:
         signal.signal(signum, lambda *_: stop.set())
     children = []
     for index, node in enumerate(plan):
         others = [peer for peer in plan if peer is not node]
-        command = node_command(node, others, secret)
+        command = node_command(node, others, secret, certificates, insecure_http=insecure_http)
         children.append(spawn(node.id, index, command, True, data_dir, output))
     if worker:
-        children.append(spawn("worker", len(plan), worker_command(plan), False, data_dir, output))
-    write_cluster_json(data_dir / "cluster.json", plan, children)
-    print_banner(plan, data_dir, output)
+        command = worker_command(plan, certificates)
+        children.append(spawn("worker", len(plan), command, False, data_dir, output))
+    write_cluster_json(data_dir / "cluster.json", plan, children, certificates)
+    print_banner(plan, data_dir, output, certificates)
     try:
         watch(children, stop, output)
     finally:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import ssl
 import sys
 from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from raftsched import tls
 from raftsched.config import NodeConfig
 from raftsched.logs import configure_logging
 from raftsched.node import gc_tuning
@@ -45,11 +47,15 @@ class ClientFaultsAsWarnings(logging.LoggerAdapter[logging.Logger]):
 
 def run_node(config: NodeConfig) -> None:
     """Run a node until SIGTERM or SIGINT. Must be called on the main thread:
-    pysyncobj's tick thread stops when the thread that created it exits."""
+    pysyncobj's tick thread stops when the thread that created it exits.
+    Raises ConfigError, before binding anything, for a configuration that
+    cannot start (TLS files that do not load, see raftsched.tls)."""
     config.validate()
+    server_ssl = tls.server_context(config)
+    tls.peer_context(config)  # its files load, or the node does not start
     configure_logging(config.log_format, node_id=config.node_id)
     config.data_dir.mkdir(parents=True, exist_ok=True)
-    asyncio.run(_serve(config))
+    asyncio.run(_serve(config, server_ssl))
 
 
 def assemble(config: NodeConfig, loop: asyncio.AbstractEventLoop) -> tuple[Node, web.Application]:
@@ -64,7 +70,7 @@ def assemble(config: NodeConfig, loop: asyncio.AbstractEventLoop) -> tuple[Node,
     return node, create_app(node, max_body_bytes=config.max_body_bytes, webhook_targets=policy)
 
 
-async def _serve(config: NodeConfig) -> None:
+async def _serve(config: NodeConfig, server_ssl: ssl.SSLContext | None) -> None:
     gc_tuning.configure()
     loop = asyncio.get_running_loop()
     node, app = assemble(config, loop)
@@ -73,11 +79,17 @@ async def _serve(config: NodeConfig) -> None:
         app, access_log=None, handle_signals=False, logger=ClientFaultsAsWarnings(server_log)
     )
     await runner.setup()
-    site = web.TCPSite(runner, config.http_host, config.http_port, reuse_address=True)
+    site = web.TCPSite(
+        runner, config.http_host, config.http_port, reuse_address=True, ssl_context=server_ssl
+    )
     await site.start()
     log.info(
         "node started",
-        extra={"http": config.advertised_http_url, "raft": config.raft_address},
+        extra={
+            "http": config.advertised_http_url,
+            "raft": config.raft_address,
+            "tls": "mutual" if config.tls_client_ca_file else "on" if server_ssl else "off",
+        },
     )
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -3,18 +3,20 @@
 `LocalCluster` starts each node as its own `raftsched node` process on
 loopback, with its own data directory and a generated secret, and can kill,
 pause, resume and restart them. Nothing is mocked: the processes speak real
-Raft and real HTTP.
+Raft and real HTTP (or HTTPS, given a `ClusterTls` from `make_cluster_tls`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -99,9 +101,14 @@ def free_port_block(count: int, host: str = "127.0.0.1", tries: int = 200) -> in
 
 
 def http_json(
-    method: str, url: str, body: Any = None, timeout_s: float = 5.0
+    method: str,
+    url: str,
+    body: Any = None,
+    timeout_s: float = 5.0,
+    context: ssl.SSLContext | None = None,
 ) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """One HTTP request without following redirects: (status, json body, headers)."""
+    """One HTTP request without following redirects: (status, json body, headers).
+    `context`: the TLS context for an https:// URL (default: the system's)."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method)
     if data is not None:
@@ -111,7 +118,7 @@ def http_json(
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
             return None
 
-    opener = urllib.request.build_opener(NoRedirect)
+    opener = urllib.request.build_opener(NoRedirect, urllib.request.HTTPSHandler(context=context))
     try:
         with opener.open(request, timeout=timeout_s) as response:
             raw = response.read()
@@ -123,6 +130,61 @@ def http_json(
         except json.JSONDecodeError:
             parsed = {"raw": raw.decode(errors="replace")}
         return error.code, parsed, dict(error.headers)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTls:
+    """Certificates for a `LocalCluster` that serves HTTPS: one CA, one node
+    certificate that every node serves (and shows its peers), valid for
+    127.0.0.1 and localhost, and one client certificate. `mutual`: the
+    nodes require client certificates from that CA."""
+
+    ca_file: Path
+    node_cert_file: Path
+    node_key_file: Path
+    client_cert_file: Path
+    client_key_file: Path
+    mutual: bool = False
+
+    def node_args(self) -> list[str]:
+        args = ["--tls-cert", str(self.node_cert_file), "--tls-key", str(self.node_key_file)]
+        args += ["--tls-ca", str(self.ca_file)]
+        if self.mutual:
+            args += ["--tls-client-ca", str(self.ca_file)]
+        return args
+
+    def client_options(self) -> dict[str, Path]:
+        """Keyword arguments for `Client` and `AsyncClient`, certificate included."""
+        return {
+            "ca_file": self.ca_file,
+            "client_cert": self.client_cert_file,
+            "client_key": self.client_key_file,
+        }
+
+    def client_context(self, *, with_certificate: bool = True) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if with_certificate:
+            context.load_cert_chain(self.client_cert_file, self.client_key_file)
+        return context
+
+
+def make_cluster_tls(directory: Path, *, mutual: bool = False) -> ClusterTls:
+    """A fresh CA and certificates in `directory` (raftsched.pki)."""
+    from raftsched.pki import CertificateAuthority, write_public
+
+    authority = CertificateAuthority.create("raftsched test CA")
+    write_public(directory / "ca.pem", authority.cert_pem)
+    tls = ClusterTls(
+        ca_file=directory / "ca.pem",
+        node_cert_file=directory / "node.pem",
+        node_key_file=directory / "node.key",
+        client_cert_file=directory / "client.pem",
+        client_key_file=directory / "client.key",
+        mutual=mutual,
+    )
+    authority.issue("node", ["127.0.0.1", "localhost"]).write(tls.node_cert_file, tls.node_key_file)
+    authority.issue("test-client").write(tls.client_cert_file, tls.client_key_file)
+    return tls
 
 
 @dataclass
@@ -137,6 +199,7 @@ class NodeProcess:
     # Another release's `src` directory to run instead of this checkout's
     # code (a rolling-upgrade test), or None.
     source_dir: Path | None = None
+    scheme: str = "http"
     # This node's own cluster secret file instead of the cluster's, and the
     # secrets it accepts besides (a secret rotation; see `LocalCluster.command`).
     secret_file: Path | None = None
@@ -144,7 +207,7 @@ class NodeProcess:
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"{self.scheme}://127.0.0.1:{self.http_port}"
 
     @property
     def raft_address(self) -> str:
@@ -163,6 +226,7 @@ class LocalCluster:
     env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
+    tls: ClusterTls | None = None
     # Webhook targets the nodes may deliver to besides public addresses:
     # tests' receivers listen on loopback, which a node refuses by default
     # (docs/security.md, "Webhook targets (SSRF)"). `()` tests the default.
@@ -183,7 +247,14 @@ class LocalCluster:
                 raft_port=free_port(),
                 data_dir=self.root / node_id,
                 log_path=self.root / f"{node_id}.log",
+                scheme="http" if self.tls is None else "https",
             )
+
+    @functools.cached_property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """What the cluster's own checks (leader, readiness, digests) speak
+        HTTPS with: the cluster's CA and its client certificate."""
+        return None if self.tls is None else self.tls.client_context()
 
     # -- processes ------------------------------------------------------------
 
@@ -214,6 +285,8 @@ class LocalCluster:
         for other in self.nodes.values():
             if other.id != node.id:
                 args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]
+        if self.tls is not None:
+            args += self.tls.node_args()
         return args + self.extra_args
 
     def start(self, node_id: str | None = None) -> None:
@@ -296,7 +369,10 @@ class LocalCluster:
     def cluster_view(self, node_id: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
         try:
             status, body, _ = http_json(
-                "GET", self.nodes[node_id].http_url + "/v1/cluster", timeout_s=timeout_s
+                "GET",
+                self.nodes[node_id].http_url + "/v1/cluster",
+                timeout_s=timeout_s,
+                context=self.ssl_context,
             )
         except OSError:
             return None
@@ -323,7 +399,9 @@ class LocalCluster:
             leader = self.leader_id()
             if leader is not None and leader != exclude:
                 try:
-                    status, _, _ = http_json("GET", self.nodes[leader].http_url + "/readyz")
+                    status, _, _ = http_json(
+                        "GET", self.nodes[leader].http_url + "/readyz", context=self.ssl_context
+                    )
                 except OSError:
                     # The leader just restarted or died: not ready yet.
                     status = 0
@@ -340,7 +418,10 @@ class LocalCluster:
                 continue
             try:
                 status, body, _ = http_json(
-                    "GET", node.http_url + "/v1/debug/digest", timeout_s=timeout_s
+                    "GET",
+                    node.http_url + "/v1/debug/digest",
+                    timeout_s=timeout_s,
+                    context=self.ssl_context,
                 )
             except OSError:
                 continue

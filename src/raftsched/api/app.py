@@ -93,9 +93,10 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
     finally:
         route = request.match_info.route.resource
         route_name = route.canonical if route is not None else "unmatched"
-        node_of(request).metrics.http_seconds.labels(
-            request.method, route_name, str(status)
-        ).observe(time.perf_counter() - started)
+        metrics = node_of(request).metrics
+        metrics.series(metrics.http_seconds, request.method, route_name, str(status)).observe(
+            time.perf_counter() - started
+        )
 
 
 async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:

@@ -113,7 +113,7 @@ def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
     node = node_of(request)
     if isinstance(result, Rejected):
         if result.code == "lease_lost":
-            node.metrics.lease_lost.labels(op).inc()
+            node.metrics.series(node.metrics.lease_lost, op).inc()
         raise from_rejection(result)
     if isinstance(result, Started):
         return {

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from raftsched.client import DEFAULT_URLS, ApiError, Client, RaftschedError
 
@@ -45,6 +45,23 @@ def client_options(*, defaults: bool) -> argparse.ArgumentParser:
     group.add_argument(
         "--timeout-s", type=float, default=default(10.0), help="per request (default 10)"
     )
+    group.add_argument(
+        "--ca-file",
+        default=default(os.environ.get("RAFTSCHED_CA_FILE")),
+        help="CA bundle to verify https:// nodes with (default: $RAFTSCHED_CA_FILE, "
+        "else the system store)",
+    )
+    group.add_argument(
+        "--client-cert",
+        default=default(os.environ.get("RAFTSCHED_CLIENT_CERT")),
+        help="client certificate (PEM) for a cluster that requires one "
+        "(default: $RAFTSCHED_CLIENT_CERT)",
+    )
+    group.add_argument(
+        "--client-key",
+        default=default(os.environ.get("RAFTSCHED_CLIENT_KEY")),
+        help="the client certificate's key (default: $RAFTSCHED_CLIENT_KEY)",
+    )
     parent.add_argument(
         "--json", action="store_true", default=default(False), help="print the API's JSON"
     )
@@ -56,11 +73,27 @@ def urls_from(args: argparse.Namespace) -> list[str]:
     return [url.strip() for item in given for url in item.split(",") if url.strip()]
 
 
+class TlsOptions(TypedDict):
+    """The client's (and the worker's) TLS keyword arguments."""
+
+    ca_file: str | None
+    client_cert: str | None
+    client_key: str | None
+
+
+def tls_options(args: argparse.Namespace) -> TlsOptions:
+    return {"ca_file": args.ca_file, "client_cert": args.client_cert, "client_key": args.client_key}
+
+
 def make_client(args: argparse.Namespace) -> Client:
     # A person is waiting: give up on a dead cluster sooner than programs do.
     budget_s = min(CLI_RETRY_BUDGET_MAX_S, 2 * args.timeout_s)
     return Client(
-        urls_from(args), timeout_s=args.timeout_s, retry_budget_s=budget_s, token=args.token
+        urls_from(args),
+        timeout_s=args.timeout_s,
+        retry_budget_s=budget_s,
+        token=args.token,
+        **tls_options(args),
     )
 
 

@@ -15,6 +15,14 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     dev.add_argument("--raft-port", type=int, default=9701, help="first node's; then +1 each")
     dev.add_argument("--host", default="127.0.0.1")
     dev.add_argument("--no-worker", dest="worker", action="store_false")
+    dev.add_argument(
+        "--tls", action="store_true",
+        help="serve HTTPS: make a local CA and node certificates under DATA_DIR/tls",
+    )  # fmt: skip
+    dev.add_argument(
+        "--insecure-http", action="store_true",
+        help="allow plain HTTP on a non-loopback --host",
+    )  # fmt: skip
     dev.set_defaults(run=run_dev_command)
 
 
@@ -28,4 +36,6 @@ def run_dev_command(args: argparse.Namespace) -> int:
         raft_port=args.raft_port,
         worker=args.worker,
         host=args.host,
+        tls=args.tls,
+        insecure_http=args.insecure_http,
     )

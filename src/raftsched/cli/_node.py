@@ -18,6 +18,8 @@ TOML keys mirror the flags (relative paths are relative to the file):
     # optional: max_body_bytes, log_format, log_compaction_entries,
     # leader_fallback_timeout_s, proposal_queue_commands_max,
     # proposal_queue_bytes_max, and an [extra] table
+    # TLS (docs/security.md): tls_cert, tls_key, tls_client_ca, tls_ca
+    # (paths), insecure_http = true to serve plain HTTP off loopback
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ _FILE_KEYS = {
     "peers", "max_body_bytes", "log_format", "extra", "log_compaction_entries",
     "leader_fallback_timeout_s", "election_timeout_min_s", "election_timeout_max_s",
     "proposal_queue_commands_max", "proposal_queue_bytes_max",
+    "tls_cert", "tls_key", "tls_client_ca", "tls_ca", "insecure_http",
 }  # fmt: skip
+_PATH_KEYS = ("data_dir", "secret_file", "tls_cert", "tls_key", "tls_client_ca", "tls_ca")
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
@@ -93,6 +97,21 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         "--proposal-queue-bytes-max", type=int,
         help="request bytes that may wait likewise (default 32 MiB)",
     )  # fmt: skip
+    tls = node.add_argument_group("TLS (docs/security.md)")
+    tls.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate chain (PEM)")
+    tls.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
+    tls.add_argument(
+        "--tls-client-ca", type=Path,
+        help="require client certificates that chain to this CA bundle (mutual TLS)",
+    )  # fmt: skip
+    tls.add_argument(
+        "--tls-ca", type=Path,
+        help="CA bundle to verify peers with (default: --tls-client-ca, else the system store)",
+    )  # fmt: skip
+    tls.add_argument(
+        "--insecure-http", action="store_true", default=None,
+        help="serve plain HTTP on a non-loopback --http address (behind a TLS proxy)",
+    )  # fmt: skip
     node.set_defaults(run=run_node_command)
 
 
@@ -105,7 +124,11 @@ def run_node_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from raftsched.process import run_node  # imported late: the CLI's other commands need no node
 
-    run_node(config)
+    try:
+        run_node(config)
+    except ConfigError as error:  # raised before the node binds anything
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
     return 0
 
 
@@ -130,6 +153,11 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         "leader_fallback_timeout_s": args.leader_fallback_timeout_s,
         "proposal_queue_commands_max": args.proposal_queue_commands_max,
         "proposal_queue_bytes_max": args.proposal_queue_bytes_max,
+        "tls_cert": args.tls_cert,
+        "tls_key": args.tls_key,
+        "tls_client_ca": args.tls_client_ca,
+        "tls_ca": args.tls_ca,
+        "insecure_http": args.insecure_http,
     }
     settings.update({key: value for key, value in flags.items() if value is not None})
     return _to_config(settings)
@@ -141,7 +169,7 @@ def _from_file(path: Path) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"unknown keys in {path}: {', '.join(unknown)}")
     base = path.parent
-    for key in ("data_dir", "secret_file"):
+    for key in _PATH_KEYS:
         if key in data:
             data[key] = base / str(data[key])
     if "secret_accept_files" in data:
@@ -184,10 +212,27 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
         proposal_queue_bytes_max=int(
             settings.get("proposal_queue_bytes_max", PROPOSAL_QUEUE_BYTES_MAX)
         ),
-        webhook_allow_private=bool(settings.get("webhook_allow_private", False)),
+        webhook_allow_private=_flag(
+            settings.get("webhook_allow_private", False), "webhook_allow_private"
+        ),
         webhook_allow_cidrs=tuple(str(c) for c in settings.get("webhook_allow_cidrs") or ()),
         extra={str(k): str(v) for k, v in dict(settings.get("extra") or {}).items()},
+        tls_cert_file=_optional_path(settings.get("tls_cert")),
+        tls_key_file=_optional_path(settings.get("tls_key")),
+        tls_client_ca_file=_optional_path(settings.get("tls_client_ca")),
+        tls_ca_file=_optional_path(settings.get("tls_ca")),
+        insecure_http=_flag(settings.get("insecure_http", False), "insecure_http"),
     )
+
+
+def _optional_path(value: object) -> Path | None:
+    return Path(str(value)) if value else None
+
+
+def _flag(value: object, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"`{key}` must be true or false, got {value!r}")
+    return value
 
 
 def _list(data: dict[str, Any], key: str) -> list[Any]:

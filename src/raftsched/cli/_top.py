@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from raftsched.cli._common import EXIT_OK, Command, with_client
+from raftsched.cli._common import EXIT_OK, Command, tls_options, with_client
 from raftsched.client import Client
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -37,7 +37,13 @@ def fetch_overview(client: Client, args: argparse.Namespace) -> Overview:
     leader = node.get("leader") or {}
     if node.get("role") != "leader" and leader.get("http_url"):
         try:
-            with Client([leader["http_url"]], timeout_s=args.timeout_s, retry_budget_s=0) as direct:
+            with Client(
+                [leader["http_url"]],
+                timeout_s=args.timeout_s,
+                retry_budget_s=0,
+                token=args.token,
+                **tls_options(args),
+            ) as direct:
                 leader_view: Overview = direct.request("GET", "/v1/overview").json()
                 return leader_view
         except Exception:  # the leader is unreachable from here: show this node's view

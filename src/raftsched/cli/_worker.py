@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any
 
-from raftsched.cli._common import EXIT_USAGE, urls_from
+from raftsched.cli._common import EXIT_USAGE, tls_options, urls_from
 from raftsched.logs import configure_logging
 from raftsched.worker import WorkerConfig, default_worker_id, load_handler, run_worker
 
@@ -39,6 +39,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
             shutdown_grace_s=args.shutdown_grace_s,
             token=args.token,
             timeout_s=args.timeout_s,
+            **tls_options(args),
         )
         config.validate()
     except (ValueError, ImportError) as error:

@@ -38,6 +38,7 @@ from raftsched.client._errors import (
     item_error,
 )
 from raftsched.client._sync import DEFAULT_URLS, Client
+from raftsched.client._tls import client_ssl_context
 
 __all__ = [
     "DEFAULT_URLS",
@@ -64,6 +65,7 @@ __all__ = [
     "TransportError",
     "Unauthenticated",
     "Unavailable",
+    "client_ssl_context",
     "error_from_body",
     "item_error",
     "job_request",

@@ -7,6 +7,7 @@ Create it inside a running loop (or first use it there) and close it with
 from __future__ import annotations
 
 import asyncio
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -30,6 +31,7 @@ from raftsched.client._calls import (
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
 from raftsched.client._schedules import AsyncSchedulesMixin
 from raftsched.client._sync import DEFAULT_URLS
+from raftsched.client._tls import StrPath, client_ssl_context
 
 T = TypeVar("T")
 
@@ -45,10 +47,16 @@ class AsyncClient(AsyncSchedulesMixin):
         connect_timeout_s: float = 2.0,
         retry_budget_s: float = 15.0,
         token: str | None = None,
+        ca_file: StrPath | None = None,
+        client_cert: StrPath | None = None,
+        client_key: StrPath | None = None,
     ) -> None:
         self._nodes = Nodes(urls)
         self._timeout_s = timeout_s
         self._connect_timeout_s = min(connect_timeout_s, timeout_s)
+        context = client_ssl_context(ca_file, client_cert, client_key)
+        # True: aiohttp's default verification against the system's store.
+        self._ssl: ssl.SSLContext | bool = True if context is None else context
         self._retry_budget_s = retry_budget_s
         self._token = token
         self._session: aiohttp.ClientSession | None = None
@@ -121,6 +129,7 @@ class AsyncClient(AsyncSchedulesMixin):
                 headers=dict(headers),
                 timeout=timeout,
                 allow_redirects=False,  # redirects are followed by Attempts, body kept
+                ssl=self._ssl,
             ) as answer:
                 data = await answer.read()
                 answer_headers = {name.lower(): value for name, value in answer.headers.items()}

@@ -5,6 +5,7 @@ one) and gives it back after reading the whole answer."""
 from __future__ import annotations
 
 import http.client
+import ssl
 import threading
 import time
 from collections.abc import Mapping
@@ -21,9 +22,12 @@ IDLE_PER_NODE_MAX = 8
 
 
 class _Pool:
-    def __init__(self, base: str, connect_timeout_s: float) -> None:
+    def __init__(
+        self, base: str, connect_timeout_s: float, ssl_context: ssl.SSLContext | None
+    ) -> None:
         parts = urlsplit(base)
         self._https = parts.scheme == "https"
+        self._ssl_context = ssl_context
         self._host = parts.hostname or "localhost"
         self._port = parts.port
         self._connect_timeout_s = connect_timeout_s
@@ -38,8 +42,11 @@ class _Pool:
                 if now - idle_since < IDLE_MAX_S:
                     return connection
                 connection.close()
-        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        return cls(self._host, self._port, timeout=self._connect_timeout_s)
+        if self._https:
+            return http.client.HTTPSConnection(
+                self._host, self._port, timeout=self._connect_timeout_s, context=self._ssl_context
+            )
+        return http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout_s)
 
     def give_back(self, connection: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -56,8 +63,9 @@ class _Pool:
 
 
 class HttpTransport:
-    def __init__(self, connect_timeout_s: float) -> None:
+    def __init__(self, connect_timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
         self._connect_timeout_s = connect_timeout_s
+        self._ssl_context = ssl_context  # None: the system's trust store
         self._pools: dict[str, _Pool] = {}
         self._lock = threading.Lock()
 
@@ -94,7 +102,7 @@ class HttpTransport:
         with self._lock:
             pool = self._pools.get(base)
             if pool is None:
-                pool = self._pools[base] = _Pool(base, self._connect_timeout_s)
+                pool = self._pools[base] = _Pool(base, self._connect_timeout_s, self._ssl_context)
             return pool
 
     def close(self) -> None:

@@ -23,6 +23,7 @@ from raftsched.client._calls import (
 from raftsched.client._http import HttpTransport
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
 from raftsched.client._schedules import SchedulesMixin
+from raftsched.client._tls import StrPath, client_ssl_context
 
 T = TypeVar("T")
 
@@ -37,6 +38,10 @@ class Client(SchedulesMixin):
     wait out 503s, and repeat after an unknown outcome only when that is safe
     (see `raftsched.client._calls`). Each call gives up after `retry_budget_s`.
     Answers are the API's JSON objects, unwrapped (`submit` returns the Job).
+
+    HTTPS: `ca_file` is the CA bundle to trust instead of the system's
+    (a cluster with its own CA); `client_cert` and `client_key` are shown to
+    a cluster that requires client certificates (mutual TLS).
     """
 
     def __init__(
@@ -47,12 +52,16 @@ class Client(SchedulesMixin):
         connect_timeout_s: float = 2.0,
         retry_budget_s: float = 15.0,
         token: str | None = None,
+        ca_file: StrPath | None = None,
+        client_cert: StrPath | None = None,
+        client_key: StrPath | None = None,
     ) -> None:
         self._nodes = Nodes(urls)
         self._timeout_s = timeout_s
         self._retry_budget_s = retry_budget_s
         self._token = token
-        self._transport = HttpTransport(min(connect_timeout_s, timeout_s))
+        context = client_ssl_context(ca_file, client_cert, client_key)
+        self._transport = HttpTransport(min(connect_timeout_s, timeout_s), context)
 
     @property
     def urls(self) -> list[str]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 from raftsched import core
 from raftsched.raft import StopApplying
@@ -28,6 +29,11 @@ class ReplicatedState:
         self.lock = threading.RLock()
         self.entries_applied = 0
         self._on_applied = on_applied
+        self._reading = _Reading(self)
+
+    def reading(self) -> AbstractContextManager[core.State]:
+        """`with replica.reading() as state:` the state, held still."""
+        return self._reading
 
     def apply(self, data: bytes) -> object:
         try:
@@ -67,3 +73,24 @@ class ReplicatedState:
     def digest(self) -> str:
         with self.lock:
             return core.state_digest(self.state)
+
+
+class _Reading:
+    """Holds the replica's lock for a `with` block and gives its state.
+
+    Every request reads the state at least once, so this is a plain object
+    rather than a `contextlib.contextmanager` generator (about 0.3 µs to
+    enter and leave instead of 1.5). It keeps nothing per use, so one serves
+    every reader, nested ones too (the lock is re-entrant)."""
+
+    __slots__ = ("_replica",)
+
+    def __init__(self, replica: ReplicatedState) -> None:
+        self._replica = replica
+
+    def __enter__(self) -> core.State:
+        self._replica.lock.acquire()
+        return self._replica.state
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._replica.lock.release()

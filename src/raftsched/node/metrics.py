@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -426,6 +426,10 @@ class NodeMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # Labelled series already made, by family and label values: asking
+        # prometheus-client for one (`labels()`) validates the values and
+        # takes the family's lock each time, several µs on every request.
+        self._series: dict[tuple[object, tuple[str, ...]], Any] = {}
         self._counters: dict[str, Counter] = {}
         self._bound: set[str] = set()
         counter, histogram = self._counter, self._histogram
@@ -456,6 +460,16 @@ class NodeMetrics:
         self.webhook_parked = counter(WEBHOOK_PARKED)
         self.flow_rejected = counter(FLOW_REJECTED)
         self.sample_together((GC_COLLECTIONS, GC_PAUSE_SECONDS, GC_PAUSE_MAX), _gc_samples)
+
+    def series(self, family: Counter | Histogram, *labels: str) -> Any:
+        """`family.labels(*labels)`, made once. Label values here come from
+        bounded sets (routes, statuses, queues, outcomes), so the cache is
+        bounded by what the families already hold."""
+        key = (family, labels)
+        found = self._series.get(key)
+        if found is None:
+            found = self._series[key] = family.labels(*labels)
+        return found
 
     def _counter(self, family: Family) -> Counter:
         assert family.kind == "counter" and family in INSTRUMENTED, family

@@ -171,12 +171,7 @@ class Observer:
         self._leased: dict[str, int] = {}  # job id -> token, leases this leader granted
         self._last_leader: tuple[str | None, int] | None = None
         self.is_leader: Callable[[], bool] = lambda: False
-        self.metrics = metrics
-        # Labelled children of the per-job families, by (family, labels).
-        # prometheus-client's `labels()` validates and locks on every call,
-        # several microseconds a job on the leader; the series it returns
-        # never change, and there are as many as queue x outcome pairs.
-        self._series: dict[tuple[object, tuple[str, ...]], Any] = {}
+        self.metrics = metrics  # per-job series through metrics.series (made once)
         self._init_metrics(metrics)
 
     # -- metrics families -----------------------------------------------------
@@ -263,7 +258,7 @@ class Observer:
                         queue = job.queue if job else "unknown"
                         created[queue] = created.get(queue, 0) + 1
                 for queue, count in created.items():
-                    self._child(self.metrics.jobs_submitted, queue).inc(count)
+                    self.metrics.series(self.metrics.jobs_submitted, queue).inc(count)
             case StartJob(job_id=job_id), Started():
                 self._progress.setdefault(job_id, _Progress(wall_ms(), None, wall_ms()))
             case HeartbeatJob(job_id=job_id, progress=progress), HeartbeatAccepted():
@@ -316,10 +311,10 @@ class Observer:
             granted[lease.queue] = granted.get(lease.queue, 0) + 1
             if lease.runnable_since_ms is not None:
                 claimed_ms = lease.expires_at_ms - lease.lease_ms
-                series = self._child(family, lease.queue)
+                series = self.metrics.series(family, lease.queue)
                 series.observe(max(0, claimed_ms - lease.runnable_since_ms) / 1000)
         for queue, count in granted.items():
-            self._child(self.metrics.job_attempts, queue).inc(count)
+            self.metrics.series(self.metrics.job_attempts, queue).inc(count)
         leased = self._leased
         for lease in leases[: max(0, TRACKED_JOBS_MAX - len(leased))]:
             leased[lease.job_id] = lease.fencing_token
@@ -335,13 +330,6 @@ class Observer:
             tracked.last_progress = progress
             tracked.changed_ms = now
 
-    def _child(self, family: Any, *labels: str) -> Any:
-        key = (family, labels)
-        series = self._series.get(key)
-        if series is None:
-            series = self._series[key] = family.labels(*labels)
-        return series
-
     def _on_outcome(self, state: core.State, job_id: str, token: int, outcome: str) -> None:
         self._progress.pop(job_id, None)
         self._leased.pop(job_id, None)
@@ -351,20 +339,20 @@ class Observer:
         attempt = _attempt_by_token(job, token)
         if attempt is not None and attempt.ended_at_ms is not None:
             began_ms = attempt.started_at_ms or attempt.claimed_at_ms
-            self._child(self.metrics.execution_seconds, job.queue, outcome).observe(
+            self.metrics.series(self.metrics.execution_seconds, job.queue, outcome).observe(
                 max(0, attempt.ended_at_ms - began_ms) / 1000
             )
         if outcome == "succeeded":
-            self._child(self.metrics.jobs_succeeded, job.queue).inc()
+            self.metrics.series(self.metrics.jobs_succeeded, job.queue).inc()
 
     def _on_failed(self, state: core.State, fail: FailJob, token: int, status: str) -> None:
         self._on_outcome(state, fail.job_id, token, "failed")
         job = state.jobs.get(fail.job_id)
         queue = job.queue if job else "unknown"
-        self.metrics.job_failures.labels(queue, fail.kind).inc()
+        self.metrics.series(self.metrics.job_failures, queue, fail.kind).inc()
         fields = {**_job_fields(job, token), "kind": fail.kind, "status": status}
         if status in ("retry_wait", "pending"):
-            self.metrics.job_retries.labels(queue).inc()
+            self.metrics.series(self.metrics.job_retries, queue).inc()
         fields["epoch"] = state.epoch
         if status == "dead_letter":
             reason = "permanent" if fail.kind == "permanent" else "attempts_exhausted"

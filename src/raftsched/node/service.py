@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, suppress
 from typing import Any, Protocol
 
 import aiohttp
 
-from raftsched import core
+from raftsched import core, tls
 from raftsched.config import NodeConfig
 from raftsched.core.jobs.commands import ClaimJobs
 from raftsched.core.jobs.flow_claim import claimable_at_ms
@@ -60,6 +60,8 @@ TICK_ITEMS_MAX = 1_000
 # A Tick that found nothing to do although the core said something was due
 # would otherwise spin; this bounds how fast the dispatch loop can retry.
 IDLE_TICK_PAUSE_S = 0.05
+# A peer whose TLS certificate does not verify is reported this often.
+PEER_TLS_WARNING_PERIOD_S = 60.0
 
 
 class LeaderDuty(Protocol):
@@ -121,6 +123,10 @@ class Node:
         self._init_metrics()
         self._sampler_task: asyncio.Task[None] | None = None
         self._http_session: aiohttp.ClientSession | None = None
+        # Peers' /v1/time over HTTPS: verified against the node's CA, with the
+        # node's certificate for peers that require one (raftsched.tls).
+        self._peer_ssl = tls.peer_context(config)
+        self._peer_tls_warned_at: dict[str, float] = {}
         self._skew_measured_at = 0.0
         self.peer_versions = PeerVersions({p.id: p.http_url for p in config.peers})
         self._versions_polled_at = 0.0
@@ -235,11 +241,9 @@ class Node:
     def peer_reachable(self, node_id: str) -> bool:
         return any(p.id == node_id and p.reachable for p in self.status().peers)
 
-    @contextmanager
-    def reading(self) -> Iterator[core.State]:
+    def reading(self) -> AbstractContextManager[core.State]:
         """Hold the state still while a handler reads and renders it."""
-        with self.replica.lock:
-            yield self.replica.state
+        return self.replica.reading()
 
     def digest(self) -> tuple[str, int]:
         """The state digest and the applied index it was taken at."""
@@ -424,11 +428,28 @@ class Node:
         """A peer's answer to `GET /v1/time`: its clock and its version."""
         if self._http_session is None:
             self._http_session = aiohttp.ClientSession()
-        async with self._http_session.get(url.rstrip("/") + "/v1/time") as response:
-            body = await response.json()
+        peer_ssl = True if self._peer_ssl is None else self._peer_ssl  # True: aiohttp's default
+        try:
+            async with self._http_session.get(
+                url.rstrip("/") + "/v1/time", ssl=peer_ssl
+            ) as response:
+                body = await response.json()
+        except aiohttp.ClientSSLError as error:
+            self._warn_peer_tls(url, error)
+            raise
         if not isinstance(body, dict):
             raise ValueError("GET /v1/time did not answer an object")
         return body
+
+    def _warn_peer_tls(self, url: str, error: Exception) -> None:
+        """A peer whose certificate does not verify stays unknown (no version,
+        no skew) until an operator fixes it: say so, once a minute per peer."""
+        now = self.loop.time()
+        last = self._peer_tls_warned_at.get(url)
+        if last is not None and now - last < PEER_TLS_WARNING_PERIOD_S:
+            return
+        self._peer_tls_warned_at[url] = now
+        log.warning("TLS with peer %s failed (check --tls-ca and its certificate): %s", url, error)
 
     async def _raise_cluster_version(self) -> None:
         """As leader, once every member understands a higher cluster version

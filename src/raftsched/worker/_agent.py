@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from raftsched.client import AsyncClient, JsonObject, RaftschedError
+from raftsched.client import AsyncClient, JsonObject, RaftschedError, client_ssl_context
 from raftsched.worker._batcher import LeaseBatcher
 from raftsched.worker._context import JobContext, Lease
 from raftsched.worker._job import Handler, JobRun
@@ -51,6 +51,10 @@ class WorkerConfig:
     cancel_wait_s: float = 5.0
     token: str | None = None
     timeout_s: float = 10.0
+    # HTTPS: the CA bundle to trust, and a client certificate for mutual TLS.
+    ca_file: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
     batch_linger_s: float = 0.005
     batch_max_ops: int = 100
 
@@ -61,6 +65,7 @@ class WorkerConfig:
             raise ValueError("concurrency must be at least 1")
         if self.lease_s <= 0 or self.poll_wait_s < 0 or self.shutdown_grace_s < 0:
             raise ValueError("lease_s must be positive, poll_wait_s and grace non-negative")
+        client_ssl_context(self.ca_file, self.client_cert, self.client_key)  # the files load
 
 
 class Worker:
@@ -97,7 +102,12 @@ class Worker:
         self._stopping, self._hurry, self._slot_freed = (asyncio.Event() for _ in range(3))
         config = self.config
         client = self._client or AsyncClient(
-            config.urls, timeout_s=config.timeout_s, token=config.token
+            config.urls,
+            timeout_s=config.timeout_s,
+            token=config.token,
+            ca_file=config.ca_file,
+            client_cert=config.client_cert,
+            client_key=config.client_key,
         )
         batcher = LeaseBatcher(client, linger_s=config.batch_linger_s, max_ops=config.batch_max_ops)
         log.info(

@@ -4,6 +4,7 @@ they print, and their exit codes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from fakecluster import FakeCluster, Seen, error, reply
@@ -126,3 +127,20 @@ def test_history_and_cluster_tables(fake: FakeCluster, capsys: pytest.CaptureFix
     assert main(["cluster", "status", "--url", fake.urls[0]]) == 0
     out = capsys.readouterr().out
     assert "leader         n1 http://x" in out and "n1  leader  true" in out
+
+
+def test_ca_file_and_client_certificate_from_flags_or_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "missing-ca.pem"
+    monkeypatch.setenv("RAFTSCHED_CA_FILE", str(missing))
+    assert main(["jobs", "get", "job_1", "--url", "https://127.0.0.1:9"]) == 2
+    assert "cannot load TLS files" in capsys.readouterr().err
+    monkeypatch.delenv("RAFTSCHED_CA_FILE")
+    monkeypatch.setenv("RAFTSCHED_CLIENT_KEY", str(tmp_path / "client.key"))
+    assert main(["jobs", "get", "job_1", "--url", "https://127.0.0.1:9"]) == 2
+    assert "needs its client certificate" in capsys.readouterr().err
+    monkeypatch.delenv("RAFTSCHED_CLIENT_KEY")
+    worker = ["worker", "--queue", "q", "--handler", "raftsched.demo:handle"]
+    assert main([*worker, "--ca-file", str(missing)]) == 2
+    assert "cannot load TLS files" in capsys.readouterr().err

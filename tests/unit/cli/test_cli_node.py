@@ -36,6 +36,7 @@ def test_flags_build_the_config(tmp_path: Path, captured: list[NodeConfig]) -> N
         "--http-url", "http://10.0.0.1:8701/", "--secret-file", str(secret_file(tmp_path)),
         "--peer", "n2=10.0.0.2:9701@http://10.0.0.2:8701", "--durability", "none",
         "--proposal-queue-commands-max", "40", "--proposal-queue-bytes-max", "4096",
+        "--insecure-http",
     ])  # fmt: skip
     assert code == 0
     [config] = captured
@@ -113,6 +114,69 @@ def test_short_secret_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ])  # fmt: skip
     assert code == 2
     assert "at least 16 characters" in capsys.readouterr().err
+
+
+def test_tls_flags_and_toml_keys(tmp_path: Path, captured: list[NodeConfig]) -> None:
+    secret_file(tmp_path)
+    (tmp_path / "n1.toml").write_text(
+        'id = "n1"\ndata_dir = "n1"\nhttp = "10.0.0.1:8701"\nraft = "10.0.0.1:9701"\n'
+        'secret_file = "secret"\ntls_cert = "tls/n1.pem"\ntls_key = "tls/n1.key"\n'
+        'tls_client_ca = "tls/ca.pem"\npeers = ["n2=10.0.0.2:9701@https://10.0.0.2:8701"]\n'
+    )
+    assert main(["node", "--config", str(tmp_path / "n1.toml")]) == 0
+    [config] = captured
+    assert config.tls_cert_file == tmp_path / "tls" / "n1.pem"  # relative to the file
+    assert config.tls_key_file == tmp_path / "tls" / "n1.key"
+    assert config.tls_client_ca_file == tmp_path / "tls" / "ca.pem"
+    assert config.tls_ca_file is None and not config.insecure_http
+    assert config.advertised_http_url == "https://10.0.0.1:8701"
+    code = main(["node", "--config", str(tmp_path / "n1.toml"), "--tls-ca", "/etc/ca.pem"])
+    assert code == 0 and captured[-1].tls_ca_file == Path("/etc/ca.pem")
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--http", "0.0.0.0:8701"], "is not a loopback address"),
+        (["--http", "10.0.0.1:8701", "--tls-cert", "c.pem"], "go together"),
+        (["--tls-client-ca", "ca.pem"], "--tls-client-ca needs --tls-cert"),
+        (
+            [
+                "--tls-cert",
+                "c.pem",
+                "--tls-key",
+                "k.pem",
+                "--peer",
+                "n2=127.0.0.1:9702@http://127.0.0.1:8702",
+            ],
+            "peer n2 is 'http://127.0.0.1:8702'",
+        ),  # fmt: skip
+    ],
+)
+def test_tls_mistakes_exit_2(
+    tmp_path: Path,
+    captured: list[NodeConfig],
+    capsys: pytest.CaptureFixture[str],
+    flags: list[str],
+    message: str,
+) -> None:
+    base = ["node", "--id", "n1", "--data-dir", str(tmp_path / "n1"), "--http", "127.0.0.1:8701",
+            "--raft", "127.0.0.1:9701", "--secret-file", str(secret_file(tmp_path))]  # fmt: skip
+    assert main([*base, *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert captured == []
+
+
+def test_insecure_http_in_toml_must_be_a_boolean(
+    tmp_path: Path, captured: list[NodeConfig], capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret_file(tmp_path)
+    (tmp_path / "n1.toml").write_text(
+        'id = "n1"\ndata_dir = "n1"\nhttp = "0.0.0.0:8701"\nraft = "10.0.0.1:9701"\n'
+        'secret_file = "secret"\ninsecure_http = "yes"\n'
+    )
+    assert main(["node", "--config", str(tmp_path / "n1.toml")]) == 2
+    assert "`insecure_http` must be true or false" in capsys.readouterr().err
 
 
 def test_rotation_secrets_and_webhook_targets_from_flags_and_toml(

@@ -59,6 +59,12 @@ def test_example_cluster_configs_load_and_agree(example: str, load: object) -> N
             if other is not config
         }
         assert peers == others, f"{config.node_id}'s peers disagree with the other files"
+        # Off loopback a node serves HTTPS, or says plainly that it does not.
+        if example == "compose":
+            assert config.insecure_http and not config.tls_enabled
+        else:
+            assert config.tls_enabled and config.advertised_http_url.startswith("https://")
+            assert config.tls_ca_file == Path("/etc/raftsched/tls/ca.pem")
 
 
 def test_example_configs_use_separate_hosts() -> None:

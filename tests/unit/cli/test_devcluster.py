@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from raftsched import child_processes, devcluster
+from raftsched import child_processes, devcluster, pki
 from raftsched.client import Client
 from raftsched.testing import free_port_block
 
@@ -31,6 +31,31 @@ def test_plan_and_commands(tmp_path: Path) -> None:
     assert "n2=127.0.0.1:9702@http://127.0.0.1:8702" in command
     worker = devcluster.worker_command(plan)
     assert "raftsched.demo:handle" in worker and "default" in worker
+
+
+def test_plan_and_commands_with_tls(tmp_path: Path) -> None:
+    plan = devcluster.plan_nodes(2, tmp_path, "127.0.0.1", 8701, 9701, tls=True)
+    assert [node.http_url for node in plan] == ["https://127.0.0.1:8701", "https://127.0.0.1:8702"]
+    certificates = pki.dev_certificates(tmp_path / "tls", ["n1", "n2"], ["127.0.0.1"])
+    command = devcluster.node_command(plan[0], plan[1:], tmp_path / "secret", certificates)
+    assert "n2=127.0.0.1:9702@https://127.0.0.1:8702" in command
+    flags = dict(zip(command, command[1:], strict=False))
+    assert flags["--tls-cert"] == str(tmp_path / "tls" / "n1.pem")
+    assert flags["--tls-key"] == str(tmp_path / "tls" / "n1.key")
+    assert flags["--tls-ca"] == str(tmp_path / "tls" / "ca.pem")
+    worker = devcluster.worker_command(plan, certificates)
+    assert worker[worker.index("--ca-file") + 1] == str(tmp_path / "tls" / "ca.pem")
+
+
+def test_dev_off_loopback_needs_tls_or_insecure_http(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert devcluster.run_dev(data_dir=tmp_path / "dev", host="0.0.0.0") == 2
+    assert "--host 0.0.0.0 is not a loopback address" in capsys.readouterr().err
+    assert not (tmp_path / "dev").exists()
+    plan = devcluster.plan_nodes(1, tmp_path, "0.0.0.0", 8701, 9701)
+    command = devcluster.node_command(plan[0], [], tmp_path / "secret", insecure_http=True)
+    assert command[-1] == "--insecure-http"
 
 
 def test_secret_is_private_and_reused(tmp_path: Path) -> None:
