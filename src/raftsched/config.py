@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raftsched.limits import BODY_BYTES_MAX, PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
+from raftsched.node.webhook_targets import TargetPolicy
 
 
 class ConfigError(ValueError):
@@ -52,6 +53,9 @@ class NodeConfig:
     raft_address: str
     secret: str
     peers: tuple[Peer, ...] = ()
+    # Secrets accepted from peers besides `secret` but never sent with: a
+    # secret rotation by rolling restart (docs/security.md).
+    accepted_secrets: tuple[str, ...] = ()
     raft_bind_address: str | None = None
     # The URL other nodes and clients use to reach this node's HTTP API.
     http_url: str | None = None
@@ -76,6 +80,10 @@ class NodeConfig:
     # (see limits.PROPOSAL_QUEUE_COMMANDS_MAX); more are answered 503 unavailable.
     proposal_queue_commands_max: int = PROPOSAL_QUEUE_COMMANDS_MAX
     proposal_queue_bytes_max: int = PROPOSAL_QUEUE_BYTES_MAX
+    # Webhook targets besides public addresses (node/webhook_targets.py):
+    # private ranges, and explicit networks (which may include loopback).
+    webhook_allow_private: bool = False
+    webhook_allow_cidrs: tuple[str, ...] = ()
     extra: dict[str, str] = field(default_factory=dict)
     # TLS (docs/security.md): the node's certificate chain and key (PEM). With
     # them it serves HTTPS, and presents the certificate to peers that ask.
@@ -93,6 +101,12 @@ class NodeConfig:
     def tls_enabled(self) -> bool:
         return self.tls_cert_file is not None
 
+    def webhook_policy(self) -> TargetPolicy:
+        try:
+            return TargetPolicy.from_flags(self.webhook_allow_private, self.webhook_allow_cidrs)
+        except ValueError as error:
+            raise ConfigError(f"--webhook-allow-cidr: {error}") from error
+
     @property
     def advertised_http_url(self) -> str:
         scheme = "https" if self.tls_enabled else "http"
@@ -107,6 +121,8 @@ class NodeConfig:
                 "a cluster secret of at least 16 characters is required "
                 "(--secret-file); Raft traffic is pickle and must be authenticated"
             )
+        if any(len(item) < 16 for item in self.accepted_secrets):
+            raise ConfigError("an accepted secret (--secret-accept-file) needs 16+ characters")
         _check_host_port(self.raft_address, "raft address")
         if self.raft_bind_address:
             _check_host_port(self.raft_bind_address, "raft bind address")
@@ -121,6 +137,7 @@ class NodeConfig:
             raise ConfigError("leader_fallback_timeout_s must be between 0.2 and 60")
         if not 0.2 <= self.election_timeout_min_s < self.election_timeout_max_s <= 30:
             raise ConfigError("election timeouts must satisfy 0.2 <= min < max <= 30 seconds")
+        self.webhook_policy()
         if self.proposal_queue_commands_max < 1 or self.proposal_queue_bytes_max < 1:
             raise ConfigError("proposal queue bounds must be at least 1")
         self._validate_tls()

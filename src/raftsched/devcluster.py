@@ -101,6 +101,9 @@ def node_command(
         "--data-dir", str(node.data_dir), "--http", node.http_address,
         "--raft", node.raft_address, "--http-url", node.http_url, "--secret-file", str(secret),
         "--log-format", _log_format(),
+        # A developer's webhook receiver runs on this machine: loopback
+        # targets are allowed here, never by default (docs/security.md).
+        "--webhook-allow-cidr", "127.0.0.0/8", "--webhook-allow-cidr", "::1/128",
     ]  # fmt: skip
     for peer in others:
         command += ["--peer", f"{peer.id}={peer.raft_address}@{peer.http_url}"]

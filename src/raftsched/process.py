@@ -65,8 +65,9 @@ def assemble(config: NodeConfig, loop: asyncio.AbstractEventLoop) -> tuple[Node,
     from raftsched.api.app import create_app
 
     node = Node(config, loop)
-    node.add_leader_duty(WebhookDelivery(node))
-    return node, create_app(node, max_body_bytes=config.max_body_bytes)
+    policy = config.webhook_policy()
+    node.add_leader_duty(WebhookDelivery(node, policy=policy))
+    return node, create_app(node, max_body_bytes=config.max_body_bytes, webhook_targets=policy)
 
 
 async def _serve(config: NodeConfig, server_ssl: ssl.SSLContext | None) -> None:

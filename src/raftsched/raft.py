@@ -30,6 +30,8 @@ Guard rails
    token (`raft_cipher.RaftCipher`, installed in place of pysyncobj's
    Fernet, which cost milliseconds per large entry), checked before
    anything is unpickled, so a stranger's bytes only close the connection.
+   `accepted_secrets` are also accepted (never sent with): a secret
+   rotation by rolling restart (docs/security.md).
 5. Snapshots are the machine's own bytes (`StateMachine.snapshot`) behind a
    small msgpack header, through SyncObjConf's serializer/deserializer
    hooks. pysyncobj forks only for its own pickle serializer, so the adapter
@@ -121,7 +123,7 @@ from pysyncobj.config import SERIALIZER_STATE
 from pysyncobj.transport import TCPTransport
 
 from raftsched import child_processes, raft_journal
-from raftsched.raft_cipher import RaftCipher
+from raftsched.raft_cipher import RaftCipher, RaftSecrets
 from raftsched.raft_journal import DurableJournal, SnapshotHeader
 
 logger = logging.getLogger(__name__)
@@ -467,6 +469,7 @@ class RaftNode:
         data_dir: Path,
         secret: str,
         machine: StateMachine,
+        accepted_secrets: Iterable[str] = (),
         bind_address: str | None = None,
         durability: str = "fsync",
         on_leadership: Callable[[bool, int], None] | None = None,
@@ -480,7 +483,8 @@ class RaftNode:
         log_compaction_interval_s: float = 300.0,
         snapshot_in_child: bool = True,
     ) -> None:
-        if not secret or len(secret) < SECRET_CHARS_MIN:
+        accepted = tuple(accepted_secrets)
+        if any(not item or len(item) < SECRET_CHARS_MIN for item in (secret, *accepted)):
             raise ValueError(
                 f"a cluster secret of at least {SECRET_CHARS_MIN} characters is required: "
                 "pysyncobj speaks pickle on its Raft port"
@@ -500,7 +504,7 @@ class RaftNode:
         self._ids_by_address = {address: peer for peer, address in peers.items()}
         self._ids_by_address[raft_address] = node_id
         self._data_dir = Path(data_dir)
-        self._secret = secret
+        self._secrets = RaftSecrets(secret, accepted)
         self._machine = machine
         self._bind_address = bind_address
         self.durability = durability
@@ -552,7 +556,7 @@ class RaftNode:
         journal_path = _JournalPath(str(self._data_dir / raft_journal.JOURNAL_NAME))
         journal_path.journal = journal
         conf = SyncObjConf(
-            password=self._secret,
+            password=self._secrets,
             journalFile=journal_path,
             fullDumpFile=str(self._data_dir / raft_journal.SNAPSHOT_NAME),
             serializer=self._serialize_snapshot,

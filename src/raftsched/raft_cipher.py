@@ -24,13 +24,24 @@ nonce (12) | ciphertext and tag (16). The first 25 bytes are authenticated
 as associated data, so the timestamp pysyncobj checks for monotonicity
 cannot be altered. Replays across connections are refused by pysyncobj's
 own per-connection random key inside the encrypted payload.
+
+Rotation. A node may know more than one secret (`RaftSecrets`): it sends
+with one (`sending`) and accepts messages made with any of them. A sender's
+salt is tried against each known secret once, the first that authenticates
+is kept for that salt. A rolling restart in three steps then changes the
+secret without a step at which some pair of running nodes cannot read each
+other (docs/security.md, "Rotating the Raft secret"): every node learns the
+new secret while still sending with the old; every node sends with the new
+while still accepting the old; every node forgets the old.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import struct
+from dataclasses import dataclass
 from typing import Final
 
 from cryptography.exceptions import InvalidTag
@@ -46,26 +57,62 @@ _TAG_SIZE: Final = 16
 _STRETCH_SALT: Final = b"raftsched raft messages v1"
 _KEY_INFO: Final = b"raftsched raft aes-256-gcm"
 _PEER_KEYS_MAX: Final = 256
+# Senders whose messages failed authentication that were already reported.
+_REFUSED_REPORTED_MAX: Final = 64
+
+log = logging.getLogger("raftsched.raft")
 
 
 class InvalidToken(ValueError):
     """Not a message of this cluster: wrong secret, altered or truncated."""
 
 
+@dataclass(frozen=True, slots=True)
+class RaftSecrets:
+    """The secret a node sends with, and others it also accepts (a rotation)."""
+
+    sending: str
+    accepted: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.sending:
+            raise ValueError("a sending secret is required")
+
+    @property
+    def known(self) -> tuple[str, ...]:
+        """Every secret a message may be made with, the sending one first."""
+        return (self.sending, *(s for s in dict.fromkeys(self.accepted) if s != self.sending))
+
+    def __repr__(self) -> str:  # never print a secret
+        return f"RaftSecrets(<{len(self.known)} secrets>)"
+
+
+def _stretch(secret: str | bytes) -> bytes:
+    secret_bytes = secret.encode() if isinstance(secret, str) else secret
+    return PBKDF2HMAC(
+        algorithm=hashes.SHA256(), length=32, salt=_STRETCH_SALT, iterations=100_000
+    ).derive(secret_bytes)
+
+
 class RaftCipher:
-    def __init__(self, secret: str | bytes) -> None:
-        secret_bytes = secret.encode() if isinstance(secret, str) else secret
-        self._stretched = PBKDF2HMAC(
-            algorithm=hashes.SHA256(), length=32, salt=_STRETCH_SALT, iterations=100_000
-        ).derive(secret_bytes)
+    """pysyncobj's encryptor (`getEncryptor(password)`); the password is one
+    secret or a `RaftSecrets`."""
+
+    def __init__(self, secret: str | bytes | RaftSecrets) -> None:
+        known = secret.known if isinstance(secret, RaftSecrets) else (secret,)
+        # The sending secret's stretch comes first: a sender of this node's
+        # own cluster is tried against it before the others.
+        self._stretched = tuple(_stretch(item) for item in known)
         self._salt = os.urandom(16)
-        self._own = AESGCM(self._key(self._salt))
+        self._own = AESGCM(self._key(self._stretched[0], self._salt))
         self._nonces = itertools.count(1)
         self._peers: dict[bytes, AESGCM] = {}
+        self._refused_reported: set[bytes] = set()
 
-    def _key(self, salt: bytes) -> bytes:
+    @staticmethod
+    def _key(stretched: bytes, salt: bytes) -> bytes:
         return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=_KEY_INFO).derive(
-            self._stretched
+            stretched
         )
 
     def encrypt_at_time(self, data: bytes, current_time: int) -> bytes:
@@ -82,17 +129,41 @@ class RaftCipher:
     def decrypt(self, token: bytes) -> bytes:
         self.extract_timestamp(token)
         salt = token[1 : 1 + 16]
-        cipher = self._peers.get(salt)
-        known = cipher is not None
-        if cipher is None:
-            cipher = AESGCM(self._key(salt))
+        known = self._peers.get(salt)
+        if known is not None:
+            data = self._open(known, token)
+            if data is None:
+                raise InvalidToken("message authentication failed")
+            return data
+        for stretched in self._stretched:
+            cipher = AESGCM(self._key(stretched, salt))
+            data = self._open(cipher, token)
+            if data is not None:
+                # Only a sender that proved it holds a secret is remembered.
+                if len(self._peers) >= _PEER_KEYS_MAX:
+                    self._peers.clear()  # senders restart with new salts; keep it bounded
+                self._peers[salt] = cipher
+                return data
+        self._report_refused(salt)
+        raise InvalidToken("message authentication failed")
+
+    @staticmethod
+    def _open(cipher: AESGCM, token: bytes) -> bytes | None:
         body = _HEADER.size + _NONCE_SIZE
         try:
-            data = cipher.decrypt(token[_HEADER.size : body], token[body:], token[: _HEADER.size])
-        except InvalidTag as error:
-            raise InvalidToken("message authentication failed") from error
-        if not known:  # only a sender that proved it holds the secret is remembered
-            if len(self._peers) >= _PEER_KEYS_MAX:
-                self._peers.clear()  # senders restart with new salts; keep it bounded
-            self._peers[salt] = cipher
-        return data
+            return cipher.decrypt(token[_HEADER.size : body], token[body:], token[: _HEADER.size])
+        except InvalidTag:
+            return None
+
+    def _report_refused(self, salt: bytes) -> None:
+        """Warn once per sender: pysyncobj drops the connection without a word,
+        and a node left out of a secret rotation should be visible."""
+        if salt in self._refused_reported:
+            return
+        if len(self._refused_reported) >= _REFUSED_REPORTED_MAX:
+            self._refused_reported.clear()
+        self._refused_reported.add(salt)
+        log.warning(
+            "a Raft message failed authentication: a peer with another cluster secret "
+            "(a rotation step missed?) or not a node of this cluster; connection dropped"
+        )

@@ -22,12 +22,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from raftsched import child_processes
+
+# The loopback networks, which test clusters allow as webhook targets.
+WEBHOOK_ALLOW_LOOPBACK: Final = ("127.0.0.0/8", "::1/128")
 
 
 def process_running(pid: int) -> bool:
@@ -197,6 +200,10 @@ class NodeProcess:
     # code (a rolling-upgrade test), or None.
     source_dir: Path | None = None
     scheme: str = "http"
+    # This node's own cluster secret file instead of the cluster's, and the
+    # secrets it accepts besides (a secret rotation; see `LocalCluster.command`).
+    secret_file: Path | None = None
+    secret_accept_files: list[Path] = field(default_factory=list)
 
     @property
     def http_url(self) -> str:
@@ -220,6 +227,10 @@ class LocalCluster:
     extra_args: list[str] = field(default_factory=list)
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
     tls: ClusterTls | None = None
+    # Webhook targets the nodes may deliver to besides public addresses:
+    # tests' receivers listen on loopback, which a node refuses by default
+    # (docs/security.md, "Webhook targets (SSRF)"). `()` tests the default.
+    webhook_allow_cidrs: tuple[str, ...] = WEBHOOK_ALLOW_LOOPBACK
 
     def __post_init__(self) -> None:
         _note_created(self)
@@ -262,10 +273,15 @@ class LocalCluster:
             "--raft",
             node.raft_address,
             "--secret-file",
-            str(self.secret_file),
+            str(node.secret_file or self.secret_file),
             "--durability",
             self.durability,
         ]
+        for path in node.secret_accept_files:
+            args += ["--secret-accept-file", str(path)]
+        if node.source_dir is None:  # earlier releases know no such flag
+            for cidr in self.webhook_allow_cidrs:
+                args += ["--webhook-allow-cidr", cidr]
         for other in self.nodes.values():
             if other.id != node.id:
                 args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]
@@ -432,6 +448,11 @@ class LocalCluster:
             error for node in self.nodes.values() for error in log_errors(node.log_path, expected)
         ]
 
+    def secret_sightings(self, secrets: Mapping[str, str]) -> list[SecretSighting]:
+        """Where any of `secrets` (label -> secret) appears in a node log."""
+        paths = [node.log_path for node in self.nodes.values()]
+        return find_secrets_in_logs(paths, secrets)
+
     def logs(self) -> str:
         parts = []
         for node in self.nodes.values():
@@ -551,6 +572,59 @@ def _error_at(lines: list[str], index: int) -> tuple[str | None, int]:
             continue
         break
     return "\n".join(lines[index:end]), end
+
+
+# -- secrets in logs ---------------------------------------------------------
+#
+# Secrets (the Raft secret, webhook secrets, API token secrets) must never
+# reach a log line. An e2e test hands the secrets it used to
+# `find_secrets_in_logs` (or `LocalCluster.secret_sightings`) and asserts
+# that nothing was found; `assert_no_secrets_in_logs` says where, by label,
+# without printing the secret itself.
+
+SECRET_CHARS_MIN_SCANNED: Final = 8
+
+
+@dataclass(frozen=True, slots=True)
+class SecretSighting:
+    path: Path
+    line_number: int  # 1-based
+    label: str  # which secret, as the caller named it; never the secret
+
+    def describe(self) -> str:
+        return f"{self.path}:{self.line_number}: the {self.label} secret"
+
+
+def _secret_forms(secret: str) -> set[str]:
+    """The secret as written, as a JSON string body and URL-encoded."""
+    from urllib.parse import quote
+
+    return {secret, json.dumps(secret)[1:-1], quote(secret, safe="")}
+
+
+def find_secrets_in_logs(paths: Iterable[Path], secrets: Mapping[str, str]) -> list[SecretSighting]:
+    """Every line of the given logs that contains one of `secrets`."""
+    forms: list[tuple[str, str]] = []
+    for label, secret in secrets.items():
+        if len(secret) < SECRET_CHARS_MIN_SCANNED:
+            raise ValueError(f"the {label} secret is too short to look for without false alarms")
+        forms += [(label, form) for form in _secret_forms(secret)]
+    found: list[SecretSighting] = []
+    for path in paths:
+        if not path.exists():
+            continue
+        with path.open(errors="replace") as lines:
+            for number, line in enumerate(lines, start=1):
+                labels = sorted({label for label, form in forms if form in line})
+                found += [SecretSighting(path, number, label) for label in labels]
+    return found
+
+
+def assert_no_secrets_in_logs(cluster: LocalCluster, secrets: Mapping[str, str]) -> None:
+    sightings = cluster.secret_sightings(secrets)
+    assert not sightings, "secrets in node logs:\n" + "\n".join(
+        sighting.describe() for sighting in sightings[:20]
+    )
 
 
 _watches: list[list[LocalCluster]] = []

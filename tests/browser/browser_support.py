@@ -55,3 +55,21 @@ def shot(page: Any, name: str) -> Path:
     path = SCREENSHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+# Runs before the page's own scripts, from the browser's side (not subject to
+# the page's policy): records every violation the page reports.
+RECORD_CSP_VIOLATIONS = """
+window.__cspViolations = [];
+document.addEventListener("securitypolicyviolation", (event) => {
+  window.__cspViolations.push(`${event.effectiveDirective} refused ${event.blockedURI}`);
+});
+"""
+
+
+def csp_violations(page: Any) -> list[str]:
+    """Violations the page reported: its console lines and recorded events."""
+    found: list[str] = list(page.csp_console)
+    if not page.is_closed():
+        found += page.evaluate("window.__cspViolations || []")
+    return found

@@ -1,5 +1,10 @@
 """Fixtures for the dashboard tests: one real 3-node cluster and one headless
-chromium for the module, a fresh page per test, screenshots kept."""
+chromium for the module, a fresh page per test, screenshots kept.
+
+A test fails on any JavaScript error and on any Content-Security-Policy
+violation the page reports (chromium logs each refused script, style,
+handler or connection to the console, and fires `securitypolicyviolation`):
+the dashboard must work under its strict policy (api/headers.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from browser_support import CHROMIUM_ARGS, chromium_path, missing_reason
+from browser_support import (
+    CHROMIUM_ARGS,
+    RECORD_CSP_VIOLATIONS,
+    chromium_path,
+    csp_violations,
+    missing_reason,
+)
 
 from raftsched.client import Client
 from raftsched.testing import LocalCluster
@@ -52,12 +63,24 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def page(browser: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.add_init_script(RECORD_CSP_VIOLATIONS)
     opened = context.new_page()
     opened.set_default_timeout(15_000)
     errors: list[str] = []
+    opened.csp_console = []
     opened.on("pageerror", lambda error: errors.append(str(error)))
+    opened.on(
+        "console",
+        lambda message: (
+            opened.csp_console.append(message.text)
+            if "Content Security Policy" in message.text
+            else None
+        ),
+    )
     try:
         yield opened
         assert errors == [], f"JavaScript errors on the page: {errors}"
+        violations = csp_violations(opened)
+        assert violations == [], f"Content-Security-Policy violations: {violations}"
     finally:
         context.close()

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from browser_support import shot
+from browser_support import csp_violations, shot
 
 from raftsched.client import Client
 from raftsched.testing import LocalCluster, http_json
@@ -214,6 +214,33 @@ def test_cross_origin_rules_and_bad_input(cluster: LocalCluster, client: Client)
     assert status == 200 and abs(body["wall_ms"] - time.time() * 1000) < 60_000
 
 
+def test_every_answer_carries_the_security_headers(cluster: LocalCluster) -> None:
+    """API answers, errors, redirects and the dashboard's files (api/headers.py)."""
+    leader_url = cluster.nodes[cluster.wait_for_leader()].http_url
+    follower = follower_url(cluster)
+    answers = {
+        "api": http_json("GET", leader_url + "/v1/jobs?limit=1")[2],
+        "error": http_json("GET", leader_url + "/v1/jobs/no-such-job")[2],
+        "redirect": http_json("POST", follower + "/v1/jobs", {"queue": "q"})[2],
+        "health": http_json("GET", leader_url + "/healthz")[2],
+        "script": _request("GET", leader_url + "/static/app.js", {})[1],
+        "page": _request("GET", leader_url + "/", {})[1],
+    }
+    for name, headers in answers.items():
+        assert headers["X-Content-Type-Options"] == "nosniff", name
+        assert headers["Referrer-Policy"] == "no-referrer", name
+        assert headers["X-Frame-Options"] == "DENY", name
+        assert "Strict-Transport-Security" not in headers, name  # plain HTTP
+    for name in ("api", "error", "redirect", "health"):
+        assert answers[name]["Cache-Control"] == "no-store", name
+        assert answers[name]["Content-Security-Policy"].startswith("default-src 'none'"), name
+    assert answers["script"]["Cache-Control"] == "no-cache"
+    page_policy = answers["page"]["Content-Security-Policy"]
+    assert "script-src 'self'" in page_policy and "form-action 'none'" in page_policy
+    for url in cluster.urls:  # the page may talk to whichever node leads
+        assert url in page_policy
+
+
 def test_workflow_page_draws_the_step_graph_and_cancels(
     cluster: LocalCluster, client: Client, page: Any
 ) -> None:
@@ -240,3 +267,33 @@ def test_workflow_page_draws_the_step_graph_and_cancels(
         )
     )
     assert cancelled
+
+
+def test_the_page_runs_under_its_policy_and_a_violation_would_be_caught(
+    cluster: LocalCluster, client: Client, page: Any
+) -> None:
+    """The page gets the strict policy; an inline script is refused, and the
+    fixture's check (which every other test passes) sees the refusal."""
+    base = follower_url(cluster)
+    response = page.goto(base + "/")
+    policy = response.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert response.headers["x-frame-options"] == "DENY"
+    page.locator("#nodes tbody tr").first.wait_for()
+    assert csp_violations(page) == []  # the page itself needs nothing refused
+
+    page.evaluate(
+        """() => {
+          const script = document.createElement("script");
+          script.textContent = "window.inlineRan = true";
+          document.body.appendChild(script);
+          document.body.insertAdjacentHTML("beforeend", '<p style="color: red">x</p>');
+        }"""
+    )
+    wait_for(lambda: len(csp_violations(page)) >= 2, 5)
+    assert page.evaluate("window.inlineRan === undefined")
+    found = csp_violations(page)
+    assert any("script-src" in line for line in found), found
+    # Expected here: clear them so that the fixture's check passes.
+    page.csp_console.clear()
+    page.evaluate("window.__cspViolations = []")

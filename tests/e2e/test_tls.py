@@ -95,6 +95,8 @@ def test_submit_through_a_follower_follows_an_https_redirect(https_cluster: Loca
     )
     assert status == 307, answer
     assert headers["Location"] == https_cluster.nodes[leader].http_url + "/v1/jobs"
+    # Served over HTTPS: browsers are told to keep to it (api/headers.py).
+    assert headers["Strict-Transport-Security"] == "max-age=31536000"
     assert answer["leader"]["http_url"].startswith("https://")
 
     # The client follows it, verifying the leader against the cluster's CA.

@@ -1,4 +1,5 @@
-"""Webhook delivery end to end: a misbehaving receiver, parking, and a leader kill."""
+"""Webhook delivery end to end: a misbehaving receiver, parking, a leader kill,
+and the targets a node refuses (loopback, metadata) at creation and at delivery."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from aiohttp import web
 from e2e_support import cluster_env
 
 from raftsched.client import Client
-from raftsched.testing import LocalCluster
+from raftsched.testing import LocalCluster, assert_no_secrets_in_logs, http_json
 
 SECRET = "s3cret"
 WEBHOOK_ENV = {
@@ -182,3 +183,51 @@ def test_a_receiver_that_stays_down_gets_events_parked_then_retried(
         assert {e["data"]["job_id"] for e in receiver.arrivals} == set(jobs)
         client.delete_subscription("sub_down")
         assert client.list_subscriptions() == []
+
+
+REFUSED_TARGETS = [
+    "http://169.254.169.254/latest/meta-data/",
+    "http://metadata.google.internal/computeMetadata/v1/",
+    "http://[fd00:ec2::254]/latest",
+    "http://10.0.0.1/hook",
+]
+
+
+@pytest.mark.slow
+def test_a_node_refuses_loopback_and_metadata_targets_at_creation_and_at_delivery(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    hook_secret = "refusal-test-hook-secret"
+    # First the cluster allows loopback (as test clusters do) and takes a
+    # subscription to the receiver; then the operator restarts every node
+    # with the default policy, which refuses loopback.
+    local = LocalCluster(tmp_path / "cluster", size=3, env={**cluster_env(), **WEBHOOK_ENV})
+    with local, Client(local.urls, timeout_s=10, retry_budget_s=30) as client:
+        local.wait_for_leader(timeout_s=30)
+        client.create_subscription(
+            receiver.url, hook_secret, ["job.cancelled"], subscription_id="sub_tight"
+        )
+        local.stop()
+        local.webhook_allow_cidrs = ()
+        local.start()
+        leader = local.nodes[local.wait_for_leader(timeout_s=30)]
+
+        local_targets = [receiver.url, f"http://localhost:{receiver.port}/hook"]
+        for url in local_targets + REFUSED_TARGETS:
+            body = {"url": url, "secret": hook_secret, "types": []}
+            status, answer, _ = http_json("POST", leader.http_url + "/v1/subscriptions", body)
+            assert status == 400, (url, answer)
+            assert answer["error"]["code"] == "invalid_request"
+            assert answer["error"]["details"] == {"field": "url", "reason": "forbidden_target"}
+        jobs = _make_events(client, 2, "refused")
+        _wait(lambda: client.get_subscription("sub_tight")["parked_count"] == 2, 60)
+        parked = client.get_subscription("sub_tight")["parked"]
+        assert {p["event"]["data"]["job_id"] for p in parked} == set(jobs)
+        assert all(
+            p["error"] == "refused: not an allowed webhook target: 127.0.0.1 is a loopback address"
+            for p in parked
+        ), parked
+        assert receiver.arrivals == [] and receiver.bad_signatures == 0  # never sent
+    assert_no_secrets_in_logs(
+        local, {"webhook": hook_secret, "raft": local.secret_file.read_text().strip()}
+    )

@@ -26,6 +26,7 @@ from raftsched.api import (
     cluster,
     dashboard,
     events,
+    headers,
     jobs,
     leases,
     queues,
@@ -38,6 +39,7 @@ from raftsched.logs import REQUEST_ID
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, QueueFull
 from raftsched.node.versions import UpgradeRequired
 from raftsched.node.view import NodeView
+from raftsched.node.webhook_targets import TargetPolicy
 
 log = logging.getLogger("raftsched.api")
 
@@ -162,9 +164,12 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
         return ApiError("internal_error", "internal error").response()
 
 
-def create_app(node: NodeView, *, max_body_bytes: int) -> web.Application:
+def create_app(
+    node: NodeView, *, max_body_bytes: int, webhook_targets: TargetPolicy | None = None
+) -> web.Application:
     app = web.Application(middlewares=[request_id_middleware], client_max_size=max_body_bytes)
     app[NODE] = node
+    app[events.WEBHOOK_TARGETS] = webhook_targets or TargetPolicy()
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)
     app.add_routes(cluster.routes)
@@ -172,6 +177,7 @@ def create_app(node: NodeView, *, max_body_bytes: int) -> web.Application:
     app.add_routes(events.routes)
     app.add_routes(audit.routes)
     dashboard.setup(app)
+    headers.setup(app)
     schedules.setup(app, node)
     queues.setup(app, node)
     return app

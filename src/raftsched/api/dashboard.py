@@ -86,7 +86,7 @@ def _static_response(name: str) -> web.Response:
         charset="utf-8",
         # The page polls live data; the files themselves are small. Revalidate
         # so that an upgraded node never serves a stale app.
-        headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"},
+        headers={"Cache-Control": "no-cache"},  # the rest: api/headers.py
     )
 
 

@@ -45,9 +45,12 @@ from raftsched.core.kernel.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, deco
 from raftsched.core.kernel.results import Ack, ParkedRetried, SubscriptionCreated
 from raftsched.core.kernel.state import State
 from raftsched.limits import EVENTS_LIMIT_MAX, WAIT_S_MAX
+from raftsched.node.webhook_targets import TargetPolicy
 from raftsched.timefmt import format_ms
 
 routes = web.RouteTableDef()
+# This node's webhook target policy (`--webhook-allow-*`, node/webhook_targets.py).
+WEBHOOK_TARGETS: web.AppKey[TargetPolicy] = web.AppKey("webhook_targets", TargetPolicy)
 
 
 def event_json(event: OutboxEvent) -> dict[str, Any]:
@@ -160,6 +163,13 @@ async def create_subscription(request: web.Request) -> web.Response:
     assert url is not None
     if not url.startswith(("http://", "https://")):
         raise invalid("url", "must be an http:// or https:// URL")
+    refused = await request.app[WEBHOOK_TARGETS].check_url(url)
+    if refused is not None:
+        raise ApiError(
+            "invalid_request",
+            f"url: not an allowed webhook target: {refused}",
+            {"field": "url", "reason": "forbidden_target"},
+        )
     secret = string(body, "secret", required=True, length_max=SECRET_CHARS_MAX)
     assert secret is not None
     types = body.get("types")

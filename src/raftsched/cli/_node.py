@@ -10,8 +10,11 @@ TOML keys mirror the flags (relative paths are relative to the file):
     raft_bind = "0.0.0.0:9701"           # optional
     http_url = "http://10.0.0.1:8701"    # optional
     secret_file = "secret"
+    secret_accept_files = []             # rotation: also accepted, never sent with
     durability = "fsync"                 # or "none"
     peers = ["n2=127.0.0.1:9702@http://127.0.0.1:8702"]
+    webhook_allow_private = false        # webhooks to private addresses
+    webhook_allow_cidrs = []             # e.g. ["10.1.0.0/16"]; may include loopback
     # optional: max_body_bytes, log_format, log_compaction_entries,
     # leader_fallback_timeout_s, proposal_queue_commands_max,
     # proposal_queue_bytes_max, and an [extra] table
@@ -38,6 +41,7 @@ from raftsched.limits import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_M
 
 _FILE_KEYS = {
     "id", "data_dir", "http", "raft", "raft_bind", "http_url", "secret_file", "durability",
+    "secret_accept_files", "webhook_allow_private", "webhook_allow_cidrs",
     "peers", "max_body_bytes", "log_format", "extra", "log_compaction_entries",
     "leader_fallback_timeout_s", "election_timeout_min_s", "election_timeout_max_s",
     "proposal_queue_commands_max", "proposal_queue_bytes_max",
@@ -56,8 +60,25 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     node.add_argument("--raft-bind", metavar="HOST:PORT", help="Raft bind address if different")
     node.add_argument("--http-url", help="URL clients and peers use for this node's HTTP API")
     node.add_argument("--peer", action="append", metavar="ID=RAFT_HOST:PORT@HTTP_URL")
-    node.add_argument("--secret-file", type=Path, help="cluster secret (16+ characters)")
+    node.add_argument(
+        "--secret-file", type=Path,
+        help="cluster secret (16+ characters): Raft messages are sent with it and accepted",
+    )  # fmt: skip
+    node.add_argument(
+        "--secret-accept-file", type=Path, action="append", metavar="PATH",
+        help="another secret accepted from peers but never sent with (repeatable): "
+        "a secret rotation by rolling restart, see docs/security.md",
+    )  # fmt: skip
     node.add_argument("--durability", choices=["fsync", "none"])
+    node.add_argument(
+        "--webhook-allow-private", action="store_true", default=None,
+        help="deliver webhooks to private addresses too (RFC 1918, fc00::/7, ...); "
+        "loopback, link-local and metadata addresses stay refused",
+    )  # fmt: skip
+    node.add_argument(
+        "--webhook-allow-cidr", action="append", metavar="CIDR",
+        help="deliver webhooks to this network even if private or loopback (repeatable)",
+    )  # fmt: skip
     node.add_argument("--max-body-bytes", type=int)
     node.add_argument("--log-format", choices=["auto", "json", "text"])
     node.add_argument(
@@ -121,6 +142,9 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         "raft_bind": args.raft_bind,
         "http_url": args.http_url,
         "secret_file": args.secret_file,
+        "secret_accept_files": args.secret_accept_file,
+        "webhook_allow_private": args.webhook_allow_private,
+        "webhook_allow_cidrs": args.webhook_allow_cidr,
         "durability": args.durability,
         "peers": args.peer,
         "max_body_bytes": args.max_body_bytes,
@@ -148,6 +172,12 @@ def _from_file(path: Path) -> dict[str, Any]:
     for key in _PATH_KEYS:
         if key in data:
             data[key] = base / str(data[key])
+    if "secret_accept_files" in data:
+        data["secret_accept_files"] = [
+            base / str(item) for item in _list(data, "secret_accept_files")
+        ]
+    if "webhook_allow_cidrs" in data:
+        data["webhook_allow_cidrs"] = [str(item) for item in _list(data, "webhook_allow_cidrs")]
     return dict(data)
 
 
@@ -163,6 +193,9 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
         http_port=http_port,
         raft_address=str(settings["raft"]),
         secret=read_secret(Path(settings["secret_file"])),
+        accepted_secrets=tuple(
+            read_secret(Path(item)) for item in settings.get("secret_accept_files") or ()
+        ),
         peers=tuple(_peer(item) for item in settings.get("peers") or ()),
         raft_bind_address=settings.get("raft_bind"),
         http_url=str(settings["http_url"]).rstrip("/") if settings.get("http_url") else None,
@@ -179,6 +212,10 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
         proposal_queue_bytes_max=int(
             settings.get("proposal_queue_bytes_max", PROPOSAL_QUEUE_BYTES_MAX)
         ),
+        webhook_allow_private=_flag(
+            settings.get("webhook_allow_private", False), "webhook_allow_private"
+        ),
+        webhook_allow_cidrs=tuple(str(c) for c in settings.get("webhook_allow_cidrs") or ()),
         extra={str(k): str(v) for k, v in dict(settings.get("extra") or {}).items()},
         tls_cert_file=_optional_path(settings.get("tls_cert")),
         tls_key_file=_optional_path(settings.get("tls_key")),
@@ -195,6 +232,13 @@ def _optional_path(value: object) -> Path | None:
 def _flag(value: object, key: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"`{key}` must be true or false, got {value!r}")
+    return value
+
+
+def _list(data: dict[str, Any], key: str) -> list[Any]:
+    value = data[key]
+    if not isinstance(value, list):
+        raise ConfigError(f"`{key}` must be a list")
     return value
 
 

@@ -97,6 +97,7 @@ class Node:
             peers={p.id: p.raft_address for p in config.peers},
             data_dir=config.data_dir / "raft",
             secret=config.secret,
+            accepted_secrets=config.accepted_secrets,
             machine=self.replica,
             durability=config.durability,
             on_leadership=self._leadership_threadsafe,

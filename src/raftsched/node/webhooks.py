@@ -5,7 +5,11 @@ the replicated state and delivers every matching event after the
 subscription's cursor. Each delivery is a POST of the event as JSON, signed
 with HMAC-SHA256 of the exact body bytes under the subscription's secret
 (`Raftsched-Signature: sha256=<hex>`), with `Raftsched-Event-Id` for
-deduplication. A non-2xx answer, a timeout or a connection error is retried
+deduplication. A target the node's policy refuses (node/webhook_targets.py: loopback,
+metadata, private addresses...) is never connected to: its name is resolved,
+checked, and the checked address is the one connected to; a refusal counts as
+a failed attempt whose error starts with `refused:`, so it ends parked with
+that reason. A non-2xx answer, a timeout or a connection error is retried
 with exponential backoff and full jitter; after `max_attempts` the event is
 parked (`ParkDelivery`, replicated) and delivery moves on.
 
@@ -45,6 +49,7 @@ from raftsched.core.kernel.outbox import OutboxEvent, decode_data
 from raftsched.node import metrics as families
 from raftsched.node.metrics import Samples
 from raftsched.node.view import StateView
+from raftsched.node.webhook_targets import CheckingResolver, ForbiddenTarget, TargetPolicy
 from raftsched.timefmt import format_ms
 
 log = logging.getLogger("raftsched.webhooks")
@@ -54,6 +59,8 @@ IN_FLIGHT_MAX = 8
 IDLE_WAIT_S = 1.0
 SIGNATURE_HEADER = "Raftsched-Signature"
 EVENT_ID_HEADER = "Raftsched-Event-Id"
+# How a delivery error that was never sent begins (a parked event's `error`).
+REFUSED = "refused: not an allowed webhook target"
 
 
 def _env_float(name: str, default: float) -> float:
@@ -110,9 +117,16 @@ class _Target:
 class WebhookDelivery:
     """Runs while this node leads: a leader duty of the node (`Node.add_leader_duty`)."""
 
-    def __init__(self, node: StateView, settings: DeliverySettings | None = None) -> None:
+    def __init__(
+        self,
+        node: StateView,
+        settings: DeliverySettings | None = None,
+        *,
+        policy: TargetPolicy | None = None,
+    ) -> None:
         self.node = node
         self.settings = settings or DeliverySettings()
+        self.policy = policy or TargetPolicy()
         self._task: asyncio.Task[None] | None = None
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -268,20 +282,8 @@ class WebhookDelivery:
     async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> str:
         """'' on a 2xx answer, else what went wrong."""
         if self._session is None:
-            self._session = aiohttp.ClientSession()
-        timeout = aiohttp.ClientTimeout(total=self.settings.timeout_s)
-        try:
-            async with self._session.post(
-                url, data=body, headers=headers, timeout=timeout, allow_redirects=False
-            ) as response:
-                await response.read()
-                if 200 <= response.status < 300:
-                    return ""
-                return f"HTTP {response.status}"
-        except TimeoutError:
-            return "timeout"
-        except aiohttp.ClientError as failure:
-            return f"{type(failure).__name__}: {failure}"[:1000]
+            self._session = checked_session(self.policy)
+        return await post_once(self._session, self.policy, url, body, headers, self.settings)
 
     # -- metrics --------------------------------------------------------------
 
@@ -297,6 +299,48 @@ class WebhookDelivery:
                 age_s = (state.now_ms - found[0].at_ms) / 1000 if found else 0.0
                 samples.append(((sub.id,), max(age_s, 0.0)))
         return samples
+
+
+async def post_once(
+    session: aiohttp.ClientSession,
+    policy: TargetPolicy,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    settings: DeliverySettings,
+) -> str:
+    """One delivery attempt: '' on a 2xx answer, else what went wrong.
+    `session` must come from `checked_session(policy)`."""
+    refused = policy.refusal_for_url(url)  # literals: no resolver runs for them
+    if refused is not None:
+        return f"{REFUSED}: {refused}"
+    timeout = aiohttp.ClientTimeout(total=settings.timeout_s)
+    try:
+        async with session.post(
+            url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+        ) as response:
+            await response.read()
+            if 200 <= response.status < 300:
+                return ""
+            return f"HTTP {response.status}"
+    except TimeoutError:
+        return "timeout"
+    except aiohttp.ClientConnectorError as failure:
+        if isinstance(failure.os_error, ForbiddenTarget):
+            return f"{REFUSED}: {failure.os_error}"
+        return f"{type(failure).__name__}: {failure}"[:1000]
+    except aiohttp.ClientError as failure:
+        return f"{type(failure).__name__}: {failure}"[:1000]
+
+
+def checked_session(
+    policy: TargetPolicy, resolver: aiohttp.abc.AbstractResolver | None = None
+) -> aiohttp.ClientSession:
+    """A client session that connects only to addresses `policy` allows: it
+    resolves names itself, refuses forbidden answers and connects to the
+    address it checked. No proxy from the environment (trust_env is off)."""
+    connector = aiohttp.TCPConnector(resolver=CheckingResolver(policy, resolver))
+    return aiohttp.ClientSession(connector=connector)
 
 
 def describe(event: OutboxEvent) -> dict[str, Any]:

@@ -299,8 +299,12 @@ const searchPage = (form, results) => `
   <section class="wide"><h2>Find jobs</h2><form class="search" id="job-search">${form}<button type="submit">Search</button></form></section>
   <section class="wide" id="job-results"><h2>Jobs</h2>${results}</section>`;
 
+// The search form has an input named "id", which shadows `form.id` (DOM
+// clobbering): ask for the attribute.
+const isSearchForm = (form) => form?.getAttribute?.("id") === "job-search";
+
 document.addEventListener("submit", (event) => {
-  if (event.target.id !== "job-search") return;
+  if (!isSearchForm(event.target)) return;
   event.preventDefault();
   const query = new URLSearchParams();
   for (const [key, value] of new FormData(event.target)) if (value) query.set(key, value);
@@ -459,7 +463,7 @@ async function refresh() {
     if (seq !== renderSeq) return; // a newer render started meanwhile
     // Keep what the user is typing in the search form.
     const active = document.activeElement;
-    if (active && active.form?.id === "job-search") return;
+    if (active && isSearchForm(active.form)) return;
     if (document.getElementById("confirm").open) return;
     view.innerHTML = html;
     view.dataset.view = name;

@@ -177,3 +177,48 @@ def test_insecure_http_in_toml_must_be_a_boolean(
     )
     assert main(["node", "--config", str(tmp_path / "n1.toml")]) == 2
     assert "`insecure_http` must be true or false" in capsys.readouterr().err
+
+
+def test_rotation_secrets_and_webhook_targets_from_flags_and_toml(
+    tmp_path: Path, captured: list[NodeConfig]
+) -> None:
+    secret_file(tmp_path)
+    (tmp_path / "next").write_text("n" * 20 + "\n")
+    (tmp_path / "n1.toml").write_text(
+        'id = "n1"\ndata_dir = "d"\nhttp = "127.0.0.1:8701"\nraft = "127.0.0.1:9701"\n'
+        'secret_file = "secret"\nsecret_accept_files = ["next"]\n'
+        'webhook_allow_private = true\nwebhook_allow_cidrs = ["10.1.0.0/16"]\n'
+    )
+    assert main(["node", "--config", str(tmp_path / "n1.toml")]) == 0
+    assert main([
+        "node", "--config", str(tmp_path / "n1.toml"), "--secret-accept-file",
+        str(tmp_path / "secret"), "--webhook-allow-cidr", "127.0.0.0/8",
+    ])  == 0  # fmt: skip
+    from_file, from_flags = captured
+    assert from_file.secret == SECRET and from_file.accepted_secrets == ("n" * 20,)
+    assert from_file.webhook_allow_private and from_file.webhook_allow_cidrs == ("10.1.0.0/16",)
+    policy = from_file.webhook_policy()
+    assert policy.refusal("10.2.0.1") is None and policy.refusal("127.0.0.1") is not None
+    assert from_flags.accepted_secrets == (SECRET,)
+    assert from_flags.webhook_policy().refusal("127.0.0.1") is None
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--webhook-allow-cidr", "not-a-cidr", "--webhook-allow-cidr"),
+        ("--secret-accept-file", "short", "at least 16 characters"),
+    ],
+)
+def test_bad_rotation_or_webhook_flags_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flag: str, value: str, message: str
+) -> None:
+    (tmp_path / "short").write_text("short")
+    if flag == "--secret-accept-file":
+        value = str(tmp_path / value)
+    code = main([
+        "node", "--id", "n1", "--data-dir", str(tmp_path), "--http", "127.0.0.1:1",
+        "--raft", "127.0.0.1:2", "--secret-file", str(secret_file(tmp_path)), flag, value,
+    ])  # fmt: skip
+    assert code == 2
+    assert message in capsys.readouterr().err
