@@ -197,6 +197,9 @@ class NodeProcess:
     # code (a rolling-upgrade test), or None.
     source_dir: Path | None = None
     scheme: str = "http"
+    # Environment for this node only, over the cluster's (a fault injected
+    # into one node, say).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def http_url(self) -> str:
@@ -278,7 +281,7 @@ class LocalCluster:
         for node in targets:
             if node.alive:
                 continue
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, **node.env}
             if node.source_dir is not None:
                 # Ahead of the installed package on the import path.
                 paths = [str(node.source_dir), env.get("PYTHONPATH", "")]
