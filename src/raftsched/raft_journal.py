@@ -550,7 +550,13 @@ class DurableJournal:
             self._stale = []
             self._truncate_durably(self._end)
         record = _encode_record(entry)
-        self._file.write(self._end, record)
+        try:
+            self._file.write(self._end, record)
+        except DiskFull:
+            # Whatever part of the record did get written is past the end;
+            # giving it back keeps it from reading as a torn tail later.
+            self._file.truncate(self._end)
+            raise
         self._entries.append(entry)
         self._offsets.append(self._end)
         self._end += len(record)
@@ -638,7 +644,14 @@ class DurableJournal:
         return len(self._entries)
 
     def _destroy(self) -> None:
-        self._save_meta()
+        try:
+            self._save_meta()
+        except DiskFull as full:
+            # The term and vote were never sent unsaved (see sync), so what
+            # is on disk is what the others know; the commit index is a hint.
+            logger.warning(
+                "closing with a full disk: %s; the last term and vote stay as saved", full
+            )
         self._file.sync()
         self._file.close()
         self._disk.close()
