@@ -317,7 +317,10 @@ class AppendFile:
         written = 0
         try:
             while written < len(data):
-                written += os.pwrite(self._fd, memoryview(data)[written:], offset + written)
+                count = os.pwrite(self._fd, memoryview(data)[written:], offset + written)
+                if count == 0:  # no progress: a full disk by another name
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                written += count
         except OSError as error:
             raise _write_failed(self.path, "write", error) from error
         finally:

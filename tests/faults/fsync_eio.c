@@ -2,7 +2,9 @@
  * as a dying disk does, for the files whose path ends with
  * $RAFTSCHED_FAULT_FSYNC_SUFFIX, once the file $RAFTSCHED_FAULT_FSYNC_TRIGGER
  * exists (so that a node starts normally and fails when the test says).
- * Everything else goes to the real functions. Built by tests/bad_disks.py. */
+ * With $RAFTSCHED_FAULT_WRITE_TOO set, pwrite of those files fails with EIO
+ * as well. Everything else goes to the real functions. Built by
+ * tests/bad_disks.py. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
@@ -54,4 +56,34 @@ int fdatasync(int fd) {
         return -1;
     }
     return real(fd);
+}
+
+static ssize_t failed_write(int fd) {
+    if (getenv("RAFTSCHED_FAULT_WRITE_TOO") != NULL && should_fail(fd)) {
+        errno = EIO;
+        return 1;
+    }
+    return 0;
+}
+
+ssize_t pwrite(int fd, const void *buffer, size_t count, off_t offset) {
+    static ssize_t (*real)(int, const void *, size_t, off_t) = NULL;
+    if (real == NULL) {
+        real = (ssize_t (*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite");
+    }
+    if (failed_write(fd)) {
+        return -1;
+    }
+    return real(fd, buffer, count, offset);
+}
+
+ssize_t pwrite64(int fd, const void *buffer, size_t count, off_t offset) {
+    static ssize_t (*real)(int, const void *, size_t, off_t) = NULL;
+    if (real == NULL) {
+        real = (ssize_t (*)(int, const void *, size_t, off_t))dlsym(RTLD_NEXT, "pwrite64");
+    }
+    if (failed_write(fd)) {
+        return -1;
+    }
+    return real(fd, buffer, count, offset);
 }

@@ -14,13 +14,16 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pysyncobj.config import SERIALIZER_STATE
 
 from bad_disks import fill, fsync_fault_env, fsync_fault_shim, size_limited_tmpfs
 from raftsched import raft_journal
+from raftsched.raft import RaftNode
 from raftsched.raft_journal import CorruptJournal, Disk, DiskFull, DurableJournal
 
 
@@ -217,3 +220,68 @@ def test_a_failed_fsync_stops_the_process_at_once_with_its_exit_status(tmp_path:
     journal_path = tmp_path / raft_journal.JOURNAL_NAME
     assert f"fdatasync of {journal_path} failed: EIO" in ran.stderr
     assert ran.stderr.count("storage failure") == 1
+
+
+def test_a_failed_write_stops_the_process_at_once_with_its_exit_status(tmp_path: Path) -> None:
+    library = fsync_fault_shim(tmp_path)
+    trigger = tmp_path / "fail-now"
+    env = {
+        **os.environ,
+        **fsync_fault_env(library, trigger, "/raft.journal"),
+        "RAFTSCHED_FAULT_WRITE_TOO": "1",
+    }
+    ran = subprocess.run(
+        [sys.executable, "-c", FAIL_STOP_SCRIPT, str(tmp_path), str(trigger)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == raft_journal.EXIT_STORAGE_FAILED, ran.stderr
+    assert "CONTINUED" not in ran.stdout
+    assert f"write of {tmp_path / raft_journal.JOURNAL_NAME} failed: EIO" in ran.stderr
+
+
+class BigMachine:
+    """A state machine whose snapshot does not fit on a full disk."""
+
+    def apply(self, data: bytes) -> object:
+        return None
+
+    def snapshot(self) -> Iterator[bytes]:
+        for _ in range(4):  # 1 MiB, on a 2 MiB filesystem
+            yield b"s" * (256 * 1024)
+
+    def restore(self, data: bytes | memoryview) -> None:
+        pass
+
+
+def test_a_snapshot_without_room_is_abandoned_and_its_part_file_removed(
+    small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = RaftNode(
+        node_id="n1",
+        raft_address="127.0.0.1:1",
+        peers={},
+        data_dir=small_disk,
+        secret="s" * 32,
+        machine=BigMachine(),
+    )
+    filler = fill(small_disk)
+    header_entries = ((b"b", 2, 1), (b"a", 1, 1), [])
+    with caplog.at_level(logging.WARNING, logger="raftsched.raft"):
+        node._serialize_snapshot(str(small_disk / "raft.snapshot.tmp"), header_entries)
+        states = [node._check_snapshot()]
+        while states[-1] == SERIALIZER_STATE.SERIALIZING:
+            time.sleep(0.05)
+            states.append(node._check_snapshot())
+    assert states[-1] == SERIALIZER_STATE.FAILED
+    assert "snapshot abandoned: disk full" in caplog.text
+    assert not list(small_disk.glob("raft.snapshot*")), "the part file must not keep the disk full"
+    filler.unlink()
+    node._serialize_snapshot(str(small_disk / "raft.snapshot.tmp"), header_entries)
+    while (state := node._check_snapshot()) == SERIALIZER_STATE.SERIALIZING:
+        time.sleep(0.05)
+    assert state == SERIALIZER_STATE.SUCCESS
+    assert (small_disk / raft_journal.SNAPSHOT_NAME).exists()
