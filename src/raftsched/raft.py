@@ -149,8 +149,10 @@ SNAPSHOT_CHILD_TIMEOUT_S: Final = 600.0
 # benchmark's due-to-lease tail (p99 65 ms, the slow samples all within the
 # second the three children ran).
 SNAPSHOT_CHILD_NICE: Final = 10
-# The snapshot child's exit status when the disk had no room for it.
+# The snapshot child's exit status when the disk had no room for it, and how
+# long the next attempt waits then (pysyncobj would try again every tick).
 SNAPSHOT_CHILD_NO_ROOM: Final = 28
+SNAPSHOT_NO_ROOM_RETRY_S: Final = 10.0
 _NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
@@ -333,13 +335,25 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
             and isinstance(next_index, dict)
         ):
             before = next_index.get(node)
+        adapter = self._syncObj._raftsched_adapter
+        if adapter.disk_full is not None and isinstance(message, dict) and "serialized" in message:
+            # A snapshot sent by the leader (pysyncobj writes it to a file of
+            # its own) cannot fit either; it is sent again later.
+            return
         try:
             super()._onMessageReceived(node, message)
         except DiskFull as full:
             # A follower could not append an entry: the entries before it in
             # the message are in the log, this one and the rest are not, and
             # no acknowledgement is sent. The leader sends them again.
-            self._syncObj._raftsched_adapter._on_disk_full(full)
+            adapter._on_disk_full(full)
+            return
+        except OSError as error:
+            if error.errno not in _NO_ROOM:
+                raise
+            # pysyncobj's own write of a received snapshot found no room.
+            path = self._raftsched_journal.directory / raft_journal.SNAPSHOT_NAME
+            adapter._on_disk_full(DiskFull(path, error))
             return
         if before is not None and isinstance(next_index, dict):
             after = next_index.get(node)
@@ -570,6 +584,7 @@ class RaftNode:
         self._snapshot_in_child = snapshot_in_child and hasattr(os, "fork")
         self._snapshot_child: int | None = None
         self._snapshot_started = 0.0
+        self._snapshot_not_before = 0.0  # monotonic time; after a disk without room
         # How long the last successful snapshot took to encode and write.
         self.last_snapshot_duration_s: float | None = None
         self._sync_obj: _ReplicatedLog | None = None
@@ -864,6 +879,8 @@ class RaftNode:
             previous_entry=_as_entry(previous_entry),
             cluster=tuple(sorted(str(getattr(node, "address", node)) for node in cluster)),
         )
+        if time.monotonic() < self._snapshot_not_before:
+            return  # the last one found no room; pysyncobj asks again later
         if not self._snapshot_in_child:
             started = time.monotonic()
             self._write_snapshot(Path(file_name), header)
@@ -949,7 +966,12 @@ class RaftNode:
                     self._data_dir, "fsync (snapshot child)", OSError(errno.EIO, "see above")
                 )
             if code == SNAPSHOT_CHILD_NO_ROOM:
-                logger.warning("snapshot abandoned: disk full; the journal keeps every entry")
+                self._snapshot_not_before = time.monotonic() + SNAPSHOT_NO_ROOM_RETRY_S
+                logger.warning(
+                    "snapshot abandoned: disk full; the journal keeps every entry; "
+                    "trying again in %.0f s",
+                    SNAPSHOT_NO_ROOM_RETRY_S,
+                )
             else:
                 logger.error("snapshot child failed with exit status %d", code)
             return int(SERIALIZER_STATE.FAILED)

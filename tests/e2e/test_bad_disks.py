@@ -27,9 +27,11 @@ NODE_DISK = "96m"
 
 
 @contextlib.contextmanager
-def cluster_on_tmpfs(root: Path, size: int = 3) -> Iterator[LocalCluster]:
+def cluster_on_tmpfs(
+    root: Path, size: int = 3, extra_args: list[str] | None = None
+) -> Iterator[LocalCluster]:
     """A cluster whose nodes each keep their data directory on a tmpfs of its own."""
-    cluster = LocalCluster(root, size=size, env=cluster_env())
+    cluster = LocalCluster(root, size=size, env=cluster_env(), extra_args=extra_args or [])
     with contextlib.ExitStack() as mounts:
         for node in cluster.nodes.values():
             mounts.enter_context(size_limited_tmpfs(node.data_dir, NODE_DISK))
@@ -74,7 +76,10 @@ def log_of(cluster: LocalCluster, node_id: str) -> str:
 def test_a_follower_with_a_full_disk_acks_nothing_and_catches_up_when_space_returns(
     tmp_path: Path,
 ) -> None:
-    with cluster_on_tmpfs(tmp_path / "cluster") as cluster:
+    # The others compact their logs while it is full, so it catches up from
+    # a snapshot (sent again once it has room).
+    compaction = ["--log-compaction-entries", "20"]
+    with cluster_on_tmpfs(tmp_path / "cluster", extra_args=compaction) as cluster:
         leader = cluster.wait_for_leader()
         full = follower_of(cluster, leader)
         acknowledged = submit_all(cluster, "before", 20)

@@ -279,7 +279,11 @@ def test_a_snapshot_without_room_is_abandoned_and_its_part_file_removed(
     assert states[-1] == SERIALIZER_STATE.FAILED
     assert "snapshot abandoned: disk full" in caplog.text
     assert not list(small_disk.glob("raft.snapshot*")), "the part file must not keep the disk full"
+    assert "trying again in 10 s" in caplog.text
+    node._serialize_snapshot(str(small_disk / "raft.snapshot.tmp"), header_entries)
+    assert node._check_snapshot() == SERIALIZER_STATE.NOT_SERIALIZING, "no fork per tick"
     filler.unlink()
+    node._snapshot_not_before = 0.0  # ten seconds later
     node._serialize_snapshot(str(small_disk / "raft.snapshot.tmp"), header_entries)
     while (state := node._check_snapshot()) == SERIALIZER_STATE.SERIALIZING:
         time.sleep(0.05)
