@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import struct
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -66,6 +67,12 @@ def raft_dir(cluster: LocalCluster, node_id: str) -> Path:
     return cluster.nodes[node_id].data_dir / "raft"
 
 
+def metrics_of(cluster: LocalCluster, node_id: str) -> str:
+    url = cluster.nodes[node_id].http_url + "/metrics"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
 def log_of(cluster: LocalCluster, node_id: str) -> str:
     return cluster.nodes[node_id].log_path.read_text(errors="replace")
 
@@ -88,8 +95,10 @@ def test_a_follower_with_a_full_disk_acks_nothing_and_catches_up_when_space_retu
         acknowledged |= submit_all(cluster, "full", 60)
         assert wait_for(lambda: "disk full" in log_of(cluster, full), 10)
         assert cluster.nodes[full].alive, "a full disk must not stop the node"
+        assert "raftsched_raft_disk_full 1.0" in metrics_of(cluster, full)
         filler.unlink()
         assert wait_for(lambda: "there is room again" in log_of(cluster, full), 10)
+        assert "raftsched_raft_disk_full 0.0" in metrics_of(cluster, full)
         acknowledged |= submit_all(cluster, "after", 10)
         cluster.wait_converged(timeout_s=60)
         assert cluster.nodes[full].alive
