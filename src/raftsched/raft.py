@@ -153,6 +153,11 @@ SNAPSHOT_CHILD_NICE: Final = 10
 # long the next attempt waits then (pysyncobj would try again every tick).
 SNAPSHOT_CHILD_NO_ROOM: Final = 28
 SNAPSHOT_NO_ROOM_RETRY_S: Final = 10.0
+# A full disk is logged at most this often. statvfs does not see quotas, so
+# with EDQUOT the node may think there is room and find none, again and again.
+DISK_FULL_LOG_EVERY_S: Final = 30.0
+# How often a node whose disk is full looks whether there is room again.
+DISK_ROOM_CHECK_S: Final = 0.5
 _NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
@@ -601,6 +606,9 @@ class RaftNode:
         self.halted: Halt | None = None
         # The file a write found full, while the disk has not got room again.
         self.disk_full: Path | None = None
+        self._disk_full_logged_at = -DISK_FULL_LOG_EVERY_S
+        self._disk_full_reported = False
+        self._disk_room_checked_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -805,7 +813,10 @@ class RaftNode:
         """A write found no room (tick thread). Nothing unwritten is acknowledged:
         the journal raised before the entry was in the log, or the message that
         needed it was not sent."""
-        if self.disk_full is None:
+        now = time.monotonic()
+        if self.disk_full is None and now - self._disk_full_logged_at >= DISK_FULL_LOG_EVERY_S:
+            self._disk_full_logged_at = now
+            self._disk_full_reported = True
             logger.warning(
                 "disk full: %s; this node acknowledges nothing it cannot write and "
                 "carries on by itself when there is room (docs/operations.md 'Disk full')",
@@ -828,9 +839,17 @@ class RaftNode:
             sync_obj._raftsched_postpone_election(self._timing["raftMaxTimeout"])
 
     def _check_disk_room(self, journal: DurableJournal) -> None:
+        now = time.monotonic()
+        if now - self._disk_room_checked_at < DISK_ROOM_CHECK_S:
+            return
+        self._disk_room_checked_at = now
         sync_obj = self._sync_obj
         if journal.has_room():
-            logger.warning("disk full: there is room again in %s; carrying on", journal.directory)
+            if self._disk_full_reported:
+                self._disk_full_reported = False
+                logger.warning(
+                    "disk full: there is room again in %s; carrying on", journal.directory
+                )
             self.disk_full = None
         elif sync_obj is not None and self._peers:
             # It could not save a vote; it does not ask for one either.
