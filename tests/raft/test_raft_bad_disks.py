@@ -289,3 +289,42 @@ def test_a_snapshot_without_room_is_abandoned_and_its_part_file_removed(
         time.sleep(0.05)
     assert state == SERIALIZER_STATE.SUCCESS
     assert (small_disk / raft_journal.SNAPSHOT_NAME).exists()
+
+
+VOTE_SCRIPT = """
+import sys
+from pathlib import Path
+from raftsched.raft_journal import Disk, DurableJournal
+directory, trigger = Path(sys.argv[1]), Path(sys.argv[2])
+journal = DurableJournal(directory, Disk(fsync=True, simulate_power_cut=False, writeback_s=30))
+journal.setCurrentTerm(1, "n1")
+trigger.touch()
+journal.setCurrentTerm(2, "n2")
+print("VOTE SENT", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("suffix", "failing"),
+    [("/raft.meta.tmp", "fsync of {dir}/raft.meta.tmp"), ("/data", "fsync of {dir}")],
+    ids=["meta", "directory"],
+)
+def test_a_failed_fsync_of_the_term_and_vote_stops_the_process_before_any_vote(
+    tmp_path: Path, suffix: str, failing: str
+) -> None:
+    library = fsync_fault_shim(tmp_path)
+    directory = tmp_path / "data"
+    directory.mkdir()
+    trigger = tmp_path / "fail-now"
+    env = {**os.environ, **fsync_fault_env(library, trigger, suffix)}
+    ran = subprocess.run(
+        [sys.executable, "-c", VOTE_SCRIPT, str(directory), str(trigger)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == raft_journal.EXIT_STORAGE_FAILED, ran.stderr
+    assert "VOTE SENT" not in ran.stdout
+    assert failing.format(dir=directory) + " failed: EIO" in ran.stderr
