@@ -24,7 +24,15 @@ Guard rails
    `durability="none"` keeps pysyncobj's behaviour (no fsync) to measure
    the difference. journalFile and fullDumpFile are always both set.
 3. Power cuts are simulated by `RAFTSCHED_SIMULATE_POWER_CUT=1`; see
-   `raft_journal`.
+   `raft_journal`. Bad disks (docs/operations.md): a failed fsync or
+   write stops the process (`raft_journal.fail_stop`); a full disk
+   (`raft_journal.DiskFull`) is caught where pysyncobj would otherwise
+   lose it: a leader's append fails the proposal with `disk_full` (the
+   entry is not in the log) and the leader steps down if it has peers, so
+   that a node with room can lead; a follower's append or an ack or vote
+   that would need an unsaved term is dropped, unsent; and a node whose
+   disk is full does not stand for election. Every tick it looks whether
+   there is room again and then carries on, without a restart.
 4. Pickle on the wire. pysyncobj unpickles every message. The cluster secret
    is required and passed as `password`: each message is an AES-256-GCM
    token (`raft_cipher.RaftCipher`, installed in place of pysyncobj's
@@ -103,6 +111,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import functools
 import logging
 import os
@@ -124,7 +133,7 @@ from pysyncobj.transport import TCPTransport
 
 from raftsched import child_processes, raft_journal
 from raftsched.raft_cipher import RaftCipher, RaftSecrets
-from raftsched.raft_journal import DurableJournal, SnapshotHeader
+from raftsched.raft_journal import DiskFull, DurableJournal, SnapshotHeader
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +151,16 @@ SNAPSHOT_CHILD_TIMEOUT_S: Final = 600.0
 # benchmark's due-to-lease tail (p99 65 ms, the slow samples all within the
 # second the three children ran).
 SNAPSHOT_CHILD_NICE: Final = 10
+# The snapshot child's exit status when the disk had no room for it, and how
+# long the next attempt waits then (pysyncobj would try again every tick).
+SNAPSHOT_CHILD_NO_ROOM: Final = 28
+SNAPSHOT_NO_ROOM_RETRY_S: Final = 10.0
+# A full disk is logged at most this often. statvfs does not see quotas, so
+# with EDQUOT the node may think there is room and find none, again and again.
+DISK_FULL_LOG_EVERY_S: Final = 30.0
+# How often a node whose disk is full looks whether there is room again.
+DISK_ROOM_CHECK_S: Final = 0.5
+_NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 def staggered_compaction_entries(node_id: str, node_ids: Iterable[str], entries: int) -> int:
@@ -197,6 +216,7 @@ class ProposeError(enum.StrEnum):
     QUEUE_FULL = "queue_full"
     APPLY_FAILED = "apply_failed"  # committed, but the machine raised (a bug)
     CLOSED = "closed"  # the node was closed; outcome unknown
+    DISK_FULL = "disk_full"  # no room to append it to the leader's journal; not in the log
     FAILED = "failed"  # any other pysyncobj failure
 
 
@@ -211,6 +231,7 @@ _FAIL_REASON_ERRORS: Final[Mapping[int, ProposeError]] = {
 }
 
 _ROLES: Final = {0: "follower", 1: "candidate", 2: "leader"}
+_RAFT_STATE_FOLLOWER: Final = 0
 
 ProposeCallback = Callable[[object | None, str | None], None]
 
@@ -295,7 +316,12 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
             if "transmission" in message:
                 message = self._raftsched_parts.label(node, message)
         else:
-            self._raftsched_journal.sync()
+            try:
+                self._raftsched_journal.sync()
+            except DiskFull as full:
+                # What this message promises is not on disk: it is not sent.
+                self._syncObj._raftsched_adapter._on_disk_full(full)
+                return False
         return bool(super().send(node, message))
 
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
@@ -316,7 +342,26 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
             and isinstance(next_index, dict)
         ):
             before = next_index.get(node)
-        super()._onMessageReceived(node, message)
+        adapter = self._syncObj._raftsched_adapter
+        if adapter.disk_full is not None and isinstance(message, dict) and "serialized" in message:
+            # A snapshot sent by the leader (pysyncobj writes it to a file of
+            # its own) cannot fit either; it is sent again later.
+            return
+        try:
+            super()._onMessageReceived(node, message)
+        except DiskFull as full:
+            # A follower could not append an entry: the entries before it in
+            # the message are in the log, this one and the rest are not, and
+            # no acknowledgement is sent. The leader sends them again.
+            adapter._on_disk_full(full)
+            return
+        except OSError as error:
+            if error.errno not in _NO_ROOM:
+                raise
+            # pysyncobj's own write of a received snapshot found no room.
+            path = self._raftsched_journal.directory / raft_journal.SNAPSHOT_NAME
+            adapter._on_disk_full(DiskFull(path, error))
+            return
         if before is not None and isinstance(next_index, dict):
             after = next_index.get(node)
             if after is not None and after < before:
@@ -444,6 +489,32 @@ class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         need_send = bool(super()._SyncObj__applyLogEntries())
         return need_send and not announced
 
+    def _checkCommandsToApply(self) -> None:  # noqa: N802 - pysyncobj's name
+        # The leader appends proposals here. The journal raises DiskFull
+        # before the entry is in the log; pysyncobj has already taken the
+        # command off its queue, so the proposal is answered here.
+        try:
+            super()._checkCommandsToApply()
+        except DiskFull as full:
+            self._raftsched_adapter._on_disk_full(full, proposal_failed=True)
+
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 - pysyncobj's names
+        # Any other append that found the disk full (a new leader's no-op).
+        try:
+            super()._onTick(timeToWait)
+        except DiskFull as full:
+            self._raftsched_adapter._on_disk_full(full)
+            time.sleep(timeToWait)
+
+    def _raftsched_step_down(self) -> None:
+        """Become a follower, as pysyncobj does when a leader loses its majority."""
+        self._SyncObj__setState(_RAFT_STATE_FOLLOWER)
+        self._SyncObj__raftLeader = None
+
+    def _raftsched_postpone_election(self, seconds: float) -> None:
+        deadline = float(getattr(self, "_SyncObj__raftElectionDeadline", 0.0))
+        self._SyncObj__raftElectionDeadline = max(deadline, time.monotonic() + seconds)
+
     @replicated  # type: ignore[untyped-decorator]  # pysyncobj is untyped
     def apply_command(self, data: bytes) -> object:
         # The only replicated method. It must never raise (see module doc).
@@ -522,6 +593,7 @@ class RaftNode:
         self._snapshot_in_child = snapshot_in_child and hasattr(os, "fork")
         self._snapshot_child: int | None = None
         self._snapshot_started = 0.0
+        self._snapshot_not_before = 0.0  # monotonic time; after a disk without room
         # How long the last successful snapshot took to encode and write.
         self.last_snapshot_duration_s: float | None = None
         self._sync_obj: _ReplicatedLog | None = None
@@ -536,6 +608,11 @@ class RaftNode:
         self.applying_index: int | None = None
         # Set once, on the tick thread, when the machine raised StopApplying.
         self.halted: Halt | None = None
+        # The file a write found full, while the disk has not got room again.
+        self.disk_full: Path | None = None
+        self._disk_full_logged_at = -DISK_FULL_LOG_EVERY_S
+        self._disk_full_reported = False
+        self._disk_room_checked_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -725,11 +802,62 @@ class RaftNode:
         # count it towards a commit.
         self._tick_thread_id = threading.get_ident()
         if self._journal is not None:
-            self._journal.sync()
+            if self.disk_full is not None:
+                self._check_disk_room(self._journal)
+            try:
+                self._journal.sync()
+            except DiskFull as full:
+                self._on_disk_full(full)
         while self._deferred:
             callback, error = self._deferred.popleft()
             self._call_safely(callback, None, error)
         self._check_leadership()
+
+    def _on_disk_full(self, full: DiskFull, *, proposal_failed: bool = False) -> None:
+        """A write found no room (tick thread). Nothing unwritten is acknowledged:
+        the journal raised before the entry was in the log, or the message that
+        needed it was not sent."""
+        now = time.monotonic()
+        if self.disk_full is None and now - self._disk_full_logged_at >= DISK_FULL_LOG_EVERY_S:
+            self._disk_full_logged_at = now
+            self._disk_full_reported = True
+            logger.warning(
+                "disk full: %s; this node acknowledges nothing it cannot write and "
+                "carries on by itself when there is room (docs/operations.md 'Disk full')",
+                full,
+            )
+        self.disk_full = full.path
+        if proposal_failed:
+            with self._lock:
+                proposal = self._in_flight
+            if proposal is not None:
+                self._finish(proposal, None, ProposeError.DISK_FULL)
+        sync_obj = self._sync_obj
+        if sync_obj is None:
+            return
+        if self._peers and sync_obj._isLeader():
+            # A node with room can lead; this one could not append anything.
+            logger.warning("disk full on the leader: stepping down")
+            sync_obj._raftsched_step_down()
+        if self._peers:
+            sync_obj._raftsched_postpone_election(self._timing["raftMaxTimeout"])
+
+    def _check_disk_room(self, journal: DurableJournal) -> None:
+        now = time.monotonic()
+        if now - self._disk_room_checked_at < DISK_ROOM_CHECK_S:
+            return
+        self._disk_room_checked_at = now
+        sync_obj = self._sync_obj
+        if journal.has_room():
+            if self._disk_full_reported:
+                self._disk_full_reported = False
+                logger.warning(
+                    "disk full: there is room again in %s; carrying on", journal.directory
+                )
+            self.disk_full = None
+        elif sync_obj is not None and self._peers:
+            # It could not save a vote; it does not ask for one either.
+            sync_obj._raftsched_postpone_election(self._timing["raftMaxTimeout"])
 
     def _on_state_changed(self, old_state: int, new_state: int) -> None:
         self._tick_thread_id = threading.get_ident()
@@ -774,6 +902,8 @@ class RaftNode:
             previous_entry=_as_entry(previous_entry),
             cluster=tuple(sorted(str(getattr(node, "address", node)) for node in cluster)),
         )
+        if time.monotonic() < self._snapshot_not_before:
+            return  # the last one found no room; pysyncobj asks again later
         if not self._snapshot_in_child:
             started = time.monotonic()
             self._write_snapshot(Path(file_name), header)
@@ -807,9 +937,20 @@ class RaftNode:
                 os.nice(SNAPSHOT_CHILD_NICE)
             final = tmp_path.with_name(tmp_path.name.removesuffix(".tmp"))
             part = final.with_name(final.name + ".child")
-            self._write_snapshot(part, header)
-            os.replace(part, final)
+            try:
+                self._write_snapshot(part, header)
+                os.replace(part, final)
+            except OSError as error:
+                # Abandoned, not fatal: the journal still holds every entry
+                # the snapshot would cover, and pysyncobj tries again later.
+                # The part file goes, or a full disk would stay full.
+                with contextlib.suppress(OSError):
+                    part.unlink()
+                status = SNAPSHOT_CHILD_NO_ROOM if error.errno in _NO_ROOM else 1
+                raise
             if self.durability == "fsync":
+                # A failed directory sync is fatal (fail_stop, in this child;
+                # the parent then stops too, see _check_snapshot).
                 raft_journal.fsync_directory(final.parent)
             status = 0
         finally:
@@ -840,7 +981,22 @@ class RaftNode:
             return int(SERIALIZER_STATE.FAILED)
         self._snapshot_child = None
         if status != 0:
-            logger.error("snapshot child failed with status %d", status)
+            code = os.waitstatus_to_exitcode(status)
+            if code == raft_journal.EXIT_STORAGE_FAILED:
+                # It synced the data directory and that failed (it logged
+                # why): this process must not carry on either.
+                raft_journal.fail_stop(
+                    self._data_dir, "fsync (snapshot child)", OSError(errno.EIO, "see above")
+                )
+            if code == SNAPSHOT_CHILD_NO_ROOM:
+                self._snapshot_not_before = time.monotonic() + SNAPSHOT_NO_ROOM_RETRY_S
+                logger.warning(
+                    "snapshot abandoned: disk full; the journal keeps every entry; "
+                    "trying again in %.0f s",
+                    SNAPSHOT_NO_ROOM_RETRY_S,
+                )
+            else:
+                logger.error("snapshot child failed with exit status %d", code)
             return int(SERIALIZER_STATE.FAILED)
         self.last_snapshot_duration_s = time.monotonic() - self._snapshot_started
         return int(SERIALIZER_STATE.SUCCESS)
@@ -852,7 +1008,7 @@ class RaftNode:
             # without fsync; it must be durable before it is acknowledged
             # and before the journal is cleared for it.
             with open(path, "rb") as handle:
-                os.fsync(handle.fileno())
+                raft_journal.sync_fd(handle.fileno(), path)
             raft_journal.fsync_directory(path.parent)
         header, body = raft_journal.decode_snapshot(path.read_bytes())
         self._machine.restore(body)

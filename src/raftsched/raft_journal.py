@@ -14,8 +14,12 @@ message (group commit).
 On disk, in the node's data directory:
 
 - `raft.journal`: a magic header, then records `<cmd_len u32, crc32 u32,
-  index u64, term u64, command>`. Recovery stops at the first torn or
-  out-of-sequence record and cuts the file there.
+  index u64, term u64, command>` (the CRC covers index, term and command).
+  Recovery stops at the first torn or out-of-sequence record and cuts the
+  file there (a torn tail, after a power cut). A record that fails its
+  check but is followed by a whole record of the entry after it is not a
+  torn tail: the file is corrupt in the middle, and the node refuses to
+  start (`CorruptJournal`, exit status `EXIT_CORRUPT_DATA`).
 - `raft.meta`: msgpack `{term, voted_for, commit_index}`, replaced atomically.
   Term and vote are durable before `setCurrentTerm` returns, so before a vote
   is sent.
@@ -35,22 +39,35 @@ loses data in the power-cut tests. A periodic emulated writeback
 would. `RAFTSCHED_SIMULATE_FSYNC_DELAY_S` makes each journal fsync take a
 random time up to that long (a slow, uneven disk), which widens the window
 in which code that acknowledges before syncing would be caught.
+
+Bad disks (docs/operations.md). Every fsync and fdatasync goes through
+`sync_fd`; a failure there, or a failed write other than a full disk,
+stops the process at once (`fail_stop`, exit status `EXIT_STORAGE_FAILED`):
+after a failed fsync the kernel may have dropped the dirty pages and marked
+them clean, so a retry that "succeeds" proves nothing (PostgreSQL's
+fsyncgate). A full disk (ENOSPC, EDQUOT) is not fatal: `add` raises
+`DiskFull` and leaves the journal as it was (the entry is not in the log),
+and a term and vote that cannot be saved make `sync()` raise `DiskFull`
+until they can, so no message that reflects them leaves the node.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import queue
 import random
 import struct
+import sys
 import threading
 import time
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Final, overload
+from typing import Any, BinaryIO, Final, NoReturn, overload
 
 import msgpack
 
@@ -79,8 +96,95 @@ _SNAPSHOT_PREFIX: Final = struct.Struct("<IIQI")  # header_len, header_crc, body
 Entry = tuple[bytes, int, int]
 
 
+# Exit statuses of a node stopped by its storage (sysexits.h names).
+EXIT_STORAGE_FAILED: Final = 74  # EX_IOERR: an fsync or write failed; see fail_stop
+EXIT_CORRUPT_DATA: Final = 65  # EX_DATAERR: a journal record is corrupt in the middle
+
+# Errors of a write that mean "no room", not "the disk is failing".
+_NO_SPACE_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+# Space that must be free before a node with a full disk tries again (or a
+# sixteenth of the filesystem, if that is less).
+DISK_FULL_RETRY_FREE_BYTES: Final = 4 * 1024 * 1024
+
+
 class StorageError(RuntimeError):
     """The files in the data directory are not what this module wrote."""
+
+
+class CorruptJournal(StorageError):
+    """A journal record fails its check and is not the torn tail of a power cut."""
+
+    def __init__(self, path: Path | None, offset: int, reason: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"journal {path}: corrupt record at byte offset {offset}: {reason}")
+
+    def at(self, path: Path) -> CorruptJournal:
+        return CorruptJournal(path, self.offset, self.reason)
+
+
+class DiskFull(Exception):
+    """A write found no space (ENOSPC or EDQUOT); nothing of it counts as written."""
+
+    def __init__(self, path: Path, error: OSError) -> None:
+        self.path = path
+        self.errno = error.errno
+        super().__init__(f"{path}: {errno.errorcode.get(error.errno or 0, error.errno)}")
+
+
+def fail_stop(path: Path, action: str, error: OSError) -> NoReturn:
+    """Stop the process now: a write or sync of `path` failed.
+
+    Never continue after a failed fsync: the kernel may already have thrown
+    the unwritten pages away and marked them clean, so a second fsync would
+    succeed and the node would acknowledge what is not on disk. `os._exit`
+    from whichever thread found it (usually pysyncobj's tick thread): no
+    clean-up runs that could send a message or acknowledge anything more. A
+    supervisor restarts the node, which recovers from what is on disk.
+    """
+    code = errno.errorcode.get(error.errno or 0, str(error.errno))
+    try:
+        logger.critical(
+            "storage failure: %s of %s failed: %s (%s); stopping the node at once "
+            "(exit status %d, see docs/operations.md 'Failed fsync')",
+            action,
+            path,
+            code,
+            error.strerror,
+            EXIT_STORAGE_FAILED,
+        )
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(EXIT_STORAGE_FAILED)
+
+
+def sync_fd(fd: int, path: Path, *, data_only: bool = False) -> None:
+    """The one place this module syncs a file or directory; fail-stop on error."""
+    try:
+        if data_only:
+            os.fdatasync(fd)
+        else:
+            os.fsync(fd)
+    except OSError as error:
+        fail_stop(path, "fdatasync" if data_only else "fsync", error)
+
+
+def _write_failed(path: Path, action: str, error: OSError) -> DiskFull:
+    """A failed write: `DiskFull` to raise when there is no room, else fail-stop."""
+    if error.errno in _NO_SPACE_ERRNOS:
+        return DiskFull(path, error)
+    fail_stop(path, action, error)
+
+
+def has_room(directory: Path) -> bool:
+    """Whether `directory`'s filesystem has room to try writing again."""
+    stat = os.statvfs(directory)
+    available = stat.f_bfree if os.geteuid() == 0 else stat.f_bavail
+    wanted = min(DISK_FULL_RETRY_FREE_BYTES, stat.f_blocks * stat.f_frsize // 16)
+    return available * stat.f_frsize >= wanted
 
 
 def simulate_power_cut_from_env() -> bool:
@@ -98,7 +202,7 @@ def fsync_directory(directory: Path) -> None:
     """Make a rename or a new file in `directory` survive a power cut."""
     fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        sync_fd(fd, directory)
     finally:
         os.close(fd)
 
@@ -172,13 +276,19 @@ class Disk:
 
 
 def _write_replace(path: Path, data: bytes, *, durable: bool) -> None:
+    """Raises DiskFull (the old file left in place) when there is no room."""
     temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        if durable:
-            os.fsync(handle.fileno())
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            if durable:
+                sync_fd(handle.fileno(), temporary)
+        os.replace(temporary, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise _write_failed(path, "write", error) from error
     if durable:
         fsync_directory(path.parent)
 
@@ -201,14 +311,28 @@ class AppendFile:
         return os.pread(self._fd, size, 0)
 
     def write(self, offset: int, data: bytes) -> None:
+        """Write all of `data` at `offset`, or raise DiskFull (its bytes may
+        be partly on disk past the logical end, a torn tail to a restart)."""
         self._dirty = True
-        os.pwrite(self._fd, data, offset)
-        if self._shadow is not None:
-            self._shadow.wrote(self._fd, offset, data)
+        written = 0
+        try:
+            while written < len(data):
+                count = os.pwrite(self._fd, memoryview(data)[written:], offset + written)
+                if count == 0:  # no progress: a full disk by another name
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                written += count
+        except OSError as error:
+            raise _write_failed(self.path, "write", error) from error
+        finally:
+            if self._shadow is not None and written:
+                self._shadow.wrote(self._fd, offset, data[:written])
 
     def truncate(self, size: int) -> None:
         self._dirty = True
-        os.ftruncate(self._fd, size)
+        try:
+            os.ftruncate(self._fd, size)
+        except OSError as error:
+            fail_stop(self.path, "truncate", error)
         if self._shadow is not None:
             self._shadow.truncated(self._fd, size)
 
@@ -219,7 +343,7 @@ class AppendFile:
         if self._disk.fsync_delay_s:
             time.sleep(random.uniform(0.0, self._disk.fsync_delay_s))
         # The durability point, also of the power-cut simulation.
-        os.fdatasync(self._fd)
+        sync_fd(self._fd, self.path, data_only=True)
         self._dirty = False
         self._disk.fsync_count += 1
         return True
@@ -237,7 +361,11 @@ def _encode_record(entry: Entry) -> bytes:
 
 
 def parse_journal(data: bytes) -> tuple[list[Entry], list[int], int]:
-    """Decode journal bytes: (entries, offset of each record, end of the good part)."""
+    """Decode journal bytes: (entries, offset of each record, end of the good part).
+
+    Raises CorruptJournal (without a path) when a record fails its check
+    and a whole record of a later entry follows it: that is not a torn
+    tail, which only ever ends the file."""
     if not data:
         return [], [], 0
     if data[: len(_JOURNAL_MAGIC)] != _JOURNAL_MAGIC:
@@ -249,9 +377,11 @@ def parse_journal(data: bytes) -> tuple[list[Entry], list[int], int]:
         command_len, crc, index, term = _RECORD_HEADER.unpack_from(data, offset)
         end = offset + _RECORD_HEADER.size + command_len
         if command_len > _RECORD_COMMAND_BYTES_MAX or end > len(data):
+            _refuse_if_followed(data, offset, entries, index, "length runs past the end")
             break
         command = data[offset + _RECORD_HEADER.size : end]
         if zlib.crc32(struct.pack("<QQ", index, term) + command) != crc:
+            _refuse_if_followed(data, offset, entries, index, "CRC mismatch")
             break
         # A record that does not continue the sequence is left over from
         # before a truncation that did not reach the disk; it is not ours.
@@ -261,6 +391,51 @@ def parse_journal(data: bytes) -> tuple[list[Entry], list[int], int]:
         offsets.append(offset)
         offset = end
     return entries, offsets, offset
+
+
+def _whole_record_at(data: bytes, offset: int) -> tuple[int, int] | None:
+    """(index, term) of a record at `offset` that passes its check, else None."""
+    if offset < 0 or offset + _RECORD_HEADER.size > len(data):
+        return None
+    command_len, crc, index, term = _RECORD_HEADER.unpack_from(data, offset)
+    end = offset + _RECORD_HEADER.size + command_len
+    if command_len > _RECORD_COMMAND_BYTES_MAX or end > len(data):
+        return None
+    body = data[offset + _RECORD_HEADER.size : end]
+    if zlib.crc32(struct.pack("<QQ", index, term) + body) != crc:
+        return None
+    return index, term
+
+
+def _refuse_if_followed(
+    data: bytes, offset: int, entries: list[Entry], header_index: int, reason: str
+) -> None:
+    """Raise CorruptJournal if a whole record of a later entry follows the
+    bad record at `offset`; return if what follows is a torn tail.
+
+    A power cut tears only what was written after the last sync, which is
+    the end of the file. A whole record after the bad one shows that the bad
+    one was written and then damaged (or its neighbour lost): cutting there
+    would silently drop records that may have been acknowledged. The bad
+    record should hold the entry after the last good one, so the record
+    after it holds the one after that; its index is looked for as bytes
+    (cheap), and each place it occurs is checked as a whole record. The bad
+    record's own index field is tried too, for a journal whose first record
+    is the bad one."""
+    wanted: set[int] = set()
+    if entries:
+        wanted.add(entries[-1][1] + 2)
+    else:
+        wanted.add(header_index + 1)
+    index_at = struct.calcsize("<II")
+    for index in sorted(wanted):
+        needle = struct.pack("<Q", index)
+        found = data.find(needle, offset + 1 + index_at)
+        while found != -1:
+            whole = _whole_record_at(data, found - index_at)
+            if whole is not None and whole[0] == index:
+                raise CorruptJournal(None, offset, f"{reason}, and a whole record follows")
+            found = data.find(needle, found + 1)
 
 
 class DurableJournal:
@@ -276,7 +451,11 @@ class DurableJournal:
         self._meta_path = directory / META_NAME
         disk.watch(directory)
         self._file = disk.open_append_file(self._path)
-        entries, offsets, end = parse_journal(self._file.read_all())
+        try:
+            entries, offsets, end = parse_journal(self._file.read_all())
+        except CorruptJournal as corrupt:
+            self._file.close()
+            raise corrupt.at(self._path) from None
         self._entries = entries
         self._offsets = offsets
         # Records still on disk past the logical end, after a truncation
@@ -291,6 +470,9 @@ class DurableJournal:
         self._end = end
         self._meta = _read_meta(self._meta_path)
         self._meta_dirty = False
+        # A term or vote that a full disk kept from being saved: nothing
+        # that reflects it may be sent (see sync).
+        self._vote_unsaved = False
         self._align_with_snapshot(directory / SNAPSHOT_NAME)
         self._file.sync()
         if self._file.created and disk.fsync:
@@ -300,8 +482,23 @@ class DurableJournal:
     # -- what the adapter adds -------------------------------------------
 
     def sync(self) -> None:
-        """Make every entry written so far durable (no-op when clean or "none")."""
+        """Make every entry written so far, and the term and vote, durable
+        (no-op when clean or "none"). Raises DiskFull while a term or vote
+        cannot be saved for want of space."""
+        if self._vote_unsaved:
+            self._save_meta()
         self._file.sync()
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    def has_room(self) -> bool:
+        """Whether the data directory's filesystem has room to try writing again."""
+        try:
+            return has_room(self._directory)
+        except OSError:
+            return True
 
     @property
     def fsync_count(self) -> int:
@@ -356,7 +553,13 @@ class DurableJournal:
             self._stale = []
             self._truncate_durably(self._end)
         record = _encode_record(entry)
-        self._file.write(self._end, record)
+        try:
+            self._file.write(self._end, record)
+        except DiskFull:
+            # Whatever part of the record did get written is past the end;
+            # giving it back keeps it from reading as a torn tail later.
+            self._file.truncate(self._end)
+            raise
         self._entries.append(entry)
         self._offsets.append(self._end)
         self._end += len(record)
@@ -411,7 +614,19 @@ class DurableJournal:
             # failed half way; a synced new file renamed over the old cannot.
             self._file.sync()
             self._file.close()
-            self._disk.replace_file(self._path, bytes(contents))
+            try:
+                self._disk.replace_file(self._path, bytes(contents))
+            except DiskFull as full:
+                # The old file stays, with the compacted entries at its head
+                # (a restart cuts them, see _align_with_snapshot); the records
+                # after them are where they were. The next compaction retries.
+                logger.warning(
+                    "journal %s: no room to compact it (%s); kept as it is", self._path, full
+                )
+                self._file = self._disk.open_append_file(self._path)
+                del self._entries[:entryTo]
+                del self._offsets[:entryTo]
+                return
             self._file = self._disk.open_append_file(self._path)
         else:
             self._file.truncate(0)
@@ -432,7 +647,14 @@ class DurableJournal:
         return len(self._entries)
 
     def _destroy(self) -> None:
-        self._save_meta()
+        try:
+            self._save_meta()
+        except DiskFull as full:
+            # The term and vote were never sent unsaved (see sync), so what
+            # is on disk is what the others know; the commit index is a hint.
+            logger.warning(
+                "closing with a full disk: %s; the last term and vote stay as saved", full
+            )
         self._file.sync()
         self._file.close()
         self._disk.close()
@@ -455,7 +677,15 @@ class DurableJournal:
         # reflects them (a vote request or a granted vote) is sent.
         self._meta["term"] = int(term)
         self._meta["voted_for"] = votedForNodeId
-        self._save_meta()
+        self._vote_unsaved = True
+        try:
+            self._save_meta()
+        except DiskFull as full:
+            # pysyncobj has taken the term already; sync() refuses (so no
+            # vote or message with this term leaves) until it is saved.
+            logger.warning(
+                "cannot save term %d and vote: %s; retrying when there is room", term, full
+            )
 
     def getCurrentTerm(self) -> int:  # noqa: N802
         return int(self._meta.get("term", 0))
@@ -465,13 +695,16 @@ class DurableJournal:
         return voted_for if isinstance(voted_for, str) else None
 
     def onOneSecondTimer(self) -> None:  # noqa: N802
-        if self._meta_dirty:
-            self._save_meta()
+        if self._meta_dirty or self._vote_unsaved:
+            # The commit index is only a hint; a full disk just delays it.
+            with contextlib.suppress(DiskFull):
+                self._save_meta()
         self._disk.maybe_writeback()
 
     def _save_meta(self) -> None:
         self._disk.replace_file(self._meta_path, msgpack.packb(self._meta))
         self._meta_dirty = False
+        self._vote_unsaved = False
 
     def _truncate_durably(self, size: int) -> None:
         # Truncations are rare (a conflicting follower tail, an installed
@@ -486,7 +719,10 @@ def _read_meta(path: Path) -> dict[str, Any]:
         raw = path.read_bytes()
     except FileNotFoundError:
         return {}
-    meta = msgpack.unpackb(raw)
+    try:
+        meta = msgpack.unpackb(raw)
+    except (ValueError, msgpack.UnpackException) as error:
+        raise StorageError(f"{path} is not a msgpack record: {error}") from error
     if not isinstance(meta, dict):
         raise StorageError(f"{path} does not hold a msgpack map")
     return meta

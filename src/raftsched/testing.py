@@ -204,6 +204,9 @@ class NodeProcess:
     # secrets it accepts besides (a secret rotation; see `LocalCluster.command`).
     secret_file: Path | None = None
     secret_accept_files: list[Path] = field(default_factory=list)
+    # Environment for this node only, over the cluster's (a fault injected
+    # into one node, say).
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def http_url(self) -> str:
@@ -294,7 +297,7 @@ class LocalCluster:
         for node in targets:
             if node.alive:
                 continue
-            env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, **node.env}
             if node.source_dir is not None:
                 # Ahead of the installed package on the import path.
                 paths = [str(node.source_dir), env.get("PYTHONPATH", "")]

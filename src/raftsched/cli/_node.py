@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raftsched.cli._common import EXIT_USAGE
 from raftsched.config import (
@@ -38,6 +38,9 @@ from raftsched.config import (
     read_secret,
 )
 from raftsched.limits import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
+
+if TYPE_CHECKING:
+    from raftsched.raft_journal import CorruptJournal
 
 _FILE_KEYS = {
     "id", "data_dir", "http", "raft", "raft_bind", "http_url", "secret_file", "durability",
@@ -122,14 +125,42 @@ def run_node_command(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    from raftsched.process import run_node  # imported late: the CLI's other commands need no node
+    # Imported late: the CLI's other commands need no node.
+    from raftsched.process import run_node
+    from raftsched.raft_journal import EXIT_CORRUPT_DATA, CorruptJournal, StorageError
 
     try:
         run_node(config)
     except ConfigError as error:  # raised before the node binds anything
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    except CorruptJournal as error:  # raised before the node binds anything
+        print(corrupt_journal_advice(error), file=sys.stderr)
+        return EXIT_CORRUPT_DATA
+    except StorageError as error:  # another file of the data directory is not ours
+        print(f"error: {error} (docs/operations.md, 'Corrupted journal')", file=sys.stderr)
+        return EXIT_CORRUPT_DATA
     return 0
+
+
+def corrupt_journal_advice(error: CorruptJournal) -> str:
+    """What an operator reads when the node refuses a corrupt journal."""
+    from raftsched.raft_journal import EXIT_CORRUPT_DATA, JOURNAL_NAME
+
+    raft_dir = error.path.parent if error.path is not None else Path("<data_dir>/raft")
+    aside = raft_dir / "corrupt"
+    return (
+        f"error: {error}\n"
+        f"The node did not start (exit status {EXIT_CORRUPT_DATA}); it changed nothing on disk.\n"
+        "Rebuild this node's Raft log from its peers (docs/operations.md, 'Corrupted journal'),\n"
+        "only while the other nodes are up and have a leader:\n"
+        f"    mkdir -p {aside} && mv {raft_dir / JOURNAL_NAME} {aside}/\n"
+        "then start the node again. Keep raft.meta: it holds the node's term and vote,\n"
+        "so that it cannot vote twice in one term; raft.snapshot, if there is one, was\n"
+        "checked by its own CRC and saves the peers sending it all again. Keep the other\n"
+        "nodes up until this one has caught up (its applied index reaches the leader's\n"
+        "commit index)."
+    )
 
 
 def build_config(args: argparse.Namespace) -> NodeConfig:

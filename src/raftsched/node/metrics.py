@@ -233,6 +233,11 @@ APPLY_HALTED = Family(
     "gauge",
     "1 while this replica has stopped applying at an entry its release cannot decode.",
 )
+RAFT_DISK_FULL = Family(
+    "raftsched_raft_disk_full",
+    "gauge",
+    "1 while a write of this node's Raft files found no room and there is not room again yet.",
+)
 JOBS = Family("raftsched_jobs", "gauge", "Jobs by status.", ("status",))
 SNAPSHOT_AGE = Family(
     "raftsched_raft_snapshot_age_seconds",
@@ -378,7 +383,8 @@ SCHEDULES = Family("raftsched_schedules", "gauge", "Stored schedules.")
 
 SAMPLED = (
     GC_COLLECTIONS, GC_PAUSE_SECONDS, GC_PAUSE_MAX, RAFT_IS_LEADER, RAFT_TERM,
-    RAFT_COMMIT_INDEX, RAFT_APPLIED_INDEX, APPLY_HALTED, JOBS, SNAPSHOT_AGE, SNAPSHOT_DURATION,
+    RAFT_COMMIT_INDEX, RAFT_APPLIED_INDEX, APPLY_HALTED, RAFT_DISK_FULL, JOBS, SNAPSHOT_AGE,
+    SNAPSHOT_DURATION,
     QUEUE_DEPTH, QUEUE_RUNNING, QUEUE_OLDEST_AGE, PROPOSER_QUEUED_COMMANDS, PROPOSER_QUEUED_BYTES,
     PROPOSER_REFUSED, JOBS_STUCK, STUCK_THRESHOLD, OUTBOX_LAG, FOLLOWER_LAG,
     CLOCK_SKEW, CLOCK_SKEW_UNCERTAINTY, OUTBOX_DEPTH, WEBHOOK_OLDEST_AGE, TENANT_QUEUED,

@@ -53,7 +53,7 @@ log = logging.getLogger("raftsched.proposer")
 
 # Adapter errors after which the entry certainly did not commit.
 NOT_LEADER_ERRORS = frozenset({"not_leader"})
-NOT_COMMITTED_ERRORS = frozenset({"busy", "queue_full", "discarded"})
+NOT_COMMITTED_ERRORS = frozenset({"busy", "queue_full", "discarded", "disk_full"})
 
 
 # Job changes one entry may carry. Every replica applies an entry in one go

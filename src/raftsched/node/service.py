@@ -485,6 +485,7 @@ class Node:
         sample(families.RAFT_COMMIT_INDEX, lambda: [((), self.status().commit_index)])
         sample(families.RAFT_APPLIED_INDEX, lambda: [((), self.status().applied_index)])
         sample(families.APPLY_HALTED, lambda: [((), 0.0 if self.raft.halted is None else 1.0)])
+        sample(families.RAFT_DISK_FULL, lambda: [((), 0.0 if self.raft.disk_full is None else 1.0)])
         sample(families.JOBS, self._m_jobs)
         sample(families.SNAPSHOT_AGE, self._m_snapshot_age)
         sample(families.SNAPSHOT_DURATION, self._m_snapshot_duration)
