@@ -17,6 +17,7 @@ from raftsched.core import (
     encode_state,
     needs_upgrade,
 )
+from raftsched.core.auth.commands import BootstrapAdmin, CreateToken, RevokeToken, TouchTokens
 from raftsched.core.jobs.commands import Configure
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION, cluster_version
 from raftsched.core.kernel.commands import RaiseClusterVersion
@@ -27,12 +28,18 @@ def test_a_new_state_is_at_version_1() -> None:
     assert cluster_version(Cluster().state) == 1
 
 
-def test_every_command_kind_has_a_version_and_only_raise_is_new() -> None:
+def test_every_command_kind_has_a_version_and_only_raise_and_tokens_are_new() -> None:
     assert COMMAND_VERSIONS.keys() == COMMAND_TAGS.keys()
-    assert {cls for cls, version in COMMAND_VERSIONS.items() if version > 1} == {
+    assert {cls for cls, version in COMMAND_VERSIONS.items() if version == 2} == {
         RaiseClusterVersion
     }
-    assert COMMAND_VERSION_MAX == 2
+    assert {cls for cls, version in COMMAND_VERSIONS.items() if version == 3} == {
+        BootstrapAdmin,
+        CreateToken,
+        RevokeToken,
+        TouchTokens,
+    }
+    assert COMMAND_VERSION_MAX == 3
 
 
 def test_raise_moves_the_version_up_and_never_down() -> None:
@@ -63,7 +70,7 @@ def test_at_its_default_the_section_is_not_encoded_at_all() -> None:
     doc = msgpack.unpackb(encode_state(cluster.state))
     names = [name for name, _ in doc[7]]
     assert CLUSTER_VERSION not in names
-    assert names == [s.name for s in REGISTRY.sections if s.name != CLUSTER_VERSION]
+    assert names == [s.name for s in REGISTRY.sections if not s.optional]
 
 
 def test_a_raised_version_is_encoded_in_section_order_and_round_trips() -> None:

@@ -22,6 +22,7 @@ from raftsched.core import (
     encode_state_pieces,
     state_digest,
 )
+from raftsched.core.auth.commands import BootstrapAdmin, CreateToken, RevokeToken, TouchTokens
 from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
@@ -137,6 +138,12 @@ EVERY_COMMAND: tuple[Command, ...] = (
     PauseQueue("q", False),
     SetTenant("acme", 3, 10, 1_000),
     SetTenant("acme"),
+    # API tokens (issue 15).
+    CreateToken("tok_1", "api", "submitter", ("acme",), ("*",), b"h" * 32, 5_000),
+    CreateToken("tok_2", "ops", "operator", ("*",), ("*",), b"i" * 32),
+    RevokeToken("tok_1"),
+    BootstrapAdmin("tok_0", "admin", b"a" * 32),
+    TouchTokens(("tok_0", "tok_2"), 60_000),
 )  # fmt: skip
 
 
@@ -151,6 +158,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         AckDelivery: 43, ParkDelivery: 44, RetryParked: 45, AckParked: 46,
         SubmitWorkflow: 50, CancelWorkflow: 51,
         SetQueue: 60, PauseQueue: 61, SetTenant: 62,
+        CreateToken: 70, RevokeToken: 71, BootstrapAdmin: 72, TouchTokens: 73,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 
