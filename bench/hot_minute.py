@@ -31,13 +31,12 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from raftsched.testing import LocalCluster
+from raftsched.testing import LocalCluster, metrics_text
 from raftsched.timefmt import format_ms
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -206,8 +205,7 @@ async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
 def node_figures(base_url: str) -> dict[str, float]:
     """Collections and their time in one node process, and on the leader
     the entries it proposed and their commit time (from /metrics)."""
-    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
+    text = metrics_text(base_url)
     figures: dict[str, float] = {}
     for line in text.splitlines():
         for name, key in (

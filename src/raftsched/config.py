@@ -73,6 +73,9 @@ class NodeConfig:
     # (see limits.PROPOSAL_QUEUE_COMMANDS_MAX); more are answered 503 unavailable.
     proposal_queue_commands_max: int = PROPOSAL_QUEUE_COMMANDS_MAX
     proposal_queue_bytes_max: int = PROPOSAL_QUEUE_BYTES_MAX
+    # The first admin token's secret (see node.auth): read, or generated and
+    # written, when the cluster has no admin token yet.
+    admin_token_file: Path | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
     @property

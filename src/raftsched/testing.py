@@ -20,12 +20,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from raftsched import child_processes
+from raftsched.node.auth import looks_like_secret, new_secret
 
 
 def process_running(pid: int) -> bool:
@@ -96,13 +97,29 @@ def free_port_block(count: int, host: str = "127.0.0.1", tries: int = 200) -> in
 
 
 def http_json(
-    method: str, url: str, body: Any = None, timeout_s: float = 5.0
+    method: str,
+    url: str,
+    body: Any = None,
+    timeout_s: float = 5.0,
+    *,
+    token: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[int, dict[str, Any], dict[str, str]]:
-    """One HTTP request without following redirects: (status, json body, headers)."""
+    """One HTTP request without following redirects: (status, json body, headers).
+
+    It carries `Authorization: Bearer <token>`; `token=None` takes
+    `$RAFTSCHED_TOKEN` (what the test session's clusters are given, see
+    `LocalCluster.admin_secret`), and `token=""` sends no token at all."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         request.add_header("Content-Type", "application/json")
+    if token is None:
+        token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
@@ -120,6 +137,19 @@ def http_json(
         except json.JSONDecodeError:
             parsed = {"raw": raw.decode(errors="replace")}
         return error.code, parsed, dict(error.headers)
+
+
+def metrics_text(url: str, token: str | None = None, timeout_s: float = 10.0) -> str:
+    """A node's `/metrics` page (`url` is the node's base URL); the token as
+    for `http_json`."""
+    request = urllib.request.Request(url.rstrip("/") + "/metrics")
+    if token is None:
+        token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        text: str = response.read().decode()
+    return text
 
 
 @dataclass
@@ -156,6 +186,16 @@ class LocalCluster:
     env: dict[str, str] = field(default_factory=dict)
     extra_args: list[str] = field(default_factory=list)
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
+    # Authentication (issue 15): every node is given `<root>/admin.token`
+    # (`--admin-token-file`), so the cluster turns authentication on as soon
+    # as its version allows tokens. The secret written there is
+    # `admin_secret`, else `$RAFTSCHED_TOKEN` (the e2e conftest sets one per
+    # session, so that clients, workers and `http_json` carry it by
+    # default), else a new one. `write_admin_token=False` leaves the file
+    # for the node to generate; `auth=False` gives the nodes no file at all.
+    auth: bool = True
+    admin_secret: str | None = None
+    write_admin_token: bool = True
 
     def __post_init__(self) -> None:
         _note_created(self)
@@ -164,6 +204,14 @@ class LocalCluster:
         if not self.secret_file.exists():
             self.secret_file.write_text(secrets.token_urlsafe(32))
             self.secret_file.chmod(0o600)
+        self.admin_token_file = self.root / "admin.token"
+        if self.auth and self.write_admin_token and not self.admin_token_file.exists():
+            secret = self.admin_secret or os.environ.get("RAFTSCHED_TOKEN", "").strip()
+            if not looks_like_secret(secret):
+                secret = new_secret()
+            fd = os.open(self.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secret + "\n")
         for index in range(1, self.size + 1):
             node_id = f"n{index}"
             self.nodes[node_id] = NodeProcess(
@@ -195,6 +243,8 @@ class LocalCluster:
             "--durability",
             self.durability,
         ]
+        if self.auth:
+            args += ["--admin-token-file", str(self.admin_token_file)]
         for other in self.nodes.values():
             if other.id != node.id:
                 args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]
@@ -267,6 +317,26 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # -- authentication -------------------------------------------------------
+
+    @property
+    def admin_token(self) -> str:
+        """The secret of the cluster's first admin token (its admin.token file)."""
+        return self.admin_token_file.read_text(encoding="utf-8").strip()
+
+    def auth_on(self, node_id: str) -> bool:
+        try:
+            status, body, _ = http_json("GET", self.nodes[node_id].http_url + "/readyz")
+        except OSError:
+            return False
+        return status == 200 and body.get("auth") == "on"
+
+    def wait_for_auth(self, timeout_s: float = 30.0) -> None:
+        """Wait until every live node requires tokens (its first admin token applied)."""
+        live = [n.id for n in self.nodes.values() if n.alive and not n.paused]
+        if not wait_for(lambda: all(self.auth_on(node_id) for node_id in live), timeout_s):
+            raise TimeoutError(f"authentication not on within {timeout_s}s; logs in {self.root}")
 
     # -- observation ----------------------------------------------------------
 

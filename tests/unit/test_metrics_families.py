@@ -23,6 +23,7 @@ ADDED = frozenset(
         "raftsched_proposer_queued_commands",
         "raftsched_proposer_queued_bytes",
         "raftsched_proposer_refused_total",
+        "raftsched_http_auth_failures_total",
     }
 )
 

@@ -21,7 +21,18 @@ import uuid
 
 from aiohttp import web
 
-from raftsched.api import cluster, dashboard, events, jobs, leases, queues, schedules, workflows
+from raftsched.api import (
+    cluster,
+    dashboard,
+    events,
+    jobs,
+    leases,
+    queues,
+    schedules,
+    tokens,
+    workflows,
+)
+from raftsched.api.auth import LIMITER, FailureLimiter, auth_middleware
 from raftsched.api.errors import ApiError
 from raftsched.api.requests import NODE, Handler, node_of
 from raftsched.logs import REQUEST_ID
@@ -152,13 +163,19 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 def create_app(node: NodeView, *, max_body_bytes: int) -> web.Application:
-    app = web.Application(middlewares=[request_id_middleware], client_max_size=max_body_bytes)
+    # The request id middleware is outermost: it renders the ApiErrors
+    # (401, 403, 429) that authentication raises, and times them.
+    app = web.Application(
+        middlewares=[request_id_middleware, auth_middleware], client_max_size=max_body_bytes
+    )
     app[NODE] = node
+    app[LIMITER] = FailureLimiter()
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)
     app.add_routes(cluster.routes)
     app.add_routes(workflows.routes)
     app.add_routes(events.routes)
+    app.add_routes(tokens.routes)
     dashboard.setup(app)
     schedules.setup(app, node)
     queues.setup(app, node)

@@ -9,6 +9,7 @@ from aiohttp import web
 
 from raftsched import core
 from raftsched.api import render
+from raftsched.api.auth import require_tenant
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.requests import (
@@ -47,6 +48,8 @@ def _job_json(request: web.Request, job_id: str) -> dict[str, Any]:
 
 
 async def _submit(request: web.Request, specs: list[JobSpec], size_bytes: int) -> Submitted:
+    for spec in specs:
+        require_tenant(request, spec.tenant)  # 403 outside the token's tenants
     job_ids = node_of(request).new_ids("job", len(specs))
     result = await propose(request, SubmitJobs(tuple(specs), job_ids), Submitted, size_bytes)
     _count_queue_full(request, specs, result.items)

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from raftsched import core
 from raftsched.api import render, unsafe
+from raftsched.api.auth import job_queue_hidden, require_job_in_scope, require_queues
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.requests import body_bytes, node_of, prepare_read, read_json
@@ -78,6 +79,7 @@ async def claim(request: web.Request) -> web.Response:
     max_jobs = integer(body, "max_jobs", 1, CLAIM_JOBS_MAX) or 1
     wait_ms = seconds_ms(body, "wait_s", 0, WAIT_S_MAX) or 0
     lease_ms = seconds_ms(body, "lease_s", LEASE_S_MIN, LEASE_S_MAX)
+    require_queues(request, tuple(queues))  # 403 outside the token's queues
     node = node_of(request)
     outcome = await node.claim(
         worker_id, tuple(dict.fromkeys(queues)), max_jobs, wait_ms / 1000, lease_ms
@@ -148,6 +150,7 @@ def _op_route(op: str) -> None:
     async def handler(request: web.Request) -> web.Response:
         body = require_object(await read_json(request))
         job_id = path_id(request.match_info["job_id"])
+        require_job_in_scope(request, job_id)  # 404 outside the token's queues
         node = node_of(request)
         body = unsafe.ignore_fencing(node, job_id, body)  # negative control only
         command = _command_for(node, op, job_id, body)
@@ -187,6 +190,7 @@ async def lease_batch(request: web.Request) -> web.Response:
                 raise invalid(prefix + "op", "is required")
             job_id = string(item, "job_id", required=True, prefix=prefix)
             assert job_id is not None
+            require_job_in_scope(request, job_id)
             commands.append(_command_for(node, op, job_id, item, prefix))
             slots.append((op, None))
         except ApiError as error:
@@ -224,6 +228,7 @@ async def record_effect(request: web.Request) -> web.Response:
     key = string(body, "key", required=True, length_max=KEY_LENGTH_MAX)
     job_id = string(body, "job_id", required=True)
     assert key is not None and job_id is not None
+    require_job_in_scope(request, job_id)
     body = unsafe.ignore_fencing(node_of(request), job_id, body)  # negative control only
     command = RecordEffect(
         key, job_id, fencing_token(body), pack_json(body.get("result"), "result")
@@ -239,6 +244,6 @@ async def get_effect(request: web.Request) -> web.Response:
     key = request.match_info["key"]
     with node_of(request).reading() as state:
         effect = core.get_effect(state, key)
-    if effect is None:
+    if effect is None or job_queue_hidden(request, effect.job_id):
         raise ApiError("not_found", f"no effect {key}")
     return json_response({"effect": render.effect(effect)}, headers=headers)

@@ -13,6 +13,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from raftsched.api.auth import require_tenant
 from raftsched.api.errors import ApiError, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
@@ -295,6 +296,7 @@ def _with_generated_id(request: web.Request, body: Any) -> Any:
 @routes.post("/v1/schedules")
 async def create_schedule(request: web.Request) -> web.Response:
     spec = parse_schedule(_with_generated_id(request, await read_json(request)))
+    require_tenant(request, spec.job.tenant)  # 403 outside the token's tenants
     result = await propose(request, CreateSchedule(spec), ScheduleSaved, body_bytes(request))
     status = 201 if result.created else 200
     return json_response(_schedule_body(request, spec.id), status=status)
@@ -311,6 +313,8 @@ async def create_schedules(request: web.Request) -> web.Response:
         parse_schedule(_with_generated_id(request, item), prefix=f"schedules[{i}].")
         for i, item in enumerate(items)
     ]
+    for spec in specs:
+        require_tenant(request, spec.job.tenant)
     node = node_of(request)
     # One command per schedule, queued all or none (503 unavailable when the
     # proposer's queue has no room); group commit packs them into a few entries.

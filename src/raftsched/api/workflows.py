@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
+from raftsched.api.auth import require_tenant
 from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.render import time_or_none
@@ -192,6 +193,7 @@ def _read_workflow(request: web.Request, workflow_id: str) -> dict[str, Any]:
 @routes.post("/v1/workflows")
 async def submit_workflow(request: web.Request) -> web.Response:
     fields = parse_workflow(await read_json(request))
+    require_tenant(request, fields["tenant"])  # 403 outside the token's tenants
     workflow_id = node_of(request).new_id("wf")
     command = SubmitWorkflow(workflow_id, **fields)
     result = await propose(request, command, WorkflowSubmitted, body_bytes(request))

@@ -10,6 +10,7 @@ TOML keys mirror the flags (relative paths are relative to the file):
     raft_bind = "0.0.0.0:9701"           # optional
     http_url = "http://10.0.0.1:8701"    # optional
     secret_file = "secret"
+    admin_token_file = "admin.token"     # optional: the first admin token
     durability = "fsync"                 # or "none"
     peers = ["n2=127.0.0.1:9702@http://127.0.0.1:8702"]
     # optional: max_body_bytes, log_format, log_compaction_entries,
@@ -38,7 +39,7 @@ _FILE_KEYS = {
     "id", "data_dir", "http", "raft", "raft_bind", "http_url", "secret_file", "durability",
     "peers", "max_body_bytes", "log_format", "extra", "log_compaction_entries",
     "leader_fallback_timeout_s", "election_timeout_min_s", "election_timeout_max_s",
-    "proposal_queue_commands_max", "proposal_queue_bytes_max",
+    "proposal_queue_commands_max", "proposal_queue_bytes_max", "admin_token_file",
 }  # fmt: skip
 
 
@@ -53,6 +54,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     node.add_argument("--http-url", help="URL clients and peers use for this node's HTTP API")
     node.add_argument("--peer", action="append", metavar="ID=RAFT_HOST:PORT@HTTP_URL")
     node.add_argument("--secret-file", type=Path, help="cluster secret (16+ characters)")
+    node.add_argument(
+        "--admin-token-file", type=Path,
+        help="the first admin token's secret: used (or generated and written, mode 0600) "
+        "when the cluster has no admin token yet",
+    )  # fmt: skip
     node.add_argument("--durability", choices=["fsync", "none"])
     node.add_argument("--max-body-bytes", type=int)
     node.add_argument("--log-format", choices=["auto", "json", "text"])
@@ -98,6 +104,7 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         "raft_bind": args.raft_bind,
         "http_url": args.http_url,
         "secret_file": args.secret_file,
+        "admin_token_file": args.admin_token_file,
         "durability": args.durability,
         "peers": args.peer,
         "max_body_bytes": args.max_body_bytes,
@@ -117,7 +124,7 @@ def _from_file(path: Path) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"unknown keys in {path}: {', '.join(unknown)}")
     base = path.parent
-    for key in ("data_dir", "secret_file"):
+    for key in ("data_dir", "secret_file", "admin_token_file"):
         if key in data:
             data[key] = base / str(data[key])
     return dict(data)
@@ -150,6 +157,9 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
         ),
         proposal_queue_bytes_max=int(
             settings.get("proposal_queue_bytes_max", PROPOSAL_QUEUE_BYTES_MAX)
+        ),
+        admin_token_file=(
+            Path(settings["admin_token_file"]) if settings.get("admin_token_file") else None
         ),
         extra={str(k): str(v) for k, v in dict(settings.get("extra") or {}).items()},
     )

@@ -26,6 +26,7 @@ from raftsched.client._calls import (
     RunAt,
     encode_body,
     request_headers,
+    token_from_env,
 )
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
 from raftsched.client._schedules import AsyncSchedulesMixin
@@ -50,7 +51,8 @@ class AsyncClient(AsyncSchedulesMixin):
         self._timeout_s = timeout_s
         self._connect_timeout_s = min(connect_timeout_s, timeout_s)
         self._retry_budget_s = retry_budget_s
-        self._token = token
+        # None: $RAFTSCHED_TOKEN, if set; "" sends no token at all.
+        self._token = token_from_env() if token is None else (token or None)
         self._session: aiohttp.ClientSession | None = None
 
     @property

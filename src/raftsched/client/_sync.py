@@ -19,6 +19,7 @@ from raftsched.client._calls import (
     RunAt,
     encode_body,
     request_headers,
+    token_from_env,
 )
 from raftsched.client._http import HttpTransport
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
@@ -51,7 +52,8 @@ class Client(SchedulesMixin):
         self._nodes = Nodes(urls)
         self._timeout_s = timeout_s
         self._retry_budget_s = retry_budget_s
-        self._token = token
+        # None: $RAFTSCHED_TOKEN, if set; "" sends no token at all.
+        self._token = token_from_env() if token is None else (token or None)
         self._transport = HttpTransport(min(connect_timeout_s, timeout_s))
 
     @property
