@@ -325,6 +325,12 @@ class LocalCluster:
         """The secret of the cluster's first admin token (its admin.token file)."""
         return self.admin_token_file.read_text(encoding="utf-8").strip()
 
+    def _own_token(self) -> str | None:
+        """The cluster's admin secret once its file exists, else http_json's default."""
+        if self.auth and self.admin_token_file.exists():
+            return self.admin_token
+        return None
+
     def auth_on(self, node_id: str) -> bool:
         try:
             status, body, _ = http_json("GET", self.nodes[node_id].http_url + "/readyz")
@@ -350,7 +356,10 @@ class LocalCluster:
     def cluster_view(self, node_id: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
         try:
             status, body, _ = http_json(
-                "GET", self.nodes[node_id].http_url + "/v1/cluster", timeout_s=timeout_s
+                "GET",
+                self.nodes[node_id].http_url + "/v1/cluster",
+                timeout_s=timeout_s,
+                token=self._own_token(),
             )
         except OSError:
             return None
@@ -394,7 +403,10 @@ class LocalCluster:
                 continue
             try:
                 status, body, _ = http_json(
-                    "GET", node.http_url + "/v1/debug/digest", timeout_s=timeout_s
+                    "GET",
+                    node.http_url + "/v1/debug/digest",
+                    timeout_s=timeout_s,
+                    token=self._own_token(),
                 )
             except OSError:
                 continue

@@ -466,9 +466,14 @@ class Node:
     # -- API tokens (node.auth) -------------------------------------------------
 
     def auth_enabled(self) -> bool:
-        """Whether requests must carry a token: the replica holds an admin token."""
+        """Whether requests must carry a token: the replica holds an admin token.
+        The first time it finds authentication on, the node says so."""
         with self.reading() as state:
-            return auth_enabled(state)
+            enabled = auth_enabled(state)
+        if enabled and not self._auth_logged:
+            self._auth_logged = True
+            log.info("authentication is on: the cluster has an admin token")
+        return enabled
 
     def note_token_use(self, token_id: str) -> None:
         if self.is_leader:
@@ -477,12 +482,8 @@ class Node:
     async def _auth_duties(self) -> None:
         """Once a second: say when authentication turns on; as leader,
         bootstrap the first admin token and record token use (node.auth)."""
-        with self.reading() as state:
-            enabled = auth_enabled(state)
-            version = cluster_version(state)
-        if enabled and not self._auth_logged:
-            self._auth_logged = True
-            log.info("authentication is on: the cluster has an admin token")
+        enabled = self.auth_enabled()
+        version = self.cluster_version()
         if not self.is_leader or version < 3:
             return
         try:
