@@ -3,6 +3,9 @@
 Layout under the data directory (default ./data/dev):
 
     secret          the generated cluster secret (mode 0600), reused on every run
+    admin.token     the first admin token's secret (mode 0600; `--admin-token-file`)
+    worker.token    the demo worker's own token (role worker, queue default), made
+                    through the API once authentication is on
     cluster.json    each node's id, http_url, raft_address, pid and data_dir
     n1/ n2/ ...     each node's data; a second run resumes from it
     n1.log ...      each child's output (also printed, prefixed with its name)
@@ -27,12 +30,15 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from raftsched import child_processes
+from raftsched.node.auth import read_or_create_admin_secret
 
 STOP_TIMEOUT_S = 10.0
 POLL_S = 0.2
@@ -82,12 +88,18 @@ def ensure_secret(path: Path) -> Path:
     return path
 
 
+def ensure_admin_token(path: Path) -> str:
+    """The admin token's secret, generated once (0600); later runs reuse it."""
+    secret, _ = read_or_create_admin_secret(path)
+    return secret
+
+
 def node_command(node: DevNode, others: Sequence[DevNode], secret: Path) -> list[str]:
     command = [
         sys.executable, "-m", "raftsched.cli", "node", "--id", node.id,
         "--data-dir", str(node.data_dir), "--http", node.http_address,
         "--raft", node.raft_address, "--http-url", node.http_url, "--secret-file", str(secret),
-        "--log-format", _log_format(),
+        "--admin-token-file", str(secret.parent / "admin.token"), "--log-format", _log_format(),
     ]  # fmt: skip
     for peer in others:
         command += ["--peer", f"{peer.id}={peer.raft_address}@{peer.http_url}"]
@@ -100,6 +112,53 @@ def worker_command(nodes: Sequence[DevNode]) -> list[str]:
         "--handler", "raftsched.demo:handle", "--worker-id", "dev-worker",
         "--url", ",".join(node.http_url for node in nodes), "--log-format", _log_format(),
     ]  # fmt: skip
+
+
+def _api(url: str, method: str, path: str, token: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def ensure_worker_token(
+    nodes: Sequence[DevNode], admin: str, path: Path, stop: threading.Event
+) -> str | None:
+    """The demo worker's own token (role worker, queue `default`): the one in
+    `path` while the cluster still accepts it, else a new one made through the
+    API (as soon as authentication is on) and kept in `path` (0600)."""
+    deadline = time.monotonic() + 60
+    while not stop.is_set() and time.monotonic() < deadline:
+        for node in nodes:
+            try:
+                ready = _api(node.http_url, "GET", "/readyz", admin)
+                if ready.get("auth") != "on" or ready.get("leader_id") is None:
+                    continue
+                if path.exists():
+                    kept = path.read_text(encoding="utf-8").strip()
+                    try:
+                        _api(node.http_url, "GET", "/v1/whoami", kept)
+                        return kept
+                    except urllib.error.HTTPError as error:
+                        if error.code != 401:
+                            raise
+                body = {"name": "dev-worker", "role": "worker", "queues": ["default"]}
+                leader = next(n for n in nodes if n.id == ready["leader_id"])
+                created = _api(leader.http_url, "POST", "/v1/tokens", admin, body)
+                secret = str(created["secret"])
+                temporary = path.with_suffix(".tmp")
+                descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                    handle.write(secret + "\n")
+                temporary.replace(path)
+                return secret
+            except (OSError, ValueError, StopIteration):
+                continue
+        stop.wait(0.5)
+    return None
 
 
 def _log_format() -> str:
@@ -249,11 +308,15 @@ def print_banner(nodes: Sequence[DevNode], data_dir: Path, output: Output) -> No
     lines += [
         "try:",
         *([url_hint] if url_hint else []),
+        f"  raftsched whoami    # the CLI finds {data_dir}/admin.token from this directory;",
+        f"                      # elsewhere: export RAFTSCHED_TOKEN=$(cat {data_dir}/admin.token)",
         "  raftsched submit default --payload '{\"amount\": 1200}'",
         '  raftsched submit default --payload \'{"fail": "transient"}\' --max-attempts 3',
         "  raftsched jobs list",
         "  raftsched cluster status",
-        f"dashboard: {nodes[0].http_url}/   logs: {data_dir}/<name>.log   Ctrl-C stops everything",
+        "  raftsched tokens create ci --role submitter --tenant default   # more tokens",
+        f"dashboard: {nodes[0].http_url}/ (token: {data_dir}/admin.token)",
+        f"logs: {data_dir}/<name>.log   Ctrl-C stops everything",
     ]
     output.say("\n".join(lines))
 
@@ -276,6 +339,7 @@ def run_dev(
         print(f"error: {problem or 'ports in use: ' + ', '.join(busy)}", file=sys.stderr)
         return 2
     secret = ensure_secret(data_dir / "secret")
+    admin = ensure_admin_token(data_dir / "admin.token")
     stop = threading.Event()
     for signum in STOP_SIGNALS:
         signal.signal(signum, lambda *_: stop.set())
@@ -285,7 +349,14 @@ def run_dev(
         command = node_command(node, others, secret)
         children.append(spawn(node.id, index, command, True, data_dir, output))
     if worker:
-        children.append(spawn("worker", len(plan), worker_command(plan), False, data_dir, output))
+        # The demo worker has a token of its own, made through the API once
+        # the cluster has bootstrapped its admin token from admin.token.
+        token = ensure_worker_token(plan, admin, data_dir / "worker.token", stop)
+        if token is None:
+            output.say("dev: authentication did not come on within 60 s; no demo worker")
+        else:
+            command = worker_command(plan) + ["--token", token]
+            children.append(spawn("worker", len(plan), command, False, data_dir, output))
     write_cluster_json(data_dir / "cluster.json", plan, children)
     print_banner(plan, data_dir, output)
     try:

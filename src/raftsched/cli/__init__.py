@@ -1,4 +1,5 @@
-"""The `raftsched` command line: node, dev, submit, jobs, dlq, cluster, worker.
+"""The `raftsched` command line: node, dev, submit, jobs, dlq, cluster, worker,
+tokens, whoami.
 
 Exit codes: 0 success, 1 an error from the cluster or the network
 (`error: <code>: <message>` on stderr), 2 bad usage or configuration.
@@ -12,7 +13,18 @@ import sys
 from collections.abc import Sequence
 
 from raftsched.child_processes import die_with_parent
-from raftsched.cli import _dev, _events, _flow, _jobs, _node, _schedules, _top, _worker, _workflows
+from raftsched.cli import (
+    _dev,
+    _events,
+    _flow,
+    _jobs,
+    _node,
+    _schedules,
+    _tokens,
+    _top,
+    _worker,
+    _workflows,
+)
 from raftsched.cli._common import EXIT_ERROR, client_options
 
 
@@ -33,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     _top.register(commands, common)
     _flow.register(commands, common)
     _schedules.register(commands, common)
+    _tokens.register(commands, common)
     return parser
 
 

@@ -380,6 +380,33 @@ class Client(SchedulesMixin):
     def delete_subscription(self, subscription_id: str) -> None:
         self.call(wf_calls.delete_subscription(subscription_id))
 
+    # --- API tokens (admin) and who the caller is -------------------------------
+
+    def create_token(
+        self,
+        name: str,
+        role: str,
+        *,
+        tenants: Sequence[str] = ("*",),
+        queues: Sequence[str] = ("*",),
+        expires_at: str | None = None,
+    ) -> JsonObject:
+        """`{"token": Token, "secret": "rsk_..."}`: the secret is shown only here."""
+        return self.call(wf_calls.create_token(name, role, tenants, queues, expires_at))
+
+    def list_tokens(self, *, consistency: Consistency | None = None) -> list[JsonObject]:
+        return self.call(wf_calls.list_tokens(consistency))
+
+    def get_token(self, token_id: str, *, consistency: Consistency | None = None) -> JsonObject:
+        return self.call(wf_calls.get_token(token_id, consistency))
+
+    def revoke_token(self, token_id: str) -> JsonObject:
+        return self.call(wf_calls.revoke_token(token_id))
+
+    def whoami(self) -> JsonObject:
+        """`{"token": Token | None, "auth": "on" | "off", ...}`."""
+        return self.call(wf_calls.whoami())
+
     def retry_parked(self, subscription_id: str) -> JsonObject:
         return self.call(wf_calls.retry_parked(subscription_id))
 

@@ -15,7 +15,7 @@ import pytest
 
 from raftsched import child_processes, devcluster
 from raftsched.client import Client
-from raftsched.testing import free_port_block
+from raftsched.testing import free_port_block, wait_for
 
 
 def test_plan_and_commands(tmp_path: Path) -> None:
@@ -92,7 +92,10 @@ def test_dev_runs_a_job_stops_cleanly_and_resumes(tmp_path: Path) -> None:
     urls = [f"http://127.0.0.1:{http_port + i}" for i in range(3)]
     launcher = launch(data_dir, http_port, raft_port)
     try:
-        with Client(urls, retry_budget_s=30) as client:
+        # The launcher writes admin.token before it starts the nodes.
+        assert wait_for(lambda: (data_dir / "admin.token").exists(), 30)
+        admin = (data_dir / "admin.token").read_text().strip()
+        with Client(urls, retry_budget_s=30, token=admin) as client:
             job = client.submit("default", {"amount": 3}, idempotency_key="dev-test")
             done = client.wait_job(job["id"], timeout_s=30)
             assert done["status"] == "succeeded"
@@ -104,7 +107,7 @@ def test_dev_runs_a_job_stops_cleanly_and_resumes(tmp_path: Path) -> None:
 
     launcher = launch(data_dir, http_port, raft_port)
     try:
-        with Client(urls, retry_budget_s=30) as client:
+        with Client(urls, retry_budget_s=30, token=admin) as client:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:
                 try:
