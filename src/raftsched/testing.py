@@ -178,6 +178,18 @@ class NodeProcess:
         return self.process is not None and self.process.poll() is None
 
 
+def _knows_admin_token_file(node: NodeProcess) -> bool:
+    """Whether the node's code has `--admin-token-file` (a release before
+    0.3.0 refuses the flag; it has no tokens, and serves without them)."""
+    if node.source_dir is None:
+        return True
+    cli = node.source_dir / "raftsched" / "cli" / "_node.py"
+    try:
+        return "--admin-token-file" in cli.read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
 @dataclass
 class LocalCluster:
     root: Path
@@ -243,7 +255,7 @@ class LocalCluster:
             "--durability",
             self.durability,
         ]
-        if self.auth:
+        if self.auth and _knows_admin_token_file(node):
             args += ["--admin-token-file", str(self.admin_token_file)]
         for other in self.nodes.values():
             if other.id != node.id:
