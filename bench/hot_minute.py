@@ -60,8 +60,11 @@ class Http:
     def __init__(self, base_url: str, connections: int) -> None:
         self.base_url = base_url
         connector = aiohttp.TCPConnector(limit=connections)
+        token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
         self.session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=120),
+            headers={"Authorization": f"Bearer {token}"} if token else {},
         )
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -241,6 +244,7 @@ def main() -> None:
     result: dict[str, Any] = {"cpus": os.cpu_count(), "durability": "fsync"}
     env = {"PYTHONPATH": str(args.src.resolve())} if args.src else {}
     cluster = LocalCluster(root, size=3, durability="fsync", env=env)
+    os.environ["RAFTSCHED_TOKEN"] = cluster.admin_token  # every call of the run carries it
     try:
         cluster.start()
         leader = cluster.wait_for_leader(timeout_s=60)

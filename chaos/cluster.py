@@ -92,6 +92,7 @@ class NsCluster(LocalCluster):
         args += ["--data-dir", str(node.data_dir), "--http", f"{node.ip}:{node.http_port}"]
         args += ["--raft", node.raft_address, "--secret-file", str(self.secret_file)]
         args += ["--durability", self.durability, "--log-format", "json"]
+        args += ["--admin-token-file", str(self.admin_token_file)]
         for other in self.nodes.values():
             if other.id != node.id:
                 args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]

@@ -178,16 +178,21 @@ class NodeProcess:
         return self.process is not None and self.process.poll() is None
 
 
-def _knows_admin_token_file(node: NodeProcess) -> bool:
+def _knows_admin_token_file(node: NodeProcess, env: Mapping[str, str]) -> bool:
     """Whether the node's code has `--admin-token-file` (a release before
-    0.3.0 refuses the flag; it has no tokens, and serves without them)."""
-    if node.source_dir is None:
-        return True
-    cli = node.source_dir / "raftsched" / "cli" / "_node.py"
-    try:
-        return "--admin-token-file" in cli.read_text(encoding="utf-8")
-    except OSError:
-        return False
+    0.3.0 refuses the flag; it has no tokens, and serves without them). The
+    code is the node's `source_dir`, else the first `PYTHONPATH` entry of
+    the cluster's environment that holds a raftsched package, else this one."""
+    roots = [node.source_dir] if node.source_dir is not None else []
+    roots += [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for root in roots:
+        cli = root / "raftsched" / "cli" / "_node.py"
+        if cli.exists():
+            try:
+                return "--admin-token-file" in cli.read_text(encoding="utf-8")
+            except OSError:
+                return False
+    return True
 
 
 @dataclass
@@ -255,7 +260,7 @@ class LocalCluster:
             "--durability",
             self.durability,
         ]
-        if self.auth and _knows_admin_token_file(node):
+        if self.auth and _knows_admin_token_file(node, self.env):
             args += ["--admin-token-file", str(self.admin_token_file)]
         for other in self.nodes.values():
             if other.id != node.id:
