@@ -8,7 +8,11 @@ node log line may contain any of them.
 
 from __future__ import annotations
 
+import json
+import os
 import stat
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -250,6 +254,54 @@ def test_an_expired_token_is_refused(cluster: LocalCluster) -> None:
     past = {"name": "x", "role": "viewer", "expires_at": "2020-01-01T00:00:00Z"}
     status, body, _ = call(url, "POST", "/v1/tokens", past, token=cluster.admin_token)
     assert status == 400 and body["error"]["details"]["field"] == "expires_at"
+
+
+def cli(
+    cluster: LocalCluster, *args: str, cwd: Path | None = None, token: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAFTSCHED_TOKEN"}
+    if token is not None:
+        env["RAFTSCHED_TOKEN"] = token
+    return subprocess.run(
+        [sys.executable, "-m", "raftsched", "--url", ",".join(cluster.urls), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_cli_manages_tokens_and_finds_its_own(cluster: LocalCluster, tmp_path: Path) -> None:
+    admin = cluster.admin_token
+    made = cli(cluster, "--json", "tokens", "create", "ci", "--role", "viewer", token=admin)
+    assert made.returncode == 0, made.stderr
+    created = json.loads(made.stdout)
+    SECRETS.append(created["secret"])
+    token_id = created["token"]["id"]
+    # --token wins over the environment.
+    me = cli(cluster, "--json", "whoami", "--token", created["secret"], token=admin)
+    assert me.returncode == 0 and json.loads(me.stdout)["token"]["id"] == token_id, me.stderr
+    listed = cli(cluster, "tokens", "list", token=admin)
+    assert (
+        listed.returncode == 0
+        and token_id in listed.stdout
+        and created["secret"] not in (listed.stdout)
+    )
+    got = cli(cluster, "--json", "tokens", "get", token_id, token=admin)
+    assert got.returncode == 0 and json.loads(got.stdout)["token"]["name"] == "ci"
+    revoked = cli(cluster, "tokens", "revoke", token_id, token=admin)
+    assert revoked.returncode == 0 and f"revoked {token_id}" in revoked.stdout
+    refused = cli(cluster, "whoami", token=created["secret"])
+    assert refused.returncode == 1 and "unauthenticated" in refused.stderr
+    # Without --token or $RAFTSCHED_TOKEN: data/dev/admin.token under the current directory.
+    (tmp_path / "data" / "dev").mkdir(parents=True)
+    (tmp_path / "data" / "dev" / "admin.token").write_text(admin + "\n")
+    found = cli(cluster, "--json", "whoami", cwd=tmp_path)
+    assert found.returncode == 0 and json.loads(found.stdout)["token"]["role"] == "admin"
+    nothing = cli(cluster, "whoami")
+    assert nothing.returncode == 1 and "unauthenticated" in nothing.stderr
 
 
 def failures(url: str, token: str) -> dict[str, float]:
