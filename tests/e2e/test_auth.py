@@ -89,6 +89,18 @@ def test_bootstrap_generates_the_file_0600_and_turns_auth_on_everywhere(
         assert "secret" not in body["token"]
     logs = cluster.logs()
     assert "authentication is on" in logs and "bootstrapped the first admin token" in logs
+    # Use is recorded coarsely (to the minute, at most one TouchTokens a
+    # minute), by the leader: the admin token's first uses show up soon.
+    admin_id = body["token"]["id"]
+
+    def last_used() -> str | None:
+        status, answer, _ = call(leader_url(cluster), "GET", f"/v1/tokens/{admin_id}", token=secret)
+        assert status == 200, answer
+        used: str | None = answer["token"]["last_used_at"]
+        return used
+
+    assert wait_for(lambda: last_used() is not None, 10)
+    assert str(last_used()).endswith(":00.000Z")  # a whole minute
 
 
 def test_without_a_valid_token_only_public_routes_answer(cluster: LocalCluster) -> None:
