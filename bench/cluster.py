@@ -159,6 +159,12 @@ def loadavg() -> str:
         return "unknown"
 
 
+def auth_headers() -> dict[str, str]:
+    """The cluster's admin token (set in $RAFTSCHED_TOKEN once the cluster exists)."""
+    token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 class Http:
     """Raw aiohttp calls to one node: JSON in, (status, JSON) out, no redirects."""
 
@@ -166,7 +172,9 @@ class Http:
         self.base_url = base_url
         connector = aiohttp.TCPConnector(limit=connections, force_close=False)
         timeout = aiohttp.ClientTimeout(total=30)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        self.session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, headers=auth_headers()
+        )
 
     async def post(self, path: str, body: Any, base_url: str | None = None) -> tuple[int, Any]:
         url = (base_url or self.base_url) + path
@@ -423,7 +431,9 @@ async def settle(urls: list[str], timeout_s: float = 60.0) -> float:
     appends; the due-to-lease phase measures the lag on a settled cluster.
     Returns how long that took."""
     started = time.monotonic()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+    async with aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=5), headers=auth_headers()
+    ) as session:
         while time.monotonic() - started < timeout_s:
             views = []
             for url in urls:
@@ -538,6 +548,7 @@ def main() -> None:
     }
     env = {"PYTHONPATH": str(args.src.resolve())} if args.src else {}
     cluster = LocalCluster(root, size=3, durability="fsync", env=env)
+    os.environ["RAFTSCHED_TOKEN"] = cluster.admin_token  # every call of the run carries it
     try:
         cluster.start()
         leader = cluster.wait_for_leader(timeout_s=60)

@@ -31,13 +31,12 @@ import shutil
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from raftsched.testing import LocalCluster
+from raftsched.testing import LocalCluster, metrics_text
 from raftsched.timefmt import format_ms
 
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -61,8 +60,11 @@ class Http:
     def __init__(self, base_url: str, connections: int) -> None:
         self.base_url = base_url
         connector = aiohttp.TCPConnector(limit=connections)
+        token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
         self.session = aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=120),
+            headers={"Authorization": f"Bearer {token}"} if token else {},
         )
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -206,8 +208,7 @@ async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
 def node_figures(base_url: str) -> dict[str, float]:
     """Collections and their time in one node process, and on the leader
     the entries it proposed and their commit time (from /metrics)."""
-    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
+    text = metrics_text(base_url)
     figures: dict[str, float] = {}
     for line in text.splitlines():
         for name, key in (
@@ -243,6 +244,7 @@ def main() -> None:
     result: dict[str, Any] = {"cpus": os.cpu_count(), "durability": "fsync"}
     env = {"PYTHONPATH": str(args.src.resolve())} if args.src else {}
     cluster = LocalCluster(root, size=3, durability="fsync", env=env)
+    os.environ["RAFTSCHED_TOKEN"] = cluster.admin_token  # every call of the run carries it
     try:
         cluster.start()
         leader = cluster.wait_for_leader(timeout_s=60)

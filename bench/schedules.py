@@ -86,7 +86,9 @@ def hot_minute(count: int) -> dict[str, Any]:
     cluster.start()
     try:
         cluster.wait_for_leader(timeout_s=60)
-        with Client(cluster.urls, timeout_s=60, retry_budget_s=120) as client:
+        with Client(
+            cluster.urls, timeout_s=60, retry_budget_s=120, token=cluster.admin_token
+        ) as client:
             client.submit_batch([{"queue": OTHER_QUEUE} for _ in range(500)])
             # Estimate creation speed on 2% more schedules (idle: a day ahead),
             # then set the instant far enough out for all N to exist by then.

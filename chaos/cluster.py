@@ -95,6 +95,7 @@ class NsCluster(LocalCluster):
         # Namespaced 10.77.x addresses are not loopback, but the chaos network
         # is private to this machine: plain HTTP is what it tests.
         args += ["--insecure-http"]
+        args += ["--admin-token-file", str(self.admin_token_file)]
         for other in self.nodes.values():
             if other.id != node.id:
                 args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]

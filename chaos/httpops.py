@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -65,6 +66,9 @@ def send(
             raise _NotSent(str(error)) from error
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
+        if token:  # the cluster's admin token (chaos/run.py sets it)
+            headers["Authorization"] = f"Bearer {token}"
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         try:
             connection.request(method, target, body=data, headers=headers)

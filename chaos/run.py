@@ -242,6 +242,9 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
     stop_clients = threading.Event()
     try:
         cluster = NsCluster(out / "cluster", args.nodes, net, faketime_library(), env=env)
+        # The cluster bootstraps this admin token; every client, worker and
+        # checker of the run authenticates with it (chaos/httpops.py).
+        os.environ["RAFTSCHED_TOKEN"] = cluster.admin_token
         cluster.start()
         cluster.wait_for_leader(60)
         sink = FencedSink(out / "sink.jsonl").start()

@@ -84,6 +84,9 @@ class NodeConfig:
     # private ranges, and explicit networks (which may include loopback).
     webhook_allow_private: bool = False
     webhook_allow_cidrs: tuple[str, ...] = ()
+    # The first admin token's secret (see node.auth): read, or generated and
+    # written, when the cluster has no admin token yet.
+    admin_token_file: Path | None = None
     extra: dict[str, str] = field(default_factory=dict)
     # TLS (docs/security.md): the node's certificate chain and key (PEM). With
     # them it serves HTTPS, and presents the certificate to peers that ask.

@@ -3,6 +3,9 @@
 Layout under the data directory (default ./data/dev):
 
     secret          the generated cluster secret (mode 0600), reused on every run
+    admin.token     the first admin token's secret (mode 0600; `--admin-token-file`)
+    worker.token    the demo worker's own token (role worker, queue default), made
+                    through the API once authentication is on
     cluster.json    each node's id, http_url, raft_address, pid and data_dir
     tls/            with --tls: ca.pem (the CA file for clients), ca.key, and
                     each node's n1.pem/n1.key (keys mode 0600); the CA is made
@@ -26,10 +29,13 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +43,7 @@ from typing import IO, Any
 
 from raftsched import child_processes
 from raftsched.config import is_loopback_host
+from raftsched.node.auth import read_or_create_admin_secret
 from raftsched.pki import DevTls, dev_certificates
 
 STOP_TIMEOUT_S = 10.0
@@ -88,6 +95,12 @@ def ensure_secret(path: Path) -> Path:
     return path
 
 
+def ensure_admin_token(path: Path) -> str:
+    """The admin token's secret, generated once (0600); later runs reuse it."""
+    secret, _ = read_or_create_admin_secret(path)
+    return secret
+
+
 def node_command(
     node: DevNode,
     others: Sequence[DevNode],
@@ -100,7 +113,7 @@ def node_command(
         sys.executable, "-m", "raftsched.cli", "node", "--id", node.id,
         "--data-dir", str(node.data_dir), "--http", node.http_address,
         "--raft", node.raft_address, "--http-url", node.http_url, "--secret-file", str(secret),
-        "--log-format", _log_format(),
+        "--admin-token-file", str(secret.parent / "admin.token"), "--log-format", _log_format(),
         # A developer's webhook receiver runs on this machine: loopback
         # targets are allowed here, never by default (docs/security.md).
         "--webhook-allow-cidr", "127.0.0.0/8", "--webhook-allow-cidr", "::1/128",
@@ -124,6 +137,65 @@ def worker_command(nodes: Sequence[DevNode], tls: DevTls | None = None) -> list[
     if tls is not None:
         command += ["--ca-file", str(tls.ca_file)]
     return command
+
+
+def _api(
+    url: str,
+    method: str,
+    path: str,
+    token: str,
+    body: Any = None,
+    context: ssl.SSLContext | None = None,
+) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, method=method)
+    request.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=5, context=context) as response:
+        return json.loads(response.read())
+
+
+def ensure_worker_token(
+    nodes: Sequence[DevNode],
+    admin: str,
+    path: Path,
+    stop: threading.Event,
+    tls: DevTls | None = None,
+) -> str | None:
+    """The demo worker's own token (role worker, queue `default`): the one in
+    `path` while the cluster still accepts it, else a new one made through the
+    API (as soon as authentication is on) and kept in `path` (0600)."""
+    context = None if tls is None else ssl.create_default_context(cafile=str(tls.ca_file))
+    deadline = time.monotonic() + 60
+    while not stop.is_set() and time.monotonic() < deadline:
+        for node in nodes:
+            try:
+                ready = _api(node.http_url, "GET", "/readyz", admin, context=context)
+                if ready.get("auth") != "on" or ready.get("leader_id") is None:
+                    continue
+                if path.exists():
+                    kept = path.read_text(encoding="utf-8").strip()
+                    try:
+                        _api(node.http_url, "GET", "/v1/whoami", kept, context=context)
+                        return kept
+                    except urllib.error.HTTPError as error:
+                        if error.code != 401:
+                            raise
+                body = {"name": "dev-worker", "role": "worker", "queues": ["default"]}
+                leader = next(n for n in nodes if n.id == ready["leader_id"])
+                created = _api(leader.http_url, "POST", "/v1/tokens", admin, body, context)
+                secret = str(created["secret"])
+                temporary = path.with_suffix(".tmp")
+                descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                    handle.write(secret + "\n")
+                temporary.replace(path)
+                return secret
+            except (OSError, ValueError, StopIteration):
+                continue
+        stop.wait(0.5)
+    return None
 
 
 def _log_format() -> str:
@@ -280,11 +352,15 @@ def print_banner(
         "try:",
         *([url_hint] if url_hint else []),
         *ca_hint,
+        f"  raftsched whoami    # the CLI finds {data_dir}/admin.token from this directory;",
+        f"                      # elsewhere: export RAFTSCHED_TOKEN=$(cat {data_dir}/admin.token)",
         "  raftsched submit default --payload '{\"amount\": 1200}'",
         '  raftsched submit default --payload \'{"fail": "transient"}\' --max-attempts 3',
         "  raftsched jobs list",
         "  raftsched cluster status",
-        f"dashboard: {nodes[0].http_url}/   logs: {data_dir}/<name>.log   Ctrl-C stops everything",
+        "  raftsched tokens create ci --role submitter --tenant default   # more tokens",
+        f"dashboard: {nodes[0].http_url}/ (token: {data_dir}/admin.token)",
+        f"logs: {data_dir}/<name>.log   Ctrl-C stops everything",
     ]
     if tls is not None:
         lines += [
@@ -325,6 +401,7 @@ def run_dev(
     certificates = (
         dev_certificates(data_dir / "tls", [node.id for node in plan], [host]) if tls else None
     )
+    admin = ensure_admin_token(data_dir / "admin.token")
     stop = threading.Event()
     for signum in STOP_SIGNALS:
         signal.signal(signum, lambda *_: stop.set())
@@ -334,8 +411,14 @@ def run_dev(
         command = node_command(node, others, secret, certificates, insecure_http=insecure_http)
         children.append(spawn(node.id, index, command, True, data_dir, output))
     if worker:
-        command = worker_command(plan, certificates)
-        children.append(spawn("worker", len(plan), command, False, data_dir, output))
+        # The demo worker has a token of its own, made through the API once
+        # the cluster has bootstrapped its admin token from admin.token.
+        token = ensure_worker_token(plan, admin, data_dir / "worker.token", stop, certificates)
+        if token is None:
+            output.say("dev: authentication did not come on within 60 s; no demo worker")
+        else:
+            command = worker_command(plan, certificates) + ["--token", token]
+            children.append(spawn("worker", len(plan), command, False, data_dir, output))
     write_cluster_json(data_dir / "cluster.json", plan, children, certificates)
     print_banner(plan, data_dir, output, certificates)
     try:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from raftsched import child_processes
+from raftsched.node.auth import looks_like_secret, new_secret
 
 # The loopback networks, which test clusters allow as webhook targets.
 WEBHOOK_ALLOW_LOOPBACK: Final = ("127.0.0.0/8", "::1/128")
@@ -106,13 +107,26 @@ def http_json(
     body: Any = None,
     timeout_s: float = 5.0,
     context: ssl.SSLContext | None = None,
+    *,
+    token: str | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> tuple[int, dict[str, Any], dict[str, str]]:
     """One HTTP request without following redirects: (status, json body, headers).
-    `context`: the TLS context for an https:// URL (default: the system's)."""
+
+    `context`: the TLS context for an https:// URL (default: the system's).
+    It carries `Authorization: Bearer <token>`; `token=None` takes
+    `$RAFTSCHED_TOKEN` (what the test session's clusters are given, see
+    `LocalCluster.admin_secret`), and `token=""` sends no token at all."""
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         request.add_header("Content-Type", "application/json")
+    if token is None:
+        token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
 
     class NoRedirect(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, *args: Any, **kwargs: Any) -> None:
@@ -187,6 +201,19 @@ def make_cluster_tls(directory: Path, *, mutual: bool = False) -> ClusterTls:
     return tls
 
 
+def metrics_text(url: str, token: str | None = None, timeout_s: float = 10.0) -> str:
+    """A node's `/metrics` page (`url` is the node's base URL); the token as
+    for `http_json`."""
+    request = urllib.request.Request(url.rstrip("/") + "/metrics")
+    if token is None:
+        token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        text: str = response.read().decode()
+    return text
+
+
 @dataclass
 class NodeProcess:
     id: str
@@ -221,6 +248,24 @@ class NodeProcess:
         return self.process is not None and self.process.poll() is None
 
 
+def _node_knows(node: NodeProcess, env: Mapping[str, str], flag: str) -> bool:
+    """Whether the node's code has the command-line `flag` (an earlier
+    release refuses a flag it does not know: `--admin-token-file` came with
+    0.3.0, and a node without it has no tokens and serves without them). The
+    code is the node's `source_dir`, else the first `PYTHONPATH` entry of
+    the cluster's environment that holds a raftsched package, else this one."""
+    roots = [node.source_dir] if node.source_dir is not None else []
+    roots += [Path(p) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for root in roots:
+        cli = root / "raftsched" / "cli" / "_node.py"
+        if cli.exists():
+            try:
+                return flag in cli.read_text(encoding="utf-8")
+            except OSError:
+                return False
+    return True
+
+
 @dataclass
 class LocalCluster:
     root: Path
@@ -234,6 +279,16 @@ class LocalCluster:
     # tests' receivers listen on loopback, which a node refuses by default
     # (docs/security.md, "Webhook targets (SSRF)"). `()` tests the default.
     webhook_allow_cidrs: tuple[str, ...] = WEBHOOK_ALLOW_LOOPBACK
+    # Authentication (issue 15): every node is given `<root>/admin.token`
+    # (`--admin-token-file`), so the cluster turns authentication on as soon
+    # as its version allows tokens. The secret written there is
+    # `admin_secret`, else `$RAFTSCHED_TOKEN` (the e2e conftest sets one per
+    # session, so that clients, workers and `http_json` carry it by
+    # default), else a new one. `write_admin_token=False` leaves the file
+    # for the node to generate; `auth=False` gives the nodes no file at all.
+    auth: bool = True
+    admin_secret: str | None = None
+    write_admin_token: bool = True
 
     def __post_init__(self) -> None:
         _note_created(self)
@@ -242,6 +297,14 @@ class LocalCluster:
         if not self.secret_file.exists():
             self.secret_file.write_text(secrets.token_urlsafe(32))
             self.secret_file.chmod(0o600)
+        self.admin_token_file = self.root / "admin.token"
+        if self.auth and self.write_admin_token and not self.admin_token_file.exists():
+            secret = self.admin_secret or os.environ.get("RAFTSCHED_TOKEN", "").strip()
+            if not looks_like_secret(secret):
+                secret = new_secret()
+            fd = os.open(self.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secret + "\n")
         for index in range(1, self.size + 1):
             node_id = f"n{index}"
             self.nodes[node_id] = NodeProcess(
@@ -282,9 +345,11 @@ class LocalCluster:
         ]
         for path in node.secret_accept_files:
             args += ["--secret-accept-file", str(path)]
-        if node.source_dir is None:  # earlier releases know no such flag
+        if _node_knows(node, self.env, "--webhook-allow-cidr"):
             for cidr in self.webhook_allow_cidrs:
                 args += ["--webhook-allow-cidr", cidr]
+        if self.auth and _node_knows(node, self.env, "--admin-token-file"):
+            args += ["--admin-token-file", str(self.admin_token_file)]
         for other in self.nodes.values():
             if other.id != node.id:
                 args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]
@@ -360,6 +425,32 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    # -- authentication -------------------------------------------------------
+
+    @property
+    def admin_token(self) -> str:
+        """The secret of the cluster's first admin token (its admin.token file)."""
+        return self.admin_token_file.read_text(encoding="utf-8").strip()
+
+    def _own_token(self) -> str | None:
+        """The cluster's admin secret once its file exists, else http_json's default."""
+        if self.auth and self.admin_token_file.exists():
+            return self.admin_token
+        return None
+
+    def auth_on(self, node_id: str) -> bool:
+        try:
+            status, body, _ = http_json("GET", self.nodes[node_id].http_url + "/readyz")
+        except OSError:
+            return False
+        return status == 200 and body.get("auth") == "on"
+
+    def wait_for_auth(self, timeout_s: float = 30.0) -> None:
+        """Wait until every live node requires tokens (its first admin token applied)."""
+        live = [n.id for n in self.nodes.values() if n.alive and not n.paused]
+        if not wait_for(lambda: all(self.auth_on(node_id) for node_id in live), timeout_s):
+            raise TimeoutError(f"authentication not on within {timeout_s}s; logs in {self.root}")
+
     # -- observation ----------------------------------------------------------
 
     @property
@@ -376,6 +467,7 @@ class LocalCluster:
                 self.nodes[node_id].http_url + "/v1/cluster",
                 timeout_s=timeout_s,
                 context=self.ssl_context,
+                token=self._own_token(),
             )
         except OSError:
             return None
@@ -425,6 +517,7 @@ class LocalCluster:
                     node.http_url + "/v1/debug/digest",
                     timeout_s=timeout_s,
                     context=self.ssl_context,
+                    token=self._own_token(),
                 )
             except OSError:
                 continue

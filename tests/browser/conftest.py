@@ -30,7 +30,10 @@ STUCK_AFTER_S = "2"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root: Path = tmp_path_factory.mktemp("browser") / "cluster"
-    local = LocalCluster(root, size=3, env={"RAFTSCHED_STUCK_AFTER_S": STUCK_AFTER_S})
+    # No admin token file: the dashboard cannot log in yet (its login is
+    # work of its own), so its cluster serves without tokens, as a cluster
+    # does before its first admin token.
+    local = LocalCluster(root, size=3, env={"RAFTSCHED_STUCK_AFTER_S": STUCK_AFTER_S}, auth=False)
     local.start()
     try:
         local.wait_for_leader(timeout_s=30)

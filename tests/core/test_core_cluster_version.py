@@ -17,6 +17,7 @@ from raftsched.core import (
     encode_state,
     needs_upgrade,
 )
+from raftsched.core.auth.commands import BootstrapAdmin, CreateToken, RevokeToken, TouchTokens
 from raftsched.core.jobs.commands import Configure
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION, cluster_version
 from raftsched.core.kernel.commands import Audited, RaiseClusterVersion
@@ -27,11 +28,15 @@ def test_a_new_state_is_at_version_1() -> None:
     assert cluster_version(Cluster().state) == 1
 
 
-def test_every_command_kind_has_a_version_and_only_raise_and_audited_are_new() -> None:
+def test_every_command_kind_has_a_version_and_only_raise_audited_and_tokens_are_new() -> None:
     assert COMMAND_VERSIONS.keys() == COMMAND_TAGS.keys()
     assert {cls: version for cls, version in COMMAND_VERSIONS.items() if version > 1} == {
         RaiseClusterVersion: 2,
         Audited: 3,
+        BootstrapAdmin: 3,
+        CreateToken: 3,
+        RevokeToken: 3,
+        TouchTokens: 3,
     }
     assert COMMAND_VERSION_MAX == 3
 

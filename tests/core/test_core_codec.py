@@ -22,6 +22,7 @@ from raftsched.core import (
     encode_state_pieces,
     state_digest,
 )
+from raftsched.core.auth.commands import BootstrapAdmin, CreateToken, RevokeToken, TouchTokens
 from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
@@ -141,6 +142,12 @@ EVERY_COMMAND: tuple[Command, ...] = (
     # The audit trail (issue 15).
     Audited("alice (tok_1)", CancelJob("job_1", "why", "alice (tok_1)")),
     Audited("bob", SetQueue("q", True, 2_500, 10, 4, 20, 1_000)),
+    # API tokens (issue 15).
+    CreateToken("tok_1", "api", "submitter", ("acme",), ("*",), b"h" * 32, 5_000),
+    CreateToken("tok_2", "ops", "operator", ("*",), ("*",), b"i" * 32),
+    RevokeToken("tok_1"),
+    BootstrapAdmin("tok_0", "admin", b"a" * 32),
+    TouchTokens(("tok_0", "tok_2"), 60_000),
 )  # fmt: skip
 
 
@@ -156,6 +163,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         SubmitWorkflow: 50, CancelWorkflow: 51,
         SetQueue: 60, PauseQueue: 61, SetTenant: 62,
         Audited: 80,
+        CreateToken: 70, RevokeToken: 71, BootstrapAdmin: 72, TouchTokens: 73,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

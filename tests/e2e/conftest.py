@@ -8,6 +8,7 @@ reason=...)`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,24 @@ import pytest
 from e2e_support import cluster_env
 
 from raftsched.client import Client
+from raftsched.node.auth import new_secret
 from raftsched.testing import ExpectedLogError, LocalCluster, watch_clusters
+
+
+@pytest.fixture(autouse=True, scope="session")
+def admin_token() -> Iterator[str]:
+    """One admin secret for the session's clusters, in `$RAFTSCHED_TOKEN`:
+    every `LocalCluster` writes it to its admin.token file, and clients,
+    worker processes and `http_json` send it by default, so every test runs
+    with authentication on."""
+    before = os.environ.get("RAFTSCHED_TOKEN")
+    secret = new_secret()
+    os.environ["RAFTSCHED_TOKEN"] = secret
+    yield secret
+    if before is None:
+        os.environ.pop("RAFTSCHED_TOKEN", None)
+    else:
+        os.environ["RAFTSCHED_TOKEN"] = before
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,6 +68,7 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalClu
     local.start()
     try:
         local.wait_for_leader(timeout_s=30)
+        local.wait_for_auth(timeout_s=30)
         yield local
     finally:
         local.stop()

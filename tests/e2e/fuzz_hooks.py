@@ -11,6 +11,7 @@ coverage phase, as the strings that will be sent.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import schemathesis
@@ -45,3 +46,7 @@ def _shortened(container: Any) -> None:
 def before_call(context: schemathesis.HookContext, case: schemathesis.Case, kwargs: Any) -> None:
     _shortened(case.query)
     _shortened(case.body)
+    # The cluster requires a token: the session's admin secret (tests/e2e/conftest.py).
+    token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
+    if token:
+        case.headers = {**(case.headers or {}), "Authorization": f"Bearer {token}"}

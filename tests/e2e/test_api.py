@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 
 from raftsched.client import Client, IdempotencyConflict, LeaseLost
-from raftsched.testing import LocalCluster, http_json
+from raftsched.testing import LocalCluster, http_json, metrics_text
 
 
 def leader_and_follower(cluster: LocalCluster) -> tuple[str, str]:
@@ -259,8 +260,7 @@ def test_request_id_is_echoed_and_metrics_are_served(cluster: LocalCluster) -> N
     request = urllib.request.Request(leader_url + "/healthz", headers={"X-Request-Id": "abc-1"})
     with urllib.request.urlopen(request, timeout=5) as response:
         assert response.headers["X-Request-Id"] == "abc-1"
-    with urllib.request.urlopen(leader_url + "/metrics", timeout=5) as response:
-        text = response.read().decode()
+    text = metrics_text(leader_url)
     for name in (
         "raftsched_raft_term",
         "raftsched_raft_commit_index",
@@ -290,9 +290,11 @@ def raw_post(url: str, data: bytes) -> tuple[int, dict[str, Any], dict[str, str]
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(
-        url, data=data, method="POST", headers={"Content-Type": "application/json"}
-    )
+    headers = {
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {os.environ['RAFTSCHED_TOKEN']}",
+    }
+    request = urllib.request.Request(url, data=data, method="POST", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read()), dict(response.headers)

@@ -18,7 +18,6 @@ import os
 import pickle
 import signal
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from raftsched.core import encode_entry
 from raftsched.core.kernel.codec import ENTRY_FORMAT
 from raftsched.core.kernel.commands import Barrier, Entry
 from raftsched.raft_journal import Disk, DurableJournal
-from raftsched.testing import LocalCluster, http_json, wait_for
+from raftsched.testing import LocalCluster, http_json, metrics_text, wait_for
 
 UNKNOWN_TAG = 99
 
@@ -59,8 +58,7 @@ def readyz(url: str) -> tuple[int, dict[str, Any]]:
 
 
 def halted_gauge(url: str) -> str | None:
-    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
-        text = response.read().decode()
+    text = metrics_text(url, timeout_s=5)
     for line in text.splitlines():
         if line.startswith("raftsched_apply_halted "):
             return line.split()[1]

@@ -515,6 +515,18 @@ def _bases(live: Live) -> dict[tuple[str, str], list[tuple[dict[str, str], Any]]
         ("PUT", "/v1/tenants/{name}"): [
             ({"name": "bad-input-tenant"}, {"weight": 2, "concurrency_limit": 10, "max_queued": 99})
         ],
+        ("POST", "/v1/tokens"): [
+            (
+                {},
+                {
+                    "name": "bad-input-token",
+                    "role": "viewer",
+                    "tenants": ["bad-input-tenant"],
+                    "queues": ["*"],
+                    "expires_at": _iso(now + timedelta(hours=1)),
+                },
+            )
+        ],
         ("POST", "/v1/schedules"): [({}, schedule)],
         ("POST", "/v1/schedules/batch"): [({}, {"schedules": [schedule | {"id": "bad-input-b"}]})],
         ("PUT", "/v1/schedules/{schedule_id}"): [
@@ -548,6 +560,8 @@ def _committed(live: Live) -> dict[str, Any]:
             for q in queues
         ],
         "tenants": live.ok("GET", "/v1/tenants")["tenants"],
+        # (ids only: a token's last_used_at moves with every request)
+        "tokens": [token["id"] for token in live.ok("GET", "/v1/tokens")["tokens"]],
         "last_event_seq": live.ok("GET", "/v1/events?limit=1")["last_seq"],
         "effect": live.call("GET", "/v1/effects/bad-input-effect")[0],
     }

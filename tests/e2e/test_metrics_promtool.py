@@ -57,7 +57,11 @@ def test_every_node_metrics_pass_promtool(
     make_traffic(client)
     failures = []
     for node in cluster.nodes.values():
-        with urllib.request.urlopen(node.http_url + "/metrics", timeout=10) as response:
+        request = urllib.request.Request(
+            node.http_url + "/metrics",
+            headers={"Authorization": f"Bearer {cluster.admin_token}"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
             assert response.headers["Content-Type"] == CONTENT_TYPE
             text = response.read()
         checked = subprocess.run(

@@ -5,8 +5,15 @@ the same Python (`PYTHONPATH=<tree>/src`). Three nodes of it take work; then
 each node in turn is stopped and started on the same data directory with
 today's code. While any member still runs the old release the cluster
 version stays 1 (nothing an old replica cannot decode is proposed); once
-all run today's code the leader raises it to 2. No acknowledged job is
-lost, and the replicas agree throughout.
+all run today's code the leader raises it to today's (3). No acknowledged
+job is lost, and the replicas agree throughout.
+
+Authentication (cluster version 3) follows the version: every node is given
+an admin token file, yet while any member runs v0.1.0 the cluster serves
+as before, without tokens (`/readyz` says `"auth": "off"` on today's nodes
+and a request without a token succeeds); once the version is raised the
+leader bootstraps the admin token and every node refuses a request without
+one.
 
 No request of today's release needs a version-2 command, so the gate is
 shown with a "next release": today's tree with `SetQueue` declared a
@@ -142,6 +149,7 @@ def test_a_rolling_upgrade_from_the_previous_release(old_source: Path, tmp_path:
                 versions = cluster_versions(cluster)
                 assert all(v in (None, 1) for v in versions.values()), versions
                 assert any(v is not None for v in versions.values()), versions
+                assert_serves_without_tokens(cluster)
 
         raised = wait_for(
             lambda: set(cluster_versions(cluster).values()) == {COMMAND_VERSION_MAX},
@@ -152,6 +160,16 @@ def test_a_rolling_upgrade_from_the_previous_release(old_source: Path, tmp_path:
         assert [n["version"]["command_version_max"] for n in view["nodes"]] == [
             COMMAND_VERSION_MAX
         ] * 3
+        # Version 3 in force: the leader bootstraps the admin token from its
+        # file, and authentication comes on everywhere.
+        cluster.wait_for_auth(timeout_s=30)
+        for node in cluster.nodes.values():
+            status, body, _ = http_json("GET", node.http_url + "/v1/jobs", token="")
+            assert status == 401, body
+            status, body, _ = http_json(
+                "GET", node.http_url + "/v1/whoami", token=cluster.admin_token
+            )
+            assert status == 200 and body["token"]["role"] == "admin", body
 
         acknowledged["after"] = submit(cluster, "after")
         cluster.wait_converged(timeout_s=60)
@@ -161,6 +179,18 @@ def test_a_rolling_upgrade_from_the_previous_release(old_source: Path, tmp_path:
                 assert body["job"]["idempotency_key"] == key
     finally:
         cluster.stop()
+
+
+def assert_serves_without_tokens(cluster: LocalCluster) -> None:
+    """Before cluster version 3: no node requires a token."""
+    for node in cluster.nodes.values():
+        if node.source_dir is None:  # today's code says whether it requires one
+            status, body, _ = http_json("GET", node.http_url + "/readyz", token="")
+            assert body.get("auth") == "off", body
+    leader = cluster.nodes[cluster.wait_for_leader(timeout_s=60)].http_url
+    request = {"queue": "upgrade", "payload": {}}
+    status, body, _ = http_json("POST", leader + "/v1/jobs", request, token="", timeout_s=10)
+    assert status == 201, body
 
 
 def set_queue(cluster: LocalCluster) -> tuple[int, dict[str, Any]]:

@@ -25,7 +25,7 @@ def test_top_once_shows_nodes_queues_and_dead_letters(
         capture_output=True,
         text=True,
         timeout=30,
-        env={**cluster_env(), "PATH": "/usr/bin:/bin"},
+        env={**cluster_env(), "PATH": "/usr/bin:/bin", "RAFTSCHED_TOKEN": cluster.admin_token},
     )
     assert done.returncode == 0, done.stderr
     frame = done.stdout

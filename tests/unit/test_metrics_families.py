@@ -24,6 +24,7 @@ ADDED = frozenset(
         "raftsched_proposer_queued_bytes",
         "raftsched_proposer_refused_total",
         "raftsched_raft_disk_full",
+        "raftsched_http_auth_failures_total",
     }
 )
 

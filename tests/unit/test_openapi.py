@@ -52,6 +52,7 @@ def _route_tables() -> list[Any]:
             leases,
             queues,
             schedules,
+            tokens,
             workflows,
         )
     except ImportError as error:
@@ -71,6 +72,7 @@ def _route_tables() -> list[Any]:
         queues.routes,
         schedules.routes,
         audit.routes,
+        tokens.routes,
     ]
 
 
@@ -156,6 +158,8 @@ ACCEPTED_BODIES: dict[str, Any] = {
     "createSchedule": _SCHEDULE,
     "createSchedules": {"schedules": [_SCHEDULE, {**_SCHEDULE, "id": "hourly"}]},
     "updateSchedule": _SCHEDULE,
+    "createToken": {"name": "payments-api", "role": "submitter", "tenants": ["acme"],
+                    "queues": ["*"], "expires_at": None},
     "backfillSchedule": {"from": "2026-11-30T00:00:00Z", "to": "2026-12-01T00:00:00Z",
                          "overlap": "allow_all"},
 }  # fmt: skip
@@ -241,6 +245,27 @@ def test_every_reference_resolves_and_operations_are_complete() -> None:
             assert operation.get("responses"), f"{method.upper()} {path} has no responses"
             operation_ids.append(operation["operationId"])
     assert len(operation_ids) == len(set(operation_ids)), "operationIds must be unique"
+
+
+def test_every_operation_but_the_public_ones_needs_a_bearer_token() -> None:
+    from raftsched.api.permissions import Permission, permission_for
+
+    document = _load(SERVED)
+    assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert document["security"] == [{"bearer": []}]
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            if method not in HTTP_METHODS:
+                continue
+            public = permission_for(method.upper(), path) is Permission.PUBLIC
+            where = f"{method.upper()} {path}"
+            if public:
+                assert operation.get("security") == [], f"{where} is public"
+                continue
+            assert "security" not in operation, f"{where} needs the document's bearer"
+            assert "401" in operation["responses"], f"{where} lacks 401"
+            if permission_for(method.upper(), path) is not Permission.AUTHENTICATED:
+                assert "403" in operation["responses"], f"{where} lacks 403"
 
 
 def test_request_limits_mirror_validation() -> None:

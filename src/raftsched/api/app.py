@@ -31,8 +31,10 @@ from raftsched.api import (
     leases,
     queues,
     schedules,
+    tokens,
     workflows,
 )
+from raftsched.api.auth import LIMITER, FailureLimiter, auth_middleware
 from raftsched.api.errors import ApiError
 from raftsched.api.requests import NODE, Handler, node_of
 from raftsched.logs import REQUEST_ID
@@ -167,8 +169,13 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
 def create_app(
     node: NodeView, *, max_body_bytes: int, webhook_targets: TargetPolicy | None = None
 ) -> web.Application:
-    app = web.Application(middlewares=[request_id_middleware], client_max_size=max_body_bytes)
+    # The request id middleware is outermost: it renders the ApiErrors
+    # (401, 403, 429) that authentication raises, and times them.
+    app = web.Application(
+        middlewares=[request_id_middleware, auth_middleware], client_max_size=max_body_bytes
+    )
     app[NODE] = node
+    app[LIMITER] = FailureLimiter()
     app[events.WEBHOOK_TARGETS] = webhook_targets or TargetPolicy()
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)
@@ -176,6 +183,7 @@ def create_app(
     app.add_routes(workflows.routes)
     app.add_routes(events.routes)
     app.add_routes(audit.routes)
+    app.add_routes(tokens.routes)
     dashboard.setup(app)
     headers.setup(app)
     schedules.setup(app, node)

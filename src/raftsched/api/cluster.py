@@ -113,6 +113,8 @@ async def readyz(request: web.Request) -> web.Response:
         "leader_id": status.leader_id,
         "commit_index": status.commit_index,
         "applied_index": status.applied_index,
+        # Whether requests need a bearer token on this replica (node.auth).
+        "auth": "on" if node.auth_enabled() else "off",
     }
     return json_response(body, status=200 if ready else 503)
 

@@ -73,7 +73,7 @@ ANONYMOUS: Final = Principal(
     token_id=None, name="anonymous", role=Role.ADMIN, tenants=None, queues=None
 )
 
-_PRINCIPAL_KEY: Final = "raftsched.principal"
+_PRINCIPAL_KEY: Final = web.RequestKey("principal", Principal)
 
 
 def set_principal(request: web.Request, principal: Principal) -> None:
@@ -83,8 +83,5 @@ def set_principal(request: web.Request, principal: Principal) -> None:
 
 def principal_of(request: web.Request) -> Principal:
     """The caller of `request`; `ANONYMOUS` while authentication is off."""
-    principal = request.get(_PRINCIPAL_KEY)
-    if principal is None:
-        return ANONYMOUS
-    assert isinstance(principal, Principal)
+    principal: Principal = request.get(_PRINCIPAL_KEY, ANONYMOUS)
     return principal

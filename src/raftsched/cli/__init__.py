@@ -1,4 +1,5 @@
-"""The `raftsched` command line: node, dev, submit, jobs, dlq, cluster, worker, audit.
+"""The `raftsched` command line: node, dev, submit, jobs, dlq, cluster, worker,
+audit, tokens, whoami.
 
 Exit codes: 0 success, 1 an error from the cluster or the network
 (`error: <code>: <message>` on stderr), 2 bad usage or configuration.
@@ -20,6 +21,7 @@ from raftsched.cli import (
     _jobs,
     _node,
     _schedules,
+    _tokens,
     _top,
     _worker,
     _workflows,
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flow.register(commands, common)
     _schedules.register(commands, common)
     _audit.register(commands, common)
+    _tokens.register(commands, common)
     return parser
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypedDict
 
 from raftsched.client import DEFAULT_URLS, ApiError, Client, RaftschedError
@@ -40,7 +41,10 @@ def client_options(*, defaults: bool) -> argparse.ArgumentParser:
         "(default: $RAFTSCHED_URL or the three local dev nodes)",
     )
     group.add_argument(
-        "--token", default=default(os.environ.get("RAFTSCHED_TOKEN")), help=argparse.SUPPRESS
+        "--token",
+        default=default(None),
+        help="API token secret (default: $RAFTSCHED_TOKEN, else data/dev/admin.token "
+        "under the current directory, which `raftsched dev` writes)",
     )
     group.add_argument(
         "--timeout-s", type=float, default=default(10.0), help="per request (default 10)"
@@ -85,6 +89,21 @@ def tls_options(args: argparse.Namespace) -> TlsOptions:
     return {"ca_file": args.ca_file, "client_cert": args.client_cert, "client_key": args.client_key}
 
 
+DEV_TOKEN_FILE = Path("data/dev/admin.token")
+
+
+def token_from(args: argparse.Namespace) -> str:
+    """`--token`, else `$RAFTSCHED_TOKEN`, else `data/dev/admin.token` under
+    the current directory; "" (no token) when none of them has one."""
+    given = getattr(args, "token", None) or os.environ.get("RAFTSCHED_TOKEN", "").strip()
+    if given:
+        return str(given)
+    try:
+        return DEV_TOKEN_FILE.read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
 def make_client(args: argparse.Namespace) -> Client:
     # A person is waiting: give up on a dead cluster sooner than programs do.
     budget_s = min(CLI_RETRY_BUDGET_MAX_S, 2 * args.timeout_s)
@@ -92,7 +111,7 @@ def make_client(args: argparse.Namespace) -> Client:
         urls_from(args),
         timeout_s=args.timeout_s,
         retry_budget_s=budget_s,
-        token=args.token,
+        token=token_from(args),
         **tls_options(args),
     )
 

@@ -11,6 +11,7 @@ TOML keys mirror the flags (relative paths are relative to the file):
     http_url = "http://10.0.0.1:8701"    # optional
     secret_file = "secret"
     secret_accept_files = []             # rotation: also accepted, never sent with
+    admin_token_file = "admin.token"     # optional: the first admin token
     durability = "fsync"                 # or "none"
     peers = ["n2=127.0.0.1:9702@http://127.0.0.1:8702"]
     webhook_allow_private = false        # webhooks to private addresses
@@ -47,10 +48,18 @@ _FILE_KEYS = {
     "secret_accept_files", "webhook_allow_private", "webhook_allow_cidrs",
     "peers", "max_body_bytes", "log_format", "extra", "log_compaction_entries",
     "leader_fallback_timeout_s", "election_timeout_min_s", "election_timeout_max_s",
-    "proposal_queue_commands_max", "proposal_queue_bytes_max",
+    "proposal_queue_commands_max", "proposal_queue_bytes_max", "admin_token_file",
     "tls_cert", "tls_key", "tls_client_ca", "tls_ca", "insecure_http",
 }  # fmt: skip
-_PATH_KEYS = ("data_dir", "secret_file", "tls_cert", "tls_key", "tls_client_ca", "tls_ca")
+_PATH_KEYS = (
+    "data_dir",
+    "secret_file",
+    "admin_token_file",
+    "tls_cert",
+    "tls_key",
+    "tls_client_ca",
+    "tls_ca",
+)
 
 
 def register(commands: argparse._SubParsersAction[Any]) -> None:
@@ -66,6 +75,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     node.add_argument(
         "--secret-file", type=Path,
         help="cluster secret (16+ characters): Raft messages are sent with it and accepted",
+    )  # fmt: skip
+    node.add_argument(
+        "--admin-token-file", type=Path,
+        help="the first admin token's secret: used (or generated and written, mode 0600) "
+        "when the cluster has no admin token yet",
     )  # fmt: skip
     node.add_argument(
         "--secret-accept-file", type=Path, action="append", metavar="PATH",
@@ -176,6 +190,7 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         "secret_accept_files": args.secret_accept_file,
         "webhook_allow_private": args.webhook_allow_private,
         "webhook_allow_cidrs": args.webhook_allow_cidr,
+        "admin_token_file": args.admin_token_file,
         "durability": args.durability,
         "peers": args.peer,
         "max_body_bytes": args.max_body_bytes,
@@ -247,6 +262,9 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
             settings.get("webhook_allow_private", False), "webhook_allow_private"
         ),
         webhook_allow_cidrs=tuple(str(c) for c in settings.get("webhook_allow_cidrs") or ()),
+        admin_token_file=(
+            Path(settings["admin_token_file"]) if settings.get("admin_token_file") else None
+        ),
         extra={str(k): str(v) for k, v in dict(settings.get("extra") or {}).items()},
         tls_cert_file=_optional_path(settings.get("tls_cert")),
         tls_key_file=_optional_path(settings.get("tls_key")),

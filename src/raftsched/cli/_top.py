@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from raftsched.cli._common import EXIT_OK, Command, tls_options, with_client
+from raftsched.cli._common import EXIT_OK, Command, tls_options, token_from, with_client
 from raftsched.client import Client
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -41,7 +41,7 @@ def fetch_overview(client: Client, args: argparse.Namespace) -> Overview:
                 [leader["http_url"]],
                 timeout_s=args.timeout_s,
                 retry_budget_s=0,
-                token=args.token,
+                token=token_from(args),
                 **tls_options(args),
             ) as direct:
                 leader_view: Overview = direct.request("GET", "/v1/overview").json()

@@ -7,7 +7,7 @@ import logging
 import sys
 from typing import Any
 
-from raftsched.cli._common import EXIT_USAGE, tls_options, urls_from
+from raftsched.cli._common import EXIT_USAGE, tls_options, token_from, urls_from
 from raftsched.logs import configure_logging
 from raftsched.worker import WorkerConfig, default_worker_id, load_handler, run_worker
 
@@ -37,7 +37,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
             lease_s=args.lease_s,
             poll_wait_s=args.poll_wait_s,
             shutdown_grace_s=args.shutdown_grace_s,
-            token=args.token,
+            token=token_from(args),
             timeout_s=args.timeout_s,
             **tls_options(args),
         )

@@ -27,6 +27,7 @@ from raftsched.client._calls import (
     RunAt,
     encode_body,
     request_headers,
+    token_from_env,
 )
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
 from raftsched.client._schedules import AsyncSchedulesMixin
@@ -58,7 +59,8 @@ class AsyncClient(AsyncSchedulesMixin):
         # True: aiohttp's default verification against the system's store.
         self._ssl: ssl.SSLContext | bool = True if context is None else context
         self._retry_budget_s = retry_budget_s
-        self._token = token
+        # None: $RAFTSCHED_TOKEN, if set; "" sends no token at all.
+        self._token = token_from_env() if token is None else (token or None)
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -404,6 +406,35 @@ class AsyncClient(AsyncSchedulesMixin):
 
     async def delete_subscription(self, subscription_id: str) -> None:
         await self.call(wf_calls.delete_subscription(subscription_id))
+
+    # --- API tokens (admin) and who the caller is -------------------------------
+
+    async def create_token(
+        self,
+        name: str,
+        role: str,
+        *,
+        tenants: Sequence[str] = ("*",),
+        queues: Sequence[str] = ("*",),
+        expires_at: str | None = None,
+    ) -> JsonObject:
+        """`{"token": Token, "secret": "rsk_..."}`: the secret is shown only here."""
+        return await self.call(wf_calls.create_token(name, role, tenants, queues, expires_at))
+
+    async def list_tokens(self, *, consistency: Consistency | None = None) -> list[JsonObject]:
+        return await self.call(wf_calls.list_tokens(consistency))
+
+    async def get_token(
+        self, token_id: str, *, consistency: Consistency | None = None
+    ) -> JsonObject:
+        return await self.call(wf_calls.get_token(token_id, consistency))
+
+    async def revoke_token(self, token_id: str) -> JsonObject:
+        return await self.call(wf_calls.revoke_token(token_id))
+
+    async def whoami(self) -> JsonObject:
+        """`{"token": Token | None, "auth": "on" | "off", ...}`."""
+        return await self.call(wf_calls.whoami())
 
     async def retry_parked(self, subscription_id: str) -> JsonObject:
         return await self.call(wf_calls.retry_parked(subscription_id))

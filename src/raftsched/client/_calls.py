@@ -28,6 +28,7 @@ the contract says nothing was committed.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -104,6 +105,11 @@ class Call(Generic[T]):
 
 
 USER_AGENT = "raftsched-client/0.1"
+
+
+def token_from_env() -> str | None:
+    """The bearer secret in `$RAFTSCHED_TOKEN`, the default of every client."""
+    return os.environ.get("RAFTSCHED_TOKEN", "").strip() or None
 
 
 def request_headers(call: Call[Any], request_id: str, token: str | None) -> dict[str, str]:

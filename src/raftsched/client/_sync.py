@@ -19,6 +19,7 @@ from raftsched.client._calls import (
     RunAt,
     encode_body,
     request_headers,
+    token_from_env,
 )
 from raftsched.client._http import HttpTransport
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
@@ -59,7 +60,8 @@ class Client(SchedulesMixin):
         self._nodes = Nodes(urls)
         self._timeout_s = timeout_s
         self._retry_budget_s = retry_budget_s
-        self._token = token
+        # None: $RAFTSCHED_TOKEN, if set; "" sends no token at all.
+        self._token = token_from_env() if token is None else (token or None)
         context = client_ssl_context(ca_file, client_cert, client_key)
         self._transport = HttpTransport(min(connect_timeout_s, timeout_s), context)
 
@@ -398,6 +400,33 @@ class Client(SchedulesMixin):
 
     def delete_subscription(self, subscription_id: str) -> None:
         self.call(wf_calls.delete_subscription(subscription_id))
+
+    # --- API tokens (admin) and who the caller is -------------------------------
+
+    def create_token(
+        self,
+        name: str,
+        role: str,
+        *,
+        tenants: Sequence[str] = ("*",),
+        queues: Sequence[str] = ("*",),
+        expires_at: str | None = None,
+    ) -> JsonObject:
+        """`{"token": Token, "secret": "rsk_..."}`: the secret is shown only here."""
+        return self.call(wf_calls.create_token(name, role, tenants, queues, expires_at))
+
+    def list_tokens(self, *, consistency: Consistency | None = None) -> list[JsonObject]:
+        return self.call(wf_calls.list_tokens(consistency))
+
+    def get_token(self, token_id: str, *, consistency: Consistency | None = None) -> JsonObject:
+        return self.call(wf_calls.get_token(token_id, consistency))
+
+    def revoke_token(self, token_id: str) -> JsonObject:
+        return self.call(wf_calls.revoke_token(token_id))
+
+    def whoami(self) -> JsonObject:
+        """`{"token": Token | None, "auth": "on" | "off", ...}`."""
+        return self.call(wf_calls.whoami())
 
     def retry_parked(self, subscription_id: str) -> JsonObject:
         return self.call(wf_calls.retry_parked(subscription_id))

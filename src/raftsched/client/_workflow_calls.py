@@ -109,3 +109,43 @@ def delete_subscription(subscription_id: str) -> Call[None]:
 def retry_parked(subscription_id: str) -> Call[JsonObject]:
     path = f"/v1/subscriptions/{_segment(subscription_id)}/retry"
     return Call("POST", path, _json_object, body={}, retry_unknown=True)
+
+
+# --- API tokens (issue 15) ---------------------------------------------------------
+
+
+def create_token(
+    name: str,
+    role: str,
+    tenants: Sequence[str],
+    queues: Sequence[str],
+    expires_at: str | None,
+) -> Call[JsonObject]:
+    """`{"token": Token, "secret": "rsk_..."}`. Never repeated after an unknown
+    outcome: a repeat would make a second token."""
+    body: JsonObject = {
+        "name": name,
+        "role": role,
+        "tenants": list(tenants),
+        "queues": list(queues),
+        "expires_at": expires_at,
+    }
+    return Call("POST", "/v1/tokens", _json_object, body=body, retry_unknown=False)
+
+
+def list_tokens(consistency: Consistency | None) -> Call[list[JsonObject]]:
+    return Call("GET", "/v1/tokens", _field("tokens"), _query(consistency), retry_unknown=True)
+
+
+def get_token(token_id: str, consistency: Consistency | None) -> Call[JsonObject]:
+    path = f"/v1/tokens/{_segment(token_id)}"
+    return Call("GET", path, _field("token"), _query(consistency), retry_unknown=True)
+
+
+def revoke_token(token_id: str) -> Call[JsonObject]:
+    path = f"/v1/tokens/{_segment(token_id)}"
+    return Call("DELETE", path, _field("token"), retry_unknown=True)
+
+
+def whoami() -> Call[JsonObject]:
+    return Call("GET", "/v1/whoami", _json_object, retry_unknown=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from raftsched.core.auth import feature as auth
 from raftsched.core.events import feature as events
 from raftsched.core.jobs import feature as jobs
 from raftsched.core.kernel import builtin as kernel
@@ -22,6 +23,7 @@ FEATURES: Final[tuple[Feature, ...]] = (
     schedules.FEATURE,
     workflows.FEATURE,
     events.FEATURE,
+    auth.FEATURE,
 )
 
 REGISTRY: Final = Registry(FEATURES)

@@ -193,13 +193,20 @@ FLOW_REJECTED = Family(
     "Submissions this node answered 429 queue_full, by tenant and queue.",
     ("tenant", "queue"),
 )
+HTTP_AUTH_FAILURES = Family(
+    "raftsched_http_auth_failures_total",
+    "counter",
+    "Requests refused 401 unauthenticated (or 429 rate_limited after repeated "
+    "failures), by reason: missing, malformed, unknown, expired, revoked, rate_limited.",
+    ("reason",),
+)
 
 INSTRUMENTED = (
     LEADER_CHANGES, TICKS, LEASES_EXPIRED, LEASES_GRANTED, LEASE_LOST, ENTRIES_PROPOSED,
     ENTRY_COMMANDS, COMMIT_SECONDS, HTTP_SECONDS, JOBS_SUBMITTED, CLAIM_LATENCY,
     EXECUTION_SECONDS, JOB_ATTEMPTS, JOB_RETRIES, JOB_FAILURES, JOBS_SUCCEEDED, DEAD_LETTERS,
     REPLAYS, CANCELS, LEASE_RENEWALS, LEASE_EXPIRATIONS, LEADER_OBSERVED, WEBHOOK_ATTEMPTS,
-    WEBHOOK_FAILURES, WEBHOOK_PARKED, FLOW_REJECTED,
+    WEBHOOK_FAILURES, WEBHOOK_PARKED, FLOW_REJECTED, HTTP_AUTH_FAILURES,
 )  # fmt: skip
 
 # -- sampled: read at scrape time ---------------------------------------------------
@@ -465,6 +472,7 @@ class NodeMetrics:
         self.webhook_failures = counter(WEBHOOK_FAILURES)
         self.webhook_parked = counter(WEBHOOK_PARKED)
         self.flow_rejected = counter(FLOW_REJECTED)
+        self.http_auth_failures = counter(HTTP_AUTH_FAILURES)
         self.sample_together((GC_COLLECTIONS, GC_PAUSE_SECONDS, GC_PAUSE_MAX), _gc_samples)
 
     def series(self, family: Counter | Histogram, *labels: str) -> Any:

@@ -22,18 +22,28 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
 
 from raftsched import core, tls
 from raftsched.config import NodeConfig
+from raftsched.core.auth.commands import BootstrapAdmin, TouchTokens
+from raftsched.core.auth.tokens import auth_enabled
 from raftsched.core.jobs.commands import ClaimJobs
 from raftsched.core.jobs.flow_claim import claimable_at_ms
 from raftsched.core.kernel.cluster_version import cluster_version
 from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
 from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.node import metrics as families
+from raftsched.node.auth import (
+    ADMIN_TOKEN_NAME,
+    AdminTokenFileError,
+    TokenUses,
+    hash_secret,
+    read_or_create_admin_secret,
+)
 from raftsched.node.clock import LeaderClock
 from raftsched.node.draws import Draws
 from raftsched.node.machine import ReplicatedState
@@ -130,6 +140,9 @@ class Node:
         self._skew_measured_at = 0.0
         self.peer_versions = PeerVersions({p.id: p.http_url for p in config.peers})
         self._versions_polled_at = 0.0
+        self.token_uses = TokenUses()
+        self._auth_logged = False
+        self._bootstrap_refused_logged = False
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -186,6 +199,7 @@ class Node:
         if is_leader:
             log.info("became leader", extra={"epoch": term})
             self._leader_term = term
+            self._versions_polled_at = 0.0  # learn the members' versions now
             self.clock.restart()
             self.proposer.become_leader(term)
             self.observer.on_became_leader()
@@ -411,6 +425,7 @@ class Node:
             self._versions_polled_at = self.loop.time()
             await self.peer_versions.poll(self._peer_time)
             await self._raise_cluster_version()
+        await self._auth_duties()
         if not self.is_leader:
             self.observer.forget_skew()
             return
@@ -469,6 +484,68 @@ class Node:
             log.warning("raising the cluster version to %d was rejected: %r", version, result)
         else:
             log.info("cluster version raised to %d: every member understands it", version)
+
+    # -- API tokens (node.auth) -------------------------------------------------
+
+    def auth_enabled(self) -> bool:
+        """Whether requests must carry a token: the replica holds an admin token.
+        The first time it finds authentication on, the node says so."""
+        with self.reading() as state:
+            enabled = auth_enabled(state)
+        if enabled and not self._auth_logged:
+            self._auth_logged = True
+            log.info("authentication is on: the cluster has an admin token")
+        return enabled
+
+    def note_token_use(self, token_id: str) -> None:
+        if self.is_leader:
+            self.token_uses.note(token_id, self.clock.now_ms())
+
+    async def _auth_duties(self) -> None:
+        """Once a second: say when authentication turns on; as leader,
+        bootstrap the first admin token and record token use (node.auth)."""
+        enabled = self.auth_enabled()
+        version = self.cluster_version()
+        if not self.is_leader or version < 3:
+            return
+        try:
+            if not enabled and self.config.admin_token_file is not None:
+                await self._bootstrap_admin(self.config.admin_token_file)
+            await self._touch_tokens()
+        except (NotLeader, NotCommitted, OutcomeUnknown) as error:
+            log.info("token duties deferred: %r", error)
+
+    async def _bootstrap_admin(self, path: Path) -> None:
+        try:
+            secret, written = await asyncio.to_thread(read_or_create_admin_secret, path)
+        except AdminTokenFileError as error:
+            if not self._bootstrap_refused_logged:
+                self._bootstrap_refused_logged = True
+                log.warning("no admin token bootstrapped: %s", error)
+            return
+        if written:
+            log.info("wrote a new admin token secret to %s (mode 0600)", path)
+        secret_hash = hash_secret(secret)
+        del secret
+        command = BootstrapAdmin(self.draws.new_id("tok"), ADMIN_TOKEN_NAME, secret_hash)
+        result = await self.propose(command, bounded=False)
+        if isinstance(result, Rejected):
+            if not self._bootstrap_refused_logged:
+                self._bootstrap_refused_logged = True
+                log.warning("the admin token of %s was not bootstrapped: %s", path, result.message)
+            return
+        log.info("bootstrapped the first admin token from %s", path)
+
+    async def _touch_tokens(self) -> None:
+        now_ms = self.clock.now_ms()
+        due = self.token_uses.due(now_ms)
+        if due is None:
+            return
+        token_ids, used_at_ms = due
+        self.token_uses.proposed(token_ids, now_ms)
+        result = await self.propose(TouchTokens(token_ids, used_at_ms), bounded=False)
+        if isinstance(result, Rejected):
+            log.warning("recording token use was rejected: %s", result.message)
 
     # -- metrics --------------------------------------------------------------
 

@@ -121,6 +121,16 @@ class NodeView(StateView, Protocol):
 
     async def barrier(self) -> None: ...
 
+    # API tokens (node.auth).
+
+    def auth_enabled(self) -> bool:
+        """Whether requests must carry a token (the replica holds an admin token)."""
+        ...
+
+    def note_token_use(self, token_id: str) -> None:
+        """Record (coarsely, as leader) that a token was used (node.auth)."""
+        ...
+
     def submit_all(
         self, commands: Sequence[Command], size_bytes: int = 0
     ) -> list[asyncio.Future[Result]]: ...

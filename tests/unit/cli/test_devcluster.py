@@ -132,7 +132,9 @@ def test_dev_runs_a_job_stops_cleanly_and_resumes(tmp_path: Path) -> None:
     launcher = launch(data_dir, http_port, raft_port)
     try:
         wait_ready(launcher, urls)
-        with Client(urls, retry_budget_s=30) as client:
+        # The launcher writes admin.token before it starts the nodes.
+        admin = (data_dir / "admin.token").read_text().strip()
+        with Client(urls, retry_budget_s=30, token=admin) as client:
             job = client.submit("default", {"amount": 3}, idempotency_key="dev-test")
             done = client.wait_job(job["id"], timeout_s=30)
             assert done["status"] == "succeeded"
@@ -145,7 +147,7 @@ def test_dev_runs_a_job_stops_cleanly_and_resumes(tmp_path: Path) -> None:
     launcher = launch(data_dir, http_port, raft_port)
     try:
         wait_ready(launcher, urls)
-        with Client(urls, retry_budget_s=30) as client:
+        with Client(urls, retry_budget_s=30, token=admin) as client:
             assert client.get_job(job["id"])["status"] == "succeeded"
     finally:
         stop(launcher)

@@ -238,6 +238,18 @@ class ScheduleBackfilled:
     decisions: tuple[OccurrenceDecided, ...]
 
 
+# -- API tokens (issue 15) ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSaved:
+    """A token was created (or bootstrapped, or revoked). `created` is False
+    for a repeat: a bootstrap of the same secret, a second revocation."""
+
+    token_id: str
+    created: bool
+
+
 Result = (
     Rejected
     | Submitted
@@ -258,4 +270,5 @@ Result = (
     | ScheduleSaved
     | OccurrenceDecided
     | ScheduleBackfilled
+    | TokenSaved
 )

@@ -1,0 +1,203 @@
+"""Authentication: bearer tokens in, a `Principal` on the request out.
+
+Once the replicated state holds an admin token (node.auth), every route but
+the public ones (`permissions.ROUTE_PERMISSIONS`) needs `Authorization:
+Bearer <secret>`. The secret's SHA-256 is looked up in this replica's own
+state, so a revocation is in force here as soon as this node applies it.
+
+- no token, or one that is malformed, unknown, expired or revoked: 401
+  `unauthenticated` with `WWW-Authenticate: Bearer`;
+- a valid token whose role does not allow the route: 403 `forbidden`;
+- repeated failures from one address within a minute: 429 `rate_limited`
+  with `Retry-After` instead of 401. Only failing requests are refused: a
+  caller with a valid secret behind the same address is never locked out by
+  someone else's failures (secrets are 256 random bits; the limiter bounds
+  the cost of failures, guessing is hopeless anyway).
+
+Failures are counted in `raftsched_http_auth_failures_total{reason}`. The
+secret itself never reaches a log line, an error, a metric or the history:
+it is hashed here and dropped.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import time
+from collections import OrderedDict, deque
+from typing import Final
+
+from aiohttp import web
+
+from raftsched.api.errors import ApiError
+from raftsched.api.permissions import Permission, allows, permission_for
+from raftsched.api.principal import ALL, ANONYMOUS, Principal, Role, principal_of, set_principal
+from raftsched.api.requests import Handler, node_of
+from raftsched.core.auth.tokens import Token, find_by_hash
+from raftsched.node.auth import hash_secret, looks_like_secret
+
+log = logging.getLogger("raftsched.api")
+
+# More failures than this from one address within the window: 429.
+AUTH_FAILURES_MAX: Final = 10
+AUTH_FAILURE_WINDOW_S: Final = 60.0
+# Addresses remembered at most (the oldest are forgotten first).
+AUTH_ADDRESSES_MAX: Final = 10_000
+
+
+class FailureLimiter:
+    """Failed authentications per remote address, in a sliding minute."""
+
+    def __init__(
+        self,
+        failures_max: int = AUTH_FAILURES_MAX,
+        window_s: float = AUTH_FAILURE_WINDOW_S,
+        addresses_max: int = AUTH_ADDRESSES_MAX,
+    ) -> None:
+        self.failures_max = failures_max
+        self.window_s = window_s
+        self.addresses_max = addresses_max
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def _recent(self, address: str, now: float) -> deque[float] | None:
+        times = self._failures.get(address)
+        if times is None:
+            return None
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+        if not times:
+            del self._failures[address]
+            return None
+        return times
+
+    def retry_after_s(self, address: str, now: float) -> int | None:
+        """Seconds until `address` may fail again, or None when it may now."""
+        times = self._recent(address, now)
+        if times is None or len(times) < self.failures_max:
+            return None
+        return max(1, math.ceil(times[0] + self.window_s - now))
+
+    def failed(self, address: str, now: float) -> None:
+        times = self._recent(address, now)
+        if times is None:
+            times = self._failures[address] = deque(maxlen=self.failures_max)
+            while len(self._failures) > self.addresses_max:
+                self._failures.popitem(last=False)
+        else:
+            self._failures.move_to_end(address)
+        times.append(now)
+
+
+LIMITER: web.AppKey[FailureLimiter] = web.AppKey("auth_limiter")
+
+
+def principal_for(token: Token) -> Principal:
+    return Principal(
+        token_id=token.id,
+        name=token.name,
+        role=Role(token.role),
+        tenants=None if token.tenants == (ALL,) else frozenset(token.tenants),
+        queues=None if token.queues == (ALL,) else frozenset(token.queues),
+    )
+
+
+def _unauthenticated(message: str) -> ApiError:
+    return ApiError("unauthenticated", message, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _bearer(request: web.Request) -> tuple[str | None, str]:
+    """The presented secret, or None and why not."""
+    header = request.headers.get("Authorization")
+    if header is None:
+        return None, "missing"
+    scheme, _, secret = header.strip().partition(" ")
+    secret = secret.strip()
+    if scheme.lower() != "bearer" or not looks_like_secret(secret):
+        return None, "malformed"
+    return secret, ""
+
+
+def _authenticate(request: web.Request) -> Principal:
+    """The caller of a request that needs a token (raises 401 or 429)."""
+    node = node_of(request)
+    secret, reason = _bearer(request)
+    token: Token | None = None
+    if secret is not None:
+        presented = hash_secret(secret)
+        del secret
+        with node.reading() as state:
+            found = find_by_hash(state, presented)
+            if found is not None and hmac.compare_digest(found.secret_hash, presented):
+                token = found
+        if token is None:
+            reason = "unknown"
+        elif token.revoked_at_ms is not None:
+            reason = "revoked"
+        elif not token.valid_at(node.now_ms()):
+            reason = "expired"
+        else:
+            node.note_token_use(token.id)
+            return principal_for(token)
+    limiter = request.app[LIMITER]
+    address = request.remote or "unknown"
+    now = time.monotonic()
+    retry_after = limiter.retry_after_s(address, now)
+    if retry_after is not None:
+        node.metrics.http_auth_failures.labels("rate_limited").inc()
+        raise ApiError(
+            "rate_limited",
+            "too many failed authentications from this address; retry after Retry-After",
+            {"retry_after_s": retry_after},
+            headers={"Retry-After": str(retry_after), "WWW-Authenticate": "Bearer"},
+        )
+    limiter.failed(address, now)
+    node.metrics.http_auth_failures.labels(reason).inc()
+    messages = {
+        "missing": "a bearer token is required (Authorization: Bearer <secret>)",
+        "malformed": "the Authorization header is not a bearer token",
+        "unknown": "the token is not valid",
+        "revoked": "the token was revoked",
+        "expired": "the token has expired",
+    }
+    raise _unauthenticated(messages[reason])
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    resource = request.match_info.route.resource
+    if resource is None:  # no such route: 404 or 405, for anyone
+        return await handler(request)
+    permission = permission_for(request.method, resource.canonical)
+    if permission is Permission.PUBLIC:
+        return await handler(request)
+    if not node_of(request).auth_enabled():
+        set_principal(request, ANONYMOUS)
+        return await handler(request)
+    principal = _authenticate(request)
+    if permission is None or not allows(principal, permission):
+        raise ApiError(
+            "forbidden",
+            f"a {principal.role} token may not call {request.method} {resource.canonical}",
+            {"role": str(principal.role)},
+        )
+    set_principal(request, principal)
+    if permission is Permission.READ_JOB and not worker_may_read_job(
+        request, request.match_info.get("job_id", "")
+    ):
+        job_id = request.match_info.get("job_id", "")
+        raise ApiError("not_found", f"no job {job_id}", {"job_id": job_id})
+    return await handler(request)
+
+
+# -- what a worker may read ---------------------------------------------------------
+
+
+def worker_may_read_job(request: web.Request, job_id: str) -> bool:
+    """A worker reads a job only while it is leased and on its queues."""
+    principal = principal_of(request)
+    if principal.role is not Role.WORKER:
+        return True
+    with node_of(request).reading() as state:
+        job = state.jobs.get(job_id)
+        return job is not None and job.lease is not None and principal.may_use_queue(job.queue)
