@@ -113,11 +113,18 @@ def purged_by_now(expected: dict[str, Any]) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("release", RELEASES, ids=release_ids(RELEASES))
-def test_a_data_directory_of_the_release_starts_in_place(release: Path, tmp_path: Path) -> None:
+def test_a_data_directory_of_the_release_starts_in_place(
+    release: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     expected = golden.read_expected(release)["datadir"]
     root = tmp_path / "cluster"
     unpack(release, expected, root)
-    cluster = LocalCluster(root, size=3, env=cluster_env())
+    # From release 0.3.0 the data directory holds its own admin token: every
+    # request of this test carries that secret, not the session's.
+    admin_secret = expected.get("admin_secret")
+    if admin_secret is not None:
+        monkeypatch.setenv("RAFTSCHED_TOKEN", admin_secret)
+    cluster = LocalCluster(root, size=3, env=cluster_env(), admin_secret=admin_secret)
     assert sorted(cluster.nodes) == sorted(expected["nodes"])
     try:
         for node_id in cluster.nodes:
@@ -126,6 +133,8 @@ def test_a_data_directory_of_the_release_starts_in_place(release: Path, tmp_path
         cluster.wait_for_leader(timeout_s=60)
         cluster.wait_converged(timeout_s=60)
         use_after_upgrade(cluster, expected)
+        if "tokens" in expected:
+            tokens_after_upgrade(cluster, expected["tokens"])
         cluster.wait_converged(timeout_s=60)
     finally:
         cluster.stop()
@@ -198,6 +207,22 @@ def check_found(url: str, found: dict[str, Any]) -> None:
         assert status == 200, body
         now = {entry["seq"]: entry for entry in body["entries"]}
         assert [now.get(entry["seq"]) for entry in found["audit"]] == found["audit"]
+
+
+def tokens_after_upgrade(cluster: LocalCluster, tokens: dict[str, str]) -> None:
+    """The old release's tokens are there: the admin's secret still works,
+    the scoped ones keep their roles, the revoked one stays revoked."""
+    leader = cluster.nodes[cluster.wait_for_leader()].http_url
+    status, body, _ = http_json("GET", leader + "/v1/whoami", timeout_s=10)
+    assert status == 200 and body["token"]["id"] == tokens["admin"], body
+    status, body, _ = http_json("GET", leader + "/v1/tokens", timeout_s=10)
+    assert status == 200, body
+    listed = {token["id"]: token for token in body["tokens"]}
+    assert listed[tokens["submitter"]]["role"] == "submitter"
+    assert listed[tokens["worker"]]["role"] == "worker"
+    assert listed[tokens["revoked"]]["revoked_at"] is not None
+    status, _, _ = http_json("GET", leader + "/v1/jobs", timeout_s=10, token="")
+    assert status == 401
 
 
 def use_after_upgrade(cluster: LocalCluster, expected: dict[str, Any]) -> None:
