@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from types import SimpleNamespace
 
@@ -21,7 +20,7 @@ def answer(response: web.Response, *, secure: bool = False) -> dict[str, str]:
     app[NODE] = SimpleNamespace(http_urls=PEERS)  # type: ignore[assignment]
     context = ssl.create_default_context() if secure else None
     request = make_mocked_request("GET", "/", app=app, sslcontext=context)
-    asyncio.run(add_security_headers(request, response))
+    add_security_headers(request, response)
     return dict(response.headers)
 
 

@@ -102,8 +102,19 @@ async def request_id_middleware(request: web.Request, handler: Handler) -> web.S
         )
 
 
+async def _on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
+    # One hook for every answer's headers, CORS and security: each hook is a
+    # coroutine the signal awaits on every response (a few µs a request).
+    dashboard.add_cors_headers(request, response)
+    headers.add_security_headers(request, response)
+
+
 async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
+        if request.method == "OPTIONS":
+            preflight = dashboard.cors_preflight(request)
+            if preflight is not None:
+                return preflight
         return await handler(request)
     except ApiError as error:
         return error.response()
@@ -185,7 +196,7 @@ def create_app(
     app.add_routes(audit.routes)
     app.add_routes(tokens.routes)
     dashboard.setup(app)
-    headers.setup(app)
+    app.on_response_prepare.append(_on_response_prepare)
     schedules.setup(app, node)
     queues.setup(app, node)
     return app

@@ -42,7 +42,7 @@ from raftsched.api import render, scope
 from raftsched.api.errors import ApiError
 from raftsched.api.jsonbody import json_response
 from raftsched.api.principal import principal_of
-from raftsched.api.requests import Handler, actor, node_of
+from raftsched.api.requests import actor, node_of
 from raftsched.api.validation import query_integer, reject_unknown
 from raftsched.limits import OVERVIEW_ERRORS_MAX
 from raftsched.node import metrics as families
@@ -235,28 +235,29 @@ def allowed_origins(node: NodeView) -> frozenset[str]:
     return frozenset(origin for origin in map(_origin, urls) if origin is not None)
 
 
-@web.middleware
-async def cors_preflight_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def cors_preflight(request: web.Request) -> web.Response | None:
+    """The answer to a CORS preflight from the dashboard on another node
+    (`OPTIONS` with `Origin` and `Access-Control-Request-Method`), or None
+    for any other request. Asked before authentication: a preflight carries
+    no token."""
     origin = request.headers.get("Origin")
-    if (
-        request.method == "OPTIONS"
-        and origin is not None
-        and "Access-Control-Request-Method" in request.headers
-    ):
-        if origin not in allowed_origins(node_of(request)):
-            raise ApiError("forbidden", f"origin {origin} is not a node of this cluster")
-        return web.Response(
-            status=204,
-            headers={
-                "Access-Control-Allow-Methods": "GET, POST, PUT, DELETE",
-                "Access-Control-Allow-Headers": CORS_ALLOWED_HEADERS,
-                "Access-Control-Max-Age": "600",
-            },
-        )
-    return await handler(request)
+    if origin is None or "Access-Control-Request-Method" not in request.headers:
+        return None
+    if origin not in allowed_origins(node_of(request)):
+        raise ApiError("forbidden", f"origin {origin} is not a node of this cluster")
+    return web.Response(
+        status=204,
+        headers={
+            "Access-Control-Allow-Methods": "GET, POST, PUT, DELETE",
+            "Access-Control-Allow-Headers": CORS_ALLOWED_HEADERS,
+            "Access-Control-Max-Age": "600",
+        },
+    )
 
 
-async def _on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
+def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Let the dashboard on another node of this cluster read the answer;
+    log an operator action labelled with `Raftsched-Actor` (auth off)."""
     origin = request.headers.get("Origin")
     if origin is not None and origin in allowed_origins(node_of(request)):
         response.headers["Access-Control-Allow-Origin"] = origin
@@ -280,7 +281,6 @@ async def _on_response_prepare(request: web.Request, response: web.StreamRespons
 
 
 def setup(app: web.Application) -> None:
-    """Add the dashboard's routes, preflight handling and response headers."""
+    """Add the dashboard's routes (its preflight answers and CORS headers are
+    given by `api.app`, with every request's)."""
     app.add_routes(routes)
-    app.middlewares.append(cors_preflight_middleware)
-    app.on_response_prepare.append(_on_response_prepare)

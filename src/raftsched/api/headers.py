@@ -1,7 +1,8 @@
 """Security headers on every HTTP response (docs/security.md, "HTTP security headers").
 
-Set in `on_response_prepare`, so they reach every answer the application
-makes: handlers', errors', redirects' and the dashboard's files.
+Set when an answer is prepared (`api.app`'s one `on_response_prepare`
+hook), so they reach every answer the application makes: handlers',
+errors', redirects' and the dashboard's files.
 
 - `Content-Security-Policy`: the dashboard's page gets a strict policy
   (`DASHBOARD_POLICY`): its own script and style files only, no inline
@@ -48,7 +49,7 @@ def dashboard_policy(request: web.Request) -> str:
     return DASHBOARD_POLICY.format(peers="".join(f" {origin}" for origin in origins))
 
 
-async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
     headers = response.headers
     for name, value in ALWAYS.items():
         headers[name] = value
@@ -57,7 +58,3 @@ async def add_security_headers(request: web.Request, response: web.StreamRespons
     headers.setdefault("Cache-Control", "no-store")
     if request.secure:
         headers["Strict-Transport-Security"] = HSTS
-
-
-def setup(app: web.Application) -> None:
-    app.on_response_prepare.append(add_security_headers)

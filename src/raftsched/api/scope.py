@@ -92,8 +92,8 @@ def filter_events(principal: Principal, events: Iterable[OutboxEvent]) -> list[O
 # -- checks that raise --------------------------------------------------------------
 
 
-def forbidden(message: str) -> ApiError:
-    return ApiError("forbidden", message)
+def forbidden(message: str, details: dict[str, str] | None = None) -> ApiError:
+    return ApiError("forbidden", message, details or {})
 
 
 def require_all_tenants(request: web.Request, what: str) -> Principal:
@@ -111,7 +111,7 @@ def require_tenant(request: web.Request, tenants: Iterable[str]) -> None:
         return
     for tenant in tenants:
         if tenant not in principal.tenants:
-            raise forbidden(f"tenant {tenant} is outside this token's tenants")
+            raise forbidden(f"tenant {tenant} is outside this token's tenants", {"tenant": tenant})
 
 
 def require_queues(request: web.Request, queues: Iterable[str]) -> None:
@@ -121,7 +121,7 @@ def require_queues(request: web.Request, queues: Iterable[str]) -> None:
         return
     for queue in queues:
         if queue not in principal.queues:
-            raise forbidden(f"queue {queue} is outside this token's queues")
+            raise forbidden(f"queue {queue} is outside this token's queues", {"queue": queue})
 
 
 def require_job(request: web.Request, job_id: str, error: ApiError | None = None) -> None:
