@@ -14,6 +14,7 @@ from aiohttp import web
 
 from raftsched.api import jsonbody
 from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.principal import principal_of
 from raftsched.api.validation import require_object
 from raftsched.core.kernel.commands import Command
 from raftsched.core.kernel.results import Rejected
@@ -48,7 +49,13 @@ async def optional_body(request: web.Request) -> Mapping[str, Any]:
 
 
 def actor(request: web.Request, default: str) -> str:
-    """Who asked for an operator action (`Raftsched-Actor`), as history records it."""
+    """Who asked for an operator action, as history and the audit trail record
+    it: the caller's token (name and id). Only while authentication is off
+    (no token) is the `Raftsched-Actor` header honoured, as before tokens
+    existed, and `default` used without it."""
+    principal = principal_of(request)
+    if principal.authenticated:
+        return principal.actor[:ACTOR_CHARS_MAX]
     return request.headers.get("Raftsched-Actor", "").strip()[:ACTOR_CHARS_MAX] or default
 
 
