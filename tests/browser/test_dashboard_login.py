@@ -112,6 +112,8 @@ def test_login_shows_who_and_keeps_the_secret_out_of_the_page(
     if DOCS_SCREENSHOTS:
         page.screenshot(path=str(DOCS_IMAGES / "dashboard-login.png"))
 
+    leader_url = cluster.nodes[cluster.wait_for_leader()].http_url
+    failures_before = auth_failures(leader_url)
     field.fill(secret)
     page.locator("#login-submit").click()
     page.locator("#nodes tbody tr").first.wait_for()
@@ -125,6 +127,10 @@ def test_login_shows_who_and_keeps_the_secret_out_of_the_page(
     shot(page, "logged-in")
     if DOCS_SCREENSHOTS:
         page.screenshot(path=str(DOCS_IMAGES / "dashboard-overview.png"))
+
+    # The page found the leader from the overview before asking it anything
+    # else: no request reached it through a redirect, without its token.
+    assert auth_failures(leader_url) == failures_before
 
     # Kept in this tab's sessionStorage only; nowhere in the page or console.
     assert storage(page) == {"session": secret, "local": 0, "cookie": ""}

@@ -317,7 +317,10 @@ async function scopedOnCallView() {
 
 async function onCallView() {
   if (overviewDenied) return scopedOnCallView();
-  const [over, queues, events] = await Promise.all([overview(), api("/v1/queues"), api("/v1/events?after=0")]);
+  // The overview names the leader: until it is known, ask it first, or the
+  // other reads would go through a follower's redirect (see api).
+  const first = leaderBase ? null : await overview();
+  const [over, queues, events] = await Promise.all([first ?? overview(), api("/v1/queues"), api("/v1/events?after=0")]);
   if (over.status === 403) return scopedOnCallView();
   if (!over.ok) return `<section class="wide"><h2>Cluster</h2><p class="na">cannot read this node: ${esc(errorText(over))}</p></section>`;
   const o = over.body;
