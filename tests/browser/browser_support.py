@@ -49,6 +49,15 @@ def missing_reason() -> str | None:
     return None
 
 
+def login(page: Any, url: str, secret: str) -> None:
+    """Open the dashboard at `url` and log in through its form."""
+    page.goto(url)
+    page.locator("#login-secret").fill(secret)
+    page.locator("#login-submit").click()
+    page.locator("#who-name").wait_for()
+    page.locator("main[data-view] section").first.wait_for()
+
+
 def shot(page: Any, name: str) -> Path:
     """Keep a full-page screenshot as a test artifact (artifacts/ is gitignored)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)

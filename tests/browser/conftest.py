@@ -8,6 +8,7 @@ the dashboard must work under its strict policy (api/headers.py)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,21 +23,36 @@ from browser_support import (
 )
 
 from raftsched.client import Client
+from raftsched.node.auth import new_secret
 from raftsched.testing import LocalCluster
 
 STUCK_AFTER_S = "2"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def admin_token() -> Iterator[str]:
+    """The clusters' admin secret, in `$RAFTSCHED_TOKEN` as in tests/e2e: the
+    test's own client and `http_json` carry it; the page logs in with it."""
+    before = os.environ.get("RAFTSCHED_TOKEN")
+    secret = new_secret()
+    os.environ["RAFTSCHED_TOKEN"] = secret
+    yield secret
+    if before is None:
+        os.environ.pop("RAFTSCHED_TOKEN", None)
+    else:
+        os.environ["RAFTSCHED_TOKEN"] = before
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root: Path = tmp_path_factory.mktemp("browser") / "cluster"
-    # No admin token file: the dashboard cannot log in yet (its login is
-    # work of its own), so its cluster serves without tokens, as a cluster
-    # does before its first admin token.
-    local = LocalCluster(root, size=3, env={"RAFTSCHED_STUCK_AFTER_S": STUCK_AFTER_S}, auth=False)
+    # Authentication on, as every cluster from its first admin token: the
+    # page logs in (browser_support.login).
+    local = LocalCluster(root, size=3, env={"RAFTSCHED_STUCK_AFTER_S": STUCK_AFTER_S})
     local.start()
     try:
         local.wait_for_leader(timeout_s=30)
+        local.wait_for_auth(timeout_s=30)
         yield local
     finally:
         local.stop()

@@ -3,7 +3,9 @@
 The page is opened on a follower, so every test also proves that the page
 reaches the leader across origins. Each test renders real data, and the
 action tests change the cluster from the browser and check the change
-through the API (and the audit trail in the job history).
+through the API (and the audit trail in the job history). The cluster
+requires tokens: each test logs in with the admin token (the login, roles
+and scopes themselves: test_dashboard_login.py).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 from typing import Any
 
 import pytest
-from browser_support import csp_violations, shot
+from browser_support import csp_violations, login, shot
 
 from raftsched.client import Client
 from raftsched.testing import LocalCluster, http_json
@@ -42,6 +44,12 @@ def wait_for(predicate: Any, timeout_s: float = 10.0) -> Any:
         time.sleep(0.2)
 
 
+def admin_actor(client: Client) -> str:
+    """How history names the admin token: `name (tok_...)`."""
+    token = client.whoami()["token"]
+    return f"{token['name']} ({token['id']})"
+
+
 def confirm(page: Any, reason: str) -> None:
     page.wait_for_selector("#confirm[open]")
     page.fill("#confirm-reason", reason)
@@ -57,7 +65,7 @@ def test_on_call_view_shows_cluster_queues_stuck_and_dead_letters(
     (lease,) = client.claim("browser-w", ["reports"], max_jobs=1, wait_s=5)
     client.start(lease["job_id"], lease["fencing_token"])  # and never a heartbeat: stuck
 
-    page.goto(follower_url(cluster) + "/")
+    login(page, follower_url(cluster) + "/", cluster.admin_token)
     nodes = page.locator("#nodes tbody tr")
     nodes.first.wait_for()
     assert nodes.count() == 3
@@ -79,7 +87,7 @@ def test_replay_from_the_dead_letter_queue_in_the_browser(
     cluster: LocalCluster, client: Client, page: Any
 ) -> None:
     dead_id = dead_letter_one(client, "refunds")
-    page.goto(follower_url(cluster) + "/")
+    login(page, follower_url(cluster) + "/", cluster.admin_token)
     row = page.locator("#dlq tr", has_text=dead_id)
     row.get_by_role("button", name="Replay").click()
     confirm(page, "card updated by customer")
@@ -87,7 +95,7 @@ def test_replay_from_the_dead_letter_queue_in_the_browser(
     assert replayed, client.get_job(dead_id)
     events = client.job_history(dead_id)
     replay = next(e for e in events if e["event"] == "replay")
-    assert replay["actor"] == "dashboard"
+    assert replay["actor"] == admin_actor(client)  # the token, not the header
     assert replay["detail"] == "card updated by customer"
     page.locator("#toast", has_text="done").wait_for()
     shot(page, "replayed")
@@ -101,7 +109,7 @@ def test_job_search_job_page_and_cancel(cluster: LocalCluster, client: Client, p
         idempotency_key="invoice:17",
         delay_s=3600,
     )
-    page.goto(follower_url(cluster) + "/#/jobs")
+    login(page, follower_url(cluster) + "/#/jobs", cluster.admin_token)
     page.fill("input[name=correlation_id]", "req-browser-17")
     page.click("#job-search button[type=submit]")
     page.locator(f"#job-results >> text={job['id']}").wait_for()
@@ -116,7 +124,7 @@ def test_job_search_job_page_and_cancel(cluster: LocalCluster, client: Client, p
     cancelled = wait_for(lambda: client.get_job(job["id"])["status"] == "cancelled")
     assert cancelled, client.get_job(job["id"])
     event = client.job_history(job["id"])[-1]
-    assert (event["event"], event["actor"]) == ("cancel", "dashboard")
+    assert (event["event"], event["actor"]) == ("cancel", admin_actor(client))
     page.locator("#history li[data-event=cancel]").wait_for()  # live update
     shot(page, "job-cancelled")
 
@@ -128,7 +136,7 @@ def test_job_page_shows_attempts_and_timeline(
     (lease,) = client.claim("browser-w", ["exports"], max_jobs=1, wait_s=5)
     client.start(lease["job_id"], lease["fencing_token"])
     client.complete(lease["job_id"], lease["fencing_token"], {"rows": 12})
-    page.goto(follower_url(cluster) + f"/#/jobs/{job['id']}")
+    login(page, follower_url(cluster) + f"/#/jobs/{job['id']}", cluster.admin_token)
     page.locator("#attempts tbody tr").first.wait_for()
     assert "browser-w" in page.locator("#attempts").inner_text()
     for event in ("submit", "claim", "start", "complete"):
@@ -145,7 +153,7 @@ def test_queue_pause_schedule_and_workflow_pages_work_or_say_not_available(
     base = follower_url(cluster)
     leader_url = cluster.nodes[cluster.wait_for_leader()].http_url
     client.submit("pausable")
-    page.goto(base + "/")
+    login(page, base + "/", cluster.admin_token)
     row = page.locator("#queues tr", has_text="pausable")
     row.get_by_role("button", name="Pause queue").click()
     confirm(page, "maintenance")
@@ -188,15 +196,19 @@ def test_cross_origin_rules_and_bad_input(cluster: LocalCluster, client: Client)
     """No browser needed: CORS only for the cluster's own origins; strict input."""
     leader_url = cluster.nodes[cluster.wait_for_leader()].http_url
     own = follower_url(cluster)
+    bearer = {"Authorization": f"Bearer {cluster.admin_token}"}
     preflight = {"Origin": own, "Access-Control-Request-Method": "POST"}
     status, headers, _ = _request("OPTIONS", leader_url + "/v1/jobs/x/cancel", preflight)
     assert status == 204 and "Raftsched-Actor" in headers["Access-Control-Allow-Headers"]
-    status, headers, _ = _request("GET", leader_url + "/v1/overview", {"Origin": own})
+    assert "Authorization" in headers["Access-Control-Allow-Headers"]
+    status, headers, _ = _request("GET", leader_url + "/v1/overview", {"Origin": own, **bearer})
     assert headers.get("Access-Control-Allow-Origin") == own
     evil = {"Origin": "http://evil.example", "Access-Control-Request-Method": "POST"}
     status, headers, _ = _request("OPTIONS", leader_url + "/v1/jobs/x/cancel", evil)
     assert status == 403 and "Access-Control-Allow-Origin" not in headers
-    status, headers, _ = _request("GET", leader_url + "/v1/overview", {"Origin": evil["Origin"]})
+    status, headers, _ = _request(
+        "GET", leader_url + "/v1/overview", {"Origin": evil["Origin"], **bearer}
+    )
     assert status == 200 and "Access-Control-Allow-Origin" not in headers
 
     status, body, _ = http_json("GET", leader_url + "/v1/overview?errors=many")
@@ -254,7 +266,7 @@ def test_workflow_page_draws_the_step_graph_and_cancels(
         pytest.skip("this build has no workflows API")
     assert status in (200, 201), body
     workflow_id = body["workflow"]["id"]
-    page.goto(follower_url(cluster) + f"/#/workflows/{workflow_id}")
+    login(page, follower_url(cluster) + f"/#/workflows/{workflow_id}", cluster.admin_token)
     page.locator("svg.graph g[data-step=reserve]").wait_for()
     page.locator("svg.graph g[data-step=charge]").wait_for()
     shot(page, "workflow")
@@ -275,7 +287,9 @@ def test_the_page_runs_under_its_policy_and_a_violation_would_be_caught(
     """The page gets the strict policy; an inline script is refused, and the
     fixture's check (which every other test passes) sees the refusal."""
     base = follower_url(cluster)
-    response = page.goto(base + "/")
+    with page.expect_response(lambda answer: answer.url == base + "/") as answered:
+        login(page, base + "/", cluster.admin_token)
+    response = answered.value
     policy = response.headers["content-security-policy"]
     assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
     assert response.headers["x-frame-options"] == "DENY"

@@ -8,15 +8,76 @@
 // origin. Endpoints that this node does not serve (404 "no route", 405) are
 // shown as "not available", so the page works on builds without them.
 // Actions ask for confirmation and a reason, and send `Raftsched-Actor:
-// dashboard`, which the node records in the job history and an audit log line.
+// dashboard`; the job history and the audit log line name the caller's token
+// (`name (tok_...)`) once authentication is on, the header only while it is off.
+//
+// Authentication (docs/security.md, "Dashboard"): the page and its files are
+// public. Once the cluster has tokens, the page asks for one, keeps it in this
+// tab's sessionStorage (never localStorage, never a cookie: a cookie would be
+// sent by the browser on its own, and a cross-site request could use it) and
+// sends it as `Authorization: Bearer` on every call, to this node and to the
+// leader. The secret is never written into the page, the console or a URL.
+// A 401 from any call ends the session and shows the login form again.
+// Actions the caller's role may not take are not shown at all (ROLE_PERMISSIONS
+// below, a copy of the server's table); a 403 on a cluster-wide view (a
+// viewer scoped to some tenants) shows a short note and the data in scope.
 
 const POLL_MS = 2000;
 const view = document.getElementById("view");
 const statusLine = document.getElementById("status");
-let leaderBase = null;
+// The leader's origin, kept for the tab (it is no secret) so that a reload
+// does not have to find it again.
+const LEADER_KEY = "raftsched.leader";
+let leaderBase = sessionStorage.getItem(LEADER_KEY);
+function setLeader(base) {
+  leaderBase = base;
+  if (base) sessionStorage.setItem(LEADER_KEY, base);
+  else sessionStorage.removeItem(LEADER_KEY);
+}
 let pollTimer = null;
 let renderSeq = 0;
 let previousCounters = null;
+
+// -- who is logged in ---------------------------------------------------------
+
+const TOKEN_KEY = "raftsched.token";
+const secret = () => sessionStorage.getItem(TOKEN_KEY);
+// null: not known yet (or logged out); {auth: "off"} while the cluster has no
+// tokens; else {auth: "on", name, role, id, tenants, queues}.
+let me = null;
+// The on-call view's /v1/overview answered 403: do not ask again each poll.
+let overviewDenied = false;
+
+// Mirrors ROLE_PERMISSIONS and CLUSTER_NEEDS_ALL_TENANTS in
+// src/raftsched/api/permissions.py; ACTION_PERMISSIONS names each action's
+// route's entry in ROUTE_PERMISSIONS there. The server decides (403); this
+// only keeps the page from offering what it would refuse.
+// tests/unit/test_dashboard_permissions.py checks the copy against the table.
+const ROLE_PERMISSIONS = {
+  admin: ["authenticated", "read", "read.job", "effects.read", "cluster", "submit", "cancel", "operate", "work", "tokens"],
+  operator: ["authenticated", "read", "read.job", "effects.read", "cluster", "submit", "cancel", "operate"],
+  submitter: ["authenticated", "read", "read.job", "effects.read", "submit", "cancel"],
+  worker: ["authenticated", "read.job", "effects.read", "work"],
+  viewer: ["authenticated", "read", "read.job", "effects.read", "cluster"],
+};
+const CLUSTER_NEEDS_ALL_TENANTS = ["viewer"];
+const ACTION_PERMISSIONS = {
+  "cancel-job": "cancel", // POST /v1/jobs/{job_id}/cancel
+  "replay-job": "operate", // POST /v1/jobs/{job_id}/replay
+  "pause-queue": "operate", // PUT /v1/queues/{name}
+  "resume-queue": "operate", // PUT /v1/queues/{name}
+  "pause-schedule": "operate", // POST /v1/schedules/{schedule_id}/pause
+  "resume-schedule": "operate", // POST /v1/schedules/{schedule_id}/resume
+  "trigger-schedule": "operate", // POST /v1/schedules/{schedule_id}/trigger
+  "cancel-workflow": "cancel", // POST /v1/workflows/{workflow_id}/cancel
+};
+
+function may(permission) {
+  if (!me || me.auth === "off") return true; // no tokens yet: every caller is admin
+  if (!(ROLE_PERMISSIONS[me.role] || []).includes(permission)) return false;
+  if (permission === "cluster" && CLUSTER_NEEDS_ALL_TENANTS.includes(me.role)) return me.tenants.includes("*");
+  return true;
+}
 
 // -- helpers ----------------------------------------------------------------
 
@@ -60,7 +121,10 @@ function toast(text, error = false) {
 
 // {ok, status, body, missing}: `missing` is true when the node has no such
 // route (a feature this build lacks), as opposed to a missing record.
-async function api(path, { method = "GET", body, local = false } = {}) {
+//
+// `token` overrides the stored secret (the login form tries one); `login`
+// keeps a 401 from ending the session (the caller shows it).
+async function api(path, { method = "GET", body, local = false, token = secret(), login = false, retried = false } = {}) {
   const bases = [];
   if (!local && leaderBase && leaderBase !== location.origin) bases.push(leaderBase);
   bases.push(location.origin);
@@ -68,13 +132,25 @@ async function api(path, { method = "GET", body, local = false } = {}) {
   for (const base of bases) {
     try {
       const headers = { Accept: "application/json" };
+      if (token) headers.Authorization = `Bearer ${token}`;
       if (method !== "GET") headers["Raftsched-Actor"] = "dashboard";
       if (body !== undefined) headers["Content-Type"] = "application/json";
       const response = await fetch(base + path, {
         method,
         headers,
         body: body === undefined ? undefined : JSON.stringify(body),
+        credentials: "omit",
+        cache: "no-store",
       });
+      // A follower redirects to the leader, and the browser drops the
+      // Authorization header on a redirect to another origin: the leader
+      // then answers 401 (429 once this address failed too often). That
+      // names the leader; ask it again directly. Tokens that may read the
+      // overview learn the leader from it instead (findLeader).
+      if ((response.status === 401 || response.status === 429) && response.redirected && token && !retried) {
+        setLeader(new URL(response.url).origin);
+        return api(path, { method, body, token, login, retried: true });
+      }
       let parsed = null;
       try {
         parsed = await response.json();
@@ -83,7 +159,10 @@ async function api(path, { method = "GET", body, local = false } = {}) {
       }
       const message = parsed?.error?.message ?? "";
       const missing = response.status === 405 || (response.status === 404 && message.startsWith("no route"));
-      return { ok: response.ok, status: response.status, body: parsed, missing };
+      const answer = { ok: response.ok, status: response.status, body: parsed, missing };
+      // 429: this token failed, and failed again (valid tokens are never limited).
+      if ((response.status === 401 || (response.status === 429 && token)) && !login) sessionEnded(answer);
+      return answer;
     } catch (error) {
       lastError = error;
     }
@@ -97,6 +176,22 @@ const errorText = (answer) => {
   const field = error.details?.field ? ` (${error.details.field})` : "";
   return `${error.code}: ${error.message}${field}`;
 };
+
+// What a 403 means to the caller: a short note, not an error. Views that mix
+// every tenant's data need a token for all tenants; others are not the role's.
+function deniedNote(what) {
+  const scoped = me && me.auth === "on" && !me.tenants.includes("*");
+  const why = scoped ? 'only with a token for all tenants (tenants ["*"])' : `not for the ${me?.role ?? "current"} role`;
+  return `<p class="scope-note" data-denied="${esc(what)}">${esc(what)}: ${esc(why)}.</p>`;
+}
+
+// The body of a section whose request failed: not available, a note on a
+// 403, or the error.
+function failed(answer, what) {
+  if (answer.missing) return notAvailable(what);
+  if (answer.status === 403) return deniedNote(what);
+  return `<p class="na">${esc(errorText(answer))}</p>`;
+}
 
 // -- confirmation and actions -----------------------------------------------
 
@@ -134,18 +229,23 @@ const ACTIONS = {
   },
 };
 
+// Nothing at all for an action the caller's role may not take.
 const actionButton = (action, target, label, danger = true) =>
-  `<button data-action="${esc(action)}" data-target="${esc(target)}" class="${danger ? "danger" : ""}">${esc(label)}</button>`;
+  may(ACTION_PERMISSIONS[action])
+    ? `<button data-action="${esc(action)}" data-target="${esc(target)}" class="${danger ? "danger" : ""}">${esc(label)}</button>`
+    : "";
 
 document.addEventListener("click", async (event) => {
   const button = event.target.closest("button[data-action]");
   if (!button) return;
   const { action, target } = button.dataset;
+  if (!ACTIONS[action] || !may(ACTION_PERMISSIONS[action])) return;
   const decision = await confirmAction(button.textContent, `${button.textContent}: ${target}?`);
   if (!decision) return;
   button.disabled = true;
   const answer = await ACTIONS[action](target, decision.reason);
   button.disabled = false;
+  if (answer.status === 401) return; // the session ended: the login form says why
   if (answer.missing) toast(`${button.textContent}: not available on this cluster`, true);
   else if (!answer.ok) toast(`${button.textContent} failed: ${errorText(answer)}`, true);
   else toast(`${button.textContent}: done`);
@@ -158,11 +258,12 @@ document.addEventListener("click", async (event) => {
 // clock skew are the leader's knowledge), else this node's own.
 async function overview() {
   const first = await api("/v1/overview");
+  overviewDenied = first.status === 403;
   if (!first.ok) return first;
   const leader = first.body.node.leader;
   const base = leader?.http_url ? new URL(leader.http_url).origin : null;
   const changed = base !== leaderBase;
-  leaderBase = base;
+  setLeader(base);
   if (first.body.node.role !== "leader" && base && changed) {
     const again = await api("/v1/overview");
     if (again.ok) return again;
@@ -189,8 +290,38 @@ function rates(counters) {
   return result;
 }
 
+// A token that may not read the overview finds the leader with one read
+// before the view's requests (each redirect costs a failed authentication at
+// the leader, see api): redirected, or answered here, which then leads.
+async function findLeader() {
+  if (leaderBase) return;
+  const probe = await api("/v1/jobs?limit=1");
+  if (probe.ok && !leaderBase) setLeader(location.origin);
+}
+
+// For a token without the cluster-wide views (a viewer scoped to some
+// tenants, a submitter): a note, and the jobs it may see.
+async function scopedOnCallView() {
+  await findLeader();
+  const [dead, recent] = await Promise.all([api("/v1/jobs?status=dead_letter&limit=20"), api("/v1/jobs?limit=20")]);
+  const jobRows = (answer, rows) => (answer.ok ? table(...rows(answer.body.jobs || [])) : failed(answer, "GET /v1/jobs"));
+  return `
+  <section class="wide" id="scope"><h2>Cluster</h2>
+    ${deniedNote("The cluster-wide views (nodes, queues, stuck jobs, recent errors, events)")}
+    <p class="muted">Below: the jobs of ${me?.tenants?.includes("*") ? "every tenant" : `tenant${me?.tenants?.length === 1 ? "" : "s"} ${esc((me?.tenants || []).join(", "))}`}.</p></section>
+  <section id="dlq"><h2>Dead-letter queue</h2>
+    ${jobRows(dead, (jobs) => [["job", "queue", "tenant", "attempts#", "last error", ""], jobs.map((j) => [jobLink(j.id), esc(j.queue), dash(j.tenant), esc(j.attempts_made), j.last_error ? `${esc(j.last_error.kind)}: ${esc(j.last_error.message)}` : dash(null), actionButton("replay-job", j.id, "Replay", false)]), "empty"])}</section>
+  <section id="recent-jobs"><h2>Recent jobs</h2>
+    ${jobRows(recent, (jobs) => [["job", "queue", "status", "tenant", "updated"], jobs.map((j) => [jobLink(j.id), esc(j.queue), badge(j.status), dash(j.tenant), when(j.updated_at)]), "no jobs"])}</section>`;
+}
+
 async function onCallView() {
-  const [over, queues, events] = await Promise.all([overview(), api("/v1/queues"), api("/v1/events?after=0")]);
+  if (overviewDenied) return scopedOnCallView();
+  // The overview names the leader: until it is known, ask it first, or the
+  // other reads would go through a follower's redirect (see api).
+  const first = leaderBase ? null : await overview();
+  const [over, queues, events] = await Promise.all([first ?? overview(), api("/v1/queues"), api("/v1/events?after=0")]);
+  if (over.status === 403) return scopedOnCallView();
   if (!over.ok) return `<section class="wide"><h2>Cluster</h2><p class="na">cannot read this node: ${esc(errorText(over))}</p></section>`;
   const o = over.body;
   const skew = Object.fromEntries(o.clock_skew.map((s) => [s.node_id, s]));
@@ -212,7 +343,7 @@ async function onCallView() {
     const limits = limitsByQueue[q.name];
     const r = rate[q.name];
     const limitText = !queues.ok
-      ? '<span class="na">not available</span>'
+      ? `<span class="na">${queues.status === 403 ? "not shown to this token" : "not available"}</span>`
       : limits
         ? [
             limits.paused ? badge("paused") : "",
@@ -235,8 +366,7 @@ async function onCallView() {
   });
   const counts = Object.entries(o.status_counts).filter(([, n]) => n > 0).map(([s, n]) => `${badge(s)} ${esc(n)}`).join(" ");
   let outbox;
-  if (events.missing) outbox = notAvailable("GET /v1/events");
-  else if (!events.ok) outbox = `<p class="na">${esc(errorText(events))}</p>`;
+  if (!events.ok) outbox = failed(events, "GET /v1/events");
   else {
     const list = events.body.events || [];
     outbox = `<p>last event seq <b>${esc(events.body.last_seq)}</b>${o.outbox_lag ? `, undelivered per subscription: ${Object.entries(o.outbox_lag).map(([k, v]) => `${esc(k)} ${esc(v)}`).join(", ") || "no subscriptions"}` : ""}</p>` +
@@ -282,13 +412,13 @@ async function jobsView(params) {
   if (params.get("id")) {
     const answer = await api(`/v1/jobs/${encodeURIComponent(params.get("id"))}`);
     results = answer.ok ? [answer.body.job] : answer.status === 404 ? [] : null;
-    if (results === null) return searchPage(form, `<p class="na">${esc(errorText(answer))}</p>`);
+    if (results === null) return searchPage(form, failed(answer, "GET /v1/jobs/{id}"));
   } else {
     const query = new URLSearchParams();
     for (const [key] of SEARCH_FIELDS) if (params.get(key)) query.set(key, params.get(key));
     query.set("limit", "50");
     const answer = await api(`/v1/jobs?${query}`);
-    if (!answer.ok) return searchPage(form, `<p class="na">${esc(errorText(answer))}</p>`);
+    if (!answer.ok) return searchPage(form, failed(answer, "GET /v1/jobs"));
     results = answer.body.jobs;
   }
   const rows = results.map((j) => [jobLink(j.id), esc(j.queue), badge(j.status), esc(j.attempts_made), dash(j.tenant), dash(j.idempotency_key), dash(j.correlation_id), when(j.updated_at)]);
@@ -316,7 +446,7 @@ async function jobView(id) {
     api(`/v1/jobs/${encodeURIComponent(id)}`),
     api(`/v1/jobs/${encodeURIComponent(id)}/history`),
   ]);
-  if (!jobAnswer.ok) return `<section class="wide"><h2>Job ${esc(id)}</h2><p class="na">${esc(errorText(jobAnswer))}</p></section>`;
+  if (!jobAnswer.ok) return `<section class="wide"><h2>Job ${esc(id)}</h2>${failed(jobAnswer, "GET /v1/jobs/{id}")}</section>`;
   const j = jobAnswer.body.job;
   const final = ["succeeded", "dead_letter", "cancelled"].includes(j.status);
   const actions = [
@@ -345,13 +475,12 @@ async function jobView(id) {
     <div class="actions">${actions}</div>
     <dl class="kv">${fields.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${v}</dd>`).join("")}</dl></section>
   <section id="attempts"><h2>Attempts</h2>${table(["#", "worker", "epoch#", "token#", "claimed", "started", "ended", "outcome", "error"], attempts, "no attempts yet")}</section>
-  <section id="history"><h2>Timeline</h2>${historyAnswer.ok ? `<ol class="timeline">${timeline}</ol>` : `<p class="na">${esc(errorText(historyAnswer))}</p>`}</section>`;
+  <section id="history"><h2>Timeline</h2>${historyAnswer.ok ? `<ol class="timeline">${timeline}</ol>` : failed(historyAnswer, "GET /v1/jobs/{id}/history")}</section>`;
 }
 
 async function schedulesView() {
   const answer = await api("/v1/schedules");
-  if (answer.missing) return `<section class="wide"><h2>Schedules</h2>${notAvailable("GET /v1/schedules")}</section>`;
-  if (!answer.ok) return `<section class="wide"><h2>Schedules</h2><p class="na">${esc(errorText(answer))}</p></section>`;
+  if (!answer.ok) return `<section class="wide"><h2>Schedules</h2>${failed(answer, "GET /v1/schedules")}</section>`;
   const rows = (answer.body.schedules || []).map((s) => [
     `<a href="#/schedules/${encodeURIComponent(s.id)}">${esc(s.id)}</a>`,
     esc(s.cron ?? (s.interval_s != null ? `every ${s.interval_s} s` : "")), dash(s.timezone),
@@ -363,8 +492,7 @@ async function schedulesView() {
 async function scheduleView(id) {
   const path = `/v1/schedules/${encodeURIComponent(id)}`;
   const [answer, occurrences] = await Promise.all([api(path), api(`${path}/occurrences?limit=100`)]);
-  if (answer.missing) return `<section class="wide"><h2>Schedule ${esc(id)}</h2>${notAvailable("GET /v1/schedules/{id}")}</section>`;
-  if (!answer.ok) return `<section class="wide"><h2>Schedule ${esc(id)}</h2><p class="na">${esc(errorText(answer))}</p></section>`;
+  if (!answer.ok) return `<section class="wide"><h2>Schedule ${esc(id)}</h2>${failed(answer, "GET /v1/schedules/{id}")}</section>`;
   const s = answer.body.schedule ?? answer.body;
   const actions = [
     s.paused ? actionButton("resume-schedule", s.id, "Resume schedule", false) : actionButton("pause-schedule", s.id, "Pause schedule"),
@@ -372,8 +500,7 @@ async function scheduleView(id) {
   ].join("");
   const fields = Object.entries(s).filter(([k]) => k !== "job").map(([k, v]) => `<dt>${esc(k)}</dt><dd>${typeof v === "object" && v !== null ? `<code>${esc(JSON.stringify(v))}</code>` : dash(v)}</dd>`).join("");
   let occ;
-  if (occurrences.missing) occ = notAvailable("GET /v1/schedules/{id}/occurrences");
-  else if (!occurrences.ok) occ = `<p class="na">${esc(errorText(occurrences))}</p>`;
+  if (!occurrences.ok) occ = failed(occurrences, "GET /v1/schedules/{id}/occurrences");
   else occ = table(["nominal time", "decided", "decision", "job", "reason"], (occurrences.body.occurrences || []).map((o) => [when(o.nominal_time), when(o.decided_at), badge(o.decision), o.job_id ? jobLink(o.job_id) : dash(null), dash(o.reason)]), "no occurrences yet");
   return `
   <section class="wide" id="schedule"><h2>Schedule ${esc(s.id)}</h2><div class="actions">${actions}</div><dl class="kv">${fields}</dl></section>
@@ -382,8 +509,7 @@ async function scheduleView(id) {
 
 async function workflowsView() {
   const answer = await api("/v1/workflows");
-  if (answer.missing) return `<section class="wide"><h2>Workflows</h2>${notAvailable("GET /v1/workflows")}</section>`;
-  if (!answer.ok) return `<section class="wide"><h2>Workflows</h2><p class="na">${esc(errorText(answer))}</p></section>`;
+  if (!answer.ok) return `<section class="wide"><h2>Workflows</h2>${failed(answer, "GET /v1/workflows")}</section>`;
   const rows = (answer.body.workflows || []).map((w) => [`<a href="#/workflows/${encodeURIComponent(w.id)}">${esc(w.id)}</a>`, badge(w.status), dash(w.tenant), when(w.created_at)]);
   return `<section class="wide" id="workflows"><h2>Workflows</h2>${table(["workflow", "status", "tenant", "created"], rows, "no workflows")}</section>`;
 }
@@ -424,8 +550,7 @@ function stepGraph(steps) {
 
 async function workflowView(id) {
   const answer = await api(`/v1/workflows/${encodeURIComponent(id)}`);
-  if (answer.missing) return `<section class="wide"><h2>Workflow ${esc(id)}</h2>${notAvailable("GET /v1/workflows/{id}")}</section>`;
-  if (!answer.ok) return `<section class="wide"><h2>Workflow ${esc(id)}</h2><p class="na">${esc(errorText(answer))}</p></section>`;
+  if (!answer.ok) return `<section class="wide"><h2>Workflow ${esc(id)}</h2>${failed(answer, "GET /v1/workflows/{id}")}</section>`;
   const w = answer.body.workflow;
   const steps = Array.isArray(w.steps) ? Object.fromEntries(w.steps.map((s) => [s.name, s])) : w.steps || {};
   const final = ["succeeded", "failed", "cancelled", "timed_out"].includes(w.status);
@@ -454,13 +579,15 @@ function route() {
 }
 
 async function refresh() {
+  if (!me) return; // logged out: the login form is showing
   const seq = ++renderSeq;
   const [name, render] = route();
   document.querySelectorAll("header nav a").forEach((a) => a.classList.toggle("active", a.dataset.nav === name));
   try {
-    if (!leaderBase && name !== "oncall") await overview();
+    if (!leaderBase && !overviewDenied && name !== "oncall") await overview();
+    if (overviewDenied) await findLeader();
     const html = await render();
-    if (seq !== renderSeq) return; // a newer render started meanwhile
+    if (seq !== renderSeq || !me) return; // a newer render started meanwhile, or logged out
     // Keep what the user is typing in the search form.
     const active = document.activeElement;
     if (active && isSearchForm(active.form)) return;
@@ -480,9 +607,133 @@ function schedulePolling() {
 }
 
 window.addEventListener("hashchange", () => {
+  if (!me) return;
   previousCounters = null;
   refresh();
   schedulePolling();
 });
-refresh();
-schedulePolling();
+
+// -- logging in and out -------------------------------------------------------
+
+const loginSection = document.getElementById("login");
+const loginMessage = document.getElementById("login-message");
+const secretInput = document.getElementById("login-secret");
+
+// whoami's answer as `me`: the token's record, or auth off.
+function principal(body) {
+  if (body?.auth !== "on" || !body.token) return { auth: "off", name: body?.principal?.name ?? "anonymous", role: "admin", tenants: ["*"], queues: ["*"] };
+  const t = body.token;
+  return { auth: "on", id: t.id, name: t.name, role: t.role, tenants: t.tenants || [], queues: t.queues || [] };
+}
+
+function showWho() {
+  const who = document.getElementById("who");
+  const off = me.auth === "off";
+  document.getElementById("who-name").textContent = off ? "authentication off" : me.name;
+  const role = document.getElementById("who-role");
+  role.textContent = off ? "" : me.role;
+  role.hidden = off;
+  const scope = [];
+  if (!off) scope.push(me.tenants.includes("*") ? "all tenants" : `tenants: ${me.tenants.join(", ")}`);
+  if (!off && !me.queues.includes("*")) scope.push(`queues: ${me.queues.join(", ")}`);
+  document.getElementById("who-scope").textContent = scope.join(" · ");
+  document.getElementById("logout").hidden = off;
+  who.hidden = false;
+  who.dataset.role = off ? "" : me.role;
+}
+
+function showApp() {
+  loginSection.hidden = true;
+  loginMessage.textContent = "";
+  secretInput.value = "";
+  document.getElementById("nav").hidden = false;
+  view.hidden = false;
+  showWho();
+  refresh();
+  schedulePolling();
+}
+
+function showLogin(message = "") {
+  me = null;
+  setLeader(null);
+  overviewDenied = false;
+  previousCounters = null;
+  clearInterval(pollTimer);
+  renderSeq++; // drop any render under way
+  view.innerHTML = "";
+  view.hidden = true;
+  delete view.dataset.view;
+  document.getElementById("confirm").close?.();
+  document.getElementById("nav").hidden = true;
+  document.getElementById("who").hidden = true;
+  statusLine.textContent = "not logged in";
+  loginMessage.textContent = message;
+  secretInput.value = "";
+  loginSection.hidden = false;
+  secretInput.focus();
+}
+
+// A 401 on any call: the token was revoked or expired (or the cluster has
+// just turned authentication on). Back to the login form, saying why.
+function sessionEnded(answer) {
+  const had = secret() !== null;
+  sessionStorage.removeItem(TOKEN_KEY);
+  if (loginSection.hidden === false) return;
+  const why = answer.body?.error?.message || "the token was refused";
+  showLogin(had ? `Your session ended: ${why}. Log in again with a valid token.` : "This cluster now requires a token: log in.");
+}
+
+document.getElementById("login-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const candidate = secretInput.value.trim();
+  secretInput.value = ""; // the secret does not stay in the page
+  if (!candidate) return;
+  const button = document.getElementById("login-submit");
+  button.disabled = true;
+  loginMessage.textContent = "";
+  const answer = await api("/v1/whoami", { local: true, token: candidate, login: true });
+  button.disabled = false;
+  if (answer.ok) {
+    if (answer.body?.auth === "on") sessionStorage.setItem(TOKEN_KEY, candidate);
+    me = principal(answer.body);
+    showApp();
+  } else if (answer.status === 429) {
+    const after = answer.body?.error?.details?.retry_after_s;
+    loginMessage.textContent = `Too many failed logins from this address; try again in ${after ?? "a few"} s.`;
+  } else if (answer.status === 401) {
+    loginMessage.textContent = `That token was refused: ${answer.body?.error?.message ?? "not valid"}.`;
+  } else {
+    loginMessage.textContent = `Cannot log in: ${errorText(answer)}`;
+  }
+  secretInput.focus();
+});
+
+document.getElementById("logout").addEventListener("click", () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  showLogin("Logged out.");
+});
+
+// First: who are we? Without a stored token, the public /readyz says whether
+// this node requires one (asking whoami without a token would count as a
+// failed authentication); while the cluster has no tokens whoami answers 200
+// with auth "off" and the page works without asking.
+async function start() {
+  if (secret() === null) {
+    const ready = await api("/readyz", { local: true, login: true });
+    if (ready.body?.auth === "on") return showLogin();
+  }
+  const answer = await api("/v1/whoami", { local: true, login: true });
+  if (answer.ok) {
+    me = principal(answer.body);
+    showApp();
+  } else if (answer.status === 401 || answer.status === 429) {
+    const had = secret() !== null;
+    sessionStorage.removeItem(TOKEN_KEY);
+    showLogin(had ? `Your session ended: ${answer.body?.error?.message ?? "the token was refused"}. Log in again.` : "");
+  } else {
+    statusLine.textContent = `cannot reach this node: ${errorText(answer)}; retrying`;
+    setTimeout(start, POLL_MS);
+  }
+}
+
+start();
