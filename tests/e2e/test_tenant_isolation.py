@@ -161,7 +161,9 @@ def test_a_scoped_token_lists_only_its_tenant(world: World, tenant: str, role: s
     assert [job["id"] for job in dead] == [world.ids[tenant]["dead"]]
     # Tenants' figures: only its own tenant, whose counts are its own jobs.
     (own,) = world.ok("GET", "/v1/tenants", token=token)["tenants"]
-    assert own["name"] == tenant
+    everyone = world.ok("GET", "/v1/tenants", token=world.cluster.admin_token)["tenants"]
+    assert own == next(t for t in everyone if t["name"] == tenant)
+    assert own["weight"] == 2 and own["queued"] >= 1
 
 
 def test_a_worker_lists_nothing_but_reads_effects_of_its_tenant_only(world: World) -> None:
