@@ -10,6 +10,15 @@ fails the test with schemathesis's own report, which shows a curl command
 that reproduces it. A few seeded objects (jobs, a lease and its effect, a
 workflow, a schedule, a subscription) give path parameters real ids.
 
+The first two passes run as admin. Then one bounded pass per other role
+(operator, submitter, worker, viewer; issue 15) runs with a token of that role,
+scoped as a real deployment would scope it, so that most operations end in
+`403 forbidden` or a scoped `404`: these must be documented answers too, with
+bodies matching the error schema. Role passes send the document's examples
+and a few random cases per operation (no coverage or stateful phase), and the
+tokens they use are never revoked or deleted (those operations are excluded).
+The figures of every pass (operations, test cases, findings) are printed.
+
 Each run is bounded (a fixed number of examples per operation, one worker, a
 hard timeout) and deterministic, so a failure replays exactly. It sends
 nothing off this machine: the base URLs are the nodes' loopback URLs, the
@@ -50,10 +59,22 @@ CHECKS = (
 # Two passes: the leader handles everything; a follower validates, answers
 # reads with ?consistency=stale and redirects the rest (redirects not followed,
 # so that its 307 answers are checked against the document too).
-LEADER_EXAMPLES_PER_OPERATION = 50
+LEADER_EXAMPLES_PER_OPERATION = 30
 FOLLOWER_EXAMPLES_PER_OPERATION = 10
 REQUEST_TIMEOUT_S = 20
 PASS_TIMEOUT_S = 240
+# One pass per other role: few examples, the examples and fuzzing phases only.
+ROLE_EXAMPLES_PER_OPERATION = 4
+ROLE_PASS_TIMEOUT_S = 90
+ROLE_PHASES = "examples,fuzzing"
+# The role tokens' scope: (tenants, queues). The seeded objects are acme's, on
+# queue payments; the viewer is scoped, so cluster-wide views refuse it.
+ROLE_SCOPES: dict[str, tuple[list[str], list[str]]] = {
+    "operator": (["acme"], ["*"]),
+    "submitter": (["acme"], ["*"]),
+    "worker": (["*"], ["payments"]),
+    "viewer": (["acme"], ["*"]),
+}
 
 # Operations the fuzzer must not call, by operationId, and why. Membership
 # changes and backups belong here once they exist.
@@ -146,9 +167,15 @@ def _config(path: Path, seeds: dict[str, list[str]]) -> Path:
 
 
 def _run_fuzzer(
-    base_url: str, config: Path, examples: int, extra: list[str]
+    base_url: str,
+    config: Path,
+    examples: int,
+    extra: list[str],
+    token: str | None = None,
+    timeout_s: float = PASS_TIMEOUT_S,
 ) -> tuple[dict[str, Any], str, float]:
-    """One schemathesis run: (its JSON report, its text output, seconds taken)."""
+    """One schemathesis run: (its JSON report, its text output, seconds taken).
+    `token`: the bearer secret the hooks send (default: the session's admin)."""
     report = config.parent / f"report-{len(list(config.parent.glob('report-*')))}.json"
     command = [
         sys.executable, "-m", "schemathesis.cli",
@@ -170,6 +197,8 @@ def _run_fuzzer(
     here = str(Path(__file__).parent)
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHONPATH": path, "SCHEMATHESIS_HOOKS": "fuzz_hooks"}
+    if token is not None:
+        env["RAFTSCHED_TOKEN"] = token  # what fuzz_hooks.before_call sends
     started = time.monotonic()
     finished = subprocess.run(
         command,
@@ -177,7 +206,7 @@ def _run_fuzzer(
         env=env,
         capture_output=True,
         text=True,
-        timeout=PASS_TIMEOUT_S,
+        timeout=timeout_s,
         check=False,
     )
     elapsed_s = time.monotonic() - started
@@ -217,7 +246,32 @@ def _log_records(cluster: LocalCluster, node_id: str) -> list[dict[str, Any]]:
     return records
 
 
-@pytest.mark.timeout(2 * PASS_TIMEOUT_S + 120)
+def _role_token(url: str, role: str) -> str:
+    tenants, queues = ROLE_SCOPES[role]
+    body = {"name": f"fuzz-{role}", "role": role, "tenants": tenants, "queues": queues}
+    status, answer, _ = http_json("POST", url + "/v1/tokens", body, timeout_s=REQUEST_TIMEOUT_S)
+    assert status == 201, answer
+    secret: str = answer["secret"]
+    return secret
+
+
+def _check_pass(report: dict[str, Any], output: str, who: str, elapsed_s: float) -> None:
+    findings = _findings(report)
+    # schemathesis lists the operations that answered 401 or 403 ("missing_auth"):
+    # for a role pass, those its role or scope may not call.
+    refused = report.get("warnings", {}).get("missing_auth", [])
+    print(
+        f"fuzz pass {who}: {report['operations']['tested']} operations "
+        f"({len(refused)} of them refused 401/403), {report['test_cases']['generated']} "
+        f"test cases, {len(findings)} failures in {elapsed_s:.0f}s; findings: {findings}"
+    )
+    assert report["complete"] and report["stop_reason"] == "completed", output
+    assert findings == [], f"schemathesis found {findings} ({who}):\n{output}"
+    assert report["errors"] == [], f"schemathesis could not test everything ({who}):\n{output}"
+    assert report["operations"]["tested"] == report["operations"]["selected"], output
+
+
+@pytest.mark.timeout(2 * PASS_TIMEOUT_S + len(ROLE_SCOPES) * ROLE_PASS_TIMEOUT_S + 120)
 def test_fuzzer_finds_nothing_and_the_cluster_survives(
     tmp_path: Path, cluster: LocalCluster, client: Client
 ) -> None:
@@ -236,16 +290,18 @@ def test_fuzzer_finds_nothing_and_the_cluster_survives(
         for base_url, examples, extra in passes:
             report, output, elapsed_s = _run_fuzzer(base_url, config, examples, extra)
             print(output)
-            findings = _findings(report)
-            print(
-                f"fuzzed {report['operations']['tested']} operations at {base_url} with "
-                f"{report['test_cases']['generated']} test cases in {elapsed_s:.0f}s; "
-                f"findings: {findings}"
+            _check_pass(report, output, f"admin at {base_url}", elapsed_s)
+        leader_url = cluster.nodes[leader].http_url
+        for role in ROLE_SCOPES:
+            report, output, elapsed_s = _run_fuzzer(
+                leader_url,
+                config,
+                ROLE_EXAMPLES_PER_OPERATION,
+                ["--phases", ROLE_PHASES],
+                token=_role_token(leader_url, role),
+                timeout_s=ROLE_PASS_TIMEOUT_S,
             )
-            assert report["complete"] and report["stop_reason"] == "completed", output
-            assert findings == [], f"schemathesis found {findings}:\n{output}"
-            assert report["errors"] == [], f"schemathesis could not test everything:\n{output}"
-            assert report["operations"]["tested"] == report["operations"]["selected"], output
+            _check_pass(report, output, f"{role} at {leader_url}", elapsed_s)
 
         for url in cluster.urls:
             assert http_json("GET", url + "/healthz")[0] == 200, url

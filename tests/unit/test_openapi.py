@@ -264,6 +264,8 @@ def test_every_operation_but_the_public_ones_needs_a_bearer_token() -> None:
                 continue
             assert "security" not in operation, f"{where} needs the document's bearer"
             assert "401" in operation["responses"], f"{where} lacks 401"
+            # The failure limiter answers any authenticated route 429.
+            assert "429" in operation["responses"], f"{where} lacks 429"
             if permission_for(method.upper(), path) is not Permission.AUTHENTICATED:
                 assert "403" in operation["responses"], f"{where} lacks 403"
 
