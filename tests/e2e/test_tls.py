@@ -295,12 +295,14 @@ def test_dev_tls_serves_https_to_the_cli_the_worker_and_the_dashboard(tmp_path: 
         assert all(url.startswith("https://127.0.0.1:") for url in urls)
         for key in [ca_file.with_name("ca.key"), *ca_file.parent.glob("n*.key")]:
             assert key.stat().st_mode & 0o777 == 0o600, key
-        with Client(urls, ca_file=ca_file, retry_budget_s=30) as client:
+        # The dev cluster's own admin token (it makes one; not the session's).
+        admin = (launcher.data_dir / "admin.token").read_text().strip()
+        with Client(urls, ca_file=ca_file, retry_budget_s=30, token=admin) as client:
             job = client.submit("default", {"amount": 5, "sleep_s": 0.05})
             done = client.wait_job(job["id"], timeout_s=30)  # the demo worker ran it
         assert done["status"] == "succeeded", done
         context = ssl.create_default_context(cafile=ca_file)
-        status, _, headers = http_json("GET", urls[0] + "/v1/cluster", context=context)
+        status, _, headers = http_json("GET", urls[0] + "/v1/cluster", context=context, token=admin)
         assert status == 200
         dashboard = urlsplit(urls[0])
         page = handshake_and_read(f"https://{dashboard.netloc}/", context)
@@ -310,7 +312,7 @@ def test_dev_tls_serves_https_to_the_cli_the_worker_and_the_dashboard(tmp_path: 
             [sys.executable, "-m", "raftsched", "--json", "jobs", "get", job["id"]],
             capture_output=True, text=True, timeout=60,
             env={**os.environ, "RAFTSCHED_URL": ",".join(urls),
-                 "RAFTSCHED_CA_FILE": str(ca_file)},
+                 "RAFTSCHED_CA_FILE": str(ca_file), "RAFTSCHED_TOKEN": admin},
         )  # fmt: skip
         assert cli.returncode == 0, cli.stderr
         assert json.loads(cli.stdout)["status"] == "succeeded"
