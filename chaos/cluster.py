@@ -59,6 +59,7 @@ class NsCluster(LocalCluster):
         self.secret_file = self.root / "secret"
         self.secret_file.write_text(secrets.token_urlsafe(32))
         self.secret_file.chmod(0o600)
+        self.prepare_admin_token()
         (self.root / "clock").mkdir(exist_ok=True)
         for index in range(1, self.size + 1):
             node = NsNode(

@@ -297,14 +297,7 @@ class LocalCluster:
         if not self.secret_file.exists():
             self.secret_file.write_text(secrets.token_urlsafe(32))
             self.secret_file.chmod(0o600)
-        self.admin_token_file = self.root / "admin.token"
-        if self.auth and self.write_admin_token and not self.admin_token_file.exists():
-            secret = self.admin_secret or os.environ.get("RAFTSCHED_TOKEN", "").strip()
-            if not looks_like_secret(secret):
-                secret = new_secret()
-            fd = os.open(self.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                handle.write(secret + "\n")
+        self.prepare_admin_token()
         for index in range(1, self.size + 1):
             node_id = f"n{index}"
             self.nodes[node_id] = NodeProcess(
@@ -323,6 +316,18 @@ class LocalCluster:
         return None if self.tls is None else self.tls.client_context()
 
     # -- processes ------------------------------------------------------------
+
+    def prepare_admin_token(self) -> None:
+        """Set `admin_token_file` and write the secret there (see `auth`);
+        subclasses that build their nodes themselves call it too."""
+        self.admin_token_file = self.root / "admin.token"
+        if self.auth and self.write_admin_token and not self.admin_token_file.exists():
+            secret = self.admin_secret or os.environ.get("RAFTSCHED_TOKEN", "").strip()
+            if not looks_like_secret(secret):
+                secret = new_secret()
+            fd = os.open(self.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secret + "\n")
 
     def command(self, node: NodeProcess) -> list[str]:
         args = [
