@@ -79,7 +79,9 @@ class NsCluster(LocalCluster):
         assert isinstance(node, NsNode)
         env = [
             "PYTHONUNBUFFERED=1",
-            "PYTHONPATH=" + os.pathsep.join(p for p in (str(SHIM_DIR), str(REPO_ROOT)) if p),
+            # The nodes run this checkout's code, whatever is installed in the
+            # venv (a bisect runs an older checkout with today's venv).
+            "PYTHONPATH=" + os.pathsep.join(map(str, (SHIM_DIR, REPO_ROOT / "src", REPO_ROOT))),
         ]
         if self.faketime:
             env += [
