@@ -93,6 +93,23 @@ LIMITER: web.AppKey[FailureLimiter] = web.AppKey("auth_limiter")
 
 
 def principal_for(token: Token) -> Principal:
+    """The principal of a token, made once per token rather than once per
+    request: a memo keyed by everything the principal is made of."""
+    key = (token.id, token.name, token.role, token.tenants, token.queues)
+    principal = _PRINCIPALS.get(key)
+    if principal is None:
+        if len(_PRINCIPALS) >= _PRINCIPALS_MAX:
+            _PRINCIPALS.clear()
+        principal = _PRINCIPALS[key] = _principal_of_token(token)
+    return principal
+
+
+# Tokens are few (each is an admin's deliberate act); bounded all the same.
+_PRINCIPALS_MAX: Final = 10_000
+_PRINCIPALS: dict[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], Principal] = {}
+
+
+def _principal_of_token(token: Token) -> Principal:
     return Principal(
         token_id=token.id,
         name=token.name,

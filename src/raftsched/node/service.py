@@ -489,7 +489,13 @@ class Node:
 
     def auth_enabled(self) -> bool:
         """Whether requests must carry a token: the replica holds an admin token.
-        The first time it finds authentication on, the node says so."""
+        The first time it finds authentication on, the node says so.
+
+        Once on, it stays on: the last unrevoked admin token cannot be revoked
+        (core.auth), and a replica's state only moves forward. So after that
+        no request takes the replica's lock to ask again."""
+        if self._auth_logged:
+            return True
         with self.reading() as state:
             enabled = auth_enabled(state)
         if enabled and not self._auth_logged:
