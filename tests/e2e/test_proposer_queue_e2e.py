@@ -26,13 +26,14 @@ ROUNDS_MAX = 5
 
 
 async def burst(
-    leader_url: str, round_index: int, leases: list[dict[str, Any]]
+    leader_url: str, round_index: int, leases: list[dict[str, Any]], token: str
 ) -> tuple[list[tuple[int, dict[str, Any], dict[str, str], list[str]]], list[Any]]:
     """All the submissions at once, then all the lease batches at once:
     (status, body, headers, idempotency keys) per submission and (status,
     body, headers, leases) per lease batch."""
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as http:
+    authorization = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession(connector=connector, headers=authorization) as http:
 
         async def post(path: str, body: Any) -> tuple[int, dict[str, Any], dict[str, str]]:
             async with http.post(leader_url + path, json=body, allow_redirects=False) as answer:
@@ -83,6 +84,9 @@ def test_a_full_proposal_queue_answers_503_and_commits_nothing_of_the_request(
     args = ["--proposal-queue-commands-max", str(QUEUE_COMMANDS_MAX)]
     with LocalCluster(tmp_path / "cluster", env=cluster_env(), extra_args=args) as cluster:
         leader_id = cluster.wait_for_leader(timeout_s=30)
+        # The burst is sent with the admin token, once authentication is on
+        # (sent earlier it would race the bootstrap and meet 401s).
+        cluster.wait_for_auth(timeout_s=30)
         leader_url = cluster.nodes[leader_id].http_url
         with Client([leader_url], timeout_s=10, retry_budget_s=30) as client:
             acknowledged: set[str] = set()
@@ -98,7 +102,9 @@ def test_a_full_proposal_queue_answers_503_and_commits_nothing_of_the_request(
                     "w-burst", ["leased"], max_jobs=LEASE_BATCHES * OPS_PER_BATCH, wait_s=5
                 )
                 assert len(leases) == LEASE_BATCHES * OPS_PER_BATCH
-                submissions, lease_batches = asyncio.run(burst(leader_url, round_index, leases))
+                submissions, lease_batches = asyncio.run(
+                    burst(leader_url, round_index, leases, cluster.admin_token)
+                )
                 for status, body, headers, keys in submissions:
                     if status == 200:
                         assert all("job" in item for item in body["results"]), body
