@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from raftsched import child_processes
+from raftsched.client._calls import token_from_env
 from raftsched.node.auth import looks_like_secret, new_secret
 
 # The loopback networks, which test clusters allow as webhook targets.
@@ -121,10 +122,7 @@ def http_json(
     request = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         request.add_header("Content-Type", "application/json")
-    if token is None:
-        token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+    _authorize(request, token)
     for name, value in (headers or {}).items():
         request.add_header(name, value)
 
@@ -201,14 +199,20 @@ def make_cluster_tls(directory: Path, *, mutual: bool = False) -> ClusterTls:
     return tls
 
 
+def _authorize(request: urllib.request.Request, token: str | None) -> None:
+    """`Authorization: Bearer <token>`; None takes `$RAFTSCHED_TOKEN` (as the
+    client does), "" sends none."""
+    if token is None:
+        token = token_from_env()
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+
+
 def metrics_text(url: str, token: str | None = None, timeout_s: float = 10.0) -> str:
     """A node's `/metrics` page (`url` is the node's base URL); the token as
     for `http_json`."""
     request = urllib.request.Request(url.rstrip("/") + "/metrics")
-    if token is None:
-        token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+    _authorize(request, token)
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
         text: str = response.read().decode()
     return text
@@ -322,7 +326,7 @@ class LocalCluster:
         subclasses that build their nodes themselves call it too."""
         self.admin_token_file = self.root / "admin.token"
         if self.auth and self.write_admin_token and not self.admin_token_file.exists():
-            secret = self.admin_secret or os.environ.get("RAFTSCHED_TOKEN", "").strip()
+            secret = self.admin_secret or token_from_env() or ""
             if not looks_like_secret(secret):
                 secret = new_secret()
             fd = os.open(self.admin_token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

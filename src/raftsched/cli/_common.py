@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from raftsched.client import DEFAULT_URLS, ApiError, Client, RaftschedError
+from raftsched.client._calls import token_from_env
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -95,7 +96,7 @@ DEV_TOKEN_FILE = Path("data/dev/admin.token")
 def token_from(args: argparse.Namespace) -> str:
     """`--token`, else `$RAFTSCHED_TOKEN`, else `data/dev/admin.token` under
     the current directory; "" (no token) when none of them has one."""
-    given = getattr(args, "token", None) or os.environ.get("RAFTSCHED_TOKEN", "").strip()
+    given = getattr(args, "token", None) or token_from_env()
     if given:
         return str(given)
     try:
