@@ -15,7 +15,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from raftsched.limits import BODY_BYTES_MAX, PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
+from raftsched.limits import (
+    AUTH_FAILURES_PER_MINUTE,
+    BODY_BYTES_MAX,
+    PROPOSAL_QUEUE_BYTES_MAX,
+    PROPOSAL_QUEUE_COMMANDS_MAX,
+)
 from raftsched.node.webhook_targets import TargetPolicy
 
 
@@ -87,6 +92,9 @@ class NodeConfig:
     # The first admin token's secret (see node.auth): read, or generated and
     # written, when the cluster has no admin token yet.
     admin_token_file: Path | None = None
+    # Failed authentications one address may make in a minute before it is
+    # answered 429 rate_limited (api/auth.py).
+    auth_failures_per_minute: int = AUTH_FAILURES_PER_MINUTE
     extra: dict[str, str] = field(default_factory=dict)
     # TLS (docs/security.md): the node's certificate chain and key (PEM). With
     # them it serves HTTPS, and presents the certificate to peers that ask.
@@ -143,6 +151,8 @@ class NodeConfig:
         self.webhook_policy()
         if self.proposal_queue_commands_max < 1 or self.proposal_queue_bytes_max < 1:
             raise ConfigError("proposal queue bounds must be at least 1")
+        if self.auth_failures_per_minute < 1:
+            raise ConfigError("auth_failures_per_minute must be at least 1")
         self._validate_tls()
 
     def _validate_tls(self) -> None:

@@ -83,6 +83,9 @@ PROBE_S_MAX: Final = float(DAY_S)
 # A node's defaults; `--proposal-queue-commands-max` and `--proposal-queue-bytes-max`.
 PROPOSAL_QUEUE_COMMANDS_MAX: Final = 16_000
 PROPOSAL_QUEUE_BYTES_MAX: Final = 32 * 1024 * 1024
+# Failed authentications one address may make within a minute before it is
+# answered 429 rate_limited (api/auth.py); `--auth-failures-per-minute`.
+AUTH_FAILURES_PER_MINUTE: Final = 10
 # Metric label sets stay bounded: at most this many queues and tenants (the
 # busiest by queued jobs) get series of their own; the rest are summed under
 # "_other".

@@ -67,7 +67,12 @@ def assemble(config: NodeConfig, loop: asyncio.AbstractEventLoop) -> tuple[Node,
     node = Node(config, loop)
     policy = config.webhook_policy()
     node.add_leader_duty(WebhookDelivery(node, policy=policy))
-    return node, create_app(node, max_body_bytes=config.max_body_bytes, webhook_targets=policy)
+    return node, create_app(
+        node,
+        max_body_bytes=config.max_body_bytes,
+        webhook_targets=policy,
+        auth_failures_per_minute=config.auth_failures_per_minute,
+    )
 
 
 async def _serve(config: NodeConfig, server_ssl: ssl.SSLContext | None) -> None:

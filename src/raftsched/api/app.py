@@ -37,6 +37,7 @@ from raftsched.api import (
 from raftsched.api.auth import LIMITER, FailureLimiter, auth_middleware
 from raftsched.api.errors import ApiError
 from raftsched.api.requests import NODE, Handler, node_of
+from raftsched.limits import AUTH_FAILURES_PER_MINUTE
 from raftsched.logs import REQUEST_ID
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, QueueFull
 from raftsched.node.versions import UpgradeRequired
@@ -178,7 +179,11 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 def create_app(
-    node: NodeView, *, max_body_bytes: int, webhook_targets: TargetPolicy | None = None
+    node: NodeView,
+    *,
+    max_body_bytes: int,
+    webhook_targets: TargetPolicy | None = None,
+    auth_failures_per_minute: int = AUTH_FAILURES_PER_MINUTE,
 ) -> web.Application:
     # The request id middleware is outermost: it renders the ApiErrors
     # (401, 403, 429) that authentication raises, and times them.
@@ -186,7 +191,7 @@ def create_app(
         middlewares=[request_id_middleware, auth_middleware], client_max_size=max_body_bytes
     )
     app[NODE] = node
-    app[LIMITER] = FailureLimiter()
+    app[LIMITER] = FailureLimiter(failures_max=auth_failures_per_minute)
     app[events.WEBHOOK_TARGETS] = webhook_targets or TargetPolicy()
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)

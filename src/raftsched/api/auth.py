@@ -35,12 +35,13 @@ from raftsched.api.permissions import Permission, allows, permission_for
 from raftsched.api.principal import ALL, ANONYMOUS, Principal, Role, principal_of, set_principal
 from raftsched.api.requests import Handler, node_of
 from raftsched.core.auth.tokens import Token, find_by_hash
+from raftsched.limits import AUTH_FAILURES_PER_MINUTE
 from raftsched.node.auth import hash_secret, looks_like_secret
 
 log = logging.getLogger("raftsched.api")
 
-# More failures than this from one address within the window: 429.
-AUTH_FAILURES_MAX: Final = 10
+# More failures than `limits.AUTH_FAILURES_PER_MINUTE` (a node's
+# `--auth-failures-per-minute`) from one address within the window: 429.
 AUTH_FAILURE_WINDOW_S: Final = 60.0
 # Addresses remembered at most (the oldest are forgotten first).
 AUTH_ADDRESSES_MAX: Final = 10_000
@@ -51,7 +52,7 @@ class FailureLimiter:
 
     def __init__(
         self,
-        failures_max: int = AUTH_FAILURES_MAX,
+        failures_max: int = AUTH_FAILURES_PER_MINUTE,
         window_s: float = AUTH_FAILURE_WINDOW_S,
         addresses_max: int = AUTH_ADDRESSES_MAX,
     ) -> None:

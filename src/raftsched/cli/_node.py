@@ -18,7 +18,7 @@ TOML keys mirror the flags (relative paths are relative to the file):
     webhook_allow_cidrs = []             # e.g. ["10.1.0.0/16"]; may include loopback
     # optional: max_body_bytes, log_format, log_compaction_entries,
     # leader_fallback_timeout_s, proposal_queue_commands_max,
-    # proposal_queue_bytes_max, and an [extra] table
+    # proposal_queue_bytes_max, auth_failures_per_minute, and an [extra] table
     # TLS (docs/security.md): tls_cert, tls_key, tls_client_ca, tls_ca
     # (paths), insecure_http = true to serve plain HTTP off loopback
 """
@@ -38,7 +38,11 @@ from raftsched.config import (
     load_toml,
     read_secret,
 )
-from raftsched.limits import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
+from raftsched.limits import (
+    AUTH_FAILURES_PER_MINUTE,
+    PROPOSAL_QUEUE_BYTES_MAX,
+    PROPOSAL_QUEUE_COMMANDS_MAX,
+)
 
 if TYPE_CHECKING:
     from raftsched.raft_journal import CorruptJournal
@@ -50,6 +54,7 @@ _FILE_KEYS = {
     "leader_fallback_timeout_s", "election_timeout_min_s", "election_timeout_max_s",
     "proposal_queue_commands_max", "proposal_queue_bytes_max", "admin_token_file",
     "tls_cert", "tls_key", "tls_client_ca", "tls_ca", "insecure_http",
+    "auth_failures_per_minute",
 }  # fmt: skip
 _PATH_KEYS = (
     "data_dir",
@@ -113,6 +118,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     node.add_argument(
         "--proposal-queue-bytes-max", type=int,
         help="request bytes that may wait likewise (default 32 MiB)",
+    )  # fmt: skip
+    node.add_argument(
+        "--auth-failures-per-minute", type=int,
+        help="failed authentications one address may make in a minute before it is "
+        "answered 429 rate_limited (default 10)",
     )  # fmt: skip
     tls = node.add_argument_group("TLS (docs/security.md)")
     tls.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate chain (PEM)")
@@ -204,6 +214,7 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         "tls_client_ca": args.tls_client_ca,
         "tls_ca": args.tls_ca,
         "insecure_http": args.insecure_http,
+        "auth_failures_per_minute": args.auth_failures_per_minute,
     }
     settings.update({key: value for key, value in flags.items() if value is not None})
     return _to_config(settings)
@@ -264,6 +275,9 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
         webhook_allow_cidrs=tuple(str(c) for c in settings.get("webhook_allow_cidrs") or ()),
         admin_token_file=(
             Path(settings["admin_token_file"]) if settings.get("admin_token_file") else None
+        ),
+        auth_failures_per_minute=int(
+            settings.get("auth_failures_per_minute", AUTH_FAILURES_PER_MINUTE)
         ),
         extra={str(k): str(v) for k, v in dict(settings.get("extra") or {}).items()},
         tls_cert_file=_optional_path(settings.get("tls_cert")),

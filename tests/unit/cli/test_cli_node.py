@@ -9,7 +9,11 @@ import pytest
 
 from raftsched.cli import main
 from raftsched.config import NodeConfig, Peer
-from raftsched.limits import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
+from raftsched.limits import (
+    AUTH_FAILURES_PER_MINUTE,
+    PROPOSAL_QUEUE_BYTES_MAX,
+    PROPOSAL_QUEUE_COMMANDS_MAX,
+)
 
 SECRET = "s" * 24
 
@@ -36,7 +40,7 @@ def test_flags_build_the_config(tmp_path: Path, captured: list[NodeConfig]) -> N
         "--http-url", "http://10.0.0.1:8701/", "--secret-file", str(secret_file(tmp_path)),
         "--peer", "n2=10.0.0.2:9701@http://10.0.0.2:8701", "--durability", "none",
         "--proposal-queue-commands-max", "40", "--proposal-queue-bytes-max", "4096",
-        "--insecure-http",
+        "--insecure-http", "--auth-failures-per-minute", "25",
     ])  # fmt: skip
     assert code == 0
     [config] = captured
@@ -46,6 +50,7 @@ def test_flags_build_the_config(tmp_path: Path, captured: list[NodeConfig]) -> N
     assert config.peers == (Peer("n2", "10.0.0.2:9701", "http://10.0.0.2:8701"),)
     assert config.durability == "none"
     assert (config.proposal_queue_commands_max, config.proposal_queue_bytes_max) == (40, 4096)
+    assert config.auth_failures_per_minute == 25
 
 
 def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) -> None:
@@ -63,6 +68,7 @@ def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) 
     assert [peer.id for peer in config.peers] == ["n2", "n3"]
     assert config.proposal_queue_commands_max == PROPOSAL_QUEUE_COMMANDS_MAX
     assert config.proposal_queue_bytes_max == PROPOSAL_QUEUE_BYTES_MAX
+    assert config.auth_failures_per_minute == AUTH_FAILURES_PER_MINUTE
 
 
 @pytest.mark.parametrize(
@@ -87,6 +93,11 @@ def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) 
             ],
             "proposal queue bounds",
         ),  # fmt: skip
+        (
+            "auth_failures_per_minute = 0\n",
+            ["--id", "n1", "--data-dir", "d", "--http", "127.0.0.1:1", "--raft", "h:1"],
+            "auth_failures_per_minute must be at least 1",
+        ),
     ],
 )
 def test_mistakes_exit_2(
