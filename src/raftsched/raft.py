@@ -70,6 +70,12 @@ Guard rails
    hold and truncate them before re-appending (the transport keeps nextIndex
    from moving back; the journal truncates lazily and re-adopts identical
    records, so an acknowledged record never leaves the disk).
+   A third: a follower raises its commit index from a snapshot chunk as
+   from any AppendEntries, to min(leader's commit index, its last index),
+   though a chunk checks nothing about its log; a deposed leader holding
+   entries that never committed would apply them before the snapshot
+   replaced them. The transport lowers a chunk's commit index to the
+   follower's own (`_without_commit_claim`).
 7. Stopping at an entry. A machine that cannot apply an entry at all (it
    cannot decode it: a newer release proposed it) raises `StopApplying`.
    Skipping it would diverge from the replicas that applied it, so the
@@ -342,6 +348,12 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
             and isinstance(next_index, dict)
         ):
             before = next_index.get(node)
+        if (
+            isinstance(message, dict)
+            and message.get("type") == "append_entries"
+            and "prevLogIdx" not in message
+        ):
+            message = _without_commit_claim(self._syncObj, message)
         adapter = self._syncObj._raftsched_adapter
         if adapter.disk_full is not None and isinstance(message, dict) and "serialized" in message:
             # A snapshot sent by the leader (pysyncobj writes it to a file of
@@ -366,6 +378,26 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
             after = next_index.get(node)
             if after is not None and after < before:
                 next_index[node] = before
+
+
+def _without_commit_claim(sync_obj: Any, message: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot chunk, with the leader's commit index lowered to ours.
+
+    pysyncobj raises a follower's commit index from every AppendEntries, to
+    min(leader's commit index, the follower's last index). For entries that
+    is right: it has just checked that the follower's log matches the
+    leader's up to there. A snapshot chunk checks nothing, so a deposed
+    leader that came back with entries no one else has (proposed while it
+    was cut off, never committed) would commit and apply them before the
+    snapshot replaced its state. Until the last chunk is loaded the commit
+    index stays where it was; once it is, the snapshot's own index is
+    committed, and the next AppendEntries raises the commit index again.
+    """
+    own = getattr(sync_obj, "_SyncObj__raftCommitIndex", None)
+    claimed = message.get("commit_index")
+    if isinstance(own, int) and isinstance(claimed, int) and claimed > own:
+        return {**message, "commit_index": own}
+    return message
 
 
 class _TransmissionLabels:

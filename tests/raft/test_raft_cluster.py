@@ -14,6 +14,7 @@ import pytest
 from raft_support import Cluster
 
 from raftsched import raft_journal
+from raftsched.raft import decode_command
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -134,6 +135,52 @@ def test_follower_catches_up_by_log_then_by_snapshot(
     commit(3, "after")
     cluster.wait_converged(lambda entries: entries == expected)
     assert "failed to load full dump" not in follower.log_path.read_text()
+
+
+def test_a_follower_with_entries_no_leader_committed_never_applies_them(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    """A deposed leader comes back holding entries that never committed, and
+    the new leader has compacted past them, so it installs a snapshot.
+
+    pysyncobj raises a follower's commit index from every AppendEntries
+    message, a snapshot's chunks included: to min(leader's commit index,
+    the follower's last index). A snapshot chunk has checked nothing about
+    the follower's log, so the deposed leader would commit and apply its own
+    uncommitted entries before the snapshot replaced them (and tell callers
+    waiting on them that they committed). The adapter keeps a snapshot chunk
+    from raising the commit index."""
+    cluster = make_cluster(compaction=20)
+    cluster.start()
+    old = cluster.wait_leader()
+    for i in range(3):
+        assert cluster.propose_on_leader(f"before-{i}".encode())["ok"]
+    cluster.wait_converged(lambda entries: len(entries) == 3)
+    others = [node for node in cluster.nodes.values() if node is not old]
+    for node in others:
+        node.kill()
+    # Alone, the leader appends these (and makes them durable) but cannot
+    # commit them.
+    for i in range(3):
+        reply = old.propose(f"uncommitted-{i}".encode(), timeout_s=0.5)
+        assert not reply["ok"], reply
+    old.kill()
+    held = [decode_command(entry[0]) for entry in raft_journal.read_journal_entries(old.data_dir)]
+    assert b"uncommitted-0" in held, "the deposed leader should hold an uncommitted entry"
+    for node in others:
+        node.start()
+    committed = [f"before-{i}".encode() for i in range(3)]
+    for i in range(60):
+        # Big entries make a snapshot of many chunks, sent over many ticks.
+        data = f"after-{i}-".encode().ljust(50_000, b".")
+        assert cluster.propose_on_leader(data, timeout_s=20)["ok"]
+        committed.append(data)
+    leader_log = raft_journal.read_journal_entries(cluster.wait_leader().data_dir)
+    assert leader_log[0][1] > 8, "the new leader should have compacted past them"
+    old.start()
+    cluster.wait_converged(lambda entries: entries == committed, timeout_s=30)
+    ever = [bytes.fromhex(item) for item in old.state()["ever_applied"]]
+    assert not [data for data in ever if data.startswith(b"uncommitted")], ever
 
 
 @pytest.mark.expect_log_errors(

@@ -6,7 +6,7 @@ Control requests (one JSON object per line on 127.0.0.1:--control-port):
 
     {"op": "propose", "data": HEX, "timeout_s": 5}  -> {"ok": true, "result": n}
                                                       | {"ok": false, "error": "..."}
-    {"op": "state"}   -> {"entries": [HEX, ...], "digest": SHA256, "applied": n}
+    {"op": "state"}   -> {"entries": [HEX, ...], "digest": SHA256, "ever_applied": [HEX, ...]}
     {"op": "status"}  -> RaftStatus as a dict
     {"op": "bench", "count": n, "size": bytes} -> commit latencies in ms
 """
@@ -37,12 +37,17 @@ class ListMachine:
         # of its snapshot child (see raftsched.raft.StateMachine.snapshot).
         self.lock = threading.RLock()
         self.entries: list[bytes] = []
+        # Everything this process ever applied, in order; a snapshot load
+        # replaces `entries` but not this, so a test can see an entry that
+        # was applied and later wiped out.
+        self.ever_applied: list[bytes] = []
 
     def apply(self, data: bytes) -> object:
         if data.startswith(b"raise"):
             raise RuntimeError("toy machine told to raise")
         with self.lock:
             self.entries.append(data)
+            self.ever_applied.append(data)
             return len(self.entries)
 
     def snapshot(self) -> list[bytes]:
@@ -127,7 +132,9 @@ def main() -> None:
         if op == "state":
             entries = machine.view()
             digest = hashlib.sha256(msgpack.packb(entries)).hexdigest()
-            return {"entries": [e.hex() for e in entries], "digest": digest}
+            with machine.lock:
+                ever = [e.hex() for e in machine.ever_applied]
+            return {"entries": [e.hex() for e in entries], "digest": digest, "ever_applied": ever}
         if op == "status":
             return dataclasses.asdict(node.status())
         if op == "leadership":
