@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import signal
 import struct
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from e2e_support import cluster_env
 from bad_disks import fill, fsync_fault_env, fsync_fault_shim, size_limited_tmpfs
 from raftsched import raft_journal
 from raftsched.client import Client
-from raftsched.testing import LocalCluster, http_json, wait_for
+from raftsched.testing import LocalCluster, http_json, metrics_text, wait_for
 
 NODE_DISK = "96m"
 
@@ -68,9 +67,7 @@ def raft_dir(cluster: LocalCluster, node_id: str) -> Path:
 
 
 def metrics_of(cluster: LocalCluster, node_id: str) -> str:
-    url = cluster.nodes[node_id].http_url + "/metrics"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return str(response.read().decode())
+    return metrics_text(cluster.nodes[node_id].http_url, token=cluster.admin_token)
 
 
 def log_of(cluster: LocalCluster, node_id: str) -> str:
