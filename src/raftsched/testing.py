@@ -230,6 +230,9 @@ class NodeProcess:
     # Another release's `src` directory to run instead of this checkout's
     # code (a rolling-upgrade test), or None.
     source_dir: Path | None = None
+    # The Python to run the node with (another release's own virtualenv,
+    # say), or None for this one.
+    python: str | None = None
     scheme: str = "http"
     # This node's own cluster secret file instead of the cluster's, and the
     # secrets it accepts besides (a secret rotation; see `LocalCluster.command`).
@@ -335,7 +338,7 @@ class LocalCluster:
 
     def command(self, node: NodeProcess) -> list[str]:
         args = [
-            sys.executable,
+            node.python or sys.executable,
             "-m",
             "raftsched",
             "node",
