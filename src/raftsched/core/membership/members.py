@@ -165,7 +165,9 @@ def _conflict(directory: dict[str, Member], new: Member) -> Rejected | None:
     return None
 
 
-def _replace(state: State, directory: dict[str, Member], removed: set[str], context: Context) -> None:
+def _replace(
+    state: State, directory: dict[str, Member], removed: set[str], context: Context
+) -> None:
     section = membership(state)
     before = (section.by_id, section.removed, section.changes)
 
@@ -229,9 +231,9 @@ def _member_row(member: Member) -> list[str]:
 
 
 def _decode_member(row: object) -> Member:
-    if type(row) not in (list, tuple) or len(row) != 3:  # type: ignore[arg-type]
+    if not isinstance(row, list | tuple) or len(row) != 3:
         raise CodecError("a member is a row of 3 strings")
-    node_id, raft_address, http_url = row  # type: ignore[misc]
+    node_id, raft_address, http_url = row
     if type(node_id) is not str or type(raft_address) is not str or type(http_url) is not str:
         raise CodecError("a member is a row of 3 strings")
     return Member(node_id, raft_address, http_url)
@@ -242,9 +244,9 @@ def _encode_members(value: Any) -> Any:
 
 
 def _decode_members(data: object) -> tuple[Member, ...]:
-    if type(data) not in (list, tuple):
+    if not isinstance(data, list | tuple):
         raise CodecError("members are a list")
-    return tuple(_decode_member(row) for row in data)  # type: ignore[union-attr]
+    return tuple(_decode_member(row) for row in data)
 
 
 MEMBERS_FIELD: Final = FieldKind("members", _encode_members, _decode_members)
