@@ -15,10 +15,11 @@ their flags until the first change, which records every member it knew of
 (`known`) together with the change. From then on the directory is the truth
 and the flags are only where a restarted node starts looking.
 
-`removed` remembers the ids removed and not added again since: a removed
-node that applies its own removal stops serving and stops standing for
-election, and its peers drop its vote requests. Adding the id again (a node
-that lost its data directory rejoins as a new member) takes it off.
+`removed` remembers the ids removed and not added again since, with the
+Raft address each had: a removed node that applies its own removal stops
+serving and stops standing for election, and its peers drop vote requests
+from that address (unless a member uses it now). Adding the id again (a
+node that lost its data directory rejoins as a new member) takes it off.
 
 The section is optional: a cluster that never changed its membership keeps
 the bytes and digest of release 0.3.0.
@@ -46,14 +47,14 @@ ADDRESS_CHARS_MAX: Final = NAME_CHARS_MAX
 
 
 class Membership:
-    """The section: members by id (in the order they joined), the ids removed
-    since, and how many changes were applied."""
+    """The section: members by id (in the order they joined), the removed
+    ids (with the Raft address each had), and how many changes were applied."""
 
     __slots__ = ("by_id", "removed", "changes")
 
     def __init__(self) -> None:
         self.by_id: dict[str, Member] = {}
-        self.removed: set[str] = set()
+        self.removed: dict[str, str] = {}
         self.changes = 0
 
 
@@ -71,8 +72,11 @@ def is_removed(state: State, node_id: str) -> bool:
     return node_id in membership(state).removed
 
 
-def removed_ids(state: State) -> frozenset[str]:
-    return frozenset(membership(state).removed)
+def removed_addresses(state: State) -> frozenset[str]:
+    """The Raft addresses of removed nodes that no member uses now."""
+    section = membership(state)
+    in_use = {member.raft_address for member in section.by_id.values()}
+    return frozenset(section.removed.values()) - in_use
 
 
 def changes_applied(state: State) -> int:
@@ -166,7 +170,7 @@ def _conflict(directory: dict[str, Member], new: Member) -> Rejected | None:
 
 
 def _replace(
-    state: State, directory: dict[str, Member], removed: set[str], context: Context
+    state: State, directory: dict[str, Member], removed: dict[str, str], context: Context
 ) -> None:
     section = membership(state)
     before = (section.by_id, section.removed, section.changes)
@@ -192,8 +196,8 @@ def apply_add_member(state: State, command: AddMember, context: Context) -> Ack 
     rejected = _conflict(directory, new)
     if rejected is not None:
         return rejected
-    removed = set(membership(state).removed)
-    removed.discard(new.node_id)
+    removed = dict(membership(state).removed)
+    removed.pop(new.node_id, None)
     directory[new.node_id] = new
     _replace(state, directory, removed, context)
     return Ack()
@@ -214,11 +218,10 @@ def apply_remove_member(state: State, command: RemoveMember, context: Context) -
             "the last member cannot be removed",
             {"reason": "last_member", "id": command.node_id},
         )
-    removed = set(membership(state).removed)
+    removed = dict(membership(state).removed)
     if len(removed) >= REMOVED_MAX:
-        removed = set(sorted(removed)[1:])  # forget the oldest-named; bounded
-    removed.add(command.node_id)
-    del directory[command.node_id]
+        del removed[next(iter(removed))]  # forget the longest removed; bounded
+    removed[command.node_id] = directory.pop(command.node_id).raft_address
     _replace(state, directory, removed, context)
     return Ack()
 
@@ -261,7 +264,7 @@ def _encode(state: State) -> Any:
     section = membership(state)
     return [
         [_member_row(member) for member in section.by_id.values()],
-        sorted(section.removed),
+        [[node_id, address] for node_id, address in section.removed.items()],
         section.changes,
     ]
 
@@ -270,14 +273,17 @@ def _decode(state: State, data: Any) -> None:
     if type(data) not in (list, tuple) or len(data) != 3:
         raise CodecError("the members section is [members, removed, changes]")
     rows, removed, changes = data
-    if type(removed) not in (list, tuple) or not all(type(item) is str for item in removed):
-        raise CodecError("removed members are a list of ids")
+    if not isinstance(removed, list | tuple) or not all(
+        isinstance(row, list | tuple) and len(row) == 2 and all(type(v) is str for v in row)
+        for row in removed
+    ):
+        raise CodecError("removed members are a list of [id, raft address]")
     if type(changes) is not int or changes < 0:
         raise CodecError("the count of membership changes is a natural number")
     section = Membership()
     for member in _decode_members(rows):
         section.by_id[member.node_id] = member
-    section.removed = set(removed)
+    section.removed = {node_id: address for node_id, address in removed}
     section.changes = changes
     state.sections[MEMBERS] = section
 
