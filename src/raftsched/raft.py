@@ -96,7 +96,7 @@ Guard rails
    majority as soon as its entry is appended, caught up or not (the node
    refuses another change until it has caught up; see node.membership).
    pysyncobj refuses to remove the leader itself, so a leader that must go
-   hands leadership to its most caught-up follower (`retire`), which then
+   hands leadership to its most caught-up follower (`set_retired`), which then
    removes it. pysyncobj has no pre-vote: a removed node that times out
    would ask for votes with ever higher terms and depose the leader. A
    retired node never stands for election again, and members drop vote
@@ -817,13 +817,13 @@ class RaftNode:
         ids[self.raft_address] = self.node_id
         self._ids_by_address = ids
 
-    def retire(self) -> None:
-        """This node was removed: never stand for election again, and as
-        leader hand leadership over (pysyncobj cannot remove its leader), so
-        that the next leader removes it from the configuration."""
-        if not self.retired:
-            logger.warning("this node was removed from the cluster: it no longer stands for election")
-        self.retired = True
+    def set_retired(self, retired: bool) -> None:
+        """True: this node was removed; it never stands for election again,
+        and as leader it hands leadership over (pysyncobj cannot remove its
+        leader), so that the next leader removes it from the configuration.
+        False again only if it is added back (a replica catching up from an
+        old log meets its removal before its re-addition)."""
+        self.retired = retired
 
     def _retired_tick(self, sync_obj: _ReplicatedLog) -> None:
         sync_obj._raftsched_postpone_election(3600.0)

@@ -29,6 +29,7 @@ from raftsched.api import (
     headers,
     jobs,
     leases,
+    membership,
     queues,
     schedules,
     tokens,
@@ -110,8 +111,23 @@ async def _on_response_prepare(request: web.Request, response: web.StreamRespons
     headers.add_security_headers(request, response)
 
 
+# What a removed node still answers: its health, why it is not ready, the
+# cluster as it last knew it, and its metrics.
+REMOVED_NODE_ROUTES = frozenset({"/healthz", "/readyz", "/v1/cluster", "/metrics", "/v1/time"})
+
+
+def _removed_node() -> ApiError:
+    return ApiError(
+        "unavailable",
+        "this node was removed from the cluster and serves no more; use another member",
+        {"reason": "node_removed"},
+    )
+
+
 async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
+        if node_of(request).removed and request.path not in REMOVED_NODE_ROUTES:
+            raise _removed_node()
         if request.method == "OPTIONS":
             preflight = dashboard.cors_preflight(request)
             if preflight is not None:
@@ -196,6 +212,7 @@ def create_app(
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)
     app.add_routes(cluster.routes)
+    app.add_routes(membership.routes)
     app.add_routes(workflows.routes)
     app.add_routes(events.routes)
     app.add_routes(audit.routes)
