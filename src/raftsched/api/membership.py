@@ -129,7 +129,7 @@ async def add_node(request: web.Request) -> web.Response:
         command = AddMember(node_id, raft_address, http_url, _known(request))
         await propose_audited(request, command, Ack)
         driver.wake()
-        done = await driver.wait_configured(node_id, True, CONFIGURE_TIMEOUT_S)
+        done = await driver.wait_configured(raft_address, True, CONFIGURE_TIMEOUT_S)
     return json_response(
         _change("add", member, "configured" if done else "configuring"), status=202
     )
@@ -156,7 +156,7 @@ async def remove_node(request: web.Request) -> web.Response:
             raise _refused(error) from None
         await propose_audited(request, RemoveMember(node_id, _known(request)), Ack)
         driver.wake()
-        done = await driver.wait_configured(node_id, False, CONFIGURE_TIMEOUT_S)
+        done = await driver.wait_configured(member.raft_address, False, CONFIGURE_TIMEOUT_S)
     if node_id == node.node_id:
         outcome = "handed_over" if done else "configuring"
     else:

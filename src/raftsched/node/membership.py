@@ -59,6 +59,7 @@ from raftsched.core.membership.members import (
     is_removed,
     members,
     removed_addresses,
+    removed_members,
 )
 from raftsched.raft import RaftNode, RaftStatus
 
@@ -111,6 +112,7 @@ class Directory:
         self.replicated = False
         self.removed_here = False  # this node was removed
         self.refused: frozenset[str] = frozenset()
+        self.removed: dict[str, str] = {}  # removed id -> its Raft address
         self._changes_seen = -1
 
     def refresh(self, state: State) -> bool:
@@ -124,6 +126,7 @@ class Directory:
             self.replicated = True
         self.removed_here = is_removed(state, self.self_member.node_id)
         self.refused = removed_addresses(state)
+        self.removed = removed_members(state)
         return True
 
     def by_id(self) -> dict[str, Member]:
@@ -141,6 +144,11 @@ class Directory:
 
     def ids_by_address(self) -> dict[str, str]:
         return {member.raft_address: member.node_id for member in self.members}
+
+    def names_by_address(self) -> dict[str, str]:
+        """Members' and removed nodes' ids by Raft address (members win)."""
+        names = {address: node_id for node_id, address in self.removed.items()}
+        return names | self.ids_by_address()
 
 
 class ChangeRefused(Exception):
@@ -283,17 +291,17 @@ class Driver:
 
     # -- waiting for a request's change ---------------------------------------
 
-    async def wait_configured(self, node_id: str, adding: bool, timeout_s: float) -> bool:
-        """Wait until the configuration has (or, removing, lacks) the node;
-        whether it did within `timeout_s`."""
+    async def wait_configured(self, address: str, adding: bool, timeout_s: float) -> bool:
+        """Wait until the configuration has (or, removing, lacks) the Raft
+        address; whether it did within `timeout_s`."""
         deadline = self.loop.time() + timeout_s
         while self.loop.time() < deadline:
             status = self.raft.status()
-            ids = {peer.id for peer in status.peers}
-            present = node_id in ids or node_id == self.raft.node_id
+            addresses = {peer.raft_address for peer in status.peers}
+            present = address in addresses or address == self.raft.raft_address
             if present == adding and self._pending is None:
                 return True
-            if node_id == self.raft.node_id and status.role != "leader":
+            if address == self.raft.raft_address and status.role != "leader":
                 return True  # handed over; the next leader removes this node
             await asyncio.sleep(0.05)
         return False

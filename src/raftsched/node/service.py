@@ -224,7 +224,7 @@ class Node:
             if not self.directory.refresh(state):
                 return
         self._http_urls = self.directory.http_urls()
-        self.raft.set_peer_ids(self.directory.ids_by_address())
+        self.raft.set_peer_ids(self.directory.names_by_address())
         self.raft.refuse_votes_from(self.directory.refused)
         self.peer_versions.set_peers(self.directory.peer_urls())
         if self.directory.removed_here and not self.raft.retired:

@@ -72,6 +72,11 @@ def is_removed(state: State, node_id: str) -> bool:
     return node_id in membership(state).removed
 
 
+def removed_members(state: State) -> dict[str, str]:
+    """Removed ids (not added again) with the Raft address each had."""
+    return dict(membership(state).removed)
+
+
 def removed_addresses(state: State) -> frozenset[str]:
     """The Raft addresses of removed nodes that no member uses now."""
     section = membership(state)
