@@ -67,6 +67,12 @@ def member_ids(view: dict[str, Any]) -> list[str]:
     return sorted(n["id"] for n in view["nodes"] if n["status"] in ("member", "joining"))
 
 
+def members_seen_by(cluster: LocalCluster, node_id: str) -> list[str]:
+    """The members in the node's answer, or [] while it does not answer."""
+    view = cluster.cluster_view(node_id)
+    return [] if view is None else member_ids(view)
+
+
 def settled(cluster: LocalCluster) -> bool:
     """The leader reports no change in progress."""
     leader = cluster.leader_id()
@@ -96,6 +102,10 @@ class Load:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=60)
+
+    def run_all(self) -> None:
+        """Submit every job now, in this thread."""
+        self._run()
 
     def _run(self) -> None:
         urls = [n.http_url for n in self.cluster.nodes.values() if n.serving]
@@ -267,3 +277,93 @@ def test_bad_membership_requests(versioned: LocalCluster) -> None:
     # Nothing changed.
     assert member_ids(view_of(cluster, leader)) == ["n1", "n2", "n3"]
     assert view_of(cluster, leader)["membership"]["change"] is None
+
+
+def test_a_restarted_node_knows_the_membership_not_its_flags(versioned: LocalCluster) -> None:
+    """n4 joined after the start: n1's flags do not name it (LocalCluster
+    gives a joined node's peers no --peer flag for it), yet restarted, n1
+    counts n4 as a voter (pysyncobj replays the change from the journal)
+    and knows its URL (the core's directory)."""
+    cluster = versioned
+    n4 = cluster.new_node("n4")
+    assert add_node(cluster, n4)[0] == 202
+    cluster.start_joining("n4", cluster.nodes["n1"].http_url)
+    assert wait_for(lambda: settled(cluster), 60)
+    assert f"n4={n4.raft_address}" not in " ".join(cluster.command(cluster.nodes["n1"]))
+    cluster.restart("n1")
+    cluster.wait_for_leader()
+    assert wait_for(lambda: members_seen_by(cluster, "n1") == ["n1", "n2", "n3", "n4"], 30)
+    nodes = {n["id"]: n for n in view_of(cluster, "n1")["nodes"]}
+    assert nodes["n4"]["status"] == "member" and nodes["n4"]["http_url"] == n4.http_url
+    cluster.wait_converged(timeout_s=60)
+
+
+@pytest.mark.parametrize("compaction_entries", [50])
+def test_replace_a_dead_node(tmp_path: Any, compaction_entries: int) -> None:
+    """Kill n3, remove it, add n4 and start it: the leader's log was compacted,
+    so n4 catches up by snapshot; the digests agree; a restart of n2 after
+    its own compaction still knows n4 (the snapshot names the members)."""
+    from e2e_support import cluster_env
+
+    cluster = LocalCluster(
+        tmp_path / "cluster", size=3, env=cluster_env(),
+        extra_args=["--log-compaction-entries", str(compaction_entries)],
+    )  # fmt: skip
+    cluster.start()
+    try:
+        cluster.wait_for_leader()
+        cluster.wait_for_auth()
+        wait_cluster_version(cluster)
+        Load(cluster, jobs_max=150).run_all()
+        leader = cluster.wait_for_leader()
+        victim = next(node_id for node_id in ("n3", "n2") if node_id != leader)
+        cluster.kill(victim)
+        status, answer = remove_node(cluster, victim)
+        assert status == 202, answer
+        cluster.mark_removed(victim)
+        assert (cluster.nodes[leader].data_dir / "raft" / "raft.snapshot").exists()
+        n4 = cluster.new_node("n4")
+        status, answer = add_node(cluster, n4)
+        assert status == 202, answer
+        cluster.start_joining("n4", cluster.nodes[leader].http_url)
+        with Load(cluster, jobs_max=100):
+            assert wait_for(lambda: settled(cluster), 60)
+        cluster.wait_converged(timeout_s=60)
+        assert set(cluster.digests()) == {"n1", "n2", "n3", "n4"} - {victim}
+        other = next(n for n in ("n1", "n2") if n != leader and n != victim)
+        cluster.restart(other)
+        cluster.wait_for_leader()
+        assert wait_for(
+            lambda: members_seen_by(cluster, other) == sorted({"n1", "n2", "n4"} | {leader}), 30
+        )
+        cluster.wait_converged(timeout_s=60)
+    finally:
+        cluster.stop()
+
+
+def test_a_removed_node_never_raises_the_term(versioned: LocalCluster) -> None:
+    """A removed follower that keeps running, and a dead one restarted on its
+    old data directory (it never learned of its removal and times out
+    again and again), leave the remaining cluster's term and leader alone."""
+    cluster = versioned
+    leader = cluster.wait_for_leader()
+    running, dead = sorted(set(cluster.nodes) - {leader})
+    # The dead one first: it misses its own removal.
+    cluster.kill(dead)
+    assert remove_node(cluster, dead)[0] == 202
+    cluster.mark_removed(dead)
+    assert remove_node(cluster, running)[0] == 202
+    cluster.mark_removed(running)
+    cluster.start(dead)  # its old flags and log: it thinks it is a member
+    assert wait_for(lambda: cluster.cluster_view(dead) is not None, 20)
+    before = view_of(cluster, leader)["term"]
+    time.sleep(6 * ELECTION_TIMEOUT_MAX_S)
+    after = view_of(cluster, leader)
+    assert after["term"] == before
+    assert after["leader"]["id"] == leader
+    assert cluster.nodes[running].alive and cluster.nodes[dead].alive
+    # The restarted one campaigned in vain; the running one retired.
+    assert view_of(cluster, dead)["term"] > before
+    assert view_of(cluster, running)["term"] == before
+    with Client([cluster.nodes[leader].http_url], timeout_s=10, retry_budget_s=30) as client:
+        client.submit("membership", payload={"still": "writing"})
