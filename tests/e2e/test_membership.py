@@ -113,7 +113,9 @@ class Load:
             for index in range(self.jobs_max):
                 if self._stop.is_set():
                     return
-                job = client.submit("membership", payload={"i": index}, idempotency_key=f"m-{index}")
+                job = client.submit(
+                    "membership", payload={"i": index}, idempotency_key=f"m-{index}"
+                )
                 self.submitted.append(job["id"])
                 time.sleep(0.01)
 
@@ -272,7 +274,9 @@ def test_bad_membership_requests(versioned: LocalCluster) -> None:
     assert status == 401
     # A follower redirects the write to the leader.
     follower = next(n for n in cluster.nodes.values() if n.id != leader)
-    status, _, headers = http_json("DELETE", follower.http_url + "/v1/cluster/nodes/n9", token=token)
+    status, _, headers = http_json(
+        "DELETE", follower.http_url + "/v1/cluster/nodes/n9", token=token
+    )
     assert status == 307 and headers["Location"].startswith(cluster.nodes[leader].http_url)
     # Nothing changed.
     assert member_ids(view_of(cluster, leader)) == ["n1", "n2", "n3"]
