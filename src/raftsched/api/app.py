@@ -124,10 +124,16 @@ def _removed_node() -> ApiError:
     )
 
 
+@web.middleware
+async def removed_node_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A node removed from the cluster serves no more (node.membership)."""
+    if node_of(request).removed and request.path not in REMOVED_NODE_ROUTES:
+        raise _removed_node()
+    return await handler(request)
+
+
 async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
-        if node_of(request).removed and request.path not in REMOVED_NODE_ROUTES:
-            raise _removed_node()
         if request.method == "OPTIONS":
             preflight = dashboard.cors_preflight(request)
             if preflight is not None:
@@ -204,7 +210,8 @@ def create_app(
     # The request id middleware is outermost: it renders the ApiErrors
     # (401, 403, 429) that authentication raises, and times them.
     app = web.Application(
-        middlewares=[request_id_middleware, auth_middleware], client_max_size=max_body_bytes
+        middlewares=[request_id_middleware, removed_node_middleware, auth_middleware],
+        client_max_size=max_body_bytes,
     )
     app[NODE] = node
     app[LIMITER] = FailureLimiter(failures_max=auth_failures_per_minute)

@@ -50,11 +50,11 @@ EVENT_KEYS = [
 NODE_COLUMNS = [
     ("ID", "id"),
     ("ROLE", "role"),
-    ("STATUS", "status"),
     ("REACHABLE", "reachable"),
     ("MATCH", "match_index"),
     ("HTTP", "http_url"),
     ("RAFT", "raft_address"),
+    ("STATUS", "status"),
 ]
 
 
