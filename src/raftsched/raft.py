@@ -90,6 +90,25 @@ Guard rails
    prefix and logged `failed _onTick` with `pickle data was truncated`. The
    transport relabels the parts from the pickle's real length
    (`_TransmissionLabels`).
+10. Membership changes (`change_membership`), one member at a time, through
+   pysyncobj's dynamic membership: its entry goes through the same journal,
+   fsynced like any other, and the configuration takes effect when the
+   entry is appended (Raft's single-server change); the leader refuses a
+   second one while the first is uncommitted. The configuration survives:
+   pysyncobj replays its entries from the journal, and every snapshot header
+   names the members (`SnapshotHeader.cluster`, read back without this node,
+   which pysyncobj would otherwise count as its own peer). Three gaps are
+   closed here. pysyncobj has no learners: a new member counts towards the
+   majority as soon as its entry is appended, caught up or not (the node
+   refuses another change until it has caught up; see node.membership).
+   pysyncobj refuses to remove the leader itself, so a leader that must go
+   hands leadership to its most caught-up follower (`set_retired`), which then
+   removes it. pysyncobj has no pre-vote: a removed node that times out
+   would ask for votes with ever higher terms and depose the leader. A
+   retired node never stands for election again, and members drop vote
+   requests from the addresses the node tells them were removed
+   (`refuse_votes_from`); a node that pysyncobj has dropped cannot even
+   connect (its transport closes connections from unknown addresses).
 
 Threads
 -------
@@ -258,7 +277,14 @@ class RaftStatus:
     leader_id: str | None
     commit_index: int
     applied_index: int
+    # The other voting members of the configuration in force here.
     peers: tuple[PeerStatus, ...]
+    # Whether this node is a voting member of its own configuration (False
+    # once it was removed; pysyncobj never removes a node from its own).
+    retired: bool = False
+
+
+MembershipCallback = Callable[[str | None], None]  # None, or a ProposeError
 
 
 class _ApplyFailed:
@@ -355,6 +381,13 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
         ):
             message = _without_commit_claim(self._syncObj, message)
         adapter = self._syncObj._raftsched_adapter
+        if (
+            isinstance(message, dict)
+            and message.get("type") == "request_vote"
+            and getattr(node, "address", None) in adapter._refused_voters
+        ):
+            # A removed node (guard rail 10): its term must not reach us.
+            return
         if adapter.disk_full is not None and isinstance(message, dict) and "serialized" in message:
             # A snapshot sent by the leader (pysyncobj writes it to a file of
             # its own) cannot fit either; it is sent again later.
@@ -543,6 +576,11 @@ class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         self._SyncObj__setState(_RAFT_STATE_FOLLOWER)
         self._SyncObj__raftLeader = None
 
+    def _raftsched_hand_over(self) -> None:
+        """As leader: ask the most caught-up connected follower to stand now
+        (pysyncobj's TimeoutNow); denied while none has the whole log."""
+        self.transferLeadership(None, None)
+
     def _raftsched_postpone_election(self, seconds: float) -> None:
         deadline = float(getattr(self, "_SyncObj__raftElectionDeadline", 0.0))
         self._SyncObj__raftElectionDeadline = max(deadline, time.monotonic() + seconds)
@@ -645,6 +683,10 @@ class RaftNode:
         self._disk_full_logged_at = -DISK_FULL_LOG_EVERY_S
         self._disk_full_reported = False
         self._disk_room_checked_at = 0.0
+        # Membership (guard rail 10), set from other threads, read on the tick thread.
+        self._refused_voters: frozenset[str] = frozenset()
+        self.retired = False
+        self._handed_over_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -674,7 +716,7 @@ class RaftNode:
             bindAddress=self._bind_address,
             appendEntriesUseBatch=False,
             commandsWaitLeader=False,
-            dynamicMembershipChange=False,
+            dynamicMembershipChange=True,
             logCompactionMinEntries=staggered_compaction_entries(
                 self.node_id, self._peers, self._log_compaction_entries
             ),
@@ -766,6 +808,63 @@ class RaftNode:
             return
         self._call_safely(proposal.callback, result, error)
 
+    # -- membership (guard rail 10) ------------------------------------------
+
+    def change_membership(self, action: str, address: str, callback: MembershipCallback) -> None:
+        """As leader, add (`action="add"`) or remove a voting member by Raft
+        address. `callback` fires once, on the tick thread, with None once the
+        change is committed, or a `ProposeError`: `failed` when pysyncobj
+        refused it (another change uncommitted, this term's first entry not
+        yet committed, the address already in or not in the configuration,
+        or this node itself)."""
+        if action not in ("add", "remove"):
+            raise ValueError(f"action must be 'add' or 'remove', got {action!r}")
+        sync_obj = self._require_started()
+        if self._closed or self.halted is not None or not sync_obj._isLeader():
+            self._deferred.append((_membership_callback(callback), ProposeError.NOT_LEADER))
+            return
+        if address == self.raft_address:
+            self._deferred.append((_membership_callback(callback), ProposeError.FAILED))
+            return
+
+        def done(result: object, reason: int) -> None:
+            error = None if reason == FAIL_REASON.SUCCESS else _FAIL_REASON_ERRORS.get(reason)
+            try:
+                callback(None if reason == FAIL_REASON.SUCCESS else (error or ProposeError.FAILED))
+            except BaseException:
+                logger.exception("membership callback raised")
+
+        if action == "add":
+            sync_obj.addNodeToCluster(address, callback=done)
+        else:
+            sync_obj.removeNodeFromCluster(address, callback=done)
+
+    def refuse_votes_from(self, addresses: Iterable[str]) -> None:
+        """Drop vote requests from these Raft addresses (removed members)."""
+        self._refused_voters = frozenset(addresses) - {self.raft_address}
+
+    def set_peer_ids(self, ids_by_address: Mapping[str, str]) -> None:
+        """The node id of each Raft address, for status (the directory changes)."""
+        ids = dict(ids_by_address)
+        ids[self.raft_address] = self.node_id
+        self._ids_by_address = ids
+
+    def set_retired(self, retired: bool) -> None:
+        """True: this node was removed; it never stands for election again,
+        and as leader it hands leadership over (pysyncobj cannot remove its
+        leader), so that the next leader removes it from the configuration.
+        False again only if it is added back (a replica catching up from an
+        old log meets its removal before its re-addition)."""
+        self.retired = retired
+
+    def _retired_tick(self, sync_obj: _ReplicatedLog) -> None:
+        sync_obj._raftsched_postpone_election(3600.0)
+        if sync_obj._isLeader():
+            now = time.monotonic()
+            if now - self._handed_over_at >= self._timing["raftMinTimeout"]:
+                self._handed_over_at = now
+                sync_obj._raftsched_hand_over()
+
     # -- tick thread -------------------------------------------------------
 
     def _apply_committed(self, data: object) -> object:
@@ -843,6 +942,8 @@ class RaftNode:
         while self._deferred:
             callback, error = self._deferred.popleft()
             self._call_safely(callback, None, error)
+        if self.retired and self._sync_obj is not None:
+            self._retired_tick(self._sync_obj)
         self._check_leadership()
 
     def _on_disk_full(self, full: DiskFull, *, proposal_failed: bool = False) -> None:
@@ -867,11 +968,12 @@ class RaftNode:
         sync_obj = self._sync_obj
         if sync_obj is None:
             return
-        if self._peers and sync_obj._isLeader():
+        has_peers = bool(sync_obj.otherNodes)
+        if has_peers and sync_obj._isLeader():
             # A node with room can lead; this one could not append anything.
             logger.warning("disk full on the leader: stepping down")
             sync_obj._raftsched_step_down()
-        if self._peers:
+        if has_peers:
             sync_obj._raftsched_postpone_election(self._timing["raftMaxTimeout"])
 
     def _check_disk_room(self, journal: DurableJournal) -> None:
@@ -887,7 +989,7 @@ class RaftNode:
                     "disk full: there is room again in %s; carrying on", journal.directory
                 )
             self.disk_full = None
-        elif sync_obj is not None and self._peers:
+        elif sync_obj is not None and sync_obj.otherNodes:
             # It could not save a vote; it does not ask for one either.
             sync_obj._raftsched_postpone_election(self._timing["raftMaxTimeout"])
 
@@ -1044,7 +1146,11 @@ class RaftNode:
             raft_journal.fsync_directory(path.parent)
         header, body = raft_journal.decode_snapshot(path.read_bytes())
         self._machine.restore(body)
-        return header.last_entry, header.previous_entry, set(header.cluster)
+        # pysyncobj takes the members from here (dynamic membership) and
+        # compares them with its own node, not its address: this node must
+        # not be among them, or it would become its own peer.
+        members = {address for address in header.cluster if address != self.raft_address}
+        return header.last_entry, header.previous_entry, members
 
     # -- status (any thread) -------------------------------------------------
 
@@ -1071,23 +1177,34 @@ class RaftNode:
         role = _ROLES.get(int(raw["state"]), "follower")
         leader = raw.get("leader")
         leader_address = None if leader is None else str(leader.address)
+        ids = self._ids_by_address
+        prefix = "partner_node_status_server_"
+        addresses = [key[len(prefix) :] for key in raw if key.startswith(prefix)]
         peers = tuple(
-            PeerStatus(
-                id=peer_id,
-                raft_address=address,
-                reachable=raw.get(f"partner_node_status_server_{address}") == 2,
-                match_index=raw.get(f"match_idx_server_{address}") if role == "leader" else None,
+            sorted(
+                (
+                    PeerStatus(
+                        id=ids.get(address, address),
+                        raft_address=address,
+                        reachable=raw.get(prefix + address) == 2,
+                        match_index=(
+                            raw.get(f"match_idx_server_{address}") if role == "leader" else None
+                        ),
+                    )
+                    for address in addresses
+                ),
+                key=lambda peer: peer.id,
             )
-            for peer_id, address in sorted(self._peers.items())
         )
         return RaftStatus(
             node_id=self.node_id,
             role=role,
             term=int(raw["raft_term"]),
-            leader_id=None if leader_address is None else self._ids_by_address.get(leader_address),
+            leader_id=None if leader_address is None else ids.get(leader_address),
             commit_index=int(raw["commit_idx"]),
             applied_index=int(raw["last_applied"]),
             peers=peers,
+            retired=self.retired,
         )
 
     def _raw_status(self) -> dict[str, Any]:
@@ -1109,6 +1226,15 @@ class RaftNode:
         if self._sync_obj is None:
             raise RuntimeError("RaftNode.start() has not been called")
         return self._sync_obj
+
+
+def _membership_callback(callback: MembershipCallback) -> ProposeCallback:
+    """A membership callback as `_deferred` calls proposal callbacks."""
+
+    def call(result: object | None, error: str | None) -> None:
+        callback(error)
+
+    return call
 
 
 def _as_entry(value: Any) -> raft_journal.Entry:

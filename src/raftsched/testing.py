@@ -241,6 +241,13 @@ class NodeProcess:
     # Environment for this node only, over the cluster's (a fault injected
     # into one node, say).
     env: dict[str, str] = field(default_factory=dict)
+    # A member added after the start: it learns its peers from the member at
+    # this URL (`--join`) instead of `--peer` flags.
+    join_url: str | None = None
+    # Removed from the cluster (its process may still run): the cluster's
+    # checks (leader, digests, convergence) leave it out, and the others'
+    # command lines no longer name it.
+    removed: bool = False
 
     @property
     def http_url(self) -> str:
@@ -253,6 +260,11 @@ class NodeProcess:
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+    @property
+    def serving(self) -> bool:
+        """Running, not paused, and a member."""
+        return self.alive and not self.paused and not self.removed
 
 
 def _node_knows(node: NodeProcess, env: Mapping[str, str], flag: str) -> bool:
@@ -362,9 +374,12 @@ class LocalCluster:
                 args += ["--webhook-allow-cidr", cidr]
         if self.auth and _node_knows(node, self.env, "--admin-token-file"):
             args += ["--admin-token-file", str(self.admin_token_file)]
-        for other in self.nodes.values():
-            if other.id != node.id:
-                args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]
+        if node.join_url is not None:
+            args += ["--join", node.join_url]
+        else:
+            for other in self.nodes.values():
+                if other.id != node.id and not other.removed and other.join_url is None:
+                    args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]
         if self.tls is not None:
             args += self.tls.node_args()
         return args + self.extra_args
@@ -390,6 +405,38 @@ class LocalCluster:
             )
             log_file.close()
             node.paused = False
+
+    # -- membership (issue 16) -------------------------------------------------
+
+    def new_node(self, node_id: str | None = None) -> NodeProcess:
+        """A node that is not started and not a member yet: add it with
+        `POST /v1/cluster/nodes` (its `raft_address` and `http_url`), then
+        `start_joining` it."""
+        if node_id is None:
+            node_id = f"n{len(self.nodes) + 1}"
+            while node_id in self.nodes:
+                node_id += "x"
+        if node_id in self.nodes:
+            raise ValueError(f"node {node_id} exists")
+        node = NodeProcess(
+            id=node_id,
+            http_port=free_port(),
+            raft_port=free_port(),
+            data_dir=self.root / node_id,
+            log_path=self.root / f"{node_id}.log",
+            scheme="http" if self.tls is None else "https",
+        )
+        self.nodes[node_id] = node
+        return node
+
+    def start_joining(self, node_id: str, via_url: str) -> None:
+        """Start an added node with `--join via_url`."""
+        self.nodes[node_id].join_url = via_url
+        self.start(node_id)
+
+    def mark_removed(self, node_id: str) -> None:
+        """The node was removed: leave it out of the cluster's checks."""
+        self.nodes[node_id].removed = True
 
     def kill(self, node_id: str, signum: int = signal.SIGKILL) -> None:
         node = self.nodes[node_id]
@@ -459,7 +506,7 @@ class LocalCluster:
 
     def wait_for_auth(self, timeout_s: float = 30.0) -> None:
         """Wait until every live node requires tokens (its first admin token applied)."""
-        live = [n.id for n in self.nodes.values() if n.alive and not n.paused]
+        live = [n.id for n in self.nodes.values() if n.serving]
         if not wait_for(lambda: all(self.auth_on(node_id) for node_id in live), timeout_s):
             raise TimeoutError(f"authentication not on within {timeout_s}s; logs in {self.root}")
 
@@ -470,7 +517,7 @@ class LocalCluster:
         return [node.http_url for node in self.nodes.values()]
 
     def live_urls(self) -> list[str]:
-        return [n.http_url for n in self.nodes.values() if n.alive and not n.paused]
+        return [n.http_url for n in self.nodes.values() if n.serving]
 
     def cluster_view(self, node_id: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
         try:
@@ -489,14 +536,14 @@ class LocalCluster:
         """The leader as the live nodes agree on it, or None."""
         seen: set[str] = set()
         for node in self.nodes.values():
-            if not node.alive or node.paused:
+            if not node.serving:
                 continue
             view = self.cluster_view(node.id)
             if view and view.get("leader"):
                 seen.add(view["leader"]["id"])
         if len(seen) == 1:
             leader = seen.pop()
-            if self.nodes[leader].alive and not self.nodes[leader].paused:
+            if leader in self.nodes and self.nodes[leader].serving:
                 return leader
         return None
 
@@ -521,7 +568,7 @@ class LocalCluster:
         """node id -> (applied index, state digest) for every live node."""
         found: dict[str, tuple[int, str]] = {}
         for node in self.nodes.values():
-            if not node.alive or node.paused:
+            if not node.serving:
                 continue
             try:
                 status, body, _ = http_json(
@@ -543,7 +590,7 @@ class LocalCluster:
         last: dict[str, tuple[int, str]] = {}
         while time.monotonic() < deadline:
             last = self.digests()
-            expected = sum(1 for n in self.nodes.values() if n.alive and not n.paused)
+            expected = sum(1 for n in self.nodes.values() if n.serving)
             if len(last) == expected and len(set(last.values())) == 1:
                 return next(iter(last.values()))[1]
             time.sleep(0.2)

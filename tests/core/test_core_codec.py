@@ -60,6 +60,7 @@ from raftsched.core.kernel.commands import (
 )
 from raftsched.core.kernel.model import JOB_FIELDS
 from raftsched.core.kernel.results import Rejected
+from raftsched.core.membership.commands import AddMember, Member, RemoveMember
 from raftsched.core.schedules.commands import (
     BackfillSchedule,
     CreateSchedule,
@@ -148,6 +149,11 @@ EVERY_COMMAND: tuple[Command, ...] = (
     RevokeToken("tok_1"),
     BootstrapAdmin("tok_0", "admin", b"a" * 32),
     TouchTokens(("tok_0", "tok_2"), 60_000),
+    # Membership (issue 16).
+    AddMember("n4", "10.0.0.4:7000", "http://10.0.0.4:8080"),
+    AddMember("n4", "10.0.0.4:7000", "https://n4", (Member("n1", "10.0.0.1:7000", "https://n1"),)),
+    RemoveMember("n2"),
+    RemoveMember("n2", (Member("n2", "h:1", "http://h"), Member("n3", "h:2", "http://i"))),
 )  # fmt: skip
 
 
@@ -164,6 +170,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         SetQueue: 60, PauseQueue: 61, SetTenant: 62,
         Audited: 80,
         CreateToken: 70, RevokeToken: 71, BootstrapAdmin: 72, TouchTokens: 73,
+        AddMember: 90, RemoveMember: 91,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

@@ -179,6 +179,7 @@ class Fixture:
         self.ids["{name}"] = "acme"  # queues: "qa" (see path())
         self.ids["{subscription_id}"] = "sub_nope"
         self.ids["{token_id}"] = "tok_nope"
+        self.ids["{node_id}"] = "n-nope"  # membership: an unknown node (404 for admins)
         for role in Role:
             for variant, (tenants, queues) in SCOPES.items():
                 body = {"name": f"{role}-{variant}", "role": str(role),

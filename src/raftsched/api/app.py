@@ -29,6 +29,7 @@ from raftsched.api import (
     headers,
     jobs,
     leases,
+    membership,
     queues,
     schedules,
     tokens,
@@ -110,6 +111,27 @@ async def _on_response_prepare(request: web.Request, response: web.StreamRespons
     headers.add_security_headers(request, response)
 
 
+# What a removed node still answers: its health, why it is not ready, the
+# cluster as it last knew it, and its metrics.
+REMOVED_NODE_ROUTES = frozenset({"/healthz", "/readyz", "/v1/cluster", "/metrics", "/v1/time"})
+
+
+def _removed_node() -> ApiError:
+    return ApiError(
+        "unavailable",
+        "this node was removed from the cluster and serves no more; use another member",
+        {"reason": "node_removed"},
+    )
+
+
+@web.middleware
+async def removed_node_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A node removed from the cluster serves no more (node.membership)."""
+    if node_of(request).removed and request.path not in REMOVED_NODE_ROUTES:
+        raise _removed_node()
+    return await handler(request)
+
+
 async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         if request.method == "OPTIONS":
@@ -188,7 +210,8 @@ def create_app(
     # The request id middleware is outermost: it renders the ApiErrors
     # (401, 403, 429) that authentication raises, and times them.
     app = web.Application(
-        middlewares=[request_id_middleware, auth_middleware], client_max_size=max_body_bytes
+        middlewares=[request_id_middleware, removed_node_middleware, auth_middleware],
+        client_max_size=max_body_bytes,
     )
     app[NODE] = node
     app[LIMITER] = FailureLimiter(failures_max=auth_failures_per_minute)
@@ -196,6 +219,7 @@ def create_app(
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)
     app.add_routes(cluster.routes)
+    app.add_routes(membership.routes)
     app.add_routes(workflows.routes)
     app.add_routes(events.routes)
     app.add_routes(audit.routes)

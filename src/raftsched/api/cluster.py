@@ -11,6 +11,7 @@ from aiohttp import web
 
 from raftsched.api import scope
 from raftsched.api.jsonbody import json_response
+from raftsched.api.membership import cluster_membership, pending_nodes
 from raftsched.api.requests import node_of
 from raftsched.node.metrics import CONTENT_TYPE
 from raftsched.node.versions import THIS_NODE
@@ -28,6 +29,8 @@ async def cluster(request: web.Request) -> web.Response:
     status = node.status()
     leader = node.leader()
     urls = node.http_urls
+    joining = set(node.membership.joining(status))
+    members = node.directory.by_id()
     nodes = [
         {
             "id": node.node_id,
@@ -37,6 +40,7 @@ async def cluster(request: web.Request) -> web.Response:
             "reachable": True,
             "match_index": None,
             "version": THIS_NODE.as_json(),
+            "status": "removed" if node.removed else "member",
         }
     ]
     for peer in status.peers:
@@ -51,8 +55,18 @@ async def cluster(request: web.Request) -> web.Response:
                 "reachable": peer.reachable,
                 "match_index": peer.match_index,
                 "version": None if heard is None else heard.as_json(),
+                # "joining": added, without the log yet; "removing": out of
+                # the directory, still in the Raft configuration.
+                "status": (
+                    "removing"
+                    if members and peer.id not in members
+                    else "joining"
+                    if peer.id in joining
+                    else "member"
+                ),
             }
         )
+    nodes += pending_nodes(request, status)
     body = {
         "node_id": node.node_id,
         "leader": None if leader is None else {"id": leader.id, "http_url": leader.http_url},
@@ -61,6 +75,7 @@ async def cluster(request: web.Request) -> web.Response:
         "applied_index": status.applied_index,
         "cluster_version": node.cluster_version(),
         "nodes": nodes,
+        "membership": cluster_membership(request, status),
     }
     return json_response(body)
 
@@ -85,6 +100,16 @@ async def readyz(request: web.Request) -> web.Response:
     ready, and says where and why (`halted`).
     """
     node = node_of(request)
+    if node.removed:
+        status = node.status()
+        body: dict[str, object] = {
+            "ready": False,
+            "removed": True,
+            "leader_id": status.leader_id,
+            "commit_index": status.commit_index,
+            "applied_index": status.applied_index,
+        }
+        return json_response(body, status=503)
     halted = node.halted
     if halted is not None:
         status = node.status()

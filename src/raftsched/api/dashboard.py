@@ -139,6 +139,8 @@ def _node_json(node: NodeView) -> dict[str, Any]:
     status = node.status()
     leader = node.leader()
     urls = node.http_urls
+    joining = set(node.membership.joining(status))
+    members = node.directory.by_id()
     peers = [
         {
             "id": peer.id,
@@ -146,9 +148,17 @@ def _node_json(node: NodeView) -> dict[str, Any]:
             "reachable": peer.reachable,
             "match_index": peer.match_index,
             "role": "leader" if leader is not None and leader.id == peer.id else "follower",
+            "status": (
+                "removing"
+                if members and peer.id not in members
+                else "joining"
+                if peer.id in joining
+                else "member"
+            ),
         }
         for peer in status.peers
     ]
+    change = node.membership.change(status)
     return {
         "id": node.node_id,
         "http_url": node.http_url,
@@ -159,6 +169,10 @@ def _node_json(node: NodeView) -> dict[str, Any]:
         "leader": None if leader is None else {"id": leader.id, "http_url": leader.http_url},
         "peers": peers,
         "wall_ms": wall_ms(),
+        # Membership (node.membership): the change in progress, and whether
+        # this node was removed.
+        "membership_change": None if change is None else change.as_json(),
+        "removed": node.removed,
     }
 
 

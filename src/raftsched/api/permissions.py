@@ -46,6 +46,8 @@ class Permission(enum.StrEnum):
     # The worker protocol and recording effects.
     WORK = "work"
     TOKENS = "tokens"
+    # Adding and removing members (admin only).
+    MEMBERSHIP = "membership"
 
 
 P = Permission
@@ -150,6 +152,9 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     ("GET", "/v1/overview"): P.CLUSTER,
     ("GET", "/metrics"): P.CLUSTER,
     ("GET", "/v1/debug/digest"): P.CLUSTER,
+    # Membership.
+    ("POST", "/v1/cluster/nodes"): P.MEMBERSHIP,
+    ("DELETE", "/v1/cluster/nodes/{node_id}"): P.MEMBERSHIP,
     # Tokens.
     ("GET", "/v1/audit"): P.OPERATE,
     ("POST", "/v1/tokens"): P.TOKENS,

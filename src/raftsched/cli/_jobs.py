@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from raftsched import timefmt
@@ -53,6 +54,7 @@ NODE_COLUMNS = [
     ("MATCH", "match_index"),
     ("HTTP", "http_url"),
     ("RAFT", "raft_address"),
+    ("STATUS", "status"),
 ]
 
 
@@ -64,6 +66,20 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
     cluster_commands = cluster.add_subparsers(dest="action", required=True, metavar="ACTION")
     status = cluster_commands.add_parser("status", parents=[common], help="nodes, roles, indexes")
     status.set_defaults(run=with_client(cluster_status))
+    add = cluster_commands.add_parser(
+        "add-node",
+        parents=[common],
+        help="add a member (admin); then start it with `raftsched node ... --join URL`",
+    )
+    add.add_argument("node_id", metavar="ID")
+    add.add_argument("--raft", required=True, metavar="HOST:PORT", help="its Raft address")
+    add.add_argument("--http-url", required=True, help="its HTTP API's URL")
+    add.set_defaults(run=with_client(add_node))
+    remove = cluster_commands.add_parser(
+        "remove-node", parents=[common], help="remove a member (admin), the leader too"
+    )
+    remove.add_argument("node_id", metavar="ID")
+    remove.set_defaults(run=with_client(remove_node))
 
 
 def _register_submit(
@@ -222,8 +238,37 @@ def cluster_status(args: argparse.Namespace, client: Client) -> int:
         {**status, "leader": f"{leader.get('id')} {leader.get('http_url')}" if leader else None},
         ["node_id", "leader", "term", "commit_index", "applied_index"],
     )
+    change = (status.get("membership") or {}).get("change")
+    if change:
+        print(f"change   {change['kind']} {change['id']} ({change['phase']})")
     print()
     print_table(status.get("nodes", []), NODE_COLUMNS)
+    return EXIT_OK
+
+
+CHANGE_FIELDS = ("kind", "id", "raft_address", "http_url", "status")
+
+
+def add_node(args: argparse.Namespace, client: Client) -> int:
+    change = client.add_node(args.node_id, args.raft, args.http_url.rstrip("/"))
+    if args.json:
+        print_json(change)
+        return EXIT_OK
+    print_fields(change, CHANGE_FIELDS)
+    print(
+        f"now start it: raftsched node --id {args.node_id} --raft {args.raft} ... "
+        "--join <URL of any member>",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def remove_node(args: argparse.Namespace, client: Client) -> int:
+    change = client.remove_node(args.node_id)
+    if args.json:
+        print_json(change)
+    else:
+        print_fields(change, CHANGE_FIELDS)
     return EXIT_OK
 
 

@@ -26,6 +26,7 @@ TOML keys mirror the flags (relative paths are relative to the file):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,6 +78,15 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     node.add_argument("--raft-bind", metavar="HOST:PORT", help="Raft bind address if different")
     node.add_argument("--http-url", help="URL clients and peers use for this node's HTTP API")
     node.add_argument("--peer", action="append", metavar="ID=RAFT_HOST:PORT@HTTP_URL")
+    node.add_argument(
+        "--join", metavar="URL",
+        help="a new member (added first with `raftsched cluster add-node`): learn the "
+        "members from the member at URL instead of --peer flags",
+    )  # fmt: skip
+    node.add_argument(
+        "--join-token-file", type=Path,
+        help="token for --join (default: $RAFTSCHED_TOKEN, else the --admin-token-file secret)",
+    )  # fmt: skip
     node.add_argument(
         "--secret-file", type=Path,
         help="cluster secret (16+ characters): Raft messages are sent with it and accepted",
@@ -146,6 +156,8 @@ def run_node_command(args: argparse.Namespace) -> int:
     try:
         config = build_config(args)
         config.validate()
+        if args.join:
+            config = _joined(config, args.join, args.join_token_file)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -165,6 +177,20 @@ def run_node_command(args: argparse.Namespace) -> int:
         print(f"error: {error} (docs/operations.md, 'Corrupted journal')", file=sys.stderr)
         return EXIT_CORRUPT_DATA
     return 0
+
+
+def _joined(config: NodeConfig, join_url: str, token_file: Path | None) -> NodeConfig:
+    """The configuration with the peers the member at `join_url` lists (node.join)."""
+    from raftsched import tls
+    from raftsched.node.join import join_token, peers_from_member
+
+    if config.peers:
+        raise ConfigError("--join and --peer exclude each other: --join learns the peers")
+    token = join_token(config, token_file)
+    peers = peers_from_member(config, join_url, token, tls.peer_context(config))
+    joined = dataclasses.replace(config, peers=peers)
+    joined.validate()
+    return joined
 
 
 def corrupt_journal_advice(error: CorruptJournal) -> str:

@@ -302,6 +302,12 @@ class AsyncClient(AsyncSchedulesMixin):
     async def cluster(self, *, consistency: Consistency | None = None) -> JsonObject:
         return await self.call(calls.cluster(consistency))
 
+    async def add_node(self, node_id: str, raft_address: str, http_url: str) -> JsonObject:
+        return await self.call(calls.add_node(node_id, raft_address, http_url))
+
+    async def remove_node(self, node_id: str) -> JsonObject:
+        return await self.call(calls.remove_node(node_id))
+
     # --- flow control: queues and tenants ---------------------------------------
 
     async def set_queue(self, name: str, **settings: Any) -> JsonObject:

@@ -340,6 +340,18 @@ def cluster(consistency: Consistency | None) -> Call[JsonObject]:
     return Call("GET", "/v1/cluster", _json_object, _query(consistency))
 
 
+def add_node(node_id: str, raft_address: str, http_url: str) -> Call[JsonObject]:
+    """`{"kind": "add", ...}`, the change (admin). Not repeated after an
+    unknown outcome: a repeat of a committed add is refused as a duplicate."""
+    body = {"id": node_id, "raft_address": raft_address, "http_url": http_url}
+    return Call("POST", "/v1/cluster/nodes", _field("change"), body=body)
+
+
+def remove_node(node_id: str) -> Call[JsonObject]:
+    """`{"kind": "remove", ...}`, the change (admin)."""
+    return Call("DELETE", f"/v1/cluster/nodes/{quote(node_id, safe='')}", _field("change"))
+
+
 def metrics() -> Call[str]:
     return Call("GET", "/metrics", Response.text)
 

@@ -298,6 +298,14 @@ class Client(SchedulesMixin):
     def cluster(self, *, consistency: Consistency | None = None) -> JsonObject:
         return self.call(calls.cluster(consistency))
 
+    def add_node(self, node_id: str, raft_address: str, http_url: str) -> JsonObject:
+        """Add a member (admin); the answer is the change once committed."""
+        return self.call(calls.add_node(node_id, raft_address, http_url))
+
+    def remove_node(self, node_id: str) -> JsonObject:
+        """Remove a member (admin), the leader too (it hands over first)."""
+        return self.call(calls.remove_node(node_id))
+
     # --- flow control: queues and tenants ---------------------------------------
 
     def set_queue(self, name: str, **settings: Any) -> JsonObject:

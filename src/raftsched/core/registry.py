@@ -14,6 +14,7 @@ from raftsched.core.events import feature as events
 from raftsched.core.jobs import feature as jobs
 from raftsched.core.kernel import builtin as kernel
 from raftsched.core.kernel.feature import Feature, Registry
+from raftsched.core.membership import feature as membership
 from raftsched.core.schedules import feature as schedules
 from raftsched.core.workflows import feature as workflows
 
@@ -24,6 +25,7 @@ FEATURES: Final[tuple[Feature, ...]] = (
     workflows.FEATURE,
     events.FEATURE,
     auth.FEATURE,
+    membership.FEATURE,
 )
 
 REGISTRY: Final = Registry(FEATURES)

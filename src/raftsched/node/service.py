@@ -36,6 +36,7 @@ from raftsched.core.jobs.flow_claim import claimable_at_ms
 from raftsched.core.kernel.cluster_version import cluster_version
 from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
 from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Ticked
+from raftsched.core.membership.commands import Member
 from raftsched.node import metrics as families
 from raftsched.node.auth import (
     ADMIN_TOKEN_NAME,
@@ -47,6 +48,7 @@ from raftsched.node.auth import (
 from raftsched.node.clock import LeaderClock
 from raftsched.node.draws import Draws
 from raftsched.node.machine import ReplicatedState
+from raftsched.node.membership import Directory, Driver
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, Proposer
@@ -98,8 +100,12 @@ class Node:
         self.replica = ReplicatedState(self._applied_threadsafe)
         self._changed = asyncio.Event()
         self._notify_scheduled = False
-        self._http_urls = {p.id: p.http_url for p in config.peers}
-        self._http_urls[config.node_id] = config.advertised_http_url
+        # Who the members are (node.membership): the start-up flags until the
+        # replicated directory has a record, which then wins.
+        self.directory = Directory(
+            Member(config.node_id, config.raft_address, config.advertised_http_url), config.peers
+        )
+        self._http_urls = self.directory.http_urls()
         self.raft = RaftNode(
             node_id=config.node_id,
             raft_address=config.raft_address,
@@ -120,6 +126,8 @@ class Node:
         self._leader_term: int | None = None
         self.observer = Observer(config.node_id, self.metrics, self.reading, self.status)
         self._leader_duties: list[LeaderDuty] = []  # see add_leader_duty
+        self.membership = Driver(self.raft, self.directory, loop)
+        self._leader_duties.append(self.membership)
         self.observer.is_leader = lambda: self.is_leader
         self.proposer = Proposer(
             loop,
@@ -177,6 +185,7 @@ class Node:
 
     def _notify_changed(self) -> None:
         self._notify_scheduled = False
+        self._refresh_membership()
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -207,6 +216,29 @@ class Node:
             for duty in self._leader_duties:
                 duty.start(term)
         self._notify_changed()
+
+    def _refresh_membership(self) -> None:
+        """Follow the replicated directory: peers' URLs and ids, the removed
+        addresses whose votes are refused, and whether this node was removed."""
+        with self.reading() as state:
+            if not self.directory.refresh(state):
+                return
+        self._http_urls = self.directory.http_urls()
+        self.raft.set_peer_ids(self.directory.names_by_address())
+        self.raft.refuse_votes_from(self.directory.refused)
+        self.peer_versions.set_peers(self.directory.peer_urls())
+        if self.directory.removed_here and not self.raft.retired:
+            log.warning(
+                "this node was removed from the cluster: it stops serving and never stands "
+                "for election again (add it back as a new member to use it again)"
+            )
+        self.raft.set_retired(self.directory.removed_here)
+        self.membership.wake()
+
+    @property
+    def removed(self) -> bool:
+        """This node was removed from the cluster (node.membership)."""
+        return self.directory.removed_here
 
     # -- who this node is -----------------------------------------------------
 
@@ -432,7 +464,7 @@ class Node:
         if self.loop.time() - self._skew_measured_at < SKEW_PERIOD_S:
             return
         self._skew_measured_at = self.loop.time()
-        peers = {p.id: p.http_url for p in self.config.peers}
+        peers = self.directory.peer_urls()
         await self.observer.measure_skew(peers, self._peer_wall_ms)
 
     async def _peer_wall_ms(self, url: str) -> float:

@@ -101,6 +101,11 @@ class PeerVersions:
         # node id -> its version, or None when it did not answer the last poll.
         self.heard: dict[str, NodeVersion | None] = dict.fromkeys(peer_urls)
 
+    def set_peers(self, peer_urls: Mapping[str, str]) -> None:
+        """The members changed (node.membership): poll these from now on."""
+        self._peer_urls = dict(peer_urls)
+        self.heard = {node_id: self.heard.get(node_id) for node_id in peer_urls}
+
     async def poll(self, fetch: Fetch) -> None:
         """Ask every peer at once; one that does not answer in time is unknown."""
         ids = sorted(self._peer_urls)

@@ -19,6 +19,7 @@ from typing import Protocol
 from raftsched import core
 from raftsched.core.kernel.commands import Command
 from raftsched.core.kernel.results import Lease, Rejected, Result
+from raftsched.node.membership import Directory, Driver
 from raftsched.node.metrics import NodeMetrics
 from raftsched.node.observability import Observer
 from raftsched.node.versions import NodeVersion
@@ -98,6 +99,23 @@ class NodeView(StateView, Protocol):
     @property
     def halted(self) -> Halt | None:
         """Where and why this replica stopped applying, or None."""
+        ...
+
+    # Membership (node.membership).
+
+    @property
+    def directory(self) -> Directory:
+        """The members as this node knows them."""
+        ...
+
+    @property
+    def membership(self) -> Driver:
+        """The leader's side of membership changes."""
+        ...
+
+    @property
+    def removed(self) -> bool:
+        """This node was removed from the cluster: it serves no more."""
         ...
 
     # Identifiers and random numbers for commands come from the node's

@@ -54,7 +54,7 @@ let overviewDenied = false;
 // only keeps the page from offering what it would refuse.
 // tests/unit/test_dashboard_permissions.py checks the copy against the table.
 const ROLE_PERMISSIONS = {
-  admin: ["authenticated", "read", "read.job", "effects.read", "cluster", "submit", "cancel", "operate", "work", "tokens"],
+  admin: ["authenticated", "read", "read.job", "effects.read", "cluster", "submit", "cancel", "operate", "work", "tokens", "membership"],
   operator: ["authenticated", "read", "read.job", "effects.read", "cluster", "submit", "cancel", "operate"],
   submitter: ["authenticated", "read", "read.job", "effects.read", "submit", "cancel"],
   worker: ["authenticated", "read.job", "effects.read", "work"],
@@ -329,14 +329,18 @@ async function onCallView() {
     const s = skew[n.id];
     return [
       `<a href="${esc(n.http_url)}/">${esc(n.id)}</a>${self ? ' <span class="muted">(answering)</span>' : ""}`,
-      badge(self ? n.role : n.reachable ? n.role : "unreachable"),
+      badge(self ? n.role : n.reachable ? n.role : "unreachable") + (n.status && n.status !== "member" ? ` ${badge(n.status)}` : ""),
       self ? esc(n.term) : dash(null),
       self ? esc(n.applied_index) : dash(n.match_index),
       badge(n.reachable === false ? "unreachable" : "ok"),
       s ? `${num(s.skew_ms, 1)} ms <span class="muted">±${num(s.round_trip_ms / 2, 1)}</span>` : dash(null),
     ];
   };
-  const nodes = [nodeRow({ ...o.node, reachable: true }, true), ...o.node.peers.map((p) => nodeRow(p, false))];
+  const nodes = [nodeRow({ ...o.node, reachable: true, status: o.node.removed ? "removed" : "member" }, true), ...o.node.peers.map((p) => nodeRow(p, false))];
+  const change = o.node.membership_change;
+  const changeLine = change
+    ? `<p id="membership-change">Membership change in progress: ${badge(change.kind)} <b>${esc(change.id)}</b> ${esc(change.raft_address)} ${badge(change.phase)}</p>`
+    : "";
   const limitsByQueue = queues.ok ? Object.fromEntries((queues.body.queues || []).map((q) => [q.name, q])) : {};
   const rate = rates(o.counters || {});
   const queueRows = o.queues.map((q) => {
@@ -375,6 +379,7 @@ async function onCallView() {
   return `
   <section class="wide" id="nodes"><h2>Nodes <span class="muted">term ${esc(o.node.term)}, commit ${esc(o.node.commit_index)}, leader ${esc(o.node.leader?.id ?? "none")}</span></h2>
     ${table(["node", "role", "term#", "applied / match#", "reachable", "clock skew vs leader"], nodes)}
+    ${changeLine}
     <p class="muted">Jobs: ${counts || "none"} · replicated time ${esc(o.now ?? "–")}</p></section>
   <section class="wide" id="queues"><h2>Queues</h2>
     ${table(["queue", "depth#", "running#", "oldest runnable", "submitted/min#", "succeeded/min#", "failed/min#", "limits", ""], queueRows, "no queues yet")}
