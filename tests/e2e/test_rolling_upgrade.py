@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import REPO_ROOT, cluster_env
+from e2e_support import REPO_ROOT, cluster_env, lead_on
 
 from raftsched.core import COMMAND_VERSION_MAX
 from raftsched.node.versions import POLL_PERIOD_S
@@ -199,19 +199,6 @@ def set_queue(cluster: LocalCluster) -> tuple[int, dict[str, Any]]:
         "PUT", leader + "/v1/queues/upgrade", {"concurrency_limit": 3}, timeout_s=10
     )
     return status, body
-
-
-def lead_on(cluster: LocalCluster, node_ids: set[str]) -> None:
-    """Restart leaders until one of `node_ids` leads."""
-    for _ in range(10):
-        leader = cluster.wait_for_leader(timeout_s=60)
-        if leader in node_ids:
-            return
-        cluster.kill(leader, signal.SIGTERM)
-        cluster.wait_for_leader(timeout_s=60, exclude=leader)
-        cluster.start(leader)
-        cluster.wait_converged(timeout_s=60)
-    raise AssertionError(f"none of {sorted(node_ids)} became leader")
 
 
 @pytest.mark.slow
