@@ -17,8 +17,9 @@ tenants"):
 
 `public` routes need no token at all: health, readiness, the OpenAPI
 document, the dashboard's page and files (the page asks for a token), and
-`GET /v1/time`, which the nodes poll for each other's clock and version and
-which reveals only those. `authenticated` needs any valid token (whoami).
+`GET /v1/time`, which the nodes poll for each other's clock, version and
+identity (cluster id, incarnations: random ids, no secret) and which reveals
+only those. `authenticated` needs any valid token (whoami).
 """
 
 from __future__ import annotations

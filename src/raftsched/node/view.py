@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from raftsched import core
 from raftsched.core.kernel.commands import Command
@@ -98,6 +98,16 @@ class NodeView(StateView, Protocol):
     @property
     def halted(self) -> Halt | None:
         """Where and why this replica stopped applying, or None."""
+        ...
+
+    # The cluster's identity (node.identity).
+
+    def cluster_id(self) -> str | None:
+        """The cluster this node belongs to; None until its first leader named it."""
+        ...
+
+    def identity_json(self) -> dict[str, Any]:
+        """This node's identity as `GET /v1/time` tells its peers."""
         ...
 
     # Identifiers and random numbers for commands come from the node's
