@@ -121,6 +121,7 @@ class Node:
         # Set when the cluster refuses this node (node.identity): the process
         # stops with its exit status.
         self.refused: Refusal | None = None
+        self._refusal_seen: Refusal | None = None  # by the last poll
         self.refused_event = asyncio.Event()
         # Peers' identities from their last GET /v1/time answers, by URL.
         self._peer_identities: dict[str, PeerIdentity | None] = {}
@@ -543,8 +544,13 @@ class Node:
         this node (another cluster's data, or a lost data directory)."""
         peers = {url: self._peer_identities.get(url) for url in self.peer_versions.peer_urls}
         verdict = refusal(self.gate.identity, peers, len(self._http_urls))
-        if verdict is not None:
+        # Stopping the process is acted on only when two polls in a row
+        # (POLL_PERIOD_S apart) agree; meanwhile the peers drop its messages.
+        if verdict is not None and verdict == self._refusal_seen:
             self._refuse(verdict)
+        elif verdict is not None:
+            log.warning("%s; stopping if the next poll of the peers agrees", verdict.message)
+        self._refusal_seen = verdict
 
     def _refuse(self, verdict: Refusal) -> None:
         if self.refused is None:
