@@ -190,10 +190,13 @@ def test_a_node_started_on_another_nodes_data_directory_refuses_to_start(
     )
     secret = tmp_path / "secret"
     secret.write_text("s" * 32)
+    command = [
+        *(sys.executable, "-m", "raftsched", "node", "--id", "n1", "--data-dir", str(data_dir)),
+        *("--http", f"127.0.0.1:{free_port()}", "--raft", f"127.0.0.1:{free_port()}"),
+        *("--secret-file", str(secret)),
+    ]
     done = subprocess.run(
-        [sys.executable, "-m", "raftsched", "node", "--id", "n1", "--data-dir", str(data_dir),
-         "--http", f"127.0.0.1:{free_port()}", "--raft", f"127.0.0.1:{free_port()}", "--secret-file", str(secret)],
-        capture_output=True, text=True, timeout=60, env={**cluster_env(), "PATH": ""},
-    )  # fmt: skip
+        command, capture_output=True, text=True, timeout=60, env={**cluster_env(), "PATH": ""}
+    )
     assert done.returncode == EXIT_FOREIGN_DATA, done.stderr
     assert "is node n2's, not n1's" in done.stderr
