@@ -8,7 +8,7 @@ tenants"):
 
 | role | permissions |
 |---|---|
-| admin | all of them |
+| admin | all of them (only admin: tokens, backup) |
 | operator | read, cluster, submit, cancel, operate, effects.read |
 | submitter | read, submit, cancel, effects.read |
 | worker | work (the lease protocol, recording effects) on its queues, |
@@ -47,6 +47,8 @@ class Permission(enum.StrEnum):
     # The worker protocol and recording effects.
     WORK = "work"
     TOKENS = "tokens"
+    # GET /v1/backup: the whole state, every tenant's secrets' hashes too.
+    BACKUP = "backup"
 
 
 P = Permission
@@ -151,6 +153,7 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     ("GET", "/v1/overview"): P.CLUSTER,
     ("GET", "/metrics"): P.CLUSTER,
     ("GET", "/v1/debug/digest"): P.CLUSTER,
+    ("GET", "/v1/backup"): P.BACKUP,
     # Tokens.
     ("GET", "/v1/audit"): P.OPERATE,
     ("POST", "/v1/tokens"): P.TOKENS,

@@ -47,6 +47,7 @@ from raftsched.node.auth import (
     hash_secret,
     read_or_create_admin_secret,
 )
+from raftsched.node.backup import Backups
 from raftsched.node.clock import LeaderClock
 from raftsched.node.draws import Draws
 from raftsched.node.identity import (
@@ -123,6 +124,7 @@ class Node:
         self.refused: Refusal | None = None
         self._refusal_seen: Refusal | None = None  # by the last poll
         self.refused_event = asyncio.Event()
+        self.backups = Backups(self.replica, config.node_id)  # GET /v1/backup
         # Peers' identities from their last GET /v1/time answers, by URL.
         self._peer_identities: dict[str, PeerIdentity | None] = {}
         self._changed = asyncio.Event()

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from raftsched import core
 from raftsched.core.kernel.commands import Command
 from raftsched.core.kernel.results import Lease, Rejected, Result
+from raftsched.node.backup import Backups
 from raftsched.node.metrics import NodeMetrics
 from raftsched.node.observability import Observer
 from raftsched.node.versions import NodeVersion
@@ -108,6 +109,11 @@ class NodeView(StateView, Protocol):
 
     def identity_json(self) -> dict[str, Any]:
         """This node's identity as `GET /v1/time` tells its peers."""
+        ...
+
+    @property
+    def backups(self) -> Backups:
+        """Backups of this replica, written by a forked child (node.backup)."""
         ...
 
     # Identifiers and random numbers for commands come from the node's
