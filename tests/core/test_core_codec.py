@@ -53,8 +53,11 @@ from raftsched.core.kernel.commands import (
     Barrier,
     Command,
     Entry,
+    ForgetIncarnation,
     JobSpec,
     RaiseClusterVersion,
+    RecordIncarnation,
+    SetClusterId,
     TakeOver,
     Tick,
 )
@@ -148,6 +151,8 @@ EVERY_COMMAND: tuple[Command, ...] = (
     RevokeToken("tok_1"),
     BootstrapAdmin("tok_0", "admin", b"a" * 32),
     TouchTokens(("tok_0", "tok_2"), 60_000),
+    SetClusterId("clu_a"), SetClusterId("clu_b", "clu_a"), RecordIncarnation("n1", "inc_1"),
+    ForgetIncarnation("n1"),
 )  # fmt: skip
 
 
@@ -164,6 +169,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         SetQueue: 60, PauseQueue: 61, SetTenant: 62,
         Audited: 80,
         CreateToken: 70, RevokeToken: 71, BootstrapAdmin: 72, TouchTokens: 73,
+        SetClusterId: 90, RecordIncarnation: 91, ForgetIncarnation: 92,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 
