@@ -30,6 +30,15 @@ log = logging.getLogger("raftsched.node")
 server_log = logging.getLogger("aiohttp.server")
 
 
+class NodeRefused(Exception):
+    """The cluster refused this node (node.identity): it stopped cleanly and
+    the process exits with `exit_status`."""
+
+    def __init__(self, exit_status: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
 class ClientFaultsAsWarnings(logging.LoggerAdapter[logging.Logger]):
     """aiohttp's request handler reports a request it cannot parse (a header
     with a NUL byte, a bad request line) with `logger.exception`, at error
@@ -49,7 +58,8 @@ def run_node(config: NodeConfig) -> None:
     """Run a node until SIGTERM or SIGINT. Must be called on the main thread:
     pysyncobj's tick thread stops when the thread that created it exits.
     Raises ConfigError, before binding anything, for a configuration that
-    cannot start (TLS files that do not load, see raftsched.tls)."""
+    cannot start (TLS files that do not load, see raftsched.tls), and
+    NodeRefused once it has stopped because the cluster refused it."""
     config.validate()
     server_ssl = tls.server_context(config)
     tls.peer_context(config)  # its files load, or the node does not start
@@ -100,10 +110,16 @@ async def _serve(config: NodeConfig, server_ssl: ssl.SSLContext | None) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     gc_task = loop.create_task(gc_tuning.freeze_periodically())
+    refused = loop.create_task(node.refused_event.wait())
     try:
-        await stop.wait()
+        await asyncio.wait(
+            [loop.create_task(stop.wait()), refused], return_when=asyncio.FIRST_COMPLETED
+        )
     finally:
         gc_task.cancel()
+        refused.cancel()
         log.info("node stopping")
         await runner.cleanup()
         await node.close()
+    if node.refused is not None:
+        raise NodeRefused(node.refused.exit_status, node.refused.message)

@@ -84,7 +84,17 @@ Guard rails
 8. pysyncobj exposes no term or index at apply time; `raftLastApplied + 1`
    inside the replicated method is the entry's index (`applying_index`).
    `status().applied_index` is the last applied index.
-9. Large entries. pysyncobj sends an entry of 64 KiB or more in parts and
+9. Identity. pysyncobj knows its peers by address only: a node that comes
+   back at the same address with an empty data directory (its term and
+   vote forgotten) or with another cluster's data is welcomed. With a
+   `MessageGate` the transport puts the gate's stamp on every message it
+   sends and hands the stamp of every message it receives to the gate
+   before pysyncobj reads the message; a refused message is dropped, and
+   nothing is sent to its sender for a while (`REFUSED_HOLD_S`), so the
+   refused node takes no part: its votes, acknowledgements and candidacy
+   count for nothing. A message without a stamp (a node of release 0.3.0)
+   is admitted; that release ignores the stamp. See `node.identity`.
+10. Large entries. pysyncobj sends an entry of 64 KiB or more in parts and
    labels the last few `finish` too early (it compares the slice position
    with the command's length, not the pickle's), so followers unpickled a
    prefix and logged `failed _onTick` with `pickle data was truncated`. The
@@ -186,6 +196,11 @@ DISK_FULL_LOG_EVERY_S: Final = 30.0
 # How often a node whose disk is full looks whether there is room again.
 DISK_ROOM_CHECK_S: Final = 0.5
 _NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+# The key of the sender's identity stamp in a Raft message (guard rail 9).
+IDENTITY_KEY: Final = "raftsched_from"
+# How long nothing is sent to a node whose message was refused; a message
+# of it that is admitted ends the hold.
+REFUSED_HOLD_S: Final = 5.0
 
 
 def staggered_compaction_entries(node_id: str, node_ids: Iterable[str], entries: int) -> int:
@@ -216,6 +231,19 @@ class StateMachine(Protocol):
 
     def restore(self, data: bytes | memoryview) -> None:
         """Replace the whole state with a decoded snapshot."""
+        ...
+
+
+class MessageGate(Protocol):
+    """Who this node says it is, and whom it hears (guard rail 9). Both run
+    on the tick thread."""
+
+    def stamp(self) -> object:
+        """What every message this node sends carries (picklable, small)."""
+        ...
+
+    def admits(self, stamp: object) -> bool:
+        """Whether a message carrying `stamp` may be handled."""
         ...
 
 
@@ -337,13 +365,27 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
     """
 
     def __init__(
-        self, syncObj: Any, selfNode: Any, otherNodes: Any, *, journal: DurableJournal
-    ) -> None:  # noqa: N803 - pysyncobj's names
+        self,
+        syncObj: Any,  # noqa: N803 - pysyncobj's names
+        selfNode: Any,  # noqa: N803
+        otherNodes: Any,  # noqa: N803
+        *,
+        journal: DurableJournal,
+        gate: MessageGate | None = None,
+    ) -> None:
         self._raftsched_journal = journal
         self._raftsched_parts = _TransmissionLabels(syncObj)
+        self._raftsched_gate = gate
+        # node -> monotonic time until which nothing is sent to it (refused).
+        self._raftsched_refused: dict[Any, float] = {}
         super().__init__(syncObj, selfNode, otherNodes)
 
     def send(self, node: Any, message: Any) -> bool:
+        gate = self._raftsched_gate
+        if gate is not None and isinstance(message, dict):
+            if self._raftsched_refused and self._raftsched_holds(node):
+                return False
+            message[IDENTITY_KEY] = gate.stamp()
         if isinstance(message, dict) and message.get("type") == "append_entries":
             if "transmission" in message:
                 message = self._raftsched_parts.label(node, message)
@@ -356,7 +398,25 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
                 return False
         return bool(super().send(node, message))
 
+    def _raftsched_holds(self, node: Any) -> bool:
+        until = self._raftsched_refused.get(node)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._raftsched_refused[node]
+        return False
+
     def _onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+        gate = self._raftsched_gate
+        if gate is not None and isinstance(message, dict):
+            stamp = message.get(IDENTITY_KEY)
+            if stamp is not None:
+                if not gate.admits(stamp):
+                    self._raftsched_refused[node] = time.monotonic() + REFUSED_HOLD_S
+                    return
+                if self._raftsched_refused:
+                    self._raftsched_refused.pop(node, None)
         # pysyncobj sets nextIndex from every successful ack that raises
         # matchIndex, even a late one for an entry sent before the latest:
         # nextIndex moves back and the follower is sent entries it already
@@ -519,6 +579,7 @@ class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         partner_addresses: list[str],
         conf: Any,
         journal: DurableJournal,
+        gate: MessageGate | None = None,
     ) -> None:
         # Set before SyncObj.__init__, which may start applying on its thread.
         self._raftsched_adapter = adapter
@@ -527,7 +588,7 @@ class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             self_address,
             partner_addresses,
             conf=conf,
-            transportClass=functools.partial(_SyncingTransport, journal=journal),
+            transportClass=functools.partial(_SyncingTransport, journal=journal, gate=gate),
         )
 
     def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 - pysyncobj's private name
@@ -623,6 +684,7 @@ class RaftNode:
         log_compaction_entries: int = 5000,
         log_compaction_interval_s: float = 300.0,
         snapshot_in_child: bool = True,
+        gate: MessageGate | None = None,
     ) -> None:
         accepted = tuple(accepted_secrets)
         if any(not item or len(item) < SECRET_CHARS_MIN for item in (secret, *accepted)):
@@ -660,6 +722,7 @@ class RaftNode:
             "logCompactionMinTime": log_compaction_interval_s,
         }
         self._log_compaction_entries = log_compaction_entries
+        self._gate = gate
         self._snapshot_in_child = snapshot_in_child and hasattr(os, "fork")
         self._snapshot_child: int | None = None
         self._snapshot_started = 0.0
@@ -725,7 +788,7 @@ class RaftNode:
         )
         self._journal = journal
         sync_obj = _ReplicatedLog(
-            self, self.raft_address, list(self._peers.values()), conf, journal
+            self, self.raft_address, list(self._peers.values()), conf, journal, self._gate
         )
         self._sync_obj = sync_obj
         sync_obj.addOnTickCallback(self._on_tick)
@@ -1145,7 +1208,11 @@ class RaftNode:
                 raft_journal.sync_fd(handle.fileno(), path)
             raft_journal.fsync_directory(path.parent)
         header, body = raft_journal.decode_snapshot(path.read_bytes())
-        self._machine.restore(body)
+        self.applying_index = header.last_entry[1]
+        try:
+            self._machine.restore(body)
+        finally:
+            self.applying_index = None
         # pysyncobj takes the members from here (dynamic membership) and
         # compares them with its own node, not its address: this node must
         # not be among them, or it would become its own peer.

@@ -20,7 +20,13 @@ from raftsched.core import (
 from raftsched.core.auth.commands import BootstrapAdmin, CreateToken, RevokeToken, TouchTokens
 from raftsched.core.jobs.commands import Configure
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION, cluster_version
-from raftsched.core.kernel.commands import Audited, RaiseClusterVersion
+from raftsched.core.kernel.commands import (
+    Audited,
+    ForgetIncarnation,
+    RaiseClusterVersion,
+    RecordIncarnation,
+    SetClusterId,
+)
 from raftsched.core.kernel.results import Ack, Rejected
 from raftsched.core.membership.commands import AddMember, RemoveMember
 
@@ -29,7 +35,7 @@ def test_a_new_state_is_at_version_1() -> None:
     assert cluster_version(Cluster().state) == 1
 
 
-def test_every_command_kind_has_a_version_and_only_raise_audited_tokens_members_are_new() -> None:
+def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> None:
     assert COMMAND_VERSIONS.keys() == COMMAND_TAGS.keys()
     assert {cls: version for cls, version in COMMAND_VERSIONS.items() if version > 1} == {
         RaiseClusterVersion: 2,
@@ -40,6 +46,9 @@ def test_every_command_kind_has_a_version_and_only_raise_audited_tokens_members_
         TouchTokens: 3,
         AddMember: 4,
         RemoveMember: 4,
+        SetClusterId: 4,
+        RecordIncarnation: 4,
+        ForgetIncarnation: 4,
     }
     assert COMMAND_VERSION_MAX == 4
 

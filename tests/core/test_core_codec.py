@@ -53,8 +53,11 @@ from raftsched.core.kernel.commands import (
     Barrier,
     Command,
     Entry,
+    ForgetIncarnation,
     JobSpec,
     RaiseClusterVersion,
+    RecordIncarnation,
+    SetClusterId,
     TakeOver,
     Tick,
 )
@@ -154,6 +157,8 @@ EVERY_COMMAND: tuple[Command, ...] = (
     AddMember("n4", "10.0.0.4:7000", "https://n4", (Member("n1", "10.0.0.1:7000", "https://n1"),)),
     RemoveMember("n2"),
     RemoveMember("n2", (Member("n2", "h:1", "http://h"), Member("n3", "h:2", "http://i"))),
+    SetClusterId("clu_a"), SetClusterId("clu_b", "clu_a"), RecordIncarnation("n1", "inc_1"),
+    ForgetIncarnation("n1"),
 )  # fmt: skip
 
 
@@ -170,7 +175,8 @@ def test_every_command_type_has_a_stable_tag() -> None:
         SetQueue: 60, PauseQueue: 61, SetTenant: 62,
         Audited: 80,
         CreateToken: 70, RevokeToken: 71, BootstrapAdmin: 72, TouchTokens: 73,
-        AddMember: 90, RemoveMember: 91,
+        SetClusterId: 90, RecordIncarnation: 91, ForgetIncarnation: 92,
+        AddMember: 93, RemoveMember: 94,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from core_support import Cluster
 
 from raftsched.core import check_invariants, decode_state, encode_state, state_digest
+from raftsched.core.kernel.commands import RecordIncarnation, SetClusterId
+from raftsched.core.kernel.identity import incarnations
 from raftsched.core.kernel.results import Ack, Rejected
 from raftsched.core.membership.commands import AddMember, Member, RemoveMember
 from raftsched.core.membership.members import (
@@ -82,6 +84,19 @@ def test_remove_remembers_the_address_and_an_add_forgets_it() -> None:
     # The same id again (a node that lost its data rejoins): not removed any more.
     assert cluster.one(AddMember("n3", "10.0.0.33:7000", "http://n3b")) == Ack()
     assert not is_removed(cluster.state, "n3")
+    assert check_invariants(cluster.state) == []
+
+
+def test_a_removed_member_loses_its_incarnation_and_is_recorded_afresh() -> None:
+    cluster = Cluster()
+    assert cluster.one(SetClusterId("clu_1")) == Ack()
+    assert cluster.one(RecordIncarnation("n3", "inc_old")) == Ack()
+    assert cluster.one(RemoveMember("n3", KNOWN)) == Ack()
+    assert "n3" not in incarnations(cluster.state)
+    # Back under the same id on a new data directory: a new incarnation.
+    assert cluster.one(AddMember("n3", N3.raft_address, N3.http_url)) == Ack()
+    assert cluster.one(RecordIncarnation("n3", "inc_new")) == Ack()
+    assert incarnations(cluster.state)["n3"] == "inc_new"
     assert check_invariants(cluster.state) == []
 
 

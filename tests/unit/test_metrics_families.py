@@ -25,6 +25,7 @@ ADDED = frozenset(
         "raftsched_proposer_refused_total",
         "raftsched_raft_disk_full",
         "raftsched_http_auth_failures_total",
+        "raftsched_raft_messages_refused_total",
     }
 )
 

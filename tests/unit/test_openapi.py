@@ -45,6 +45,7 @@ def _route_tables() -> list[Any]:
     try:
         from raftsched.api import (
             audit,
+            backup,
             cluster,
             dashboard,
             events,
@@ -66,6 +67,7 @@ def _route_tables() -> list[Any]:
         jobs.routes,
         leases.routes,
         cluster.routes,
+        backup.routes,
         dashboard.routes,
         workflows.routes,
         events.routes,

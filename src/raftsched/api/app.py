@@ -23,6 +23,7 @@ from aiohttp import web
 
 from raftsched.api import (
     audit,
+    backup,
     cluster,
     dashboard,
     events,
@@ -220,6 +221,7 @@ def create_app(
     app.add_routes(leases.routes)
     app.add_routes(cluster.routes)
     app.add_routes(membership.routes)
+    app.add_routes(backup.routes)
     app.add_routes(workflows.routes)
     app.add_routes(events.routes)
     app.add_routes(audit.routes)

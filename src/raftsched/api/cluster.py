@@ -74,6 +74,7 @@ async def cluster(request: web.Request) -> web.Response:
         "commit_index": status.commit_index,
         "applied_index": status.applied_index,
         "cluster_version": node.cluster_version(),
+        "cluster_id": node.cluster_id(),
         "nodes": nodes,
         "membership": cluster_membership(request, status),
     }

@@ -107,6 +107,8 @@ async def node_time(request: web.Request) -> web.Response:
         "node_id": node_of(request).node_id,
         "wall_ms": wall_ms(),
         "version": THIS_NODE.as_json(),
+        # Who this node is to its peers (node.identity): ids, never a secret.
+        "identity": node_of(request).identity_json(),
     }
     return json_response(body)
 

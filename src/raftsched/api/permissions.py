@@ -8,7 +8,7 @@ tenants"):
 
 | role | permissions |
 |---|---|
-| admin | all of them |
+| admin | all of them (only admin: tokens, backup) |
 | operator | read, cluster, submit, cancel, operate, effects.read |
 | submitter | read, submit, cancel, effects.read |
 | worker | work (the lease protocol, recording effects) on its queues, |
@@ -17,8 +17,9 @@ tenants"):
 
 `public` routes need no token at all: health, readiness, the OpenAPI
 document, the dashboard's page and files (the page asks for a token), and
-`GET /v1/time`, which the nodes poll for each other's clock and version and
-which reveals only those. `authenticated` needs any valid token (whoami).
+`GET /v1/time`, which the nodes poll for each other's clock, version and
+identity (cluster id, incarnations: random ids, no secret) and which reveals
+only those. `authenticated` needs any valid token (whoami).
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class Permission(enum.StrEnum):
     TOKENS = "tokens"
     # Adding and removing members (admin only).
     MEMBERSHIP = "membership"
+    # GET /v1/backup: the whole state, every tenant's secrets' hashes too.
+    BACKUP = "backup"
 
 
 P = Permission
@@ -155,6 +158,7 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     # Membership.
     ("POST", "/v1/cluster/nodes"): P.MEMBERSHIP,
     ("DELETE", "/v1/cluster/nodes/{node_id}"): P.MEMBERSHIP,
+    ("GET", "/v1/backup"): P.BACKUP,
     # Tokens.
     ("GET", "/v1/audit"): P.OPERATE,
     ("POST", "/v1/tokens"): P.TOKENS,

@@ -1,5 +1,5 @@
 """The `raftsched` command line: node, dev, submit, jobs, dlq, cluster, worker,
-audit, tokens, whoami.
+audit, tokens, whoami, backup, restore.
 
 Exit codes: 0 success, 1 an error from the cluster or the network
 (`error: <code>: <message>` on stderr), 2 bad usage or configuration.
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from raftsched.child_processes import die_with_parent
 from raftsched.cli import (
     _audit,
+    _backup,
     _dev,
     _events,
     _flow,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     _schedules.register(commands, common)
     _audit.register(commands, common)
     _tokens.register(commands, common)
+    _backup.register(commands, common)
     return parser
 
 

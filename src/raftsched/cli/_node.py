@@ -162,7 +162,8 @@ def run_node_command(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     # Imported late: the CLI's other commands need no node.
-    from raftsched.process import run_node
+    from raftsched.identity import EXIT_FOREIGN_DATA, ForeignDataDirectory
+    from raftsched.process import NodeRefused, run_node
     from raftsched.raft_journal import EXIT_CORRUPT_DATA, CorruptJournal, StorageError
 
     try:
@@ -173,6 +174,14 @@ def run_node_command(args: argparse.Namespace) -> int:
     except CorruptJournal as error:  # raised before the node binds anything
         print(corrupt_journal_advice(error), file=sys.stderr)
         return EXIT_CORRUPT_DATA
+    except ForeignDataDirectory as error:  # raised before the node binds anything
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_FOREIGN_DATA
+    except NodeRefused as error:  # the node ran, and stopped when the cluster refused it
+        print(
+            f"error: {error}\nThe node stopped (exit status {error.exit_status}).", file=sys.stderr
+        )
+        return error.exit_status
     except StorageError as error:  # another file of the data directory is not ours
         print(f"error: {error} (docs/operations.md, 'Corrupted journal')", file=sys.stderr)
         return EXIT_CORRUPT_DATA

@@ -24,10 +24,20 @@ from raftsched.raft import StopApplying
 
 
 class ReplicatedState:
-    def __init__(self, on_applied: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        on_applied: Callable[[], None],
+        applying_index: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self.state = core.new_state()
         self.lock = threading.RLock()
         self.entries_applied = 0
+        # The Raft index of the last entry (or snapshot) this state holds,
+        # changed under the lock together with the state: what a reader
+        # holding the lock reads is exactly the state at that index.
+        # `applying_index` is the adapter's (raft.RaftNode.applying_index).
+        self.applied_index = 0
+        self._applying_index = applying_index
         self._on_applied = on_applied
         self._reading = _Reading(self)
 
@@ -40,6 +50,7 @@ class ReplicatedState:
             with self.lock:
                 results = core.apply_encoded(self.state, data)
                 self.entries_applied += 1
+                self.applied_index = self._applying_index() or self.applied_index + 1
         except core.CodecError as error:
             raise StopApplying(f"this release cannot decode the entry ({error})") from error
         self._on_applied()
@@ -67,6 +78,7 @@ class ReplicatedState:
                 gc.enable()
         with self.lock:
             self.state = restored
+            self.applied_index = self._applying_index() or 0
         gc.collect()
         self._on_applied()
 

@@ -201,12 +201,20 @@ HTTP_AUTH_FAILURES = Family(
     ("reason",),
 )
 
+RAFT_MESSAGES_REFUSED = Family(
+    "raftsched_raft_messages_refused_total",
+    "counter",
+    "Raft messages dropped unread because their sender is not who the cluster knows, by "
+    "reason: cluster (another cluster's data), incarnation (a node whose data was lost).",
+    ("reason",),
+)
+
 INSTRUMENTED = (
     LEADER_CHANGES, TICKS, LEASES_EXPIRED, LEASES_GRANTED, LEASE_LOST, ENTRIES_PROPOSED,
     ENTRY_COMMANDS, COMMIT_SECONDS, HTTP_SECONDS, JOBS_SUBMITTED, CLAIM_LATENCY,
     EXECUTION_SECONDS, JOB_ATTEMPTS, JOB_RETRIES, JOB_FAILURES, JOBS_SUCCEEDED, DEAD_LETTERS,
     REPLAYS, CANCELS, LEASE_RENEWALS, LEASE_EXPIRATIONS, LEADER_OBSERVED, WEBHOOK_ATTEMPTS,
-    WEBHOOK_FAILURES, WEBHOOK_PARKED, FLOW_REJECTED, HTTP_AUTH_FAILURES,
+    WEBHOOK_FAILURES, WEBHOOK_PARKED, FLOW_REJECTED, HTTP_AUTH_FAILURES, RAFT_MESSAGES_REFUSED,
 )  # fmt: skip
 
 # -- sampled: read at scrape time ---------------------------------------------------
@@ -473,6 +481,7 @@ class NodeMetrics:
         self.webhook_parked = counter(WEBHOOK_PARKED)
         self.flow_rejected = counter(FLOW_REJECTED)
         self.http_auth_failures = counter(HTTP_AUTH_FAILURES)
+        self.raft_messages_refused = counter(RAFT_MESSAGES_REFUSED)
         self.sample_together((GC_COLLECTIONS, GC_PAUSE_SECONDS, GC_PAUSE_MAX), _gc_samples)
 
     def series(self, family: Counter | Histogram, *labels: str) -> Any:

@@ -33,10 +33,13 @@ from raftsched.core.auth.commands import BootstrapAdmin, TouchTokens
 from raftsched.core.auth.tokens import auth_enabled
 from raftsched.core.jobs.commands import ClaimJobs
 from raftsched.core.jobs.flow_claim import claimable_at_ms
+from raftsched.core.kernel import identity as core_identity
 from raftsched.core.kernel.cluster_version import cluster_version
 from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
 from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.core.membership.commands import Member
+from raftsched.identity import EXIT_FOREIGN_DATA, NodeIdentity, open_identity, write_identity
+from raftsched.node import identity as node_identity
 from raftsched.node import metrics as families
 from raftsched.node.auth import (
     ADMIN_TOKEN_NAME,
@@ -45,8 +48,18 @@ from raftsched.node.auth import (
     hash_secret,
     read_or_create_admin_secret,
 )
+from raftsched.node.backup import Backups
 from raftsched.node.clock import LeaderClock
 from raftsched.node.draws import Draws
+from raftsched.node.identity import (
+    FOREIGN_RUNBOOK,
+    IdentityGate,
+    PeerIdentity,
+    Refusal,
+    from_answer,
+    leader_duties,
+    refusal,
+)
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.membership import Directory, Driver
 from raftsched.node.metrics import NodeMetrics, Samples
@@ -74,6 +87,8 @@ TICK_ITEMS_MAX = 1_000
 IDLE_TICK_PAUSE_S = 0.05
 # A peer whose TLS certificate does not verify is reported this often.
 PEER_TLS_WARNING_PERIOD_S = 60.0
+# The cluster version that brings the identity commands (core.kernel.identity).
+IDENTITY_CLUSTER_VERSION = 4
 
 
 class LeaderDuty(Protocol):
@@ -97,7 +112,23 @@ class Node:
         self.metrics = NodeMetrics()
         self.clock = LeaderClock()
         self.draws = Draws(self.clock.now_ms)  # every id and random number proposed
-        self.replica = ReplicatedState(self._applied_threadsafe)
+        self.replica = ReplicatedState(self._applied_threadsafe, lambda: self.raft.applying_index)
+        # Who this data directory belongs to (raftsched.identity); raises
+        # ForeignDataDirectory if it is another node's.
+        self._raft_dir = config.data_dir / "raft"
+        self.gate = IdentityGate(
+            open_identity(self._raft_dir, config.node_id, durable=config.durability == "fsync"),
+            lambda: self.replica.state,
+            self.metrics,
+        )
+        # Set when the cluster refuses this node (node.identity): the process
+        # stops with its exit status.
+        self.refused: Refusal | None = None
+        self._refusal_seen: Refusal | None = None  # by the last poll
+        self.refused_event = asyncio.Event()
+        self.backups = Backups(self.replica, config.node_id)  # GET /v1/backup
+        # Peers' identities from their last GET /v1/time answers, by URL.
+        self._peer_identities: dict[str, PeerIdentity | None] = {}
         self._changed = asyncio.Event()
         self._notify_scheduled = False
         # Who the members are (node.membership): the start-up flags until the
@@ -121,6 +152,7 @@ class Node:
             election_timeout_min_s=config.election_timeout_min_s,
             election_timeout_max_s=config.election_timeout_max_s,
             log_compaction_entries=config.log_compaction_entries,
+            gate=self.gate,
         )
         self._dispatch_task: asyncio.Task[None] | None = None
         self._leader_term: int | None = None
@@ -257,6 +289,24 @@ class Node:
     @property
     def http_urls(self) -> Mapping[str, str]:
         return self._http_urls
+
+    @property
+    def identity(self) -> NodeIdentity:
+        return self.gate.identity
+
+    def cluster_id(self) -> str | None:
+        """The cluster this node belongs to: its data directory's, else (not
+        written there yet) the one its replica applied."""
+        mine = self.gate.identity.cluster_id
+        if mine is not None:
+            return mine
+        with self.reading() as state:
+            return core_identity.cluster_id(state)
+
+    def identity_json(self) -> dict[str, Any]:
+        """What `GET /v1/time` tells the peers about this node (node.identity)."""
+        with self.reading() as state:
+            return node_identity.as_json(self.gate.identity, state)
 
     # -- what proposers draw (the leader clock, identifiers) -------------------
 
@@ -455,8 +505,11 @@ class Node:
         SKEW_PERIOD_S while leader."""
         if self.loop.time() - self._versions_polled_at >= POLL_PERIOD_S:
             self._versions_polled_at = self.loop.time()
+            self._peer_identities = {}
             await self.peer_versions.poll(self._peer_time)
+            self._check_peers_accept_me()
             await self._raise_cluster_version()
+        await self._identity_duties()
         await self._auth_duties()
         if not self.is_leader:
             self.observer.forget_skew()
@@ -486,6 +539,7 @@ class Node:
             raise
         if not isinstance(body, dict):
             raise ValueError("GET /v1/time did not answer an object")
+        self._peer_identities[url] = from_answer(body)
         return body
 
     def _warn_peer_tls(self, url: str, error: Exception) -> None:
@@ -516,6 +570,64 @@ class Node:
             log.warning("raising the cluster version to %d was rejected: %r", version, result)
         else:
             log.info("cluster version raised to %d: every member understands it", version)
+
+    # -- identity (node.identity) -------------------------------------------------
+
+    def _check_peers_accept_me(self) -> None:
+        """After a poll of the peers: stop if a majority of the cluster refuses
+        this node (another cluster's data, or a lost data directory)."""
+        peers = {url: self._peer_identities.get(url) for url in self.peer_versions.peer_urls}
+        verdict = refusal(self.gate.identity, peers, len(self._http_urls))
+        # Stopping the process is acted on only when two polls in a row
+        # (POLL_PERIOD_S apart) agree; meanwhile the peers drop its messages.
+        if verdict is not None and verdict == self._refusal_seen:
+            self._refuse(verdict)
+        elif verdict is not None:
+            log.warning("%s; stopping if the next poll of the peers agrees", verdict.message)
+        self._refusal_seen = verdict
+
+    def _refuse(self, verdict: Refusal) -> None:
+        if self.refused is None:
+            self.refused = verdict
+            log.critical("%s; stopping (exit status %d)", verdict.message, verdict.exit_status)
+            self.refused_event.set()
+
+    async def _identity_duties(self) -> None:
+        """Once a second: write the cluster id into the data directory once the
+        replica knows it; as leader, name the cluster and record the members'
+        incarnations (cluster version 4)."""
+        mine = self.gate.identity
+        with self.reading() as state:
+            cluster = core_identity.cluster_id(state)
+        if cluster is not None and mine.cluster_id is None:
+            learned = mine.with_cluster(cluster)
+            durable = self.config.durability == "fsync"
+            await asyncio.to_thread(write_identity, self._raft_dir, learned, durable=durable)
+            self.gate.identity = mine = learned
+            log.info("this data directory now belongs to cluster %s", cluster)
+        elif cluster is not None and cluster not in (mine.cluster_id, mine.restored_from):
+            self._refuse(
+                Refusal(
+                    EXIT_FOREIGN_DATA,
+                    f"this replica's state is cluster {cluster}'s, but its data directory "
+                    f"belongs to cluster {mine.cluster_id} ({FOREIGN_RUNBOOK})",
+                )
+            )
+            return
+        if not self.is_leader or self.cluster_version() < IDENTITY_CLUSTER_VERSION:
+            return
+        with self.reading() as state:
+            commands = leader_duties(state, mine, dict(self.gate.heard), self._http_urls)
+        for command in commands:
+            try:
+                result = await self.propose(command, bounded=False)
+            except (NotLeader, NotCommitted, OutcomeUnknown) as error:
+                log.info("identity duties deferred: %r", error)
+                return
+            if isinstance(result, Rejected):
+                log.warning("%r was rejected: %s", command, result.message)
+            else:
+                log.info("recorded %r", command)
 
     # -- API tokens (node.auth) -------------------------------------------------
 

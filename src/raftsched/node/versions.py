@@ -98,6 +98,7 @@ class PeerVersions:
 
     def __init__(self, peer_urls: Mapping[str, str]) -> None:
         self._peer_urls = dict(peer_urls)
+        self.peer_urls = tuple(self._peer_urls.values())
         # node id -> its version, or None when it did not answer the last poll.
         self.heard: dict[str, NodeVersion | None] = dict.fromkeys(peer_urls)
 

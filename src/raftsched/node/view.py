@@ -14,11 +14,12 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from raftsched import core
 from raftsched.core.kernel.commands import Command
 from raftsched.core.kernel.results import Lease, Rejected, Result
+from raftsched.node.backup import Backups
 from raftsched.node.membership import Directory, Driver
 from raftsched.node.metrics import NodeMetrics
 from raftsched.node.observability import Observer
@@ -116,6 +117,21 @@ class NodeView(StateView, Protocol):
     @property
     def removed(self) -> bool:
         """This node was removed from the cluster: it serves no more."""
+        ...
+
+    # The cluster's identity (node.identity).
+
+    def cluster_id(self) -> str | None:
+        """The cluster this node belongs to; None until its first leader named it."""
+        ...
+
+    def identity_json(self) -> dict[str, Any]:
+        """This node's identity as `GET /v1/time` tells its peers."""
+        ...
+
+    @property
+    def backups(self) -> Backups:
+        """Backups of this replica, written by a forked child (node.backup)."""
         ...
 
     # Identifiers and random numbers for commands come from the node's

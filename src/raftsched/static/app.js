@@ -54,7 +54,7 @@ let overviewDenied = false;
 // only keeps the page from offering what it would refuse.
 // tests/unit/test_dashboard_permissions.py checks the copy against the table.
 const ROLE_PERMISSIONS = {
-  admin: ["authenticated", "read", "read.job", "effects.read", "cluster", "submit", "cancel", "operate", "work", "tokens", "membership"],
+  admin: ["authenticated", "read", "read.job", "effects.read", "cluster", "submit", "cancel", "operate", "work", "tokens", "membership", "backup"],
   operator: ["authenticated", "read", "read.job", "effects.read", "cluster", "submit", "cancel", "operate"],
   submitter: ["authenticated", "read", "read.job", "effects.read", "submit", "cancel"],
   worker: ["authenticated", "read.job", "effects.read", "work"],

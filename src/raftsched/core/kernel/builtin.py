@@ -3,7 +3,9 @@
 `Tick` (whose work the features supply), `TakeOver`, `Barrier` and
 `RaiseClusterVersion`, the outbox that every feature appends its events to,
 the optional `cluster_version` section, the audit trail (`Audited` and its
-optional `audit` section), and the invariants of the jobs and
+optional `audit` section), the cluster's identity (`SetClusterId`,
+`RecordIncarnation`, `ForgetIncarnation` and the optional `identity`
+section), and the invariants of the jobs and
 their indexes. `raftsched.core.registry` lists it first.
 """
 
@@ -11,12 +13,15 @@ from __future__ import annotations
 
 from typing import Final
 
-from raftsched.core.kernel import audit, cluster_version, invariants, outbox
+from raftsched.core.kernel import audit, cluster_version, identity, invariants, outbox
 from raftsched.core.kernel.commands import (
     Audited,
     Barrier,
     Command,
+    ForgetIncarnation,
     RaiseClusterVersion,
+    RecordIncarnation,
+    SetClusterId,
     TakeOver,
     Tick,
 )
@@ -32,12 +37,12 @@ def acknowledge(state: State, command: Command, context: Context) -> Ack:
 
 
 def _check(state: State) -> list[str]:
-    return invariants.check_kernel(state) + audit.check(state)
+    return invariants.check_kernel(state) + audit.check(state) + identity.check(state)
 
 
 FEATURE: Final = Feature(
     name="kernel",
-    sections=(outbox.SECTION, cluster_version.SECTION, audit.SECTION),
+    sections=(outbox.SECTION, cluster_version.SECTION, audit.SECTION, identity.SECTION),
     commands=(
         CommandKind(Tick, 10, ("int", "int"), apply_tick),
         CommandKind(TakeOver, 11, (), acknowledge),
@@ -46,6 +51,13 @@ FEATURE: Final = Feature(
             RaiseClusterVersion, 14, ("int",), cluster_version.apply_raise_cluster_version, since=2
         ),
         CommandKind(Audited, 80, ("str", "command"), audit.apply_audited, since=3),
+        # The cluster's identity (issue 16): tags 90-92, cluster version 4
+        # (membership, core.membership, has 93-99).
+        CommandKind(SetClusterId, 90, ("str", "str?"), identity.apply_set_cluster_id, since=4),
+        CommandKind(
+            RecordIncarnation, 91, ("str", "str"), identity.apply_record_incarnation, since=4
+        ),
+        CommandKind(ForgetIncarnation, 92, ("str",), identity.apply_forget_incarnation, since=4),
     ),
     check=_check,
 )

@@ -124,3 +124,33 @@ class Audited(Command):
 
     actor: str
     command: Command
+
+
+@dataclass(frozen=True, slots=True)
+class SetClusterId(Command):
+    """Name the cluster (kernel.identity): proposed once by the first leader
+    that finds the state without a name (`previous` None), with an id it drew
+    at random; or by the first leader of a cluster restored from a backup,
+    which renames the restored state (`previous` is the backed-up cluster's
+    id, so a late or repeated proposal changes nothing)."""
+
+    cluster_id: str
+    previous: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordIncarnation(Command):
+    """Record the incarnation (the random id made with its data directory)
+    that a member runs under; peers refuse a node of that id that comes back
+    with another one (its votes were lost with its data)."""
+
+    node_id: str
+    incarnation: str
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetIncarnation(Command):
+    """Drop a member's recorded incarnation: a node removed from the cluster
+    may be added again later with a new data directory."""
+
+    node_id: str

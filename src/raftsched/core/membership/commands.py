@@ -1,4 +1,4 @@
-"""The commands of membership (tags 90-99, all since cluster version 4)."""
+"""The commands of membership (tags 93-99, all since cluster version 4)."""
 
 from __future__ import annotations
 

@@ -21,11 +21,12 @@ def _remove(state: State, command: RemoveMember) -> AuditSubject:
 FEATURE: Final = Feature(
     name="membership",
     sections=(members.SECTION,),
-    # Tags 90-99; every one introduced by cluster version 4.
+    # Tags 93-99 (90-92 are the cluster's identity, core.kernel.builtin);
+    # every one introduced by cluster version 4.
     commands=(
         CommandKind(
             AddMember,
-            90,
+            93,
             ("str", "str", "str", "members"),
             members.apply_add_member,
             since=4,
@@ -33,7 +34,7 @@ FEATURE: Final = Feature(
         ),
         CommandKind(
             RemoveMember,
-            91,
+            94,
             ("str", "members"),
             members.apply_remove_member,
             since=4,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from raftsched.core.kernel import identity
 from raftsched.core.kernel.codec import CodecError
 from raftsched.core.kernel.feature import Context, FieldKind
 from raftsched.core.kernel.results import INVALID_STATE, NOT_FOUND, Ack, Rejected
@@ -228,6 +229,9 @@ def apply_remove_member(state: State, command: RemoveMember, context: Context) -
         del removed[next(iter(removed))]  # forget the longest removed; bounded
     removed[command.node_id] = directory.pop(command.node_id).raft_address
     _replace(state, directory, removed, context)
+    # Its incarnation goes with it: added back under the same id (on a new
+    # data directory), it is a new member and is recorded afresh.
+    identity.forget(state, command.node_id, context)
     return Ack()
 
 
