@@ -79,7 +79,8 @@ ROLE_SCOPES: dict[str, tuple[list[str], list[str]]] = {
 # Operations the fuzzer must not call, by operationId, and why.
 EXCLUDED_OPERATIONS = {
     "addClusterNode": "changes the membership under the fuzzer (tests/e2e/test_membership.py)",
-    "removeClusterNode": "could remove the nodes the fuzzer talks to (tests/e2e/test_membership.py)",
+    "removeClusterNode": "could remove the nodes the fuzzer talks to "
+    "(tests/e2e/test_membership.py)",
     "getBackup": "forks a child that encodes the whole state per call "
     "(tests/e2e/test_backup_restore.py)",
     "createSubscription": "makes the leader POST events to a URL taken from the request",
