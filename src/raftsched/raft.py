@@ -158,7 +158,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NoReturn, Protocol
+from typing import Any, Final, NoReturn, Protocol, runtime_checkable
 
 import pysyncobj.pickle as _pysyncobj_pickle
 import pysyncobj.syncobj as _pysyncobj_syncobj
@@ -231,6 +231,17 @@ class StateMachine(Protocol):
 
     def restore(self, data: bytes | memoryview) -> None:
         """Replace the whole state with a decoded snapshot."""
+        ...
+
+
+@runtime_checkable
+class MemberRecord(Protocol):
+    """A machine that keeps a replicated member directory may say whether it
+    has one (guard rail 10); the adapter asks right after a snapshot load."""
+
+    def membership_recorded(self) -> bool:
+        """Whether the state records the members (False: the node's flags,
+        as at the cluster's start, are the membership)."""
         ...
 
 
@@ -1217,6 +1228,11 @@ class RaftNode:
         # compares them with its own node, not its address: this node must
         # not be among them, or it would become its own peer.
         members = {address for address in header.cluster if address != self.raft_address}
+        if isinstance(self._machine, MemberRecord) and not self._machine.membership_recorded():
+            # No change ever: the flags are the membership, as they were
+            # before dynamic membership. The header names the addresses of
+            # its time, which a restart with new flags (new addresses) left.
+            members = set(self._peers.values())
         return header.last_entry, header.previous_entry, members
 
     # -- status (any thread) -------------------------------------------------

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
 from raftsched import core
+from raftsched.core.membership.members import members
 from raftsched.raft import StopApplying
 
 
@@ -81,6 +82,11 @@ class ReplicatedState:
             self.applied_index = self._applying_index() or 0
         gc.collect()
         self._on_applied()
+
+    def membership_recorded(self) -> bool:
+        """Whether the state records the members (raft.MemberRecord)."""
+        with self.lock:
+            return bool(members(self.state))
 
     def digest(self) -> str:
         with self.lock:
