@@ -75,7 +75,12 @@ Guard rails
    though a chunk checks nothing about its log; a deposed leader holding
    entries that never committed would apply them before the snapshot
    replaced them. The transport lowers a chunk's commit index to the
-   follower's own (`_without_commit_claim`).
+   follower's own (`_without_commit_claim`). And a fourth: pysyncobj
+   truncates everything after `prevLogIdx` before appending, matching
+   entries too, so an append that starts inside the follower's committed
+   prefix (nextIndex moved back by a late reset) truncates applied entries
+   and logs it at critical level. The transport starts such an append at
+   the follower's commit index (`_past_committed`).
 7. Stopping at an entry. A machine that cannot apply an entry at all (it
    cannot decode it: a newer release proposed it) raises `StopApplying`.
    Skipping it would diverge from the replicas that applied it, so the
@@ -445,12 +450,11 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
             and isinstance(next_index, dict)
         ):
             before = next_index.get(node)
-        if (
-            isinstance(message, dict)
-            and message.get("type") == "append_entries"
-            and "prevLogIdx" not in message
-        ):
-            message = _without_commit_claim(self._syncObj, message)
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            if "prevLogIdx" not in message:
+                message = _without_commit_claim(self._syncObj, message)
+            elif "transmission" not in message:
+                message = _past_committed(self._syncObj, self._raftsched_journal, message)
         adapter = self._syncObj._raftsched_adapter
         if (
             isinstance(message, dict)
@@ -502,6 +506,40 @@ def _without_commit_claim(sync_obj: Any, message: dict[str, Any]) -> dict[str, A
     if isinstance(own, int) and isinstance(claimed, int) and claimed > own:
         return {**message, "commit_index": own}
     return message
+
+
+def _past_committed(sync_obj: Any, log: DurableJournal, message: dict[str, Any]) -> dict[str, Any]:
+    """An AppendEntries that starts inside this follower's committed prefix,
+    made to start at its commit index instead.
+
+    pysyncobj truncates everything after `prevLogIdx` before it appends, even
+    entries that match, and logs "truncating already-applied log entries" at
+    critical level when that reaches applied ones. A leader sends from that
+    far back when its nextIndex moved back: after a failed append (a reset
+    answer that arrived late, from an earlier term of the same leader, say).
+    Entries up to the commit index are committed, so the leader of this
+    term holds them too, identical: those in the message are dropped, and
+    the check moves to the commit index, whose term this follower knows.
+    The follower then truncates only what it has not committed, and never
+    an applied entry. (The journal keeps identical records either way.)
+    """
+    commit = getattr(sync_obj, "_SyncObj__raftCommitIndex", None)
+    prev = message.get("prevLogIdx")
+    entries = message.get("entries")
+    if not isinstance(commit, int) or not isinstance(prev, int) or prev >= commit:
+        return message
+    if not isinstance(entries, list) or len(log) == 0:
+        return message
+    first = log[0][1]
+    if not first <= commit < first + len(log):
+        return message
+    later = [entry for entry in entries if entry[1] > commit]
+    return {
+        **message,
+        "prevLogIdx": commit,
+        "prevLogTerm": log[commit - first][2],
+        "entries": later,
+    }
 
 
 class _TransmissionLabels:
