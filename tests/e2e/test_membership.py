@@ -10,6 +10,7 @@ cluster's term; bad requests get their documented 4xx.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -302,6 +303,28 @@ def test_a_restarted_node_knows_the_membership_not_its_flags(versioned: LocalClu
     cluster.wait_converged(timeout_s=60)
 
 
+def test_a_joined_node_restarts_while_no_member_answers(versioned: LocalCluster) -> None:
+    """After a power cut every node starts at once: n4, which joined through
+    n1, must not wait for n1. With no member answering its --join it starts
+    with the peers it saved when it joined, and the cluster comes back whole."""
+    cluster = versioned
+    n4 = cluster.new_node("n4")
+    assert add_node(cluster, n4)[0] == 202
+    cluster.start_joining("n4", cluster.nodes["n1"].http_url)
+    assert wait_for(lambda: settled(cluster), 60)
+    cluster.wait_converged(timeout_s=60)
+    for node_id in cluster.nodes:
+        cluster.kill(node_id, signal.SIGTERM)
+    cluster.start("n4")
+    assert wait_for(lambda: "starting with the saved peers" in n4.log_path.read_text(), 30)
+    assert n4.alive
+    for node_id in ("n1", "n2", "n3"):
+        cluster.start(node_id)
+    cluster.wait_for_leader(timeout_s=60)
+    cluster.wait_converged(timeout_s=60)  # all four, at one digest
+    assert members_seen_by(cluster, "n4") == ["n1", "n2", "n3", "n4"]
+
+
 @pytest.mark.parametrize("compaction_entries", [50])
 def test_replace_a_dead_node(tmp_path: Any, compaction_entries: int) -> None:
     """Kill n3, remove it, add n4 and start it: the leader's log was compacted,
@@ -338,7 +361,7 @@ def test_replace_a_dead_node(tmp_path: Any, compaction_entries: int) -> None:
         cluster.restart(other)
         cluster.wait_for_leader()
         assert wait_for(
-            lambda: members_seen_by(cluster, other) == sorted({"n1", "n2", "n4"} | {leader}), 30
+            lambda: members_seen_by(cluster, other) == sorted({"n1", "n2", "n4"} | {leader}), 60
         )
         cluster.wait_converged(timeout_s=60)
     finally:
@@ -366,8 +389,12 @@ def test_a_removed_node_never_raises_the_term(versioned: LocalCluster) -> None:
     assert after["term"] == before
     assert after["leader"]["id"] == leader
     assert cluster.nodes[running].alive and cluster.nodes[dead].alive
-    # The restarted one campaigned in vain; the running one retired.
-    assert view_of(cluster, dead)["term"] > before
+    # The running one retired and never stood. The restarted one may have
+    # campaigned in vain or not at all: the members close connections from
+    # addresses outside their configuration, and pysyncobj stands only
+    # while connected to someone, so whether it ever gets to ask depends on
+    # timing; either way the leader's term did not move.
+    assert view_of(cluster, dead)["term"] >= before
     assert view_of(cluster, running)["term"] == before
     with Client([cluster.nodes[leader].http_url], timeout_s=10, retry_budget_s=30) as client:
         client.submit("membership", payload={"still": "writing"})

@@ -191,12 +191,12 @@ def run_node_command(args: argparse.Namespace) -> int:
 def _joined(config: NodeConfig, join_url: str, token_file: Path | None) -> NodeConfig:
     """The configuration with the peers the member at `join_url` lists (node.join)."""
     from raftsched import tls
-    from raftsched.node.join import join_token, peers_from_member
+    from raftsched.node.join import join_token, peers_for_join
 
     if config.peers:
         raise ConfigError("--join and --peer exclude each other: --join learns the peers")
     token = join_token(config, token_file)
-    peers = peers_from_member(config, join_url, token, tls.peer_context(config))
+    peers = peers_for_join(config, join_url, token, tls.peer_context(config))
     joined = dataclasses.replace(config, peers=peers)
     joined.validate()
     return joined

@@ -9,6 +9,15 @@ compacted. A node that is not listed (not added yet, or added under another
 Raft address) refuses to start: it would otherwise ask for votes in a
 cluster that does not count it.
 
+The peers it learned are saved in the data directory (`raft/joined.json`,
+written durably). A restart with `--join` asks again, so that it starts
+with the members as they are now, but when no member answers within
+`RESTART_ASK_S` (the whole cluster restarting at once, after a power cut)
+it starts with the saved peers: a node that joined must not need another
+node to be up first, or a cluster whose nodes all joined could never start
+again. A member that answers without listing this node (it was removed)
+still refuses the restart.
+
 The request needs a token with the `cluster` permission:
 `--join-token-file`, else `$RAFTSCHED_TOKEN`, else the `--admin-token-file`
 secret when that file exists (the same file every node of a cluster is
@@ -18,7 +27,9 @@ usually given).
 from __future__ import annotations
 
 import json
+import os
 import ssl
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -27,9 +38,13 @@ from typing import Any, Final
 
 from raftsched.client._calls import token_from_env
 from raftsched.config import ConfigError, NodeConfig, Peer
+from raftsched.raft_journal import fsync_directory, sync_fd
 
 JOIN_TIMEOUT_S: Final = 30.0
 JOIN_RETRY_S: Final = 0.5
+# A restart with saved peers asks this long before it starts with them.
+RESTART_ASK_S: Final = 5.0
+JOINED_NAME: Final = "joined.json"
 # Nodes in these states are not members any more.
 _GONE: Final = frozenset({"removing", "removed"})
 
@@ -46,6 +61,55 @@ def join_token(config: NodeConfig, token_file: Path | None) -> str | None:
     return token
 
 
+class NoAnswer(ConfigError):
+    """No member answered `--join` in time."""
+
+
+def peers_for_join(
+    config: NodeConfig, join_url: str, token: str | None, context: ssl.SSLContext | None
+) -> tuple[Peer, ...]:
+    """The peers to start with: asked from the member at `join_url`, else,
+    on a restart when no member answers, the ones saved at the last start."""
+    saved = saved_peers(config.data_dir)
+    if saved is None:
+        peers = peers_from_member(config, join_url, token, context)
+    else:
+        try:
+            peers = peers_from_member(config, join_url, token, context, RESTART_ASK_S)
+        except NoAnswer as error:
+            print(f"warning: {error}; starting with the saved peers", file=sys.stderr)
+            return saved
+    save_peers(config.data_dir, peers, durable=config.durability == "fsync")
+    return peers
+
+
+def saved_peers(data_dir: Path) -> tuple[Peer, ...] | None:
+    path = data_dir / "raft" / JOINED_NAME
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))["peers"]
+        return tuple(Peer(row["id"], row["raft_address"], row["http_url"]) for row in rows)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"{path} is not a saved list of peers: {error}") from error
+
+
+def save_peers(data_dir: Path, peers: tuple[Peer, ...], *, durable: bool) -> None:
+    """Replace `raft/joined.json` atomically (and durably unless told not to)."""
+    directory = data_dir / "raft"
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = [{"id": p.id, "raft_address": p.raft_address, "http_url": p.http_url} for p in peers]
+    temporary = directory / (JOINED_NAME + ".tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps({"peers": rows}, indent=2) + "\n")
+        handle.flush()
+        if durable:
+            sync_fd(handle.fileno(), temporary)
+    os.replace(temporary, directory / JOINED_NAME)
+    if durable:
+        fsync_directory(directory)
+
+
 def peers_from_member(
     config: NodeConfig,
     join_url: str,
@@ -56,17 +120,19 @@ def peers_from_member(
     """The other members, as the member at `join_url` lists them once it
     lists this node (it may not have applied the add yet: asked again)."""
     deadline = time.monotonic() + timeout_s
-    problem = "no answer"
+    problem, listed_problem = "no answer", False
     while True:
         try:
             body = _cluster(join_url, token, context)
             return _peers(config, body)
         except _NotListed as error:
-            problem = str(error)
+            problem, listed_problem = str(error), True
         except (OSError, ValueError) as error:
-            problem = f"GET {join_url}/v1/cluster failed: {error}"
+            problem, listed_problem = f"GET {join_url}/v1/cluster failed: {error}", False
         if time.monotonic() >= deadline:
-            raise ConfigError(f"--join {join_url}: {problem}")
+            if listed_problem:
+                raise ConfigError(f"--join {join_url}: {problem}")
+            raise NoAnswer(f"--join {join_url}: {problem}")
         time.sleep(JOIN_RETRY_S)
 
 
