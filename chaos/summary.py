@@ -24,6 +24,7 @@ def summarize(
     unfinished: list[str],
     fault_phase_s: float,
     expected_log_errors: dict[str, int] | None = None,
+    deliveries: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     by_f: dict[str, Counter[str]] = defaultdict(Counter)
     for op in ops:
@@ -63,6 +64,7 @@ def summarize(
         "recovery_bound_s": args.recovery_bound_s,
         "time_to_recover_s": None if recover_s is None else round(recover_s, 1),
         "unfinished_after_bound": unfinished[:20],
+        "features": features(final, deliveries or []),
         "anomalies": anomalies,
         # Error-level node log lines the faults explain (reason -> count);
         # any other one is an anomaly of checker 8.
@@ -70,6 +72,30 @@ def summarize(
         "examples": {check.name: check.examples for check in checks if check.anomalies},
         "history": str(args.out),
         "valid": all(count == 0 for count in anomalies.values()),
+    }
+
+
+def features(final: dict[str, Any], deliveries: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the schedules, workflows, webhooks and flow limits amounted to."""
+    schedules = {
+        schedule_id: dict(Counter(r["decision"] for r in view.get("occurrences", [])))
+        for schedule_id, view in sorted((final.get("schedules") or {}).items())
+    }
+    workflows = Counter(w["status"] for w in (final.get("workflows") or {}).values())
+    answered = Counter(d.get("answered") for d in deliveries)
+    received = Counter(d.get("seq") for d in deliveries if d.get("answered") == 200)
+    jobs = final.get("jobs", [])
+    return {
+        "schedule_occurrences": schedules,
+        "schedule_jobs": sum(1 for job in jobs if job.get("schedule_id")),
+        "workflows": dict(sorted(workflows.items())),
+        "workflow_jobs": sum(1 for job in jobs if job.get("workflow_id")),
+        "outbox_events": (final.get("outbox") or {}).get("last_seq", 0),
+        "webhook_deliveries": sum(answered.values()),
+        "webhook_refused_on_purpose": answered.get(503, 0),
+        "webhook_events_received": len(received),
+        "webhook_redelivered": sum(count - 1 for count in received.values()),
+        "limited_tenant_jobs": sum(1 for job in jobs if job.get("ordering_key")),
     }
 
 
@@ -106,6 +132,7 @@ def render_text(summary: dict[str, Any]) -> str:
         f"  expired: {summary['leases_expired']}  worker stalls: {summary['worker_stalls']}",
         f"stale-token rejections: {summary['stale_token_rejections']}"
         f" {summary['stale_token_rejections_by_source']}",
+        f"features: {summary.get('features', {})}",
         f"time to recover after healing: {summary['time_to_recover_s']} s"
         f" (bound {summary['recovery_bound_s']} s)",
         "anomalies per checker:",
