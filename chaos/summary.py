@@ -7,6 +7,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from chaos.checkers import Check
+from chaos.features import LIMITED_TENANT
 from chaos.history import Event
 
 HISTORY_GLOB = "history-*.jsonl"
@@ -95,7 +96,8 @@ def features(final: dict[str, Any], deliveries: list[dict[str, Any]]) -> dict[st
         "webhook_refused_on_purpose": answered.get(503, 0),
         "webhook_events_received": len(received),
         "webhook_redelivered": sum(count - 1 for count in received.values()),
-        "limited_tenant_jobs": sum(1 for job in jobs if job.get("ordering_key")),
+        "limited_tenant_jobs": sum(1 for job in jobs if job.get("tenant") == LIMITED_TENANT),
+        "ordering_key_jobs": sum(1 for job in jobs if job.get("ordering_key")),
     }
 
 
@@ -117,7 +119,7 @@ def render_text(summary: dict[str, Any]) -> str:
     ]
     for f, counts in summary["ops"].items():
         lines.append(
-            f"  {f:<11} {counts.get('ok', 0):>6} / {counts.get('fail', 0):>5}"
+            f"  {f:<15} {counts.get('ok', 0):>6} / {counts.get('fail', 0):>5}"
             f" / {counts.get('info', 0):>5}"
         )
     faults = summary["faults"]
@@ -138,7 +140,7 @@ def render_text(summary: dict[str, Any]) -> str:
         "anomalies per checker:",
     ]
     for name, count in summary["anomalies"].items():
-        lines.append(f"  {name:<34} {count}")
+        lines.append(f"  {name:<38} {count}")
         for example in summary["examples"].get(name, [])[:3]:
             lines.append(f"      e.g. {example}")
     for reason, count in summary.get("expected_log_errors", {}).items():
