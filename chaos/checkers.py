@@ -4,13 +4,23 @@ their inputs, so tests feed them hand-made histories.
 
 Inputs:
 - `ops`: paired operations (chaos.history.operations): f in submit, read,
-  claim, start, effect_get, effect, heartbeat, complete, sink; type ok/fail/info.
+  claim, start, effect_get, effect, heartbeat, complete, fail, sink, and the
+  features' subscribe, set_tenant, create_schedule, submit_workflow,
+  pause_schedule, retry_parked; type ok/fail/info.
 - `final`: {"jobs": [Job JSON] read linearizably after healing,
             "effects": {key: Effect JSON or None},
             "nodes": {node id: {"digest", "applied_index", "jobs": [Job JSON]
                                  read with consistency=stale}},
             "unreachable": [node ids that did not answer]}
+  and, from the feature workload (chaos/features.py, checkers 9-12):
+           "schedules": {id: {"schedule", "occurrences" (newest first)}},
+           "workflows": {id: Workflow JSON}, "workflow_histories": {id: [events]},
+           "outbox": {"events", "first_seq", "last_seq"},
+           "subscription": Subscription JSON with its parked events,
+           "subscription_start_seq": its cursor when created,
+           "tenants": {name: Tenant JSON}.
 - `sink`: the fenced sink's log (chaos.sink).
+- `deliveries`: the webhook receiver's log (chaos.receiver), for checker 11.
 - `node_log_errors`: node id -> every error-level line of its log
   (`raftsched.testing.read_log_errors`), for checker 8.
 """
