@@ -4,13 +4,23 @@ their inputs, so tests feed them hand-made histories.
 
 Inputs:
 - `ops`: paired operations (chaos.history.operations): f in submit, read,
-  claim, start, effect_get, effect, heartbeat, complete, sink; type ok/fail/info.
+  claim, start, effect_get, effect, heartbeat, complete, fail, sink, and the
+  features' subscribe, set_tenant, create_schedule, submit_workflow,
+  pause_schedule, retry_parked; type ok/fail/info.
 - `final`: {"jobs": [Job JSON] read linearizably after healing,
             "effects": {key: Effect JSON or None},
             "nodes": {node id: {"digest", "applied_index", "jobs": [Job JSON]
                                  read with consistency=stale}},
             "unreachable": [node ids that did not answer]}
+  and, from the feature workload (chaos/features.py, checkers 9-12):
+           "schedules": {id: {"schedule", "occurrences" (newest first)}},
+           "workflows": {id: Workflow JSON}, "workflow_histories": {id: [events]},
+           "outbox": {"events", "first_seq", "last_seq"},
+           "subscription": Subscription JSON with its parked events,
+           "subscription_start_seq": its cursor when created,
+           "tenants": {name: Tenant JSON}.
 - `sink`: the fenced sink's log (chaos.sink).
+- `deliveries`: the webhook receiver's log (chaos.receiver), for checker 11.
 - `node_log_errors`: node id -> every error-level line of its log
   (`raftsched.testing.read_log_errors`), for checker 8.
 """
@@ -18,7 +28,7 @@ Inputs:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
@@ -337,18 +347,6 @@ def replicas_converged(final: dict[str, Any]) -> Check:
     return check
 
 
-def check_all(ops: list[Op], final: dict[str, Any], sink: list[dict[str, Any]]) -> list[Check]:
-    return [
-        acknowledged_not_lost(ops, final),
-        one_job_per_key(ops, final),
-        fencing_tokens(ops, final),
-        fenced_effects(ops, final, sink),
-        no_overlapping_leases(ops, final),
-        linearizable_reads(ops),
-        replicas_converged(final),
-    ]
-
-
 # -- 8 ---------------------------------------------------------------------------
 
 # Error-level node log lines that the faults cause on purpose, each with the
@@ -384,3 +382,633 @@ def expected_log_errors_seen(
             if entry is not None:
                 counts[entry.reason] = counts.get(entry.reason, 0) + 1
     return counts
+
+
+# -- 9 ---------------------------------------------------------------------------
+
+# Decisions that create the occurrence's job.
+JOB_DECISIONS = frozenset({"fired", "triggered", "backfilled"})
+SCHEDULE_KEY_PREFIX = "schedule:"
+RECORDS_KEPT = 1000  # core/schedules: the newest records per schedule
+
+
+def schedule_occurrences(final: dict[str, Any]) -> Check:
+    """Exactly one job per schedule occurrence: no two jobs share a (schedule,
+    nominal time); each occurrence is decided once (a buffered one once more,
+    when released or skipped), a firing names the one job the final state
+    holds for it, every job of a schedule is in its records, and the
+    recorded nominal times have no gap (no occurrence silently dropped)."""
+    check = Check("9_one_job_per_schedule_occurrence")
+    jobs_at: dict[tuple[str, int], set[str]] = defaultdict(set)
+    for job in final.get("jobs", []):
+        schedule_id = job.get("schedule_id")
+        if schedule_id is None:
+            continue
+        nominal = _nominal_of(job)
+        if nominal is None:
+            check.flag(problem="schedule job without an occurrence key", job_id=job["id"])
+            continue
+        jobs_at[(schedule_id, nominal)].add(job["id"])
+    for (schedule_id, nominal), job_ids in sorted(jobs_at.items()):
+        if len(job_ids) > 1:
+            check.flag(
+                problem="two jobs for one occurrence",
+                schedule=schedule_id,
+                nominal_ms=nominal,
+                job_ids=sorted(job_ids),
+            )
+    for schedule_id, view in sorted((final.get("schedules") or {}).items()):
+        _occurrence_records(check, schedule_id, view, jobs_at)
+    return check
+
+
+def _nominal_of(job: dict[str, Any]) -> int | None:
+    """`schedule:<id>:<nominal ms>` -> nominal ms (None for a manual trigger)."""
+    key = str(job.get("idempotency_key") or "")
+    head, _, tail = key.rpartition(":")
+    if not key.startswith(SCHEDULE_KEY_PREFIX) or not tail.isdigit() or head.endswith(":trigger"):
+        return None
+    return int(tail)
+
+
+def _occurrence_records(
+    check: Check, schedule_id: str, view: dict[str, Any], jobs_at: dict[tuple[str, int], set[str]]
+) -> None:
+    records = list(reversed(view.get("occurrences", [])))  # the API lists newest first
+    schedule = view.get("schedule") or {}
+    still_buffered = {ms(text) for text in schedule.get("buffered", [])}
+    decided: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        nominal = ms(record["nominal_time"])
+        assert nominal is not None
+        decided[nominal].append(record)
+    for nominal, rows in sorted(decided.items()):
+        decisions = [row["decision"] for row in rows]
+        if not _decided_once(decisions, nominal in still_buffered):
+            check.flag(
+                problem="occurrence decided more than once",
+                schedule=schedule_id,
+                nominal_ms=nominal,
+                decisions=decisions,
+            )
+        named = {row["job_id"] for row in rows if row["decision"] in JOB_DECISIONS}
+        held = jobs_at.get((schedule_id, nominal), set())
+        if named != held:
+            check.flag(
+                problem="occurrence's recorded job differs from the final state's",
+                schedule=schedule_id,
+                nominal_ms=nominal,
+                recorded=sorted(map(str, named)),
+                jobs=sorted(held),
+            )
+    if len(records) < RECORDS_KEPT:
+        for (owner, nominal), job_ids in sorted(jobs_at.items()):
+            if owner == schedule_id and nominal not in decided:
+                check.flag(
+                    problem="job for an occurrence that was never recorded",
+                    schedule=schedule_id,
+                    nominal_ms=nominal,
+                    job_ids=sorted(job_ids),
+                )
+    period = _period_ms(schedule)
+    nominals = sorted(decided)
+    for before, after in zip(nominals, nominals[1:], strict=False):
+        if period is not None and after - before != period:
+            check.flag(
+                problem="occurrences missing between two decided ones",
+                schedule=schedule_id,
+                after_ms=before,
+                next_ms=after,
+                period_ms=period,
+            )
+
+
+def _decided_once(decisions: list[str], still_buffered: bool) -> bool:
+    """One decision; or `buffered` then one more (released or skipped), or
+    `buffered` alone while the final state still holds it in the buffer."""
+    if decisions and decisions[0] == "buffered":
+        rest = decisions[1:]
+        return (not rest and still_buffered) or (len(rest) == 1 and rest[0] != "buffered")
+    return len(decisions) == 1
+
+
+def _period_ms(schedule: dict[str, Any]) -> int | None:
+    """The fixed distance between occurrences, where the calendar has one:
+    an interval, or a seconds-cron `*/N * * * * *` with N dividing 60."""
+    if schedule.get("interval_s"):
+        return int(float(schedule["interval_s"]) * 1000)
+    fields = str(schedule.get("cron") or "").split()
+    if len(fields) == 6 and fields[0].startswith("*/") and fields[1:] == ["*"] * 5:
+        step = fields[0][2:]
+        if step.isdigit() and 60 % int(step) == 0:
+            return int(step) * 1000
+    return None
+
+
+# -- 10 --------------------------------------------------------------------------
+
+STEP_JOB_STATUS = {"succeeded": "succeeded", "failed": "dead_letter", "cancelled": "cancelled"}
+WORKFLOW_FINAL = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+STEP_TERMINAL_EVENTS = ("step_succeeded", "step_failed", "step_cancelled", "step_skipped")
+
+
+def workflow_steps(ops: list[Op], final: dict[str, Any]) -> Check:
+    """Each workflow step created once and advanced once: one workflow per
+    idempotency key, acknowledged ones present and finished; each step has at
+    most one job (and one compensation job), whose status matches the step's;
+    a step's job was created in the very command that recorded the success
+    of its last dependency (same replicated time); each step started and
+    ended once in the workflow's history; only steps meant to fail failed;
+    compensations ran one at a time, in reverse order of completion; and
+    every lease of a step carried its dependencies' results as inputs."""
+    check = Check("10_workflow_steps_once")
+    workflows: dict[str, dict[str, Any]] = final.get("workflows") or {}
+    jobs = _jobs_by_id(final)
+    by_key: dict[str, set[str]] = defaultdict(set)
+    for workflow in workflows.values():
+        if workflow.get("idempotency_key"):
+            by_key[workflow["idempotency_key"]].add(workflow["id"])
+    for op in _ok(ops, "submit_workflow"):
+        answered = op["result"]["body"]["workflow"]
+        by_key[op["args"]["body"]["idempotency_key"]].add(answered["id"])
+        if answered["id"] not in workflows:
+            check.flag(problem="acknowledged workflow lost", workflow_id=answered["id"])
+    for key, ids in sorted(by_key.items()):
+        if len(ids) > 1:
+            check.flag(problem="two workflows for one idempotency key", key=key, ids=sorted(ids))
+    jobs_of: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for job in final.get("jobs", []):
+        if job.get("workflow_id"):
+            jobs_of[job["workflow_id"]].append(job)
+    histories = final.get("workflow_histories") or {}
+    for workflow_id, workflow in sorted(workflows.items()):
+        _one_workflow(check, workflow, jobs_of.pop(workflow_id, []), jobs)
+        _workflow_history(check, workflow, histories.get(workflow_id))
+    for workflow_id, orphans in sorted(jobs_of.items()):
+        check.flag(
+            problem="step jobs of an unknown workflow",
+            workflow_id=workflow_id,
+            job_ids=sorted(job["id"] for job in orphans),
+        )
+    _step_inputs(check, ops, workflows, jobs)
+    return check
+
+
+def _succeeded_at(job: dict[str, Any] | None) -> int | None:
+    """When the job's succeeding attempt ended (replicated time)."""
+    for attempt in (job or {}).get("attempts", []):
+        if attempt.get("outcome") == "succeeded":
+            return ms(attempt["ended_at"])
+    return None
+
+
+def _one_workflow(
+    check: Check,
+    workflow: dict[str, Any],
+    own_jobs: list[dict[str, Any]],
+    jobs: dict[str, dict[str, Any]],
+) -> None:
+    workflow_id = workflow["id"]
+    steps: dict[str, dict[str, Any]] = workflow.get("steps") or {}
+    if workflow["status"] not in WORKFLOW_FINAL:
+        check.flag(
+            problem="workflow not finished", workflow_id=workflow_id, status=workflow["status"]
+        )
+    expected: dict[str, tuple[str, str]] = {}  # job id -> (step, "step" | "compensation")
+    for name, step in steps.items():
+        if step.get("job_id"):
+            expected[step["job_id"]] = (name, "step")
+        compensation = step.get("compensation") or {}
+        if compensation.get("job_id"):
+            expected[compensation["job_id"]] = (name, "compensation")
+    for job in own_jobs:
+        where = expected.get(job["id"])
+        if where is None or job.get("step") != where[0]:
+            check.flag(
+                problem="job of a workflow that no step names",
+                workflow_id=workflow_id,
+                job_id=job["id"],
+                step=job.get("step"),
+            )
+    for name, step in steps.items():
+        _one_step(check, workflow, name, step, steps, jobs)
+    _compensations(check, workflow, steps, jobs)
+
+
+def _one_step(
+    check: Check,
+    workflow: dict[str, Any],
+    name: str,
+    step: dict[str, Any],
+    steps: dict[str, dict[str, Any]],
+    jobs: dict[str, dict[str, Any]],
+) -> None:
+    workflow_id = workflow["id"]
+    job = jobs.get(step.get("job_id") or "")
+    status = step["status"]
+    where = {"workflow_id": workflow_id, "step": name}
+    if status in ("waiting", "skipped"):
+        if step.get("job_id"):
+            check.flag(problem="a step that never started has a job", **where)
+        return
+    if job is None:
+        check.flag(problem="step job missing", job_id=step.get("job_id"), **where)
+        return
+    if STEP_JOB_STATUS.get(status) != job["status"]:
+        check.flag(
+            problem="step status disagrees with its job", status=status, job=job["status"], **where
+        )
+    wins = sum(1 for a in job.get("attempts", []) if a.get("outcome") == "succeeded")
+    if wins > 1 or (job["status"] == "succeeded" and wins != 1):
+        check.flag(problem="step job succeeded more than once", succeeded_attempts=wins, **where)
+    if job["status"] == "dead_letter" and not (job.get("payload") or {}).get("fail"):
+        check.flag(problem="a step failed that was not meant to", **where)
+    deps = step.get("depends_on") or []
+    if deps:
+        released = [_succeeded_at(jobs.get(steps[dep].get("job_id") or "")) for dep in deps]
+        due = None if None in released else max(t for t in released if t is not None)
+    else:
+        due = ms(workflow.get("created_at"))
+    if due is None or ms(job.get("created_at")) != due:
+        check.flag(
+            problem="step job not created in the command that released it",
+            created_ms=ms(job.get("created_at")),
+            released_ms=due,
+            **where,
+        )
+
+
+def _compensations(
+    check: Check,
+    workflow: dict[str, Any],
+    steps: dict[str, dict[str, Any]],
+    jobs: dict[str, dict[str, Any]],
+) -> None:
+    workflow_id = workflow["id"]
+    order: list[str] = workflow.get("compensation_order") or []
+    compensated = {
+        name for name, step in steps.items() if (step.get("compensation") or {}).get("status")
+    }
+    failed_on_purpose = any(
+        (jobs.get(step.get("job_id") or "", {}).get("payload") or {}).get("fail")
+        for step in steps.values()
+    )
+    if workflow["status"] == "succeeded" and failed_on_purpose:
+        check.flag(
+            problem="workflow succeeded although a step had to fail", workflow_id=workflow_id
+        )
+    if workflow["status"] == "succeeded" and (order or compensated):
+        check.flag(problem="a succeeded workflow ran compensations", workflow_id=workflow_id)
+    if workflow["status"] != "failed":
+        return
+    succeeded = {
+        name
+        for name, step in steps.items()
+        if step["status"] == "succeeded" and step.get("compensation") is not None
+    }
+    if set(order) != succeeded or compensated != succeeded or len(order) != len(set(order)):
+        check.flag(
+            problem="compensated steps are not the steps that succeeded",
+            workflow_id=workflow_id,
+            order=order,
+            succeeded=sorted(succeeded),
+        )
+        return
+    done_at = [_succeeded_at(jobs.get(steps[name].get("job_id") or "")) for name in order]
+    if any(a is None or b is None or a < b for a, b in zip(done_at, done_at[1:], strict=False)):
+        check.flag(
+            problem="compensations not in reverse order of completion",
+            workflow_id=workflow_id,
+            order=order,
+            completed_ms=done_at,
+        )
+    ended = [ms(a["ended_at"]) for s in steps.values() for a in _attempts_of(jobs, s.get("job_id"))]
+    previous_end = max((t for t in ended if t is not None), default=None)
+    for name in order:
+        compensation = steps[name]["compensation"]
+        job = jobs.get(compensation.get("job_id") or "")
+        if compensation["status"] != "succeeded" or job is None or job["status"] != "succeeded":
+            check.flag(problem="compensation did not succeed", workflow_id=workflow_id, step=name)
+            return
+        created = ms(job.get("created_at"))
+        if previous_end is not None and created is not None and created < previous_end:
+            check.flag(
+                problem="compensation started before the previous one ended",
+                workflow_id=workflow_id,
+                step=name,
+            )
+        previous_end = _succeeded_at(job)
+
+
+def _attempts_of(jobs: dict[str, dict[str, Any]], job_id: str | None) -> list[dict[str, Any]]:
+    job = jobs.get(job_id or "")
+    return list(job.get("attempts", [])) if job else []
+
+
+def _workflow_history(
+    check: Check, workflow: dict[str, Any], events: list[dict[str, Any]] | None
+) -> None:
+    if events is None:
+        return
+    counts: dict[tuple[str, str | None], int] = defaultdict(int)
+    for event in events:
+        name = event["event"]
+        if name in STEP_TERMINAL_EVENTS:
+            name = "step_ended"
+        elif name.startswith("compensation_") and name != "compensation_started":
+            name = "compensation_ended"
+        counts[(name, event.get("detail") if name != "finished" else None)] += 1
+    for (name, step), count in sorted(counts.items(), key=str):
+        if count > 1 and name != "stopping":
+            check.flag(
+                problem="workflow history repeats a transition",
+                workflow_id=workflow["id"],
+                event=name,
+                step=step,
+                count=count,
+            )
+
+
+def _step_inputs(
+    check: Check,
+    ops: list[Op],
+    workflows: dict[str, dict[str, Any]],
+    jobs: dict[str, dict[str, Any]],
+) -> None:
+    """A step's lease carries its dependencies' results; a compensation's,
+    the result of the step it undoes."""
+    for op in _ok(ops, "claim"):
+        for lease in op["result"]["body"].get("leases", []):
+            workflow = workflows.get(lease.get("workflow_id") or "")
+            if workflow is None:
+                continue
+            steps = workflow.get("steps") or {}
+            step = steps.get(lease.get("step") or "")
+            if step is None:
+                continue
+            if lease["job_id"] == (step.get("compensation") or {}).get("job_id"):
+                wanted = {lease["step"]: step.get("result")}
+            else:
+                wanted = {dep: steps[dep].get("result") for dep in step.get("depends_on") or []}
+            if (lease.get("inputs") or {}) != wanted:
+                check.flag(
+                    problem="lease inputs differ from the dependencies' results",
+                    job_id=lease["job_id"],
+                    inputs=lease.get("inputs"),
+                    wanted=wanted,
+                )
+
+
+# -- 11 --------------------------------------------------------------------------
+
+JOB_FINAL_EVENT = {
+    "succeeded": "job.succeeded",
+    "dead_letter": "job.dead_lettered",
+    "cancelled": "job.cancelled",
+}
+
+
+def outbox_and_webhooks(final: dict[str, Any], deliveries: list[dict[str, Any]]) -> Check:
+    """The outbox sequence is gapless from 1; every final job has exactly one
+    event of its outcome and every finished workflow one of its status; every
+    delivery was signed and matches the event the outbox holds under its seq;
+    and every event after the subscription's start reached the receiver at
+    least once. An event it never got is *lost* if the final subscription
+    moved past it without parking it, else *not delivered within the recovery
+    bound* (the run waits for the subscription to drain before it reads the
+    final state, so both are anomalies)."""
+    check = Check("11_outbox_gapless_webhooks_delivered")
+    box = final.get("outbox")
+    if box is None:
+        return check
+    events: list[dict[str, Any]] = box.get("events", [])
+    seqs = [event["seq"] for event in events]
+    if seqs != list(range(1, int(box.get("last_seq", 0)) + 1)):
+        holes = sorted(set(range(1, int(box.get("last_seq", 0)) + 1)) - set(seqs))
+        check.flag(
+            problem="outbox sequence has gaps or repeats", missing=holes[:10], count=len(seqs)
+        )
+    by_seq = {event["seq"]: event for event in events}
+    _events_match_transitions(check, final, events)
+    received: set[int] = set()
+    for delivery in deliveries:
+        seq = delivery.get("seq")
+        if not delivery.get("signature_ok"):
+            check.flag(problem="delivery with a bad signature", seq=seq)
+        if delivery.get("event_id") != f"evt_{seq}" or delivery.get("body_id") != f"evt_{seq}":
+            check.flag(problem="delivery's event id is not its seq", seq=seq)
+        event = by_seq.get(seq) if isinstance(seq, int) else None
+        if event is None:
+            check.flag(problem="delivered an event the outbox does not hold", seq=seq)
+        elif (event["type"], event.get("data")) != (delivery.get("type"), delivery.get("data")):
+            check.flag(
+                problem="delivered event differs from the outbox's",
+                seq=seq,
+                delivered=delivery.get("type"),
+                held=event["type"],
+            )
+        elif delivery.get("answered") == 200:
+            received.add(int(event["seq"]))
+    subscription = final.get("subscription")
+    if subscription is None:
+        return check
+    parked = {item["event"]["seq"] for item in subscription.get("parked", [])}
+    cursor = int(subscription.get("cursor_seq", 0))
+    for seq in range(int(final.get("subscription_start_seq", 0)) + 1, (seqs or [0])[-1] + 1):
+        if seq in received:
+            continue
+        if seq in parked or seq > cursor:
+            check.flag(problem="event not delivered within the recovery bound", seq=seq)
+        else:
+            check.flag(
+                problem="event lost: the cursor passed it, the receiver never got it", seq=seq
+            )
+    return check
+
+
+def _events_match_transitions(
+    check: Check, final: dict[str, Any], events: list[dict[str, Any]]
+) -> None:
+    """An event exists exactly when its transition committed."""
+    about_jobs: dict[str, list[str]] = defaultdict(list)
+    about_workflows: dict[str, list[str]] = defaultdict(list)
+    for event in events:
+        data = event.get("data") or {}
+        if event["type"] in JOB_FINAL_EVENT.values():
+            about_jobs[str(data.get("job_id"))].append(event["type"])
+        elif event["type"] in {f"workflow.{status}" for status in WORKFLOW_FINAL}:
+            about_workflows[str(data.get("workflow_id"))].append(event["type"])
+    for job in final.get("jobs", []):
+        wanted = JOB_FINAL_EVENT.get(job["status"])
+        got = about_jobs.pop(job["id"], [])
+        if got != ([wanted] if wanted else []):
+            check.flag(
+                problem="job's events disagree with its status", job_id=job["id"], events=got
+            )
+    for job_id, got in sorted(about_jobs.items()):
+        check.flag(problem="event about a job the final state lacks", job_id=job_id, events=got)
+    for workflow_id, workflow in (final.get("workflows") or {}).items():
+        wanted = f"workflow.{workflow['status']}" if workflow["status"] in WORKFLOW_FINAL else None
+        got = about_workflows.pop(workflow_id, [])
+        if got != ([wanted] if wanted else []):
+            check.flag(
+                problem="workflow's events disagree with its status",
+                workflow_id=workflow_id,
+                events=got,
+            )
+
+
+# -- 12 --------------------------------------------------------------------------
+
+
+def flow_limits(ops: list[Op], final: dict[str, Any]) -> Check:
+    """Tenant concurrency limits and ordering keys never violated.
+
+    Replicated time: a tenant's attempts (claimed_at to ended_at, both
+    stamped by the command) never number more than its limit at once; the
+    jobs of one (tenant, ordering key) hold the key one at a time, from
+    their first claim to their last attempt's end; and a job whose submit
+    began after another's was acknowledged never ran before that one ended.
+    Real time, from the history: a lease whose completion was accepted was
+    held at least from the claim's answer to the completion's request, so
+    more such windows of one tenant at once than its limit, or two of one
+    key, are anomalies too."""
+    check = Check("12_tenant_limits_and_ordering_keys")
+    jobs = final.get("jobs", [])
+    limits = {
+        name: tenant.get("concurrency_limit")
+        for name, tenant in (final.get("tenants") or {}).items()
+        if tenant.get("concurrency_limit")
+    }
+    for tenant, limit in sorted(limits.items()):
+        windows = [
+            (ms(a["claimed_at"]) or 0, ms(a["ended_at"]) if a["ended_at"] else None)
+            for job in jobs
+            if job.get("tenant") == tenant
+            for a in job["attempts"]
+        ]
+        _at_most(check, windows, limit, problem="tenant over its concurrency limit", tenant=tenant)
+    keyed: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for job in jobs:
+        if job.get("ordering_key") and job["attempts"]:
+            keyed[(job.get("tenant") or "default", job["ordering_key"])].append(job)
+    for (_, key), members in sorted(keyed.items()):
+        spans = [_span(job) for job in members]
+        _at_most(check, spans, 1, problem="two jobs of one ordering key at once", key=key)
+    _submission_order(check, ops, keyed)
+    _real_time_windows(check, ops, final, limits)
+    return check
+
+
+def _span(job: dict[str, Any]) -> tuple[int, int | None]:
+    attempts = job["attempts"]
+    first = ms(attempts[0]["claimed_at"]) or 0
+    return first, ms(attempts[-1]["ended_at"]) if job["status"] in FINAL_STATUSES else None
+
+
+def _at_most(
+    check: Check, windows: Sequence[tuple[float, float | None]], limit: int, **what: Any
+) -> None:
+    """Half-open windows [start, end); an end at the same instant as a start
+    frees its slot first. None: still open at the end."""
+    points = sorted(
+        [(start, 1) for start, _ in windows] + [(end, -1) for _, end in windows if end is not None]
+    )
+    held = 0
+    for at, delta in points:
+        held += delta
+        if held > limit:
+            check.flag(at=at, held=held, limit=limit, **what)
+            return
+
+
+def _submission_order(
+    check: Check, ops: list[Op], keyed: dict[tuple[str, str], list[dict[str, Any]]]
+) -> None:
+    acked: dict[str, float] = {}
+    began: dict[str, float] = {}
+    job_of_key: dict[str, str] = {
+        job["idempotency_key"]: job["id"]
+        for members in keyed.values()
+        for job in members
+        if job.get("idempotency_key")
+    }
+    for op in ops:
+        if op["f"] != "submit":
+            continue
+        job_id = job_of_key.get((op["args"].get("body") or {}).get("idempotency_key", ""))
+        if job_id is None:
+            continue
+        began[job_id] = min(began.get(job_id, op["invoke_t"]), op["invoke_t"])
+        if op["type"] == "ok":
+            acked[job_id] = min(acked.get(job_id, op["complete_t"]), op["complete_t"])
+    for (_, key), members in sorted(keyed.items()):
+        for first in members:
+            for then in members:
+                if first is then or first["id"] not in acked or then["id"] not in began:
+                    continue
+                if acked[first["id"]] >= began[then["id"]]:
+                    continue
+                first_end = _span(first)[1]
+                then_start = _span(then)[0]
+                if first_end is None or then_start < first_end:
+                    check.flag(
+                        problem="ordering key ran a later job before an earlier one ended",
+                        key=key,
+                        earlier=first["id"],
+                        later=then["id"],
+                    )
+
+
+def _real_time_windows(
+    check: Check, ops: list[Op], final: dict[str, Any], limits: dict[str, int]
+) -> None:
+    jobs = _jobs_by_id(final)
+    granted: dict[int, float] = {}
+    for op in _ok(ops, "claim"):
+        for lease in op["result"]["body"].get("leases", []):
+            granted[lease["fencing_token"]] = op["complete_t"]
+    by_tenant: dict[str, list[tuple[float, float | None]]] = defaultdict(list)
+    by_key: dict[tuple[str, str], list[tuple[float, float | None]]] = defaultdict(list)
+    for op in _ok(ops, "complete"):
+        job = jobs.get(str(_job_of(op)))
+        token = _token_of(op)
+        if job is None or token not in granted or op["result"]["body"].get("replayed"):
+            continue
+        window = (granted[token], op["invoke_t"])
+        if window[0] >= window[1]:
+            continue
+        tenant = job.get("tenant") or "default"
+        by_tenant[tenant].append(window)
+        if job.get("ordering_key"):
+            by_key[(tenant, job["ordering_key"])].append(window)
+    for tenant, windows in sorted(by_tenant.items()):
+        if tenant in limits:
+            _at_most(check, windows, limits[tenant], problem="tenant over its limit (real time)")
+    for (_, key), windows in sorted(by_key.items()):
+        _at_most(
+            check, windows, 1, problem="two jobs of one ordering key at once (real time)", key=key
+        )
+
+
+def check_all(
+    ops: list[Op],
+    final: dict[str, Any],
+    sink: list[dict[str, Any]],
+    deliveries: list[dict[str, Any]] | None = None,
+) -> list[Check]:
+    """Every checker but the eighth, which reads the node logs once the nodes
+    have stopped (the campaign puts it in its place)."""
+    return [
+        acknowledged_not_lost(ops, final),
+        one_job_per_key(ops, final),
+        fencing_tokens(ops, final),
+        fenced_effects(ops, final, sink),
+        no_overlapping_leases(ops, final),
+        linearizable_reads(ops),
+        replicas_converged(final),
+        schedule_occurrences(final),
+        workflow_steps(ops, final),
+        outbox_and_webhooks(final, deliveries or []),
+        flow_limits(ops, final),
+    ]

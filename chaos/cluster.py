@@ -98,6 +98,9 @@ class NsCluster(LocalCluster):
         # Namespaced 10.77.x addresses are not loopback, but the chaos network
         # is private to this machine: plain HTTP is what it tests.
         args += ["--insecure-http"]
+        # The webhook receiver (chaos/receiver.py) listens on the bridge's host
+        # address, a private one: allowed as a target, nothing else is.
+        args += ["--webhook-allow-cidr", f"{self.net.host_ip}/32"]
         args += ["--admin-token-file", str(self.admin_token_file)]
         for other in self.nodes.values():
             if other.id != node.id:

@@ -1,12 +1,14 @@
 """`python -m chaos` / `make chaos`: run one seeded campaign and check it.
 
-Order of events: build the network and start the cluster; start the sink,
-the workers and the clients; let the nemesis run its schedule for
-`--duration` seconds; then heal everything (partitions, pauses, dead nodes,
-clocks), stop the clients, give the cluster `--recovery-bound-s` to finish
-every acknowledged job, stop the workers, read the final state from every
-node, stop the nodes, run the checkers (the eighth reads the node logs) and
-print the summary -- its JSON is the last line.
+Order of events: build the network and start the cluster; start the sink
+and the webhook receiver; set the features up (subscription, tenant limit,
+schedules: chaos/features.py); start the workers, the clients and the
+workflow submitter; let the nemesis run its schedule for `--duration`
+seconds; then heal everything (partitions, pauses, dead nodes, clocks), stop
+the clients, pause the schedules, give the cluster `--recovery-bound-s` to
+finish every job, workflow and webhook delivery, stop the workers, read the
+final state from every node, stop the nodes, run the checkers (the eighth
+reads the node logs) and print the summary -- its JSON is the last line.
 Everything is torn down on the way out, even on failure.
 """
 
@@ -33,9 +35,11 @@ from chaos.checkers import (
     node_logs_clean,
 )
 from chaos.cluster import REPO_ROOT, NsCluster
+from chaos.features import Features
 from chaos.history import Recorder, operations, read_events
 from chaos.httpops import Session
 from chaos.net import Network, ensure_tools, faketime_library
+from chaos.receiver import WebhookReceiver, read_receiver_log
 from chaos.sink import FencedSink, read_sink_log
 from chaos.summary import render_text, summarize
 from chaos.worker import QUEUE
@@ -54,6 +58,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--client-rate", type=float, default=2.0, help="ops/s per client")
+    parser.add_argument(
+        "--flow-p", type=float, default=0.15, help="share of submits under the limited tenant"
+    )
+    parser.add_argument(
+        "--webhook-refuse-p", type=float, default=0.1, help="receiver answers 503 on purpose"
+    )
     parser.add_argument("--lease-s", type=float, default=2.0)
     parser.add_argument("--stall-p", type=float, default=0.05, help="worker stalls per lease")
     parser.add_argument("--recovery-bound-s", type=float, default=60.0)
@@ -158,9 +168,12 @@ def list_jobs(base: str, stale: bool) -> list[dict[str, Any]]:
 
 
 def wait_recovered(
-    cluster: NsCluster, acked: list[str], bound_s: float
+    cluster: NsCluster, acked: list[str], bound_s: float, features: Features
 ) -> tuple[float | None, list[str]]:
-    """Seconds until every acknowledged job is final (None if not within bound)."""
+    """Seconds until every acknowledged job, and every job the cluster made
+    (schedule occurrences, workflow steps, submits whose answer was lost), is
+    final, every workflow finished and every event delivered (None if not
+    within the bound); and the jobs still not final then."""
     started = time.monotonic()
     pending = set(acked)
     while time.monotonic() - started < bound_s:
@@ -171,17 +184,19 @@ def wait_recovered(
             continue
         status = {job["id"]: job["status"] for job in jobs}
         pending = {job_id for job_id in pending if status.get(job_id) not in FINAL_STATUSES}
-        if not pending:
+        pending |= {job_id for job_id, now in status.items() if now not in FINAL_STATUSES}
+        if not pending and not features.backlog():
             return time.monotonic() - started, []
         time.sleep(1)
     return None, sorted(pending)
 
 
-def read_final(cluster: NsCluster, settle_s: float = 30.0) -> dict[str, Any]:
+def read_final(cluster: NsCluster, features: Features, settle_s: float = 30.0) -> dict[str, Any]:
     """Linearizable reads first (each commits a barrier entry), then the
     replicas' digests once they stopped moving, then their stale listings."""
     final: dict[str, Any] = {"nodes": {}, "unreachable": [], "effects": {}}
     final["jobs"] = list_jobs(cluster.urls[0], stale=False)
+    final |= features.read_state()
     session = Session(cluster.urls)
     for job in final["jobs"]:
         key = f"effect:{job['id']}"
@@ -238,6 +253,7 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
     net = Network.create(args.nodes)
     cluster: NsCluster | None = None
     sink: FencedSink | None = None
+    receiver: WebhookReceiver | None = None
     workers: WorkerPool | None = None
     stop_clients = threading.Event()
     try:
@@ -248,6 +264,19 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         cluster.start()
         cluster.wait_for_leader(60)
         sink = FencedSink(out / "sink.jsonl").start()
+        secret = f"chaos-webhook-{args.seed}"
+        receiver = WebhookReceiver(
+            out / "webhooks.jsonl", net.host_ip, secret, args.webhook_refuse_p, args.seed
+        ).start()
+        features = Features(
+            cluster.urls,
+            Recorder(out / "history-f.jsonl", "f"),
+            args.seed,
+            receiver.url,
+            secret,
+            stop_clients,
+        )
+        features.setup()
         workers = WorkerPool(args, cluster.urls, sink.url)
         workers.start()
         nemesis_history = Recorder(out / "history-nemesis.jsonl", "nemesis")
@@ -263,11 +292,13 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
                 args.seed * 1000 + i,
                 stop_clients,
                 args.client_rate,
+                args.flow_p,
             )
             for i in range(args.clients)
         ]
         for client in clients:
             client.start()
+        features.start()
         started = time.time()
         nemesis = nemesis_module.Nemesis(cluster, faults, nemesis_history, workers.pause, started)
         nemesis.start()
@@ -281,27 +312,32 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         stop_clients.set()
         for client in clients:
             client.join(timeout=30)
+        features.join(timeout=30)
         cluster.wait_for_leader(60)
+        features.pause_schedules()
         acked = _acked_jobs(out)
-        recover_s, unfinished = wait_recovered(cluster, acked, args.recovery_bound_s)
+        recover_s, unfinished = wait_recovered(cluster, acked, args.recovery_bound_s, features)
         workers.stop()
         monitor.stop_event.set()
         wait_converged(cluster, 30)
-        final = read_final(cluster)
+        final = read_final(cluster, features)
         final["unfinished_after_bound"] = unfinished
         (out / "final.json").write_text(json.dumps(final))
         sink.stop()
+        receiver.stop()
         events = read_events(sorted(out.glob("history-*.jsonl")))
         ops = operations(events)
-        checks = check_all(ops, final, read_sink_log(out / "sink.jsonl"))
+        deliveries = read_receiver_log(out / "webhooks.jsonl")
+        checks = check_all(ops, final, read_sink_log(out / "sink.jsonl"), deliveries)
         # The nodes' logs are complete only once they have stopped.
         cluster.stop()
         log_errors = {node.id: read_log_errors(node.log_path) for node in cluster.nodes.values()}
-        checks.append(node_logs_clean(log_errors))
+        checks.insert(7, node_logs_clean(log_errors))
         return summarize(
             args, ops, events, final, checks, nemesis.applied, nemesis.errors,
             recover_s, unfinished, healed_at - started,
             expected_log_errors=expected_log_errors_seen(log_errors),
+            deliveries=deliveries,
         )  # fmt: skip
     finally:
         stop_clients.set()
@@ -310,6 +346,9 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         if sink is not None:
             with contextlib.suppress(Exception):
                 sink.stop()
+        if receiver is not None:
+            with contextlib.suppress(Exception):
+                receiver.stop()
         if cluster is not None:
             cluster.stop()
         net.teardown()

@@ -7,6 +7,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from chaos.checkers import Check
+from chaos.features import LIMITED_TENANT
 from chaos.history import Event
 
 HISTORY_GLOB = "history-*.jsonl"
@@ -24,6 +25,7 @@ def summarize(
     unfinished: list[str],
     fault_phase_s: float,
     expected_log_errors: dict[str, int] | None = None,
+    deliveries: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     by_f: dict[str, Counter[str]] = defaultdict(Counter)
     for op in ops:
@@ -63,6 +65,7 @@ def summarize(
         "recovery_bound_s": args.recovery_bound_s,
         "time_to_recover_s": None if recover_s is None else round(recover_s, 1),
         "unfinished_after_bound": unfinished[:20],
+        "features": features(final, deliveries or []),
         "anomalies": anomalies,
         # Error-level node log lines the faults explain (reason -> count);
         # any other one is an anomaly of checker 8.
@@ -70,6 +73,31 @@ def summarize(
         "examples": {check.name: check.examples for check in checks if check.anomalies},
         "history": str(args.out),
         "valid": all(count == 0 for count in anomalies.values()),
+    }
+
+
+def features(final: dict[str, Any], deliveries: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the schedules, workflows, webhooks and flow limits amounted to."""
+    schedules = {
+        schedule_id: dict(Counter(r["decision"] for r in view.get("occurrences", [])))
+        for schedule_id, view in sorted((final.get("schedules") or {}).items())
+    }
+    workflows = Counter(w["status"] for w in (final.get("workflows") or {}).values())
+    answered = Counter(d.get("answered") for d in deliveries)
+    received = Counter(d.get("seq") for d in deliveries if d.get("answered") == 200)
+    jobs = final.get("jobs", [])
+    return {
+        "schedule_occurrences": schedules,
+        "schedule_jobs": sum(1 for job in jobs if job.get("schedule_id")),
+        "workflows": dict(sorted(workflows.items())),
+        "workflow_jobs": sum(1 for job in jobs if job.get("workflow_id")),
+        "outbox_events": (final.get("outbox") or {}).get("last_seq", 0),
+        "webhook_deliveries": sum(answered.values()),
+        "webhook_refused_on_purpose": answered.get(503, 0),
+        "webhook_events_received": len(received),
+        "webhook_redelivered": sum(count - 1 for count in received.values()),
+        "limited_tenant_jobs": sum(1 for job in jobs if job.get("tenant") == LIMITED_TENANT),
+        "ordering_key_jobs": sum(1 for job in jobs if job.get("ordering_key")),
     }
 
 
@@ -91,7 +119,7 @@ def render_text(summary: dict[str, Any]) -> str:
     ]
     for f, counts in summary["ops"].items():
         lines.append(
-            f"  {f:<11} {counts.get('ok', 0):>6} / {counts.get('fail', 0):>5}"
+            f"  {f:<15} {counts.get('ok', 0):>6} / {counts.get('fail', 0):>5}"
             f" / {counts.get('info', 0):>5}"
         )
     faults = summary["faults"]
@@ -106,12 +134,13 @@ def render_text(summary: dict[str, Any]) -> str:
         f"  expired: {summary['leases_expired']}  worker stalls: {summary['worker_stalls']}",
         f"stale-token rejections: {summary['stale_token_rejections']}"
         f" {summary['stale_token_rejections_by_source']}",
+        f"features: {summary.get('features', {})}",
         f"time to recover after healing: {summary['time_to_recover_s']} s"
         f" (bound {summary['recovery_bound_s']} s)",
         "anomalies per checker:",
     ]
     for name, count in summary["anomalies"].items():
-        lines.append(f"  {name:<34} {count}")
+        lines.append(f"  {name:<38} {count}")
         for example in summary["examples"].get(name, [])[:3]:
             lines.append(f"      e.g. {example}")
     for reason, count in summary.get("expected_log_errors", {}).items():

@@ -6,6 +6,11 @@ effect is not recorded, do the side effect in the fenced sink and record it in
 the ledger; heartbeat; complete. A `lease_lost` anywhere abandons the job.
 With probability `--stall-p` the worker sleeps past its lease after the claim
 (a stall, like a GC pause); the nemesis also SIGSTOPs whole worker processes.
+
+Jobs whose payload says `"fail": true` (a workflow step that fails on purpose,
+chaos/features.py) are failed permanently after `start`, without an effect:
+they dead-letter, and their workflow compensates. Every other job -- plain,
+schedule occurrence, workflow step or compensation -- is run the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from chaos.httpops import Outcome, Session, send
 from raftsched.child_processes import die_with_parent
 
 QUEUE = "chaos"
+FAIL_ON_PURPOSE = {"kind": "permanent", "message": "chaos: this step fails on purpose"}
 
 
 class Worker:
@@ -69,6 +75,10 @@ class Worker:
             time.sleep(stall_s)
         fenced = {"fencing_token": token}
         if not self.ok(self.op("start", "POST", base + "/start", fenced, idempotent=True)):
+            return
+        if (lease.get("payload") or {}).get("fail") is True:
+            failure = {"fencing_token": token, "error": FAIL_ON_PURPOSE}
+            self.op("fail", "POST", base + "/fail", failure, idempotent=True)
             return
         key = f"effect:{job_id}"
         found = self.op("effect_get", "GET", f"/v1/effects/{key}", None, idempotent=True)

@@ -1,5 +1,11 @@
 """Client threads: submit jobs with idempotency keys (retrying with the same
-key while the outcome is unknown) and read jobs back with linearizable reads."""
+key while the outcome is unknown) and read jobs back with linearizable reads.
+
+A share of the submits (`flow_p`) go to the tenant with a concurrency limit
+(chaos/features.py), half of them with one of a few ordering keys shared by
+all clients, so checker 12 can see whether the limit and the keys'
+one-at-a-time order held (the unkeyed half keeps the limit binding: three
+keys alone would rarely have more than two jobs runnable)."""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from chaos.features import LIMITED_TENANT, ORDERING_KEYS
 from chaos.history import Recorder
 from chaos.httpops import Outcome, Session
 from chaos.worker import QUEUE
@@ -15,14 +22,21 @@ from chaos.worker import QUEUE
 SUBMIT_RETRIES_MAX = 5
 
 
-def job_request(key: str, number: int) -> dict[str, Any]:
-    return {
+def job_request(
+    key: str, number: int, limited: bool = False, ordering_key: str | None = None
+) -> dict[str, Any]:
+    request: dict[str, Any] = {
         "queue": QUEUE,
         "payload": {"n": number},
         "idempotency_key": key,
         "max_attempts": 100,
         "backoff": {"initial_s": 0.2, "max_s": 1, "jitter_s": 0.2},
     }
+    if limited:
+        request["tenant"] = LIMITED_TENANT
+    if ordering_key is not None:
+        request["ordering_key"] = ordering_key
+    return request
 
 
 class Client(threading.Thread):
@@ -35,6 +49,7 @@ class Client(threading.Thread):
         seed: int,
         stop: threading.Event,
         rate_per_s: float = 4.0,
+        flow_p: float = 0.0,
     ) -> None:
         super().__init__(name=name, daemon=True)
         self.rng = random.Random(seed)
@@ -43,6 +58,7 @@ class Client(threading.Thread):
         self.known_jobs = known_jobs
         self.stop_event = stop
         self.pause_s = 1.0 / rate_per_s
+        self.flow_p = flow_p
         self.count = 0
 
     def run(self) -> None:
@@ -65,7 +81,11 @@ class Client(threading.Thread):
     def submit(self) -> None:
         self.count += 1
         key = f"{self.name}-{self.count}"
-        request = job_request(key, self.count)
+        limited = self.rng.random() < self.flow_p
+        ordering_key = None
+        if limited and self.rng.random() < 0.5:
+            ordering_key = self.rng.choice(ORDERING_KEYS)
+        request = job_request(key, self.count, limited, ordering_key)
         for _ in range(SUBMIT_RETRIES_MAX):
             outcome = self.op("submit", "POST", "/v1/jobs", request, idempotent=True)
             if outcome.kind == "ok":

@@ -108,3 +108,53 @@ def final(*jobs: Any, effects: Any = None, nodes: Any = None) -> dict[str, Any]:
         "nodes": nodes if nodes is not None else {},
         "unreachable": [],
     }
+
+
+# -- features: schedules, workflows, the outbox, flow limits ---------------------
+
+
+def done(
+    number: int, token: int, claimed_ms: int, ended_ms: int, outcome: str = "succeeded"
+) -> Any:
+    """An attempt that ended with `outcome`."""
+    found = attempt(number, token, 1, claimed_ms, ended_ms)
+    found["outcome"] = outcome
+    return found
+
+
+def occurrence(nominal_ms: int, decision: str, job_id: str | None, decided_ms: int = 0) -> Any:
+    return {
+        "nominal_time": iso(nominal_ms),
+        "decided_at": iso(decided_ms or nominal_ms),
+        "decision": decision,
+        "job_id": job_id,
+        "reason": None,
+    }
+
+
+def schedule_job(job_id: str, schedule_id: str, nominal_ms: int) -> Any:
+    found = job(job_id, key=f"schedule:{schedule_id}:{nominal_ms}")
+    found["schedule_id"] = schedule_id
+    return found
+
+
+def schedule_view(
+    records_oldest_first: list[Any], buffered: tuple[int, ...] = (), **calendar: Any
+) -> Any:
+    """A schedule as final.json holds it: the API lists records newest first."""
+    schedule = {
+        "interval_s": None,
+        "cron": None,
+        "buffered": [iso(b) for b in buffered],
+        **calendar,
+    }
+    return {"schedule": schedule, "occurrences": list(reversed(records_oldest_first))}
+
+
+def step_job(
+    job_id: str, workflow_id: str, step: str, created_ms: int, attempts: Any, **kw: Any
+) -> Any:
+    found = job(job_id, status=kw.get("status", "succeeded"), attempts=attempts)
+    found |= {"workflow_id": workflow_id, "step": step, "created_at": iso(created_ms)}
+    found["payload"] = kw.get("payload", {})
+    return found

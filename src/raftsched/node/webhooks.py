@@ -48,6 +48,7 @@ from raftsched.core.kernel.commands import Command
 from raftsched.core.kernel.outbox import OutboxEvent, decode_data
 from raftsched.node import metrics as families
 from raftsched.node.metrics import Samples
+from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
 from raftsched.node.view import StateView
 from raftsched.node.webhook_targets import CheckingResolver, ForbiddenTarget, TargetPolicy
 from raftsched.timefmt import format_ms
@@ -202,6 +203,17 @@ class WebhookDelivery:
                         await asyncio.wait_for(changed.wait(), IDLE_WAIT_S)
         except asyncio.CancelledError:
             raise
+        except (NotLeader, NotCommitted, OutcomeUnknown) as error:
+            # Leadership lost (or the entry not committed) between a delivery
+            # and its acknowledgement: an expected turn of events, not a
+            # failure. The replicated cursor did not move (or moved without
+            # our knowing), so this leader's restarted worker, or the next
+            # leader, delivers those events again: at least once.
+            log.warning(
+                "webhook progress not recorded; its events will be delivered again",
+                extra={"subscription": target.id, "error": repr(error)},
+            )
+            await asyncio.sleep(IDLE_WAIT_S)  # the supervisor restarts this worker
         except Exception:
             log.exception("webhook delivery failed", extra={"subscription": target.id})
             await asyncio.sleep(IDLE_WAIT_S)  # the supervisor restarts this worker
