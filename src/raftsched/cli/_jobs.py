@@ -54,6 +54,7 @@ NODE_COLUMNS = [
     ("MATCH", "match_index"),
     ("HTTP", "http_url"),
     ("RAFT", "raft_address"),
+    ("RELEASE", "release"),
     ("STATUS", "status"),
 ]
 
@@ -236,13 +237,16 @@ def cluster_status(args: argparse.Namespace, client: Client) -> int:
     leader = status.get("leader") or {}
     print_fields(
         {**status, "leader": f"{leader.get('id')} {leader.get('http_url')}" if leader else None},
-        ["node_id", "leader", "term", "commit_index", "applied_index"],
-    )
+        ["node_id", "leader", "term", "commit_index", "applied_index", "cluster_id",
+         "cluster_version"],
+    )  # fmt: skip
     change = (status.get("membership") or {}).get("change")
     if change:
         print(f"change   {change['kind']} {change['id']} ({change['phase']})")
     print()
-    print_table(status.get("nodes", []), NODE_COLUMNS)
+    nodes = [{**node, "release": (node.get("version") or {}).get("release")}
+             for node in status.get("nodes", [])]  # fmt: skip
+    print_table(nodes, NODE_COLUMNS)
     return EXIT_OK
 
 

@@ -115,8 +115,10 @@ def test_history_and_cluster_tables(fake: FakeCluster, capsys: pytest.CaptureFix
         "extra": 1,
     }
     cluster = {"node_id": "n1", "leader": {"id": "n1", "http_url": "http://x"}, "term": 2,
-               "commit_index": 9, "applied_index": 9,
-               "nodes": [{"id": "n1", "role": "leader", "reachable": True}]}  # fmt: skip
+               "commit_index": 9, "applied_index": 9, "cluster_id": "clu_1",
+               "cluster_version": 4,
+               "nodes": [{"id": "n1", "role": "leader", "reachable": True,
+                          "version": {"release": "0.4.0", "command_version_max": 4}}]}  # fmt: skip
     fake.nodes[0].script = lambda seen: reply(
         200, {"events": [event]} if "history" in seen.path else cluster
     )
@@ -126,7 +128,10 @@ def test_history_and_cluster_tables(fake: FakeCluster, capsys: pytest.CaptureFix
     assert lines[1].split()[-1] == '{"extra":1}'
     assert main(["cluster", "status", "--url", fake.urls[0]]) == 0
     out = capsys.readouterr().out
-    assert "leader         n1 http://x" in out and "n1  leader  true" in out
+    fields = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.strip()}
+    assert fields["leader"] == ["n1", "http://x"] and fields["cluster_id"] == ["clu_1"]
+    assert fields["cluster_version"] == ["4"]
+    assert fields["n1"][:2] == ["leader", "true"] and "0.4.0" in fields["n1"]
 
 
 def test_ca_file_and_client_certificate_from_flags_or_environment(
