@@ -100,6 +100,20 @@ def test_a_removed_member_loses_its_incarnation_and_is_recorded_afresh() -> None
     assert check_invariants(cluster.state) == []
 
 
+def test_a_restored_state_renamed_to_its_new_cluster_drops_the_old_directory() -> None:
+    cluster = Cluster()
+    assert cluster.one(SetClusterId("clu_old")) == Ack()
+    assert cluster.one(RemoveMember("n3", KNOWN)) == Ack()
+    assert members(cluster.state) == (N1, N2) and is_removed(cluster.state, "n3")
+    # The first leader of the restored cluster renames it: the directory
+    # named the old cluster's machines; the new one starts from its flags.
+    assert cluster.one(SetClusterId("clu_new", "clu_old")) == Ack()
+    assert members(cluster.state) == () and changes_applied(cluster.state) == 0
+    assert not is_removed(cluster.state, "n3") and removed_addresses(cluster.state) == set()
+    assert b"members" not in encode_state(cluster.state)
+    assert check_invariants(cluster.state) == []
+
+
 def test_the_last_member_stays_and_the_directory_is_bounded() -> None:
     cluster = Cluster()
     assert cluster.one(RemoveMember("n1", (N1, N2))) == Ack()

@@ -201,3 +201,64 @@ def test_a_damaged_backup_and_a_used_data_directory_are_refused(
 
     # Without a token (or with a non-admin one) there is no backup.
     assert http_json("GET", cluster.urls[0] + "/v1/backup", token="")[0] == 401
+
+
+def test_a_cluster_that_changed_its_members_restores_into_one_new_cluster(
+    tmp_path: Path,
+) -> None:
+    """The backed-up state records a member directory (n4 joined, then left):
+    the old cluster's Raft addresses. Restored on new machines, the nodes
+    must follow their own flags until the new cluster has renamed the
+    state, and the rename drops the old directory; three nodes that each
+    believed they were alone would elect three leaders."""
+    source = LocalCluster(tmp_path / "source", size=3, env=cluster_env())
+    source.start()
+    try:
+        source.wait_for_leader()
+        source.wait_for_auth()
+        assert wait_for(lambda: cluster_id_of(source, "n1") is not None, 30)
+        url = source.nodes[source.wait_for_leader()].http_url
+        n4 = source.new_node("n4")
+        member = {"id": "n4", "raft_address": n4.raft_address, "http_url": n4.http_url}
+        assert http_json("POST", url + "/v1/cluster/nodes", member, timeout_s=30)[0] == 202
+        source.start_joining("n4", url)
+        source.wait_converged(timeout_s=60)
+        url = source.nodes[source.wait_for_leader()].http_url
+        assert http_json("DELETE", url + "/v1/cluster/nodes/n4", timeout_s=30)[0] == 202
+        source.kill("n4")
+        source.mark_removed("n4")
+        recorded = http_json("GET", url + "/v1/cluster")[1]["membership"]["recorded"]
+        assert recorded is True
+        backup_file = tmp_path / "cluster.backup"
+        done = cli("backup", "--out", str(backup_file), "--url", url, token=source.admin_token)
+        assert done.returncode == 0, done.stderr
+    finally:
+        source.stop()
+
+    fresh = LocalCluster(tmp_path / "restored", size=3, env=cluster_env())
+    first = cli("restore", str(backup_file), "--data-dir", str(fresh.nodes["n1"].data_dir),
+                "--id", "n1")  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    new_cluster_id = json.loads(first.stdout)["cluster_id"]
+    for node_id in ("n2", "n3"):
+        other = cli("restore", str(backup_file), "--data-dir", str(fresh.nodes[node_id].data_dir),
+                    "--id", node_id, "--cluster-id", new_cluster_id)  # fmt: skip
+        assert other.returncode == 0, other.stderr
+    fresh.start()
+    try:
+        leader = fresh.wait_for_leader(timeout_s=60)  # one leader that all three follow
+        assert wait_for(
+            lambda: all(cluster_id_of(fresh, n) == new_cluster_id for n in fresh.nodes), 30
+        )
+        for node_id in fresh.nodes:
+            status, view, _ = http_json("GET", fresh.nodes[node_id].http_url + "/v1/cluster")
+            assert status == 200 and view["membership"]["recorded"] is False, view
+            assert sorted(node["id"] for node in view["nodes"]) == ["n1", "n2", "n3"], view
+            assert view["leader"]["id"] == leader
+        status, body, _ = http_json(
+            "POST", fresh.nodes[leader].http_url + "/v1/jobs", {"queue": "after-restore"}
+        )
+        assert status == 201, body
+        fresh.wait_converged()
+    finally:
+        fresh.stop()

@@ -29,6 +29,7 @@ class ReplicatedState:
         self,
         on_applied: Callable[[], None],
         applying_index: Callable[[], int | None] = lambda: None,
+        directory_is_ours: Callable[[core.State], bool] = lambda state: True,
     ) -> None:
         self.state = core.new_state()
         self.lock = threading.RLock()
@@ -39,6 +40,9 @@ class ReplicatedState:
         # `applying_index` is the adapter's (raft.RaftNode.applying_index).
         self.applied_index = 0
         self._applying_index = applying_index
+        # False while a restored state still names the old cluster: its
+        # member directory is the old cluster's machines (node.membership).
+        self._directory_is_ours = directory_is_ours
         self._on_applied = on_applied
         self._reading = _Reading(self)
 
@@ -84,9 +88,9 @@ class ReplicatedState:
         self._on_applied()
 
     def membership_recorded(self) -> bool:
-        """Whether the state records the members (raft.MemberRecord)."""
+        """Whether the state records this cluster's members (raft.MemberRecord)."""
         with self.lock:
-            return bool(members(self.state))
+            return bool(members(self.state)) and self._directory_is_ours(self.state)
 
     def digest(self) -> str:
         with self.lock:

@@ -115,15 +115,22 @@ class Directory:
         self.removed: dict[str, str] = {}  # removed id -> its Raft address
         self._changes_seen = -1
 
-    def refresh(self, state: State) -> bool:
-        """Read the replicated directory (caller holds the state); whether it changed."""
-        changes = changes_applied(state)
+    def refresh(self, state: State, *, ours: bool = True) -> bool:
+        """Read the replicated directory (caller holds the state); whether it
+        changed. `ours=False`: the state is a restored one that still names
+        the old cluster, whose directory lists the old cluster's machines;
+        until the new cluster renames it (which drops that directory) the
+        flags are the members."""
+        changes = changes_applied(state) if ours else 0
         if changes == self._changes_seen:
             return False
         self._changes_seen = changes
-        if changes:
-            self.members = members(state)
-            self.replicated = True
+        if not changes:
+            self.members, self.replicated = self.flags, False
+            self.removed_here, self.refused, self.removed = False, frozenset(), {}
+            return True
+        self.members = members(state)
+        self.replicated = True
         self.removed_here = is_removed(state, self.self_member.node_id)
         self.refused = removed_addresses(state)
         self.removed = removed_members(state)

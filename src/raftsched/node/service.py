@@ -112,7 +112,9 @@ class Node:
         self.metrics = NodeMetrics()
         self.clock = LeaderClock()
         self.draws = Draws(self.clock.now_ms)  # every id and random number proposed
-        self.replica = ReplicatedState(self._applied_threadsafe, lambda: self.raft.applying_index)
+        self.replica = ReplicatedState(
+            self._applied_threadsafe, lambda: self.raft.applying_index, self._directory_is_ours
+        )
         # Who this data directory belongs to (raftsched.identity); raises
         # ForeignDataDirectory if it is another node's.
         self._raft_dir = config.data_dir / "raft"
@@ -253,7 +255,7 @@ class Node:
         """Follow the replicated directory: peers' URLs and ids, the removed
         addresses whose votes are refused, and whether this node was removed."""
         with self.reading() as state:
-            if not self.directory.refresh(state):
+            if not self.directory.refresh(state, ours=self._directory_is_ours(state)):
                 return
         self._http_urls = self.directory.http_urls()
         self.raft.set_peer_ids(self.directory.names_by_address())
@@ -572,6 +574,13 @@ class Node:
             log.info("cluster version raised to %d: every member understands it", version)
 
     # -- identity (node.identity) -------------------------------------------------
+
+    def _directory_is_ours(self, state: core.State) -> bool:
+        """False while a restored state still names the cluster it was backed
+        up from: its member directory lists that cluster's machines."""
+        gate = getattr(self, "gate", None)
+        restored_from = None if gate is None else gate.identity.restored_from
+        return restored_from is None or core_identity.cluster_id(state) != restored_from
 
     def _check_peers_accept_me(self) -> None:
         """After a poll of the peers: stop if a majority of the cluster refuses

@@ -151,6 +151,9 @@ class Feature:
     on_new_epoch: Callable[[State], None] | None = None
     # After every entry, with its number of commands (tidying derived data).
     after_entry: Callable[[State, int], None] | None = None
+    # A restored state was renamed to its new cluster (`SetClusterId` with
+    # `previous`): forget what belonged to the old cluster's processes.
+    on_renamed: Callable[[State, Savepoint], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,7 @@ class Hooks:
     on_job_finished: tuple[Callable[[State, Job, Savepoint], None], ...] = ()
     on_attempt_ended: tuple[AttemptEndedHook, ...] = ()
     lease_inputs: tuple[LeaseInputs, ...] = ()
+    on_renamed: tuple[Callable[[State, Savepoint], None], ...] = ()
 
 
 # The counts a `TickWork` may report, by field name.
@@ -238,6 +242,7 @@ class Registry:
             tuple(hook.run for hook in sorted(finished, key=lambda hook: hook.rank)),
             _present(feature.on_attempt_ended for feature in self.features),
             _present(feature.lease_inputs for feature in self.features),
+            _present(feature.on_renamed for feature in self.features),
         )
 
     def create_sections(self) -> dict[str, Any]:

@@ -105,6 +105,8 @@ def apply_set_cluster_id(state: State, command: SetClusterId, context: Context) 
     if command.previous is not None:
         # A restored state: the old cluster's members were other processes.
         record.incarnations = {}
+        for hook in state.hooks.on_renamed:  # the member directory (core.membership)
+            hook(state, context.savepoint)
     return Ack()
 
 

@@ -43,4 +43,5 @@ FEATURE: Final = Feature(
     ),
     field_kinds=(members.MEMBERS_FIELD,),
     check=members.check,
+    on_renamed=members.forget_on_rename,
 )

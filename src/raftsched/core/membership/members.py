@@ -33,6 +33,7 @@ from raftsched.core.kernel import identity
 from raftsched.core.kernel.codec import CodecError
 from raftsched.core.kernel.feature import Context, FieldKind
 from raftsched.core.kernel.results import INVALID_STATE, NOT_FOUND, Ack, Rejected
+from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import NAME_CHARS_MAX, check_name, invalid
@@ -188,6 +189,20 @@ def _replace(
     section.by_id = directory
     section.removed = removed
     section.changes += 1
+
+
+def forget_on_rename(state: State, savepoint: Savepoint) -> None:
+    """A restored state renamed to its new cluster: the directory named the
+    old cluster's machines. The new cluster starts from its nodes' flags,
+    as any cluster does before its first change."""
+    section = membership(state)
+    before = (section.by_id, section.removed, section.changes)
+
+    def restore() -> None:
+        section.by_id, section.removed, section.changes = before
+
+    savepoint.on_rollback(restore)
+    section.by_id, section.removed, section.changes = {}, {}, 0
 
 
 # -- commands ---------------------------------------------------------------------
