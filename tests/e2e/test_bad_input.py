@@ -91,6 +91,9 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     local.start()
     try:
         local.wait_for_leader(timeout_s=30)
+        # The leader bootstraps the admin token once the cluster version
+        # allows it: a commit the sweep's before-and-after must not see.
+        local.wait_for_auth(timeout_s=30)
         yield Live(local)
         errors = [line for line in local.logs().splitlines() if _is_error_line(line)]
         assert not errors, "error-level log lines:\n" + "\n".join(errors[:20])
@@ -526,6 +529,12 @@ def _bases(live: Live) -> dict[tuple[str, str], list[tuple[dict[str, str], Any]]
                     "expires_at": _iso(now + timedelta(hours=1)),
                 },
             )
+        ],
+        # An existing member's id: every bad value is still refused 400 for
+        # its field, and the valid base (the positive control) is refused
+        # 409 duplicate_id instead of adding a member that never starts.
+        ("POST", "/v1/cluster/nodes"): [
+            ({}, {"id": "n1", "raft_address": "127.0.0.1:9", "http_url": "http://127.0.0.1:9"})
         ],
         ("POST", "/v1/schedules"): [({}, schedule)],
         ("POST", "/v1/schedules/batch"): [({}, {"schedules": [schedule | {"id": "bad-input-b"}]})],
