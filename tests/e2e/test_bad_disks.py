@@ -161,6 +161,8 @@ def test_a_lone_node_with_a_full_disk_answers_503_disk_full_and_carries_on(
             assert body["error"]["details"]["reason"] == "disk_full"
             assert headers["Retry-After"] == "1"
         assert cluster.nodes["n1"].alive
+        status, body, _ = http_json("GET", url + "/readyz")
+        assert status == 503 and body["ready"] is False and "raft" in body["disk_full"], body
         filler.unlink()
         assert wait_for(lambda: http_json("GET", url + "/readyz")[0] == 200, 10)
         acknowledged |= submit_all(cluster, "after", 5)  # no restart

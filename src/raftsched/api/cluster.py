@@ -98,7 +98,8 @@ async def readyz(request: web.Request) -> web.Response:
     `READY_CATCH_UP_S` to reach that index; one that cannot is not ready.
 
     A replica that stopped applying at an entry it cannot decode is never
-    ready, and says where and why (`halted`).
+    ready, and says where and why (`halted`); one whose disk is full is not
+    ready until there is room, and names the file (`disk_full`).
     """
     node = node_of(request)
     if node.removed:
@@ -133,7 +134,10 @@ async def readyz(request: web.Request) -> web.Response:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait(), remaining_s)
         status = node.status()
-    ready = status.leader_id is not None and status.applied_index >= target
+    # A full disk: this node acknowledges no write until there is room
+    # (docs/operations.md, "Disk full"); a load balancer should go elsewhere.
+    disk_full = node.disk_full
+    ready = status.leader_id is not None and status.applied_index >= target and not disk_full
     body = {
         "ready": ready,
         "leader_id": status.leader_id,
@@ -142,6 +146,8 @@ async def readyz(request: web.Request) -> web.Response:
         # Whether requests need a bearer token on this replica (node.auth).
         "auth": "on" if node.auth_enabled() else "off",
     }
+    if disk_full:
+        body["disk_full"] = disk_full
     return json_response(body, status=200 if ready else 503)
 
 

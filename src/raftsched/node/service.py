@@ -394,6 +394,11 @@ class Node:
     def halted(self) -> Halt | None:
         return self.raft.halted
 
+    @property
+    def disk_full(self) -> str | None:
+        full = self.raft.disk_full
+        return None if full is None else str(full)
+
     def cluster_version(self) -> int:
         """The cluster version in force on this replica (core.kernel.cluster_version)."""
         with self.reading() as state:

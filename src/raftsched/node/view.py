@@ -102,6 +102,11 @@ class NodeView(StateView, Protocol):
         """Where and why this replica stopped applying, or None."""
         ...
 
+    @property
+    def disk_full(self) -> str | None:
+        """The file this node found no room to write, while there is none."""
+        ...
+
     # Membership (node.membership).
 
     @property
