@@ -13,7 +13,9 @@ import asyncio
 import logging
 import signal
 import ssl
+import stat
 import sys
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -64,8 +66,26 @@ def run_node(config: NodeConfig) -> None:
     server_ssl = tls.server_context(config)
     tls.peer_context(config)  # its files load, or the node does not start
     configure_logging(config.log_format, node_id=config.node_id)
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    prepare_data_dir(config.data_dir)
     asyncio.run(_serve(config, server_ssl))
+
+
+def prepare_data_dir(data_dir: Path) -> None:
+    """Create the data directory for the node's user only (0700, as etcd
+    does): it holds every payload, result and token hash. One made by an
+    operator is left as it is, with a warning if others may read it."""
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(mode=0o700)
+    except FileExistsError:
+        mode = stat.S_IMODE(data_dir.stat().st_mode)
+        if mode & 0o077:
+            log.warning(
+                "data directory %s has mode %o: other users may read the jobs and tokens "
+                "in it; chmod 700 it",
+                data_dir,
+                mode,
+            )
 
 
 def assemble(config: NodeConfig, loop: asyncio.AbstractEventLoop) -> tuple[Node, web.Application]:
