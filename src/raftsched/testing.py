@@ -319,14 +319,7 @@ class LocalCluster:
         self.prepare_admin_token()
         for index in range(1, self.size + 1):
             node_id = f"n{index}"
-            self.nodes[node_id] = NodeProcess(
-                id=node_id,
-                http_port=free_port(),
-                raft_port=free_port(),
-                data_dir=self.root / node_id,
-                log_path=self.root / f"{node_id}.log",
-                scheme="http" if self.tls is None else "https",
-            )
+            self.nodes[node_id] = self._node_process(node_id)
 
     @functools.cached_property
     def ssl_context(self) -> ssl.SSLContext | None:
@@ -418,7 +411,12 @@ class LocalCluster:
                 node_id += "x"
         if node_id in self.nodes:
             raise ValueError(f"node {node_id} exists")
-        node = NodeProcess(
+        node = self.nodes[node_id] = self._node_process(node_id)
+        return node
+
+    def _node_process(self, node_id: str) -> NodeProcess:
+        """A node of this cluster, with new ports, not started."""
+        return NodeProcess(
             id=node_id,
             http_port=free_port(),
             raft_port=free_port(),
@@ -426,8 +424,6 @@ class LocalCluster:
             log_path=self.root / f"{node_id}.log",
             scheme="http" if self.tls is None else "https",
         )
-        self.nodes[node_id] = node
-        return node
 
     def start_joining(self, node_id: str, via_url: str) -> None:
         """Start an added node with `--join via_url`."""

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 from pathlib import Path
+
+import pytest
 
 from raftsched.testing import LocalCluster
 
@@ -28,3 +31,30 @@ def lead_on(cluster: LocalCluster, node_ids: set[str]) -> None:
         cluster.start(leader)
         cluster.wait_converged(timeout_s=60)
     raise AssertionError(f"none of {sorted(node_ids)} became leader")
+
+
+def release_tree(tag: str, commit: str, into: Path) -> Path:
+    """The tree of release `tag`, extracted from this repository into `into`.
+
+    A clone made without tags still has the commit, so the tag is only
+    checked when present (it must name `commit`); a clone without the
+    commit (a shallow one) skips the test."""
+
+    def resolve(revision: str) -> str | None:
+        found = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "--quiet",
+             f"{revision}^{{commit}}"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        return found.stdout.strip() if found.returncode == 0 else None
+
+    tagged = resolve(tag)
+    assert tagged in (None, commit), f"{tag} moved to {tagged}"
+    if (tagged or resolve(commit)) is None:
+        pytest.skip(f"neither {tag} nor its commit is in {REPO_ROOT} (a shallow clone?)")
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), "archive", commit], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into

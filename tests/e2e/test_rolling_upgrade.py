@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import REPO_ROOT, cluster_env, lead_on
+from e2e_support import REPO_ROOT, cluster_env, lead_on, release_tree
 
 from raftsched.core import COMMAND_VERSION_MAX
 from raftsched.node.versions import POLL_PERIOD_S
@@ -44,29 +43,11 @@ OLD_RELEASE = "v0.1.0"
 OLD_RELEASE_COMMIT = "4fb7e8c9d3ad49150f9f7d2bda4430a6d9666700"
 
 
-def _resolve(revision: str) -> str | None:
-    found = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
-        capture_output=True,
-        text=True,
-    )
-    return found.stdout.strip() if found.returncode == 0 else None
-
-
 @pytest.fixture(scope="module")
 def old_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The `src` directory of the previous release."""
-    tagged = _resolve(OLD_RELEASE)
-    assert tagged in (None, OLD_RELEASE_COMMIT), f"{OLD_RELEASE} moved to {tagged}"
-    commit = tagged or _resolve(OLD_RELEASE_COMMIT)
-    if commit is None:
-        pytest.skip(f"neither {OLD_RELEASE} nor its commit is in {REPO_ROOT} (a shallow clone?)")
     root = tmp_path_factory.mktemp(OLD_RELEASE)
-    archive = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "archive", commit], capture_output=True, check=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
-    return root / "src"
+    return release_tree(OLD_RELEASE, OLD_RELEASE_COMMIT, root) / "src"
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import REPO_ROOT, cluster_env, lead_on
+from e2e_support import cluster_env, lead_on, release_tree
 
 from raftsched.client import Client, RaftschedError
 from raftsched.core import COMMAND_VERSION_MAX
@@ -42,30 +42,11 @@ PREVIOUS_VERSION = 3
 LOAD_JOBS_MAX = 3000
 
 
-def _resolve(revision: str) -> str | None:
-    found = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
-        capture_output=True,
-        text=True,
-    )
-    return found.stdout.strip() if found.returncode == 0 else None
-
-
 @pytest.fixture(scope="module")
 def previous_release(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
     """(python, src) of the previous release, installed in its own virtualenv."""
-    tagged = _resolve(PREVIOUS)
-    assert tagged in (None, PREVIOUS_COMMIT), f"{PREVIOUS} moved to {tagged}"
-    commit = tagged or _resolve(PREVIOUS_COMMIT)
-    if commit is None:
-        pytest.skip(f"neither {PREVIOUS} nor its commit is in {REPO_ROOT} (a shallow clone?)")
     root = tmp_path_factory.mktemp(PREVIOUS)
-    tree = root / "tree"
-    tree.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(REPO_ROOT), "archive", commit], capture_output=True, check=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    tree = release_tree(PREVIOUS, PREVIOUS_COMMIT, root / "tree")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     python = str(venv / "bin" / "python")

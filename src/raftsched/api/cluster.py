@@ -11,7 +11,7 @@ from aiohttp import web
 
 from raftsched.api import scope
 from raftsched.api.jsonbody import json_response
-from raftsched.api.membership import cluster_membership, pending_nodes
+from raftsched.api.membership import cluster_membership, peer_statuses, pending_nodes
 from raftsched.api.requests import node_of
 from raftsched.node.metrics import CONTENT_TYPE
 from raftsched.node.versions import THIS_NODE
@@ -29,8 +29,7 @@ async def cluster(request: web.Request) -> web.Response:
     status = node.status()
     leader = node.leader()
     urls = node.http_urls
-    joining = set(node.membership.joining(status))
-    members = node.directory.by_id()
+    statuses = peer_statuses(node, status)
     nodes = [
         {
             "id": node.node_id,
@@ -55,15 +54,7 @@ async def cluster(request: web.Request) -> web.Response:
                 "reachable": peer.reachable,
                 "match_index": peer.match_index,
                 "version": None if heard is None else heard.as_json(),
-                # "joining": added, without the log yet; "removing": out of
-                # the directory, still in the Raft configuration.
-                "status": (
-                    "removing"
-                    if members and peer.id not in members
-                    else "joining"
-                    if peer.id in joining
-                    else "member"
-                ),
+                "status": statuses[peer.id],
             }
         )
     nodes += pending_nodes(request, status)

@@ -41,6 +41,7 @@ from raftsched import core
 from raftsched.api import render, scope
 from raftsched.api.errors import ApiError
 from raftsched.api.jsonbody import json_response
+from raftsched.api.membership import peer_statuses
 from raftsched.api.permissions import Permission, permission_for
 from raftsched.api.principal import principal_of
 from raftsched.api.requests import actor, node_of
@@ -141,8 +142,7 @@ def _node_json(node: NodeView) -> dict[str, Any]:
     status = node.status()
     leader = node.leader()
     urls = node.http_urls
-    joining = set(node.membership.joining(status))
-    members = node.directory.by_id()
+    statuses = peer_statuses(node, status)
     peers = [
         {
             "id": peer.id,
@@ -150,13 +150,7 @@ def _node_json(node: NodeView) -> dict[str, Any]:
             "reachable": peer.reachable,
             "match_index": peer.match_index,
             "role": "leader" if leader is not None and leader.id == peer.id else "follower",
-            "status": (
-                "removing"
-                if members and peer.id not in members
-                else "joining"
-                if peer.id in joining
-                else "member"
-            ),
+            "status": statuses[peer.id],
         }
         for peer in status.peers
     ]

@@ -26,6 +26,7 @@ from raftsched.core.membership.commands import AddMember, Member, RemoveMember
 from raftsched.core.membership.members import check_address, check_url
 from raftsched.node.membership import ChangeRefused
 from raftsched.node.proposer import NotLeader
+from raftsched.node.view import NodeView
 from raftsched.raft import RaftStatus
 
 routes = web.RouteTableDef()
@@ -80,6 +81,21 @@ def cluster_membership(request: web.Request, status: RaftStatus) -> dict[str, An
         "recorded": node.directory.replicated,
         "removed": node.removed,
     }
+
+
+def peer_statuses(node: NodeView, status: RaftStatus) -> dict[str, str]:
+    """Each peer's membership status by id: "joining" (added, without the log
+    yet), "removing" (out of the directory, still in the Raft
+    configuration) or "member"."""
+    joining = set(node.membership.joining(status))
+    members = node.directory.by_id()
+
+    def one(peer_id: str) -> str:
+        if members and peer_id not in members:
+            return "removing"
+        return "joining" if peer_id in joining else "member"
+
+    return {peer.id: one(peer.id) for peer in status.peers}
 
 
 def pending_nodes(request: web.Request, status: RaftStatus) -> list[dict[str, Any]]:
