@@ -52,7 +52,8 @@ def settled(cluster: NsCluster) -> bool:
     if found is None:
         return False
     membership = found.get("membership") or {}
-    statuses = {n.get("status") for n in found.get("nodes", [])}
+    # A node of the previous release reports no status (no membership changes).
+    statuses = {n.get("status", "member") for n in found.get("nodes", [])}
     return membership.get("change") is None and statuses <= {"member"}
 
 
