@@ -96,6 +96,7 @@ class NsCluster(LocalCluster):
         self.tmpfs_size = tmpfs_size
         self.mounts: list[Path] = []
         self.exits: list[dict[str, Any]] = []
+        self._undrained: list[dict[str, Any]] = []
         self._exit_lock = threading.Lock()
         super().__init__(root=root, size=size, env=dict(env or {}))
 
@@ -249,6 +250,7 @@ class NsCluster(LocalCluster):
     def kill(self, node_id: str, signum: int = signal.SIGKILL) -> None:
         node = self.nodes[node_id]
         if signum in (signal.SIGKILL, signal.SIGTERM) and isinstance(node, NsNode):
+            self.reap_exits()  # an exit before this kill is not the harness's doing
             node.stopped_by_harness = True
         super().kill(node_id, signum)
 
@@ -280,6 +282,14 @@ class NsCluster(LocalCluster):
                     record["injected_fault_exit"] = node.expected_exit_code
                 found.append(record)
             self.exits.extend(found)
+            self._undrained.extend(found)
+        return found
+
+    def drain_exits(self) -> list[dict[str, Any]]:
+        """Every exit found (by any `reap_exits`) since the last drain."""
+        self.reap_exits()
+        with self._exit_lock:
+            found, self._undrained = self._undrained, []
         return found
 
     # -- faults -----------------------------------------------------------------

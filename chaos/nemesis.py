@@ -205,7 +205,7 @@ def _params(rng: random.Random, kind: str, nodes: int, workers: int) -> dict[str
 
 def note_exits(cluster: NsCluster, history: Recorder) -> None:
     """Every node exit not noted yet (chaos.cluster.NsCluster.reap_exits)."""
-    for record in cluster.reap_exits():
+    for record in cluster.drain_exits():
         history.note("node_exit", record)
 
 
