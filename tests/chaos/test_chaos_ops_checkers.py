@@ -230,3 +230,34 @@ def test_upgrades_come_first_one_per_old_node() -> None:
     assert len(upgrades) == 3
     assert all(at <= 900 * (nemesis.UPGRADE_WINDOW[1] + 0.05) for at in upgrades)
     assert nemesis.schedule(7, 900, 5, 4, 2.0, upgrades=3) == faults
+
+
+# -- the cluster's command lines (no root: nothing is started) ------------------
+
+
+def test_node_command_lines_follow_membership_release_and_faults(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from chaos.cluster import NsCluster
+    from chaos.net import Network
+
+    net = Network(index=200, size=6)
+    cluster = NsCluster(tmp_path, 3, net, "/lib/faketime.so", fsync_shim=Path("/x/fsync.so"))
+    assert [n.id for n in cluster.members()] == ["n1", "n2", "n3"]
+    assert len(cluster.slot_urls()) == 6
+    n4 = cluster.new_node()
+    assert (n4.id, n4.index, n4.ip) == ("n4", 4, net.node_ip(4))
+    n4.join_url = cluster.node(1).http_url
+    cluster.mark_removed("n2")
+    n1 = " ".join(cluster.command(cluster.node(1)))
+    assert "--peer n3=" in n1 and "--peer n2=" not in n1 and "--peer n4=" not in n1
+    assert "LD_PRELOAD=/x/fsync.so /lib/faketime.so" in n1
+    assert f"RAFTSCHED_FAULT_FSYNC_TRIGGER={cluster.node(1).fsync_trigger}" in n1
+    joined = " ".join(cluster.command(n4))
+    assert f"--join {cluster.node(1).http_url}" in joined and "--peer" not in joined
+    old = cluster.node(3)
+    old.python, old.source_dir = "/old/venv/bin/python", Path("/old/tree/src")
+    line = cluster.command(old)
+    assert "/old/venv/bin/python" in line
+    assert any(arg.startswith("PYTHONPATH=") and "/old/tree/src" in arg for arg in line)
+    assert cluster.free_slot() == 5
