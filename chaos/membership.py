@@ -67,9 +67,18 @@ def wait_settled(cluster: NsCluster, stop: threading.Event, timeout_s: float = S
     return False
 
 
-def cluster_version(cluster: NsCluster) -> int | None:
-    found = leader_view(cluster)
-    return None if found is None else found.get("cluster_version")
+def cluster_version(cluster: NsCluster, wait_s: float = 10.0) -> int | None:
+    """The leader's cluster version, waiting up to `wait_s` for a leader
+    (None if there is none by then)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = leader_view(cluster)
+        if found is not None:
+            version = found.get("cluster_version")
+            return None if version is None else int(version)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.5)
 
 
 def _reason(outcome: Outcome) -> str:

@@ -286,6 +286,7 @@ class Nemesis(threading.Thread):
 
     def _apply(self, fault: Fault) -> None:
         kind, p = fault.kind, fault.params
+        started = time.time()
         targets: dict[str, Any] = {}
         undo: Callable[[], None]
         if kind in ("isolate_one", "isolate_leader"):
@@ -380,7 +381,6 @@ class Nemesis(threading.Thread):
 
         else:
             raise ValueError(f"unknown fault {kind}")
-        started = time.time()
         if kind != "clock_drift":
             self.history.note("fault_start", {"kind": kind, **p, **targets})
             self.stop_event.wait(fault.hold_s)
