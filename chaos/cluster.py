@@ -53,6 +53,7 @@ class NsNode(NodeProcess):
     ip: str = ""
     clock_file: Path = Path()
     fsync_trigger: Path = Path()
+    fsync_hits: Path = Path()  # the shim appends each failed call's name
     # The release it runs ("current", or the previous release's version).
     release: str = "current"
     # tmpfs mounted on its data directory (disk-full faults).
@@ -122,6 +123,7 @@ class NsCluster(LocalCluster):
             ip=self.net.node_ip(index),
             clock_file=self.root / "clock" / f"n{index}",
             fsync_trigger=self.root / "faults" / f"fail-fsync-n{index}",
+            fsync_hits=self.root / "faults" / f"fsync-hits-n{index}",
         )
         node.clock_file.write_text("+0\n")
         if self.tmpfs_size is not None:
@@ -201,6 +203,7 @@ class NsCluster(LocalCluster):
             env += [
                 f"RAFTSCHED_FAULT_FSYNC_TRIGGER={node.fsync_trigger}",
                 f"RAFTSCHED_FAULT_FSYNC_SUFFIX=/{node.id}/raft/raft.journal",
+                f"RAFTSCHED_FAULT_FSYNC_HITS={node.fsync_hits}",
             ]
         if self.faketime:
             preload.append(self.faketime)
@@ -317,9 +320,15 @@ class NsCluster(LocalCluster):
         node = self.ns_node(node_id)
         if on:
             node.expected_exit_code = EXIT_STORAGE_FAILED
+            node.fsync_hits.unlink(missing_ok=True)
             node.fsync_trigger.touch()
         else:
             node.fsync_trigger.unlink(missing_ok=True)
+
+    def fsync_fault_hits(self, node_id: str) -> list[str]:
+        """The calls the shim failed since the node was last armed."""
+        path = self.ns_node(node_id).fsync_hits
+        return path.read_text().split() if path.exists() else []
 
 
 def build_fsync_shim(out: Path) -> Path | None:

@@ -46,6 +46,7 @@ from typing import Any
 from chaos.cluster import NsCluster, NsNode, fill_disk
 from chaos.history import Recorder
 from chaos.membership import MEMBERSHIP_VERSION, Changes, cluster_version, wait_settled
+from chaos.ops_checkers import FSYNC_NOT_STOPPED
 
 KINDS: dict[str, int] = {
     "isolate_one": 2,
@@ -542,9 +543,20 @@ class Nemesis(threading.Thread):
         code = None if process is None else process.poll()
         targets["exit_code"] = code
         self.cluster.fsync_fault(node.id, False)
+        # Whether the shim failed a call: a node that never synced its
+        # journal while armed was not hit; one that was hit must have exited.
+        targets["failed_calls"] = self.cluster.fsync_fault_hits(node.id)
+        if code is None and targets["failed_calls"]:
+            time.sleep(1.0)  # the exit follows the failed call at once
+            code = targets["exit_code"] = None if process is None else process.poll()
         note_exits(self.cluster, self.history)
         node.expected_exit_code = None
-        targets["outcome"] = "exited" if code is not None else "fault not hit"
+        if code is not None:
+            targets["outcome"] = "exited"
+        elif targets["failed_calls"]:
+            targets["outcome"] = FSYNC_NOT_STOPPED
+        else:
+            targets["outcome"] = "not hit: no journal sync while armed"
         self.stop_event.wait(fault.hold_s)
         self._restart(node)
 

@@ -15,7 +15,7 @@ from chaos.checkers import (
     expected_log_errors_by_node,
     node_logs_clean,
 )
-from chaos.ops_checkers import membership_converged, node_exits_expected
+from chaos.ops_checkers import FSYNC_NOT_STOPPED, membership_converged, node_exits_expected
 
 from chaos import nemesis
 from raftsched.testing import LogError
@@ -176,7 +176,8 @@ def test_an_unexpected_exit_and_a_fault_not_hit_are_flagged() -> None:
     notes = [
         note("node_exit", 10, node="n2", code=1, expected=False),
         note("node_exit", 20, node="n3", code=0, expected=False, injected_fault_exit=74),
-        note("fault_end", 30, kind="fsync_fail", target="n1", outcome="fault not hit"),
+        note("fault_end", 30, kind="fsync_fail", target="n1", outcome=FSYNC_NOT_STOPPED),
+        note("fault_end", 40, kind="fsync_fail", target="n2", outcome="not hit: no journal sync"),
     ]
     check = node_exits_expected(notes)
     assert check.anomalies == 3
