@@ -82,6 +82,7 @@ REMOVE_LEADER_P = 0.4
 # How long a node armed with an fsync fault may take to hit it and exit.
 FSYNC_EXIT_WAIT_S = 15.0
 READY_WAIT_S = 30.0
+MEMBERS_READY_WAIT_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -414,6 +415,10 @@ class Nemesis(threading.Thread):
         started = time.time()
         self.history.note("fault_start", {"kind": fault.kind, **fault.params})
         kind = fault.kind
+        if kind in MEMBERSHIP_KINDS:
+            # The runbook's first step: every member up and ready (a node
+            # restarted by the previous fault may still be starting).
+            targets["members_ready"] = self._members_ready(MEMBERS_READY_WAIT_S)
         if kind in ("add_node", "remove_node"):
             size = len(self._members())
             wanted = "add_node" if size <= self.size_min else "remove_node"
@@ -431,6 +436,13 @@ class Nemesis(threading.Thread):
         elif kind == "fsync_fail":
             self._fsync_fail(fault, targets)
         self._ended(fault, targets, started)
+
+    def _members_ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        for node in self._members():
+            if not self.changes.ready(node, max(0.0, deadline - time.monotonic())):
+                return False
+        return True
 
     def _version_ok(self, targets: dict[str, Any]) -> bool:
         version = cluster_version(self.cluster)

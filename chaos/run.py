@@ -48,6 +48,7 @@ from chaos.summary import render_text, summarize
 from chaos.worker import QUEUE
 from chaos.workload import Client
 from raftsched import child_processes
+from raftsched.core import COMMAND_VERSION_MAX
 from raftsched.testing import LogError, read_log_errors
 
 UNSAFE_ENV = "RAFTSCHED_UNSAFE_IGNORE_FENCING"
@@ -245,6 +246,16 @@ def _settled_digests(cluster: NsCluster, settle_s: float) -> dict[str, tuple[int
         time.sleep(0.5)
 
 
+def wait_cluster_version(cluster: NsCluster, version: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = membership.cluster_version(cluster)
+        if found is not None and found >= version:
+            return
+        time.sleep(0.5)
+    print(f"warning: cluster version not {version} after {timeout_s} s", file=sys.stderr)
+
+
 def read_membership(cluster: NsCluster) -> dict[str, Any]:
     """What each node that runs says of the membership (GET /v1/cluster:
     its nodes, `membership`, term), members and removed nodes alike; and
@@ -331,6 +342,12 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
             stop_clients,
         )
         features.setup()
+        if previous is None:
+            # A new cluster runs at cluster version 1 until its leader has
+            # polled every member (every 5 s) and raised it; membership
+            # changes need 4. The fault phase starts on a settled cluster
+            # (the mixed-version phase starts below 4 on purpose).
+            wait_cluster_version(cluster, COMMAND_VERSION_MAX, 60)
         workers = WorkerPool(args, urls, sink.url)
         workers.start()
         nemesis_history = Recorder(out / "history-nemesis.jsonl", "nemesis")
