@@ -472,7 +472,10 @@ class Nemesis(threading.Thread):
 
     def _remove(self, fault: Fault, targets: dict[str, Any]) -> None:
         below = not self._version_ok(targets)
-        node = self._leader() if fault.params.get("leader") else self._member(fault.params["node"])
+        # An add adapted into a removal has no target of its own: a follower
+        # at its `via` position.
+        position = fault.params.get("node", fault.params.get("via", 1))
+        node = self._leader() if fault.params.get("leader") else self._member(position)
         targets["target"] = node.id
         targets["was_leader"] = node.id == self.cluster.leader_id()
         if not self.changes.remove(node.id):
