@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck diagrams check mutate bench bench-core bench-cluster bench-schedules bench-hot-minute chaos clean
+.PHONY: dev test lint typecheck diagrams check mutate bench bench-core bench-cluster bench-schedules bench-hot-minute chaos chaos-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,10 @@ DURATION ?= 180
 NODES    ?= 3
 chaos: $(STAMP)
 	PYTHONPATH=. $(PY) -m chaos --seed $(SEED) --duration $(DURATION) --nodes $(NODES) $(CHAOS_ARGS)
+
+## The long campaign: 5 nodes, 12 minutes, every fault kind, the mixed-version phase (~15 min)
+chaos-long: $(STAMP)
+	PYTHONPATH=. $(PY) -m chaos --seed 7 --duration 720 --nodes 5 --mixed-version --recovery-bound-s 90 $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache mutants

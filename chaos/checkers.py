@@ -359,29 +359,73 @@ EXPECTED_NODE_LOG_ERRORS: Final[tuple[ExpectedLogError, ...]] = ()
 def node_logs_clean(
     node_log_errors: Mapping[str, list[LogError]],
     expected: Iterable[ExpectedLogError] = EXPECTED_NODE_LOG_ERRORS,
+    expected_by_node: Mapping[str, Sequence[ExpectedLogError]] | None = None,
 ) -> Check:
+    """`node_log_errors` is keyed by log: the node id, or `<id>-v<release>`
+    for the log of a node while it ran the previous release;
+    `expected_by_node` adds entries for one node's logs (a fault injected
+    into that node)."""
     check = Check("8_no_unexpected_node_log_errors")
-    expected = tuple(expected)
-    for node_id, errors in sorted(node_log_errors.items()):
+    for log, errors in sorted(node_log_errors.items()):
+        entries = _expected_for(log, tuple(expected), expected_by_node)
         for error in errors:
-            if error.expected_by(expected) is None:
-                check.flag(node=node_id, line=error.describe())
+            if error.expected_by(entries) is None:
+                check.flag(node=log, line=error.describe())
     return check
 
 
 def expected_log_errors_seen(
     node_log_errors: Mapping[str, list[LogError]],
     expected: Iterable[ExpectedLogError] = EXPECTED_NODE_LOG_ERRORS,
+    expected_by_node: Mapping[str, Sequence[ExpectedLogError]] | None = None,
 ) -> dict[str, int]:
     """How many error lines each expected entry's reason accounts for."""
     counts: dict[str, int] = {}
-    expected = tuple(expected)
-    for errors in node_log_errors.values():
+    for log, errors in node_log_errors.items():
+        entries = _expected_for(log, tuple(expected), expected_by_node)
         for error in errors:
-            entry = error.expected_by(expected)
+            entry = error.expected_by(entries)
             if entry is not None:
                 counts[entry.reason] = counts.get(entry.reason, 0) + 1
     return counts
+
+
+def _expected_for(
+    log: str,
+    expected: tuple[ExpectedLogError, ...],
+    expected_by_node: Mapping[str, Sequence[ExpectedLogError]] | None,
+) -> tuple[ExpectedLogError, ...]:
+    node_id, _, release = log.partition("-v")
+    entries = expected + tuple((expected_by_node or {}).get(node_id, ()))
+    return entries + (EXPECTED_PREVIOUS_RELEASE_LOG_ERRORS if release else ())
+
+
+# The critical line of the fail-stop that an injected fsync fault causes
+# (docs/operations.md "Failed fsync"): expected in the logs of the nodes the
+# nemesis armed, and only there.
+FSYNC_FAULT_LOG_ERROR: Final = ExpectedLogError(
+    r"storage failure: f(data)?sync of .*raft\.journal failed: EIO",
+    reason="the nemesis made this node's journal fsync fail with EIO (fsync_fail)",
+)
+
+# Error lines of the previous release (in a node's log while it ran it, the
+# mixed-version phase) that are known and fixed since, each with its fix.
+EXPECTED_PREVIOUS_RELEASE_LOG_ERRORS: Final[tuple[ExpectedLogError, ...]] = ()
+
+
+def expected_log_errors_by_node(
+    notes: Iterable[dict[str, Any]],
+) -> dict[str, list[ExpectedLogError]]:
+    """Node id -> the entries its injected faults make expected: the
+    fail-stop line of every node an fsync fault was injected into."""
+    found: dict[str, list[ExpectedLogError]] = {}
+    for note in notes:
+        value = note.get("value") or {}
+        if note.get("f") == "fault_end" and value.get("kind") == "fsync_fail":
+            target = value.get("target")
+            if target:
+                found[str(target)] = [FSYNC_FAULT_LOG_ERROR]
+    return found
 
 
 # -- 9 ---------------------------------------------------------------------------
@@ -996,9 +1040,14 @@ def check_all(
     final: dict[str, Any],
     sink: list[dict[str, Any]],
     deliveries: list[dict[str, Any]] | None = None,
+    notes: list[dict[str, Any]] | None = None,
 ) -> list[Check]:
     """Every checker but the eighth, which reads the node logs once the nodes
-    have stopped (the campaign puts it in its place)."""
+    have stopped (the campaign puts it in its place). `notes`: the history's
+    notes, for checkers 13 and 14 (chaos/ops_checkers.py)."""
+    # Imported here: chaos.ops_checkers builds on this module's Check.
+    from chaos.ops_checkers import ops_checks
+
     return [
         acknowledged_not_lost(ops, final),
         one_job_per_key(ops, final),
@@ -1011,4 +1060,5 @@ def check_all(
         workflow_steps(ops, final),
         outbox_and_webhooks(final, deliveries or []),
         flow_limits(ops, final),
+        *ops_checks(ops, final, notes),
     ]

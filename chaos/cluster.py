@@ -2,15 +2,39 @@
 that each node runs inside its own network namespace (`ip netns exec`, which
 execs, so the process id is the node's and the harness stays its parent: the
 node dies with the harness, see raftsched.child_processes) and under
-libfaketime with its own clock-offset file, the monotonic clock left real."""
+libfaketime with its own clock-offset file, the monotonic clock left real.
+
+Namespaces are *slots*: the network is built with more slots than the
+cluster starts with, so that the nemesis can add members and replace them by
+new ones (each new member gets a fresh slot, hence a fresh id `n<slot>`,
+address and data directory; ids are never reused within a run). Every slot's
+URL is known from the start, so clients and workers are given all of them
+and reach whoever is a member now (a slot without a node refuses the
+connection at once; a removed node answers 503).
+
+Besides, per node: an older release to run (`python`, `source_dir`: the
+mixed-version phase), a data directory on a size-limited tmpfs (disk-full
+faults), and an `LD_PRELOAD` shim that fails the journal's fsync once a
+trigger file exists (fsync faults). The cluster also watches its processes:
+every exit is recorded once, as expected (the harness killed or stopped it,
+or an fsync fault was injected and it exited 74, the documented fail-stop)
+or not.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
+import signal
+import subprocess
 import sys
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from chaos.net import Network
 from raftsched.testing import LocalCluster, NodeProcess
@@ -19,13 +43,27 @@ HTTP_PORT = 8080
 RAFT_PORT = 9090
 SHIM_DIR = Path(__file__).resolve().parent / "shim"
 REPO_ROOT = Path(__file__).resolve().parent.parent
+FSYNC_SHIM_SOURCE = REPO_ROOT / "tests" / "faults" / "fsync_eio.c"
+EXIT_STORAGE_FAILED = 74  # raftsched.raft_journal.EXIT_STORAGE_FAILED (EX_IOERR)
 
 
 @dataclass
 class NsNode(NodeProcess):
-    index: int = 0
+    index: int = 0  # the slot: namespace, address
     ip: str = ""
     clock_file: Path = Path()
+    fsync_trigger: Path = Path()
+    fsync_hits: Path = Path()  # the shim appends each failed call's name
+    # The release it runs ("current", or the previous release's version).
+    release: str = "current"
+    # tmpfs mounted on its data directory (disk-full faults).
+    tmpfs: bool = False
+    # Set when the harness kills or stops the process (an expected exit),
+    # and the exit status an injected fault makes expected.
+    stopped_by_harness: bool = False
+    expected_exit_code: int | None = None
+    reported_pid: int | None = None
+    extra_logs: list[Path] = field(default_factory=list)
 
     @property
     def http_url(self) -> str:
@@ -37,7 +75,8 @@ class NsNode(NodeProcess):
 
 
 class NsCluster(LocalCluster):
-    """Build with `NsCluster(root, size, env=..., net=..., faketime=...)`."""
+    """Build with `NsCluster(root, size, env=..., net=..., faketime=...)`;
+    `net.size` slots, the first `size` of them members at the start."""
 
     net: Network
     faketime: str | None
@@ -49,9 +88,17 @@ class NsCluster(LocalCluster):
         net: Network,
         faketime: str | None,
         env: dict[str, str] | None = None,
+        fsync_shim: Path | None = None,
+        tmpfs_size: str | None = None,
     ) -> None:
         self.net = net
         self.faketime = faketime
+        self.fsync_shim = fsync_shim
+        self.tmpfs_size = tmpfs_size
+        self.mounts: list[Path] = []
+        self.exits: list[dict[str, Any]] = []
+        self._undrained: list[dict[str, Any]] = []
+        self._exit_lock = threading.Lock()
         super().__init__(root=root, size=size, env=dict(env or {}))
 
     def __post_init__(self) -> None:
@@ -61,37 +108,115 @@ class NsCluster(LocalCluster):
         self.secret_file.chmod(0o600)
         self.prepare_admin_token()
         (self.root / "clock").mkdir(exist_ok=True)
+        (self.root / "faults").mkdir(exist_ok=True)
         for index in range(1, self.size + 1):
-            node = NsNode(
-                id=f"n{index}",
-                http_port=HTTP_PORT,
-                raft_port=RAFT_PORT,
-                data_dir=self.root / f"n{index}",
-                log_path=self.root / f"n{index}.log",
-                index=index,
-                ip=self.net.node_ip(index),
-                clock_file=self.root / "clock" / f"n{index}",
-            )
-            node.clock_file.write_text("+0\n")
-            self.nodes[node.id] = node
+            self._make_node(index)
+
+    def _make_node(self, index: int) -> NsNode:
+        node = NsNode(
+            id=f"n{index}",
+            http_port=HTTP_PORT,
+            raft_port=RAFT_PORT,
+            data_dir=self.root / f"n{index}",
+            log_path=self.root / f"n{index}.log",
+            index=index,
+            ip=self.net.node_ip(index),
+            clock_file=self.root / "clock" / f"n{index}",
+            fsync_trigger=self.root / "faults" / f"fail-fsync-n{index}",
+            fsync_hits=self.root / "faults" / f"fsync-hits-n{index}",
+        )
+        node.clock_file.write_text("+0\n")
+        if self.tmpfs_size is not None:
+            node.tmpfs = self._mount_tmpfs(node.data_dir)
+        self.nodes[node.id] = node
+        return node
+
+    def _mount_tmpfs(self, path: Path) -> bool:
+        path.mkdir(parents=True, exist_ok=True)
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={self.tmpfs_size},mode=0755", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if mounted.returncode != 0:
+            print(f"chaos: no tmpfs for {path}: {mounted.stderr.strip()}", file=sys.stderr)
+            return False
+        self.mounts.append(path)
+        return True
+
+    def unmount_all(self) -> None:
+        """Lazy: a process that outlived the run may still hold files."""
+        for path in self.mounts:
+            subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+        self.mounts.clear()
+
+    # -- membership -----------------------------------------------------------
+
+    def free_slot(self) -> int | None:
+        used = {node.index for node in self.ns_nodes()}
+        return next((i for i in range(1, self.net.size + 1) if i not in used), None)
+
+    def new_node(self, node_id: str | None = None) -> NsNode:
+        """A node on a fresh slot (its own namespace, address and data
+        directory), not started and not a member: add it, then
+        `start_joining` it."""
+        slot = self.free_slot()
+        if slot is None:
+            raise RuntimeError("no free slot for a new node")
+        return self._make_node(slot)
+
+    def forget(self, node_id: str) -> None:
+        """A node that was never added (its add was refused): its slot stays
+        taken (ids are not reused), its directory is left for the record."""
+        self.nodes[node_id].removed = True
+
+    def ns_nodes(self) -> list[NsNode]:
+        return [node for node in self.nodes.values() if isinstance(node, NsNode)]
+
+    def members(self) -> list[NsNode]:
+        """The nodes that are members (not removed), in slot order."""
+        return sorted((n for n in self.ns_nodes() if not n.removed), key=lambda n: n.index)
+
+    def member_urls(self) -> list[str]:
+        return [node.http_url for node in self.members()]
+
+    def slot_urls(self) -> list[str]:
+        """Every slot's URL, members or not yet (see the module docstring)."""
+        return [f"http://{self.net.node_ip(i)}:{HTTP_PORT}" for i in range(1, self.net.size + 1)]
+
+    # -- processes --------------------------------------------------------------
 
     def command(self, node: NodeProcess) -> list[str]:
         assert isinstance(node, NsNode)
+        source = node.source_dir or REPO_ROOT / "src"
         env = [
             "PYTHONUNBUFFERED=1",
             # The nodes run this checkout's code, whatever is installed in the
-            # venv (a bisect runs an older checkout with today's venv).
-            "PYTHONPATH=" + os.pathsep.join(map(str, (SHIM_DIR, REPO_ROOT / "src", REPO_ROOT))),
+            # venv (a bisect runs an older checkout with today's venv), or the
+            # previous release's (the mixed-version phase).
+            "PYTHONPATH=" + os.pathsep.join(map(str, (SHIM_DIR, source, REPO_ROOT))),
         ]
-        if self.faketime:
+        preload = []
+        if self.fsync_shim is not None:
+            preload.append(str(self.fsync_shim))
             env += [
-                f"LD_PRELOAD={self.faketime}",
+                f"RAFTSCHED_FAULT_FSYNC_TRIGGER={node.fsync_trigger}",
+                f"RAFTSCHED_FAULT_FSYNC_SUFFIX=/{node.id}/raft/raft.journal",
+                f"RAFTSCHED_FAULT_FSYNC_HITS={node.fsync_hits}",
+            ]
+        if self.faketime:
+            preload.append(self.faketime)
+            env += [
                 f"FAKETIME_TIMESTAMP_FILE={node.clock_file}",
                 "FAKETIME_NO_CACHE=1",
                 "FAKETIME_DONT_FAKE_MONOTONIC=1",
             ]
+        if preload:
+            env.append("LD_PRELOAD=" + " ".join(preload))
+        env += [f"{key}={value}" for key, value in node.env.items()]
         args = ["ip", "netns", "exec", self.net.namespace(node.index), "env", *env]
-        args += [sys.executable, "-m", "raftsched", "node", "--id", node.id]
+        args += [node.python or sys.executable, "-m", "raftsched", "node", "--id", node.id]
         args += ["--data-dir", str(node.data_dir), "--http", f"{node.ip}:{node.http_port}"]
         args += ["--raft", node.raft_address, "--secret-file", str(self.secret_file)]
         args += ["--durability", self.durability, "--log-format", "json"]
@@ -102,13 +227,83 @@ class NsCluster(LocalCluster):
         # address, a private one: allowed as a target, nothing else is.
         args += ["--webhook-allow-cidr", f"{self.net.host_ip}/32"]
         args += ["--admin-token-file", str(self.admin_token_file)]
-        for other in self.nodes.values():
-            if other.id != node.id:
-                args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]
+        if node.join_url is not None:
+            args += ["--join", node.join_url]
+        else:
+            # Where it starts; a restarted node takes the current membership
+            # from its journal and snapshot (docs/operations.md).
+            for other in self.ns_nodes():
+                if other.id != node.id and not other.removed and other.join_url is None:
+                    args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]
         return args
+
+    def start(self, node_id: str | None = None) -> None:
+        """One node, or every member that is not running (never a removed one)."""
+        targets = [node_id] if node_id else [n.id for n in self.members()]
+        for target in targets:
+            node = self.nodes[target]
+            assert isinstance(node, NsNode)
+            if node.alive:
+                continue
+            self.reap_exits()
+            node.stopped_by_harness = False
+            node.reported_pid = None
+            super().start(target)
+
+    def kill(self, node_id: str, signum: int = signal.SIGKILL) -> None:
+        node = self.nodes[node_id]
+        if signum in (signal.SIGKILL, signal.SIGTERM) and isinstance(node, NsNode):
+            self.reap_exits()  # an exit before this kill is not the harness's doing
+            node.stopped_by_harness = True
+        super().kill(node_id, signum)
+
+    def stop(self) -> None:
+        for node in self.ns_nodes():
+            node.stopped_by_harness = True
+        super().stop()
+
+    def reap_exits(self) -> list[dict[str, Any]]:
+        """Exits not reported yet: {node, code, expected, release}; each
+        process is reported once. Expected: the harness killed or stopped
+        it, or it exited with the status its injected fault calls for."""
+        found: list[dict[str, Any]] = []
+        with self._exit_lock:
+            for node in self.ns_nodes():
+                process = node.process
+                if process is None or node.reported_pid == process.pid:
+                    continue
+                code = process.poll()
+                if code is None:
+                    continue
+                node.reported_pid = process.pid
+                expected = node.stopped_by_harness or (
+                    node.expected_exit_code is not None and code == node.expected_exit_code
+                )
+                record = {"node": node.id, "code": code, "expected": expected,
+                          "release": node.release, "t": time.time()}  # fmt: skip
+                if node.expected_exit_code is not None and not node.stopped_by_harness:
+                    record["injected_fault_exit"] = node.expected_exit_code
+                found.append(record)
+            self.exits.extend(found)
+            self._undrained.extend(found)
+        return found
+
+    def drain_exits(self) -> list[dict[str, Any]]:
+        """Every exit found (by any `reap_exits`) since the last drain."""
+        self.reap_exits()
+        with self._exit_lock:
+            found, self._undrained = self._undrained, []
+        return found
+
+    # -- faults -----------------------------------------------------------------
 
     def node(self, index: int) -> NsNode:
         found = self.nodes[f"n{index}"]
+        assert isinstance(found, NsNode)
+        return found
+
+    def ns_node(self, node_id: str) -> NsNode:
+        found = self.nodes[node_id]
         assert isinstance(found, NsNode)
         return found
 
@@ -118,3 +313,52 @@ class NsCluster(LocalCluster):
         tmp = path.with_suffix(".tmp")
         tmp.write_text(f"{offset_s:+.3f}\n")
         tmp.replace(path)
+
+    def fsync_fault(self, node_id: str, on: bool) -> None:
+        """Arm or disarm the shim: the node's journal fsync fails with EIO
+        while its trigger file exists."""
+        node = self.ns_node(node_id)
+        if on:
+            node.expected_exit_code = EXIT_STORAGE_FAILED
+            node.fsync_hits.unlink(missing_ok=True)
+            node.fsync_trigger.touch()
+        else:
+            node.fsync_trigger.unlink(missing_ok=True)
+
+    def fsync_fault_hits(self, node_id: str) -> list[str]:
+        """The calls the shim failed since the node was last armed."""
+        path = self.ns_node(node_id).fsync_hits
+        return path.read_text().split() if path.exists() else []
+
+
+def build_fsync_shim(out: Path) -> Path | None:
+    """tests/faults/fsync_eio.c compiled with cc, or None without a compiler."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None or not FSYNC_SHIM_SOURCE.exists():
+        return None
+    library = out / "fsync_eio.so"
+    with contextlib.suppress(subprocess.CalledProcessError):
+        subprocess.run(
+            [compiler, "-shared", "-fPIC", "-O2", "-o", str(library), str(FSYNC_SHIM_SOURCE),
+             "-ldl"],
+            check=True, capture_output=True, timeout=120,
+        )  # fmt: skip
+        return library
+    return None
+
+
+def fill_disk(directory: Path) -> Path:
+    """Write one file until the filesystem is full (a real ENOSPC for the
+    node on it); removing the file gives the space back."""
+    filler = directory / "chaos-filler"
+    chunk = b"\xa5" * (256 * 1024)
+    with open(filler, "wb", buffering=0) as handle:
+        while True:
+            try:
+                handle.write(chunk)
+            except OSError:
+                break
+        with contextlib.suppress(OSError):  # the last pages, smaller than a chunk
+            while handle.write(b"\xa5" * 4096):
+                pass
+    return filler

@@ -27,27 +27,34 @@ import time
 from pathlib import Path
 from typing import Any
 
+from chaos import membership
 from chaos import nemesis as nemesis_module
 from chaos.checkers import (
     FINAL_STATUSES,
     check_all,
+    expected_log_errors_by_node,
     expected_log_errors_seen,
     node_logs_clean,
 )
-from chaos.cluster import REPO_ROOT, NsCluster
+from chaos.cluster import REPO_ROOT, NsCluster, NsNode, build_fsync_shim
 from chaos.features import Features
 from chaos.history import Recorder, operations, read_events
 from chaos.httpops import Session
 from chaos.net import Network, ensure_tools, faketime_library
+from chaos.previous import Release, previous_release
 from chaos.receiver import WebhookReceiver, read_receiver_log
 from chaos.sink import FencedSink, read_sink_log
 from chaos.summary import render_text, summarize
 from chaos.worker import QUEUE
 from chaos.workload import Client
 from raftsched import child_processes
-from raftsched.testing import read_log_errors
+from raftsched.core import COMMAND_VERSION_MAX
+from raftsched.testing import LogError, read_log_errors
 
 UNSAFE_ENV = "RAFTSCHED_UNSAFE_IGNORE_FENCING"
+# Each node's own tmpfs when the schedule fills disks: room for a long
+# campaign's journal and snapshots many times over; filled only by a fault.
+TMPFS_SIZE = "256m"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -68,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stall-p", type=float, default=0.05, help="worker stalls per lease")
     parser.add_argument("--recovery-bound-s", type=float, default=60.0)
     parser.add_argument("--out", type=Path, default=None, help="run directory")
+    parser.add_argument(
+        "--mixed-version",
+        action="store_true",
+        help="a majority of the nodes start on the previous release (v0.3.0, built in its own "
+        "virtualenv) and are upgraded one at a time in the first part of the run",
+    )
     parser.add_argument(
         "--unsafe-ignore-fencing",
         action="store_true",
@@ -130,7 +143,8 @@ class WorkerPool:
 
 
 class Monitor(threading.Thread):
-    """Notes the leader and term every half second (for leader changes)."""
+    """Notes the leader and term every half second (for leader changes), and
+    every node exit (chaos.nemesis.note_exits)."""
 
     def __init__(self, cluster: NsCluster, history: Recorder) -> None:
         super().__init__(name="monitor", daemon=True)
@@ -140,6 +154,7 @@ class Monitor(threading.Thread):
     def run(self) -> None:
         last: tuple[str, int] | None = None
         while not self.stop_event.wait(0.5):
+            nemesis_module.note_exits(self.cluster, self.history)
             for node in list(self.cluster.nodes):
                 view = self.cluster.cluster_view(node, timeout_s=0.5)
                 if view and view.get("leader") and view["leader"]["id"] == node:
@@ -178,14 +193,14 @@ def wait_recovered(
     pending = set(acked)
     while time.monotonic() - started < bound_s:
         try:
-            jobs = list_jobs(cluster.urls[0], stale=False)
+            jobs = list_jobs(cluster.member_urls()[0], stale=False)
         except RuntimeError:
             time.sleep(1)
             continue
         status = {job["id"]: job["status"] for job in jobs}
         pending = {job_id for job_id in pending if status.get(job_id) not in FINAL_STATUSES}
         pending |= {job_id for job_id, now in status.items() if now not in FINAL_STATUSES}
-        if not pending and not features.backlog():
+        if not pending and not features.backlog() and membership.settled(cluster):
             return time.monotonic() - started, []
         time.sleep(1)
     return None, sorted(pending)
@@ -195,15 +210,16 @@ def read_final(cluster: NsCluster, features: Features, settle_s: float = 30.0) -
     """Linearizable reads first (each commits a barrier entry), then the
     replicas' digests once they stopped moving, then their stale listings."""
     final: dict[str, Any] = {"nodes": {}, "unreachable": [], "effects": {}}
-    final["jobs"] = list_jobs(cluster.urls[0], stale=False)
+    final["jobs"] = list_jobs(cluster.member_urls()[0], stale=False)
     final |= features.read_state()
-    session = Session(cluster.urls)
+    session = Session(cluster.member_urls())
     for job in final["jobs"]:
         key = f"effect:{job['id']}"
         outcome = session.call("GET", f"/v1/effects/{key}", idempotent=True)
         final["effects"][key] = outcome.body.get("effect") if outcome.kind == "ok" else None
     digests = _settled_digests(cluster, settle_s)
-    for node in cluster.nodes.values():
+    final["membership"] = read_membership(cluster)
+    for node in cluster.members():
         if node.id not in digests:
             final["unreachable"].append(node.id)
             continue
@@ -223,10 +239,37 @@ def _settled_digests(cluster: NsCluster, settle_s: float) -> dict[str, tuple[int
     deadline = time.monotonic() + settle_s
     while True:
         digests = cluster.digests(timeout_s=5.0)
-        settled = len(digests) == cluster.size and len(set(digests.values())) == 1
+        members = len(cluster.members())
+        settled = len(digests) == members and len(set(digests.values())) == 1
         if settled or time.monotonic() > deadline:
             return digests
         time.sleep(0.5)
+
+
+def wait_cluster_version(cluster: NsCluster, version: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = membership.cluster_version(cluster)
+        if found is not None and found >= version:
+            return
+        time.sleep(0.5)
+    print(f"warning: cluster version not {version} after {timeout_s} s", file=sys.stderr)
+
+
+def read_membership(cluster: NsCluster) -> dict[str, Any]:
+    """What each node that runs says of the membership (GET /v1/cluster:
+    its nodes, `membership`, term), members and removed nodes alike; and
+    which ids the harness holds to be members (for the record: the checker
+    derives its own from the history)."""
+    views: dict[str, Any] = {}
+    for node in cluster.ns_nodes():
+        if node.alive and not node.paused:
+            views[node.id] = cluster.cluster_view(node.id, timeout_s=5.0)
+    return {
+        "views": views,
+        "members": [node.id for node in cluster.members()],
+        "removed": [node.id for node in cluster.ns_nodes() if node.removed],
+    }
 
 
 def wait_converged(cluster: NsCluster, timeout_s: float) -> None:
@@ -236,11 +279,23 @@ def wait_converged(cluster: NsCluster, timeout_s: float) -> None:
         print(f"warning: {error}", file=sys.stderr)
 
 
+def upgrades_for(args: argparse.Namespace) -> int:
+    """How many members start on the previous release: a majority."""
+    return int(args.nodes) // 2 + 1 if args.mixed_version else 0
+
+
+def slots_for(args: argparse.Namespace, faults: list[nemesis_module.Fault]) -> int:
+    """Every member at the start, and one fresh slot per node the schedule
+    may add (ids are never reused)."""
+    adds = sum(1 for f in faults if f.kind in nemesis_module.MEMBERSHIP_KINDS)
+    return int(args.nodes) + adds + 1
+
+
 def campaign(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     faults = nemesis_module.schedule(
-        args.seed, args.duration, args.nodes, args.workers, args.lease_s
+        args.seed, args.duration, args.nodes, args.workers, args.lease_s, upgrades_for(args)
     )
     print(f"chaos: seed {args.seed}, {args.nodes} nodes, {args.duration:.0f} s, run dir {out}")
     print(f"chaos: fault schedule ({len(faults)} faults):")
@@ -249,18 +304,28 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
     (out / "schedule.json").write_text(json.dumps(nemesis_module.schedule_json(faults), indent=1))
     sys.stdout.flush()
     ensure_tools()
+    previous = previous_release() if args.mixed_version else None
+    kinds = {fault.kind for fault in faults}
+    fsync_shim = build_fsync_shim(out) if "fsync_fail" in kinds else None
     env = {UNSAFE_ENV: "1"} if args.unsafe_ignore_fencing else {}
-    net = Network.create(args.nodes)
+    net = Network.create(slots_for(args, faults))
     cluster: NsCluster | None = None
     sink: FencedSink | None = None
     receiver: WebhookReceiver | None = None
     workers: WorkerPool | None = None
     stop_clients = threading.Event()
     try:
-        cluster = NsCluster(out / "cluster", args.nodes, net, faketime_library(), env=env)
+        cluster = NsCluster(
+            out / "cluster", args.nodes, net, faketime_library(), env=env,
+            fsync_shim=fsync_shim, tmpfs_size=TMPFS_SIZE if "disk_full" in kinds else None,
+        )  # fmt: skip
+        if previous is not None:
+            for node in cluster.members()[: upgrades_for(args)]:
+                run_previous(cluster, node, previous)
         # The cluster bootstraps this admin token; every client, worker and
         # checker of the run authenticates with it (chaos/httpops.py).
         os.environ["RAFTSCHED_TOKEN"] = cluster.admin_token
+        urls = cluster.slot_urls()
         cluster.start()
         cluster.wait_for_leader(60)
         sink = FencedSink(out / "sink.jsonl").start()
@@ -269,7 +334,7 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
             out / "webhooks.jsonl", net.host_ip, secret, args.webhook_refuse_p, args.seed
         ).start()
         features = Features(
-            cluster.urls,
+            urls,
             Recorder(out / "history-f.jsonl", "f"),
             args.seed,
             receiver.url,
@@ -277,7 +342,13 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
             stop_clients,
         )
         features.setup()
-        workers = WorkerPool(args, cluster.urls, sink.url)
+        if previous is None:
+            # A new cluster runs at cluster version 1 until its leader has
+            # polled every member (every 5 s) and raised it; membership
+            # changes need 4. The fault phase starts on a settled cluster
+            # (the mixed-version phase starts below 4 on purpose).
+            wait_cluster_version(cluster, COMMAND_VERSION_MAX, 60)
+        workers = WorkerPool(args, urls, sink.url)
         workers.start()
         nemesis_history = Recorder(out / "history-nemesis.jsonl", "nemesis")
         monitor = Monitor(cluster, Recorder(out / "history-monitor.jsonl", "monitor"))
@@ -286,7 +357,7 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         clients = [
             Client(
                 f"c{i}",
-                cluster.urls,
+                urls,
                 Recorder(out / f"history-c{i}.jsonl", f"c{i}"),
                 known_jobs,
                 args.seed * 1000 + i,
@@ -300,11 +371,14 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
             client.start()
         features.start()
         started = time.time()
-        nemesis = nemesis_module.Nemesis(cluster, faults, nemesis_history, workers.pause, started)
+        nemesis = nemesis_module.Nemesis(
+            cluster, faults, nemesis_history, workers.pause, started,
+            upgrade=lambda node: upgrade(cluster, node),
+        )  # fmt: skip
         nemesis.start()
         time.sleep(max(0.0, started + args.duration - time.time()))
         nemesis.stop_event.set()
-        nemesis.join(timeout=60)
+        nemesis.join(timeout=90)
         nemesis.heal_all()
         workers.resume_all()
         healed_at = time.time()
@@ -319,24 +393,28 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         recover_s, unfinished = wait_recovered(cluster, acked, args.recovery_bound_s, features)
         workers.stop()
         monitor.stop_event.set()
+        monitor.join(timeout=5)
         wait_converged(cluster, 30)
         final = read_final(cluster, features)
         final["unfinished_after_bound"] = unfinished
         (out / "final.json").write_text(json.dumps(final))
         sink.stop()
         receiver.stop()
+        nemesis_module.note_exits(cluster, nemesis_history)
         events = read_events(sorted(out.glob("history-*.jsonl")))
         ops = operations(events)
+        notes = [event for event in events if event["type"] == "note"]
         deliveries = read_receiver_log(out / "webhooks.jsonl")
-        checks = check_all(ops, final, read_sink_log(out / "sink.jsonl"), deliveries)
+        checks = check_all(ops, final, read_sink_log(out / "sink.jsonl"), deliveries, notes)
         # The nodes' logs are complete only once they have stopped.
         cluster.stop()
-        log_errors = {node.id: read_log_errors(node.log_path) for node in cluster.nodes.values()}
-        checks.insert(7, node_logs_clean(log_errors))
+        log_errors = node_log_errors(cluster)
+        expected = expected_log_errors_by_node(notes)
+        checks.insert(7, node_logs_clean(log_errors, expected_by_node=expected))
         return summarize(
             args, ops, events, final, checks, nemesis.applied, nemesis.errors,
             recover_s, unfinished, healed_at - started,
-            expected_log_errors=expected_log_errors_seen(log_errors),
+            expected_log_errors=expected_log_errors_seen(log_errors, expected_by_node=expected),
             deliveries=deliveries,
         )  # fmt: skip
     finally:
@@ -351,7 +429,35 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
                 receiver.stop()
         if cluster is not None:
             cluster.stop()
+            cluster.unmount_all()
         net.teardown()
+
+
+def run_previous(cluster: NsCluster, node: NsNode, release: Release) -> None:
+    """Run `node` on the previous release, into a log of its own (checker 8
+    holds that release's log to what was known of it then)."""
+    node.python, node.source_dir = release.python, release.source_dir
+    node.release = release.version
+    node.log_path = cluster.root / f"{node.id}-v{release.version}.log"
+    node.extra_logs.append(node.log_path)
+
+
+def upgrade(cluster: NsCluster, node: NsNode) -> None:
+    """The runbook's step: SIGTERM, then today's code on the same data directory."""
+    cluster.kill(node.id, signal.SIGTERM)
+    node.python, node.source_dir, node.release = None, None, "current"
+    node.log_path = cluster.root / f"{node.id}.log"
+    cluster.start(node.id)
+
+
+def node_log_errors(cluster: NsCluster) -> dict[str, list[LogError]]:
+    """Every error-level line of every node's logs, per log: a node that ran
+    the previous release has a log of that release under `<id>-v<version>`."""
+    found: dict[str, list[LogError]] = {}
+    for node in cluster.ns_nodes():
+        for path in dict.fromkeys([*node.extra_logs, node.log_path]):
+            found[path.stem] = read_log_errors(path)
+    return found
 
 
 def _acked_jobs(out: Path) -> list[str]:

@@ -66,6 +66,7 @@ def summarize(
         "time_to_recover_s": None if recover_s is None else round(recover_s, 1),
         "unfinished_after_bound": unfinished[:20],
         "features": features(final, deliveries or []),
+        "operations": operations_summary(faults, events, final),
         "anomalies": anomalies,
         # Error-level node log lines the faults explain (reason -> count);
         # any other one is an anomaly of checker 8.
@@ -98,6 +99,29 @@ def features(final: dict[str, Any], deliveries: list[dict[str, Any]]) -> dict[st
         "webhook_redelivered": sum(count - 1 for count in received.values()),
         "limited_tenant_jobs": sum(1 for job in jobs if job.get("tenant") == LIMITED_TENANT),
         "ordering_key_jobs": sum(1 for job in jobs if job.get("ordering_key")),
+    }
+
+
+def operations_summary(
+    faults: list[dict[str, Any]], events: list[Event], final: dict[str, Any]
+) -> dict[str, Any]:
+    """What the operations faults amounted to: each membership change,
+    upgrade and disk fault with its outcome, the node exits by status, and
+    the members at the end."""
+    kinds = ("add_node", "remove_node", "replace_node", "upgrade", "fsync_fail", "disk_full")
+    outcomes: dict[str, Counter[str]] = defaultdict(Counter)
+    for fault in faults:
+        if fault["kind"] in kinds:
+            kind = fault.get("adapted", fault["kind"])
+            outcomes[kind][str(fault.get("outcome") or fault.get("skipped") or "held")] += 1
+    exits = [e["value"] for e in events if e["f"] == "node_exit" and e["type"] == "note"]
+    membership = final.get("membership") or {}
+    return {
+        "outcomes": {kind: dict(counts) for kind, counts in sorted(outcomes.items())},
+        "node_exits": dict(
+            Counter(f"{x['code']} ({'expected' if x['expected'] else 'UNEXPECTED'})" for x in exits)
+        ),
+        "members_at_end": membership.get("members", []),
     }
 
 
@@ -135,6 +159,7 @@ def render_text(summary: dict[str, Any]) -> str:
         f"stale-token rejections: {summary['stale_token_rejections']}"
         f" {summary['stale_token_rejections_by_source']}",
         f"features: {summary.get('features', {})}",
+        f"operations: {summary.get('operations', {})}",
         f"time to recover after healing: {summary['time_to_recover_s']} s"
         f" (bound {summary['recovery_bound_s']} s)",
         "anomalies per checker:",

@@ -3,11 +3,14 @@
  * $RAFTSCHED_FAULT_FSYNC_SUFFIX, once the file $RAFTSCHED_FAULT_FSYNC_TRIGGER
  * exists (so that a node starts normally and fails when the test says).
  * With $RAFTSCHED_FAULT_WRITE_TOO set, pwrite of those files fails with EIO
- * as well. Everything else goes to the real functions. Built by
- * tests/bad_disks.py. */
+ * as well. With $RAFTSCHED_FAULT_FSYNC_HITS set, each failed call appends
+ * its name to that file (the chaos nemesis tells "the node never synced"
+ * from "the sync failed and the node carried on"). Everything else goes to
+ * the real functions. Built by tests/bad_disks.py and chaos/cluster.py. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,12 +37,29 @@ static int should_fail(int fd) {
         && strcmp(target + length - suffix_length, suffix) == 0;
 }
 
+static void record_hit(const char *name) {
+    const char *hits = getenv("RAFTSCHED_FAULT_FSYNC_HITS");
+    int saved = errno;
+    int out;
+    if (hits == NULL) {
+        return;
+    }
+    out = open(hits, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (out >= 0) {
+        (void)!write(out, name, strlen(name));
+        (void)!write(out, "\n", 1);
+        close(out);
+    }
+    errno = saved;
+}
+
 int fsync(int fd) {
     static int (*real)(int) = NULL;
     if (real == NULL) {
         real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
     }
     if (should_fail(fd)) {
+        record_hit("fsync");
         errno = EIO;
         return -1;
     }
@@ -52,6 +72,7 @@ int fdatasync(int fd) {
         real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
     }
     if (should_fail(fd)) {
+        record_hit("fdatasync");
         errno = EIO;
         return -1;
     }
@@ -60,6 +81,7 @@ int fdatasync(int fd) {
 
 static ssize_t failed_write(int fd) {
     if (getenv("RAFTSCHED_FAULT_WRITE_TOO") != NULL && should_fail(fd)) {
+        record_hit("pwrite");
         errno = EIO;
         return 1;
     }

@@ -1,0 +1,194 @@
+"""The nemesis's membership operations: add, remove and replace a node
+through the admin API (docs/api.md, "Membership (admin)"), each request an
+operation in the nemesis history (`member_add`, `member_remove`), and the
+waits around them.
+
+A change the API refuses is a definite `fail` with its reason
+(`change_in_progress`: retried a few times; `quorum_at_risk`: skipped;
+`cluster_version`/"upgrade every node first" while a member still runs the
+previous release: expected, recorded as such). A request whose answer was
+lost (`info`) is resolved by asking the leader whether the change is in its
+membership, and that resolution is noted (`member_outcome`) so that the
+checker knows what the cluster should end with.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any, Final
+
+from chaos.cluster import NsCluster, NsNode
+from chaos.history import Recorder
+from chaos.httpops import Outcome, Session
+from raftsched.testing import http_json
+
+MEMBERSHIP_VERSION: Final = 4  # the cluster version of AddMember/RemoveMember
+RETRIES_MAX: Final = 4
+RETRY_PAUSE_S: Final = 2.0
+SETTLE_S: Final = 60.0
+REQUEST_BUDGET_S: Final = 30.0
+REQUEST_SEND_TIMEOUT_S: Final = 15.0  # the API waits up to 10 s for the configuration
+
+
+def view(cluster: NsCluster, node_id: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    return cluster.cluster_view(node_id, timeout_s=timeout_s)
+
+
+def leader_view(cluster: NsCluster) -> dict[str, Any] | None:
+    leader = cluster.leader_id()
+    return None if leader is None else view(cluster, leader)
+
+
+def members_in(found: dict[str, Any]) -> list[str]:
+    """The ids a /v1/cluster answer lists as members (any status but removed)."""
+    return sorted(n["id"] for n in found.get("nodes", []) if n.get("status") != "removed")
+
+
+def settled(cluster: NsCluster) -> bool:
+    """The leader reports no change in progress and every node a plain member."""
+    found = leader_view(cluster)
+    if found is None:
+        return False
+    membership = found.get("membership") or {}
+    # A node of the previous release reports no status (no membership changes).
+    statuses = {n.get("status", "member") for n in found.get("nodes", [])}
+    return membership.get("change") is None and statuses <= {"member"}
+
+
+def wait_settled(cluster: NsCluster, stop: threading.Event, timeout_s: float = SETTLE_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if settled(cluster):
+            return True
+        if stop.wait(0.5):
+            return settled(cluster)
+    return False
+
+
+def cluster_version(cluster: NsCluster, wait_s: float = 10.0) -> int | None:
+    """The leader's cluster version, waiting up to `wait_s` for a leader
+    (None if there is none by then)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = leader_view(cluster)
+        if found is not None:
+            version = found.get("cluster_version")
+            return None if version is None else int(version)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.5)
+
+
+def _reason(outcome: Outcome) -> str:
+    error = outcome.body.get("error")
+    if not isinstance(error, dict):
+        return outcome.error or ""
+    details = error.get("details") or {}
+    reason = details.get("reason") if isinstance(details, dict) else None
+    return str(reason or error.get("message") or error.get("code"))
+
+
+class Changes:
+    """One membership request at a time, recorded in the nemesis history."""
+
+    def __init__(self, cluster: NsCluster, history: Recorder, stop: threading.Event) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.stop = stop
+
+    def _session(self) -> Session:
+        return Session(self.cluster.member_urls())
+
+    def _request(self, f: str, method: str, path: str, body: Any, value: dict[str, Any]) -> Outcome:
+        version = cluster_version(self.cluster)
+        op = self.history.invoke(f, {**value, "cluster_version_seen": version})
+        outcome = self._session().call(
+            method, path, body, idempotent=False, budget_s=REQUEST_BUDGET_S,
+            send_timeout_s=REQUEST_SEND_TIMEOUT_S,
+        )  # fmt: skip
+        self.history.complete(
+            op, outcome.kind, f,
+            {"status": outcome.status, "body": outcome.body, "error": outcome.error,
+             "reason": _reason(outcome) if outcome.kind != "ok" else None},
+        )  # fmt: skip
+        return outcome
+
+    def _retrying(
+        self, f: str, method: str, path: str, body: Any, value: dict[str, Any]
+    ) -> Outcome:
+        """Retried while another change is in progress (expected: one at a time)."""
+        outcome = self._request(f, method, path, body, value)
+        for _ in range(RETRIES_MAX):
+            if outcome.kind != "fail" or _reason(outcome) != "change_in_progress":
+                break
+            if self.stop.wait(RETRY_PAUSE_S):
+                break
+            wait_settled(self.cluster, self.stop, 10.0)
+            outcome = self._request(f, method, path, body, value)
+        return outcome
+
+    def add(self, node: NsNode) -> bool:
+        """Ask to add `node`; whether it is a member now (info resolved)."""
+        body = {"id": node.id, "raft_address": node.raft_address, "http_url": node.http_url}
+        outcome = self._retrying("member_add", "POST", "/v1/cluster/nodes", body, dict(body))
+        if outcome.kind == "info":
+            return self._resolve(node.id, expect_member=True, request="add")
+        return outcome.kind == "ok"
+
+    def remove(self, node_id: str) -> bool:
+        """Ask to remove `node_id`; whether it is removed now (info resolved)."""
+        outcome = self._retrying(
+            "member_remove", "DELETE", f"/v1/cluster/nodes/{node_id}", None, {"id": node_id}
+        )
+        if outcome.kind == "info":
+            return not self._resolve(node_id, expect_member=False, request="remove")
+        return outcome.kind == "ok"
+
+    def _resolve(self, node_id: str, expect_member: bool, request: str) -> bool:
+        """Whether `node_id` is in the leader's membership, asked until a
+        leader answers; noted, for the checker."""
+        deadline = time.monotonic() + 30
+        member: bool | None = None
+        while time.monotonic() < deadline and member is None:
+            found = leader_view(self.cluster)
+            if found is not None:
+                member = node_id in members_in(found)
+            elif self.stop.wait(0.5):
+                break
+        if member is None:  # no leader to ask: assume the request took effect
+            member = expect_member
+        self.history.note("member_outcome", {"id": node_id, "member": member, "request": request})
+        return member
+
+    def retire(self, node: NsNode) -> None:
+        """A removed node that kept running: note what it says of itself
+        (removed, its term) beside the members' term, then stop it, as an
+        operator would (docs/operations.md)."""
+        own = view(self.cluster, node.id) if node.alive else None
+        members = leader_view(self.cluster)
+        self.history.note(
+            "retired",
+            {
+                "node": node.id,
+                "answered": own is not None,
+                "removed": None if own is None else (own.get("membership") or {}).get("removed"),
+                "term": None if own is None else own.get("term"),
+                "members_term": None if members is None else members.get("term"),
+            },
+        )
+        self.cluster.kill(node.id, signal.SIGTERM)
+
+    def ready(self, node: NsNode, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                status, _, _ = http_json("GET", node.http_url + "/readyz", timeout_s=2)
+            except OSError:
+                status = 0
+            if status == 200:
+                return True
+            if self.stop.wait(0.5):
+                return False
+        return False
