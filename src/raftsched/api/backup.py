@@ -56,8 +56,16 @@ async def backup(request: web.Request) -> web.StreamResponse:
         response.content_length = len(stream.head) + header.body_bytes
         await response.prepare(request)
         await response.write(stream.head)
+        # The last chunk waits until the child is reaped (`chunks` ends
+        # with that) and the node may take the next backup: a client that
+        # has every byte and asks again at once is not told it is busy.
+        last = b""
         async for chunk in stream.chunks():
-            await response.write(chunk)
+            if last:
+                await response.write(last)
+            last = chunk
+        node.backups.done()
+        await response.write(last)
         await response.write_eof()
         log.info("backup at index %d sent (%d bytes)", header.index, response.content_length)
         return response
