@@ -199,6 +199,22 @@ def test_the_fail_stop_line_is_expected_only_in_the_armed_nodes_logs() -> None:
     assert [example["node"] for example in check.examples] == ["n1-v0.3.0"]
 
 
+def test_the_previous_releases_known_webhook_error_is_expected_only_in_its_logs() -> None:
+    """0.3.0 logged a leadership lost mid-acknowledgement at error level
+    (fixed in 0.4.0): expected while a node ran 0.3.0, flagged from today's."""
+    line = (
+        "raftsched.webhooks: webhook delivery failed\nTraceback (most recent call last):\n"
+        '  File "webhooks.py", line 241, in _deliver_batch\n'
+        "raftsched.node.proposer.NotLeader"
+    )
+    errors = {
+        "n2-v0.3.0": [LogError(s.REPO_ROOT / "n2-v0.3.0.log", 17, line)],
+        "n2": [LogError(s.REPO_ROOT / "n2.log", 5, line)],
+    }
+    check = node_logs_clean(errors)
+    assert [example["node"] for example in check.examples] == ["n2"]
+
+
 # -- the schedule ----------------------------------------------------------------
 
 
