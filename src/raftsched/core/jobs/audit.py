@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from raftsched.core.jobs.commands import CancelJob, PauseQueue, ReplayJob, SetQueue, SetTenant
+from raftsched.core.jobs.commands import (
+    CancelJob,
+    PauseQueue,
+    ReplayJob,
+    SetQueue,
+    SetTenant,
+    SetUnknownPolicy,
+)
 from raftsched.core.kernel.feature import Audit, AuditSubject
 from raftsched.core.kernel.state import State
 
@@ -53,8 +60,14 @@ def _set_tenant(state: State, command: SetTenant) -> AuditSubject:
     return AuditSubject(command.tenant, command.tenant, detail)
 
 
+def _set_unknown_policy(state: State, command: SetUnknownPolicy) -> AuditSubject:
+    tenant = command.name if command.scope == "tenant" else None
+    return AuditSubject(command.name, tenant, f"{command.scope} on_unknown={command.on_unknown}")
+
+
 CANCEL: Final = Audit("job.cancel", _cancel)
 REPLAY: Final = Audit("job.replay", _replay)
 SET_QUEUE: Final = Audit("queue.set", _set_queue)
 PAUSE_QUEUE: Final = Audit("queue.pause", _pause_queue)
 SET_TENANT: Final = Audit("tenant.set", _set_tenant)
+SET_UNKNOWN_POLICY: Final = Audit("on_unknown.set", _set_unknown_policy)
