@@ -16,6 +16,7 @@ from raftsched.core import (
     encode_state,
     state_digest,
 )
+from raftsched.core.jobs import reconcile as reconcile_module
 from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
@@ -29,7 +30,6 @@ from raftsched.core.jobs.commands import (
     StartJob,
     SubmitJobs,
 )
-from raftsched.core.jobs import reconcile as reconcile_module
 from raftsched.core.jobs.reconcile_book import RECONCILE, RECONCILE_TRIES_MAX, book_of
 from raftsched.core.kernel.codec import spec_row
 from raftsched.core.kernel.commands import Audited, Backoff, Entry, JobSpec, Tick

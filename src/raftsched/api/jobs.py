@@ -45,7 +45,7 @@ def _job_json(request: web.Request, job_id: str) -> dict[str, Any]:
         if job is None:
             # Purged between commit and render (retention); rare but possible.
             raise ApiError("not_found", f"job {job_id} no longer exists")
-        return render.job(job)
+        return render.job(job, state)
 
 
 async def _submit(request: web.Request, specs: list[JobSpec], size_bytes: int) -> Submitted:
@@ -112,7 +112,7 @@ async def get_job(request: web.Request) -> web.Response:
         job = core.get_job(state, job_id)
         if job is None or not scope.visible_job(principal, job):
             raise ApiError("not_found", f"no job {job_id}")
-        body = {"job": render.job(job)}
+        body = {"job": render.job(job, state)}
     return json_response(body, headers=headers)
 
 
@@ -163,7 +163,7 @@ async def list_jobs(request: web.Request) -> web.Response:
             tenants=principal.tenants,
             queues=principal.queues,
         )
-        body = {"jobs": [render.job(job) for job in jobs], "next_cursor": next_cursor}
+        body = {"jobs": [render.job(job, state) for job in jobs], "next_cursor": next_cursor}
     return json_response(body, headers=headers)
 
 
@@ -186,7 +186,7 @@ def _by_idempotency_key(request: web.Request, key: str) -> dict[str, Any]:
             job = None
         if job is not None and not scope.visible_job(principal_of(request), job):
             job = None
-        return {"jobs": [] if job is None else [render.job(job)], "next_cursor": None}
+        return {"jobs": [] if job is None else [render.job(job, state)], "next_cursor": None}
 
 
 def _reason(body: Mapping[str, Any]) -> str:

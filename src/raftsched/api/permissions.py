@@ -113,6 +113,7 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     ("POST", "/v1/leases/{job_id}/heartbeat"): P.WORK,
     ("POST", "/v1/leases/{job_id}/complete"): P.WORK,
     ("POST", "/v1/leases/{job_id}/fail"): P.WORK,
+    ("POST", "/v1/leases/{job_id}/reconcile"): P.WORK,
     ("POST", "/v1/leases/batch"): P.WORK,
     ("POST", "/v1/effects"): P.WORK,
     ("GET", "/v1/effects/{key}"): P.READ_EFFECTS,

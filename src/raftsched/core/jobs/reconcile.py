@@ -27,7 +27,6 @@ from __future__ import annotations
 from typing import Final
 
 from raftsched.core.jobs.commands import ClaimJobs, HeartbeatJob, ReconcileJob, SetUnknownPolicy
-from raftsched.core.jobs.flow import flow_of
 from raftsched.core.jobs.lifecycle import (
     SYSTEM_ACTOR,
     retry_or_dead_letter,
@@ -41,6 +40,7 @@ from raftsched.core.jobs.reconcile_book import (
     close_task,
     guard_defaults,
     guard_task,
+    offered,
 )
 from raftsched.core.jobs.retry import retry_delay_ms, seeded_u32
 from raftsched.core.kernel.commands import Tick
@@ -120,20 +120,14 @@ def grant_reconciliations(
     """Up to `limit` reconciliation leases from the claimed queues, oldest
     job first. They come before new work: each one holds a job that nobody
     may run until it is answered. A paused queue grants none."""
-    tasks = book_of(state).tasks
-    if not tasks or limit <= 0:
+    if limit <= 0:
         return []
-    queues = set(command.queues)
-    paused = flow_of(state).queues
     now_ms = state.now_ms
-    ready: list[tuple[int, str, ReconcileTask]] = []
-    for job_id, task in tasks.items():
-        if task.lease is not None or task.available_at_ms > now_ms or task.queue not in queues:
-            continue
-        settings = paused.get(task.queue)
-        if settings is not None and settings.paused:
-            continue
-        ready.append((state.jobs[job_id].seq, job_id, task))
+    ready = [
+        (state.jobs[job_id].seq, job_id, task)
+        for job_id, task in offered(state, command.queues)
+        if task.available_at_ms <= now_ms
+    ]
     ready.sort(key=lambda item: item[0])
     leases = []
     for _, job_id, task in ready[:limit]:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from raftsched.core.jobs.flow import flow_of
 from raftsched.core.kernel.model import (
     OUTCOME_FAILED,
     OUTCOME_LEASE_EXPIRED,
@@ -108,6 +109,12 @@ def reconcile_queue(state: State, job: Job) -> str:
     return job.queue
 
 
+def open_reconcile_queue(state: State, job: Job) -> str | None:
+    """The queue a reconciling job's open reconciliation is claimed from."""
+    task = book_of(state).tasks.get(job.id)
+    return None if task is None else task.queue
+
+
 def remember_policy(
     state: State,
     job_id: str,
@@ -156,6 +163,30 @@ def close_finished(state: State, job: Job, savepoint: Savepoint) -> None:
     by its deadline leaves no task behind."""
     if book_of(state).tasks:
         close_task(state, job, savepoint)
+
+
+def offered(state: State, queues: tuple[str, ...]) -> list[tuple[str, ReconcileTask]]:
+    """The open tasks that a claim of `queues` may be offered (unleased, of
+    a queue that is not paused), whenever they become available."""
+    tasks = book_of(state).tasks
+    if not tasks:
+        return []
+    settings = flow_of(state).queues
+    found = []
+    for job_id, task in tasks.items():
+        if task.lease is not None or task.queue not in queues:
+            continue
+        record = settings.get(task.queue)
+        if record is None or not record.paused:
+            found.append((job_id, task))
+    return found
+
+
+def claimable_at_ms(state: State, queues: tuple[str, ...]) -> int | None:
+    """When a claim of `queues` could next be granted a reconciliation; None
+    when none is open there."""
+    times = [task.available_at_ms for _, task in offered(state, queues)]
+    return min(times) if times else None
 
 
 def _drop(mapping: dict[str, Any], key: str) -> None:

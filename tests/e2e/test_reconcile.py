@@ -1,0 +1,167 @@
+"""Reconciliation of unknown outcomes over HTTP, with the worker SDK.
+
+A three-node cluster; a queue made safe with one setting (`PUT /v1/queues`
+with `on_unknown: reconcile`); a fake provider that cannot deduplicate (a
+charge count per payment). Workers "crash" after the provider call and
+before recording it (their lease simply lapses), or before the call; a
+reconciler registered with `@worker.reconciler(queue)` looks at the
+provider. Every payment ends charged exactly once, and each decision is in
+the job's history with the reconciling worker, its token and its evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from raftsched.client import Client, LeaseLost
+from raftsched.core import COMMAND_VERSION_MAX
+from raftsched.testing import LocalCluster
+from raftsched.worker import (
+    DidNotHappen,
+    Happened,
+    JobContext,
+    ReconcileContext,
+    Worker,
+    WorkerConfig,
+)
+
+QUEUE = "payments-rc"
+
+
+class Provider:
+    """Charges per payment id; no deduplication at all."""
+
+    def __init__(self) -> None:
+        self.charges: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def charge(self, payment: str) -> str:
+        with self.lock:
+            self.charges[payment] += 1
+            return f"ch_{payment}_{self.charges[payment]}"
+
+    def find(self, payment: str) -> str | None:
+        with self.lock:
+            count = self.charges[payment]
+        return f"ch_{payment}_{count}" if count else None
+
+
+def _wait(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _crash_after(client: Client, provider: Provider, job_id: str, charge: bool) -> int:
+    """A worker that takes the job, maybe calls the provider, and dies
+    before recording anything: its short lease lapses while running."""
+    (lease,) = client.claim("doomed", [QUEUE], max_jobs=1, wait_s=5, lease_s=1)
+    assert lease["job_id"] == job_id, lease
+    client.start(job_id, lease["fencing_token"])
+    if charge:
+        provider.charge(client.get_job(job_id)["payload"]["payment"])
+    return int(lease["fencing_token"])
+
+
+def test_unknown_outcomes_are_reconciled_and_every_payment_is_charged_once(
+    cluster: LocalCluster, client: Client
+) -> None:
+    _wait(
+        lambda: client.cluster().get("cluster_version") == COMMAND_VERSION_MAX,
+        30,
+        "the cluster version to reach this release's",
+    )
+    queue = client.set_queue(QUEUE, on_unknown="reconcile")
+    assert queue["on_unknown"] == "reconcile"
+    provider = Provider()
+    charged = client.submit(QUEUE, {"payment": "p1"}, idempotency_key="p1", lease_s=1)["id"]
+    spared = client.submit(QUEUE, {"payment": "p2"}, idempotency_key="p2", lease_s=1)["id"]
+    assert client.get_job(charged)["on_unknown"] == "reconcile"
+
+    first_token = _crash_after(client, provider, charged, charge=True)
+    _crash_after(client, provider, spared, charge=False)
+    _wait(
+        lambda: {client.get_job(j)["status"] for j in (charged, spared)} == {"reconciling"},
+        15,
+        "both jobs to be reconciling",
+    )
+    job = client.get_job(charged)
+    assert job["reconciliation"]["attempt"] == 1
+    assert job["attempts"][0]["outcome"] == "lease_expired"
+    try:  # the crashed attempt's token cannot answer for it
+        client.reconcile(charged, first_token, "happened")
+    except LeaseLost:
+        pass
+    else:
+        raise AssertionError("the unknown attempt's own token answered its reconciliation")
+
+    def charge(ctx: JobContext) -> dict[str, Any]:
+        payment = ctx.payload["payment"]
+        receipt = ctx.effect(f"charge:{payment}", lambda: provider.charge(payment))
+        return {"charge": receipt}
+
+    def was_charged(ctx: ReconcileContext) -> Happened | DidNotHappen:
+        assert ctx.attempt.worker_id == "doomed" and ctx.attempt.started_at is not None
+        payment = ctx.payload["payment"]
+        found = provider.find(payment)
+        if found is None:
+            return DidNotHappen(f"the provider has no charge for {payment}")
+        return Happened(
+            {"charge": found},
+            effects={f"charge:{payment}": found},
+            reason=f"the provider lists {found}",
+        )
+
+    async def work() -> None:
+        config = WorkerConfig(cluster.urls, (QUEUE,), worker_id="reconciler-1", lease_s=5)
+        worker = Worker(config, charge)
+        worker.reconciler(QUEUE)(was_charged)
+        runner = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            jobs = await asyncio.to_thread(lambda: [client.get_job(j) for j in (charged, spared)])
+            if all(j["status"] == "succeeded" for j in jobs):
+                break
+            await asyncio.sleep(0.2)
+        worker.stop()
+        await runner
+
+    asyncio.run(work())
+
+    assert provider.charges == {"p1": 1, "p2": 1}
+    happened = client.get_job(charged)
+    assert happened["status"] == "succeeded"
+    assert happened["result"] == {"charge": "ch_p1_1"}
+    assert client.get_effect("charge:p1")["result"] == "ch_p1_1"
+    decision = client.job_history(charged)[-1]
+    assert decision["event"] == "complete" and decision["actor"] == "reconciler-1"
+    assert decision["from_status"] == "reconciling"
+    assert decision["detail"] == "reconciled happened: the provider lists ch_p1_1"
+    assert decision["fencing_token"] > first_token
+
+    retried = client.get_job(spared)
+    assert retried["status"] == "succeeded" and len(retried["attempts"]) == 2
+    tokens = [a["fencing_token"] for a in retried["attempts"]]
+    assert tokens == sorted(tokens)
+    events = [(e["event"], e["to_status"]) for e in client.job_history(spared)]
+    assert ("outcome_unknown", "reconciling") in events
+    assert ("requeue", "pending") in events or ("retry", "retry_wait") in events
+
+
+def test_a_stale_reconciliation_token_is_lease_lost(client: Client) -> None:
+    job_id = client.submit("plain-rc", {"n": 1})["id"]
+    (lease,) = client.claim("w", ["plain-rc"], max_jobs=1, wait_s=5)
+    try:
+        client.reconcile(job_id, lease["fencing_token"], "did_not_happen")
+    except LeaseLost:
+        pass
+    else:
+        raise AssertionError("a job lease token answered a reconciliation")
+    assert client.get_job(job_id)["status"] == "claimed"
