@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -277,11 +277,18 @@ def load_handler(spec: str) -> Handler:
     return cast(Handler, target)
 
 
-def run_worker(config: WorkerConfig, handler: Handler) -> int:
-    """Run a worker on a new event loop until SIGTERM/SIGINT; returns 0."""
+def run_worker(
+    config: WorkerConfig,
+    handler: Handler,
+    reconcilers: Mapping[str | None, Reconciler] | None = None,
+) -> int:
+    """Run a worker on a new event loop until SIGTERM/SIGINT; returns 0.
+    `reconcilers`: reconcile handlers by queue (None: any queue)."""
 
     async def main() -> None:
         worker = Worker(config, handler)
+        for queue, reconciler in (reconcilers or {}).items():
+            worker.reconciler(queue)(reconciler)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop)
