@@ -18,7 +18,12 @@ from raftsched.core import (
     needs_upgrade,
 )
 from raftsched.core.auth.commands import BootstrapAdmin, CreateToken, RevokeToken, TouchTokens
-from raftsched.core.jobs.commands import Configure, ReconcileJob, SetUnknownPolicy
+from raftsched.core.jobs.commands import (
+    Configure,
+    ReconcileJob,
+    ReplayReconciled,
+    SetUnknownPolicy,
+)
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION, cluster_version
 from raftsched.core.kernel.commands import (
     Audited,
@@ -51,6 +56,7 @@ def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> N
         ForgetIncarnation: 4,
         SetUnknownPolicy: 5,
         ReconcileJob: 5,
+        ReplayReconciled: 5,
     }
     assert COMMAND_VERSION_MAX == 5
 

@@ -43,6 +43,7 @@ from raftsched.core.jobs.commands import (
     ReconcileJob,
     RecordEffect,
     ReplayJob,
+    ReplayReconciled,
     SetQueue,
     SetTenant,
     SetUnknownPolicy,
@@ -167,6 +168,7 @@ EVERY_COMMAND: tuple[Command, ...] = (
     SetUnknownPolicy("queue", "payments", "reconcile"),
     ReconcileJob("j1", 9, "happened", b"\xa2ok", (("charge:1", b"\x01"),), "provider says paid", 3),
     ReconcileJob("j1", 9, "cannot_tell"),
+    ReplayReconciled("j1", "refunded by hand", "alice"),
 )  # fmt: skip
 
 
@@ -185,7 +187,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         CreateToken: 70, RevokeToken: 71, BootstrapAdmin: 72, TouchTokens: 73,
         SetClusterId: 90, RecordIncarnation: 91, ForgetIncarnation: 92,
         AddMember: 93, RemoveMember: 94,
-        SetUnknownPolicy: 100, ReconcileJob: 101,
+        SetUnknownPolicy: 100, ReconcileJob: 101, ReplayReconciled: 102,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

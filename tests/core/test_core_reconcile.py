@@ -26,6 +26,8 @@ from raftsched.core.jobs.commands import (
     PauseQueue,
     ReconcileJob,
     RecordEffect,
+    ReplayJob,
+    ReplayReconciled,
     SetUnknownPolicy,
     StartJob,
     SubmitJobs,
@@ -33,7 +35,7 @@ from raftsched.core.jobs.commands import (
 from raftsched.core.jobs.reconcile_book import RECONCILE, RECONCILE_TRIES_MAX, book_of
 from raftsched.core.kernel.codec import spec_row
 from raftsched.core.kernel.commands import Audited, Backoff, Entry, JobSpec, Tick
-from raftsched.core.kernel.results import Ack, Lease, Reconciled, Rejected
+from raftsched.core.kernel.results import Ack, Lease, Reconciled, Rejected, Replayed
 from raftsched.core.schedules.commands import CreateSchedule
 from raftsched.core.schedules.model import ScheduleSpec
 
@@ -429,3 +431,45 @@ def test_a_bug_inside_a_decision_is_rolled_back_with_the_section(
     assert cluster.digest() == before
     assert lease.job_id in book_of(cluster.state).tasks
     assert "k" not in cluster.state.effects
+
+
+# -- replaying what was never reconciled ---------------------------------------------------
+
+
+def test_an_unreconciled_dead_letter_is_replayed_only_with_the_operators_word() -> None:
+    cluster = Cluster()
+    lease, ask = _reconciling(cluster)
+    cluster.run(ReconcileJob(lease.job_id, ask.fencing_token, "cannot_tell", reason="no record"))
+    refused = cluster.one(ReplayJob(lease.job_id, "try again"), at=cluster.now_ms)
+    assert isinstance(refused, Rejected) and refused.code == "invalid_state"
+    assert refused.details["reason"] == "unreconciled"
+    blank = cluster.one(ReplayReconciled(lease.job_id, " "), at=cluster.now_ms)
+    assert isinstance(blank, Rejected) and blank.code == "invalid_request"
+    audited = Audited("ops (tok_1)", ReplayReconciled(lease.job_id, "refunded by hand", "ops"))
+    assert cluster.one(audited) == Replayed(lease.job_id)
+    job = cluster.job(lease.job_id)
+    assert job.status == "pending"
+    assert job.history[-1][1] == "replay" and job.history[-1][4] == "ops"
+    assert job.history[-1][7] == "reconciled by operator: refunded by hand"
+    assert cluster.state.sections["audit"].entries[-1].kind == "job.replay_reconciled"
+
+
+def test_a_deadline_during_reconciliation_leaves_it_unreconciled() -> None:
+    cluster = Cluster()
+    lease, _ = _reconciling(cluster, deadline_ms=60_000)
+    cluster.run(Tick(), at=cluster.now_ms + 60_000)
+    refused = cluster.one(ReplayJob(lease.job_id, "again"), at=cluster.now_ms)
+    assert isinstance(refused, Rejected) and refused.code == "invalid_state"
+
+
+def test_a_decided_or_ordinary_dead_letter_replays_as_before() -> None:
+    cluster = Cluster()
+    lease, ask = _reconciling(cluster, max_attempts=1)
+    cluster.run(ReconcileJob(lease.job_id, ask.fencing_token, "did_not_happen"))
+    assert cluster.job(lease.job_id).status == "dead_letter"
+    assert cluster.one(ReplayJob(lease.job_id, "more attempts")) == Replayed(lease.job_id)
+    cluster.run(CancelJob(lease.job_id))
+    retried = _running(cluster, max_attempts=1, lease_ms=1_000)  # the default policy
+    cluster.run(Tick(), at=retried.expires_at_ms)
+    assert cluster.job(retried.job_id).status == "dead_letter"
+    assert cluster.one(ReplayJob(retried.job_id, "again")) == Replayed(retried.job_id)

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from raftsched.client import Client, LeaseLost
+from raftsched.client import Client, Conflict, LeaseLost
 from raftsched.core import COMMAND_VERSION_MAX
 from raftsched.testing import LocalCluster
 from raftsched.worker import (
@@ -165,3 +165,35 @@ def test_a_stale_reconciliation_token_is_lease_lost(client: Client) -> None:
     else:
         raise AssertionError("a job lease token answered a reconciliation")
     assert client.get_job(job_id)["status"] == "claimed"
+
+
+def test_an_unreconciled_dead_letter_needs_the_operators_word_to_replay(client: Client) -> None:
+    queue = "ledger-rc"
+    _wait(
+        lambda: client.cluster().get("cluster_version") == COMMAND_VERSION_MAX,
+        30,
+        "the cluster version to reach this release's",
+    )
+    job_id = client.submit(queue, {"entry": 1}, on_unknown="reconcile")["id"]
+    (lease,) = client.claim("w1", [queue], max_jobs=1, wait_s=5)
+    client.start(job_id, lease["fencing_token"])
+    failed = client.fail(job_id, lease["fencing_token"], kind="unknown", message="timed out")
+    assert failed["status"] == "reconciling"
+    (ask,) = client.claim("r1", [queue], max_jobs=1, wait_s=5)
+    assert ask["reconcile"]["fencing_token"] == lease["fencing_token"]
+    assert ask["reconcile"]["worker_id"] == "w1"
+    answer = client.reconcile(job_id, ask["fencing_token"], "cannot_tell", reason="ledger down")
+    assert answer["status"] == "dead_letter"
+    assert client.get_job(job_id)["last_error"]["kind"] == "unreconciled"
+    try:
+        client.request("POST", f"/v1/jobs/{job_id}/replay", body={"reason": "again"})
+    except Conflict as error:
+        assert error.code == "invalid_state"
+    else:
+        raise AssertionError("an unreconciled dead letter was replayed without a word")
+    body = {"reason": "ledger checked by hand: no entry", "reconciled": True}
+    replayed = client.request("POST", f"/v1/jobs/{job_id}/replay", body=body).json()
+    assert replayed["job"]["status"] == "pending"
+    last = client.job_history(job_id)[-1]
+    assert last["event"] == "replay"
+    assert last["detail"] == "reconciled by operator: ledger checked by hand: no entry"

@@ -24,6 +24,7 @@ from raftsched.api.requests import (
 )
 from raftsched.api.validation import (
     BATCH_JOBS_MAX,
+    boolean,
     parse_job,
     path_id,
     query_integer,
@@ -31,8 +32,8 @@ from raftsched.api.validation import (
     reject_unknown,
     require_object,
 )
-from raftsched.core.jobs.commands import CancelJob, ReplayJob, SubmitJobs
-from raftsched.core.kernel.commands import JobSpec
+from raftsched.core.jobs.commands import CancelJob, ReplayJob, ReplayReconciled, SubmitJobs
+from raftsched.core.kernel.commands import Command, JobSpec
 from raftsched.core.kernel.results import CancelAccepted, Rejected, Replayed, SubmitItem, Submitted
 from raftsched.limits import LIST_LIMIT_MAX
 
@@ -207,14 +208,23 @@ async def cancel_job(request: web.Request) -> web.Response:
 @routes.post("/v1/jobs/{job_id}/replay")
 async def replay_job(request: web.Request) -> web.Response:
     """Replay needs a reason: it reruns work that failed for good, and the
-    audit trail and the job's history say why."""
-    reason = _reason(await optional_body(request))
+    audit trail and the job's history say why. A dead letter whose last
+    attempt's outcome is unknown and was never reconciled also needs
+    `"reconciled": true`, the operator's word that its effect was checked
+    (core.jobs.reconcile_book.awaits_reconciliation); without it, 409."""
+    body = await optional_body(request)
+    reject_unknown(body, frozenset({"reason", "reconciled"}))
+    reconciled = boolean(body, "reconciled", False)
+    reason = _reason({k: v for k, v in body.items() if k == "reason"})
     if not reason.strip():
         raise invalid("reason", "a replay needs a reason")
     job_id = path_id(request.match_info["job_id"])
     scope.require_job(request, job_id)
     who = actor(request, "operator")
-    await propose_audited(request, ReplayJob(job_id, reason, actor=who), Replayed)
+    command: Command = ReplayJob(job_id, reason, actor=who)
+    if reconciled:
+        command = ReplayReconciled(job_id, reason, actor=who)
+    await propose_audited(request, command, Replayed)
     return json_response({"job": _job_json(request, job_id)})
 
 

@@ -9,6 +9,7 @@ from raftsched.core.jobs.commands import (
     CancelJob,
     PauseQueue,
     ReplayJob,
+    ReplayReconciled,
     SetQueue,
     SetTenant,
     SetUnknownPolicy,
@@ -28,6 +29,10 @@ def _cancel(state: State, command: CancelJob) -> AuditSubject:
 
 def _replay(state: State, command: ReplayJob) -> AuditSubject:
     return _job_subject(state, command.job_id, command.reason)
+
+
+def _replay_reconciled(state: State, command: ReplayReconciled) -> AuditSubject:
+    return _job_subject(state, command.job_id, f"reconciled: {command.reason}")
 
 
 def _limit(name: str, value: object) -> str | None:
@@ -71,3 +76,4 @@ SET_QUEUE: Final = Audit("queue.set", _set_queue)
 PAUSE_QUEUE: Final = Audit("queue.pause", _pause_queue)
 SET_TENANT: Final = Audit("tenant.set", _set_tenant)
 SET_UNKNOWN_POLICY: Final = Audit("on_unknown.set", _set_unknown_policy)
+REPLAY_RECONCILED: Final = Audit("job.replay_reconciled", _replay_reconciled)

@@ -183,4 +183,16 @@ class ReconcileJob(Command):
     random_u32: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ReplayReconciled(Command):
+    """Operator action: replay a dead letter whose last attempt's outcome is
+    unknown and was never reconciled, stating (in `reason`, required) that
+    its effect was reconciled by hand. A plain `ReplayJob` of such a job is
+    refused: it could repeat an effect that happened."""
+
+    job_id: str
+    reason: str
+    actor: str = "operator"
+
+
 # -- Recurring schedules (issue 5) -------------------------------------------------

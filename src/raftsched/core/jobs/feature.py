@@ -21,6 +21,7 @@ from raftsched.core.jobs.commands import (
     ReconcileJob,
     RecordEffect,
     ReplayJob,
+    ReplayReconciled,
     SetQueue,
     SetTenant,
     SetUnknownPolicy,
@@ -40,6 +41,7 @@ from raftsched.core.jobs.operator_commands import (
     apply_configure,
     apply_record_effect,
     apply_replay,
+    apply_replay_reconciled,
 )
 from raftsched.core.jobs.submit import apply_submit
 from raftsched.core.kernel.codec import CodecError, expect
@@ -119,6 +121,14 @@ FEATURE: Final = Feature(
             ("str", "int", "str", "bytes", "effect_results", "str", "int"),
             reconcile.apply_reconcile,
             since=5,
+        ),
+        CommandKind(
+            ReplayReconciled,
+            102,
+            ("str", "str", "str"),
+            apply_replay_reconciled,
+            since=5,
+            audit=audit.REPLAY_RECONCILED,
         ),
     ),
     field_kinds=(FieldKind("effect_results", _encode_effects, _decode_effects),),

@@ -30,6 +30,8 @@ from typing import Any, Final
 
 from raftsched.core.jobs.flow import flow_of
 from raftsched.core.kernel.model import (
+    DEAD_LETTER,
+    ERROR_UNRECONCILED,
     OUTCOME_FAILED,
     OUTCOME_LEASE_EXPIRED,
     RECONCILING,
@@ -107,6 +109,28 @@ def reconcile_queue(state: State, job: Job) -> str:
     if own is not None and own[1] is not None:
         return own[1]
     return job.queue
+
+
+def awaits_reconciliation(state: State, job: Job) -> bool:
+    """A dead letter of a `reconcile` job whose effect nobody has vouched
+    for: dead-lettered `unreconciled` (cannot tell, or its reconciliations
+    expired), or with its last attempt's outcome unknown and no decision
+    after it (a deadline ended its reconciliation). Replaying it needs a
+    reconcile decision or an operator's `ReplayReconciled`."""
+    if job.status != DEAD_LETTER or not job.attempts or not reconciles(state, job):
+        return False
+    if job.last_error is not None and job.last_error[0] == ERROR_UNRECONCILED:
+        return True
+    last = job.attempts[-1]
+    unknown = (last.outcome == OUTCOME_LEASE_EXPIRED and last.started_at_ms is not None) or (
+        last.outcome == OUTCOME_FAILED and last.error is not None and last.error[0] == "unknown"
+    )
+    if not unknown:
+        return False
+    for _, _, from_status, _, _, _, _, detail in reversed(job.history or ()):
+        if from_status == RECONCILING and detail is not None and detail.startswith("reconciled "):
+            return False  # a reconciler decided (did_not_happen, attempts spent)
+    return True
 
 
 def open_reconcile_queue(state: State, job: Job) -> str | None:
