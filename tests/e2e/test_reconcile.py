@@ -146,6 +146,13 @@ def test_unknown_outcomes_are_reconciled_and_every_payment_is_charged_once(
     assert decision["detail"] == "reconciled happened: the provider lists ch_p1_1"
     assert decision["fencing_token"] > first_token
 
+    exported = ""
+    for url in cluster.urls:
+        with Client([url], timeout_s=10) as node:
+            exported += node.request("GET", "/metrics").body.decode()
+    assert 'raftsched_reconcile_decisions_total{decision="happened"} 1.0' in exported
+    assert 'raftsched_reconcile_decisions_total{decision="did_not_happen"} 1.0' in exported
+
     retried = client.get_job(spared)
     assert retried["status"] == "succeeded" and len(retried["attempts"]) == 2
     tokens = [a["fencing_token"] for a in retried["attempts"]]

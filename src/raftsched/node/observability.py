@@ -41,6 +41,7 @@ from raftsched.core.jobs.commands import (
     CompleteJob,
     FailJob,
     HeartbeatJob,
+    ReconcileJob,
     ReplayJob,
     StartJob,
     SubmitJobs,
@@ -53,6 +54,7 @@ from raftsched.core.kernel.results import (
     Failed,
     HeartbeatAccepted,
     Lease,
+    Reconciled,
     Rejected,
     Replayed,
     Started,
@@ -272,6 +274,10 @@ class Observer:
                 self._on_failed(state, fail, token, status)
             case Tick(), Ticked() as ticked:
                 self._on_tick(state, ticked)
+            case ReconcileJob(fencing_token=token, reason=reason), Reconciled(
+                replayed=False
+            ) as done:
+                self._on_reconciled(state, done, token, reason)
             case ReplayJob(job_id=job_id, reason=reason, actor=actor), Replayed():
                 self.metrics.replays.inc()
                 fields = _job_fields(state.jobs.get(job_id))
@@ -362,6 +368,19 @@ class Observer:
         else:
             self.record_error("attempt", fail.kind, fail.message, fail.job_id, queue)
             log.info("job attempt failed", extra={**fields, "error": fail.message[:500]})
+
+    def _on_reconciled(self, state: core.State, done: Reconciled, token: int, reason: str) -> None:
+        """A reconcile decision: counted by decision, and the job's outcome
+        counted as a completion or a dead letter would be."""
+        self.metrics.series(self.metrics.reconcile_decisions, done.decision).inc()
+        job = state.jobs.get(done.job_id)
+        fields = {**_job_fields(job, token), "decision": done.decision, "status": done.status}
+        fields["epoch"] = state.epoch
+        log.info("job reconciled", extra={**fields, "evidence": reason[:500]})
+        if done.status == "succeeded" and job is not None:
+            self.metrics.series(self.metrics.jobs_succeeded, job.queue).inc()
+        elif done.status == "dead_letter":
+            self._dead_lettered("unreconciled", fields, reason)
 
     def _dead_lettered(self, reason: str, fields: dict[str, Any], message: str) -> None:
         self.metrics.dead_letters.labels(reason).inc()
