@@ -80,6 +80,8 @@ def test_unknown_outcomes_are_reconciled_and_every_payment_is_charged_once(
     )
     queue = client.set_queue(QUEUE, on_unknown="reconcile")
     assert queue["on_unknown"] == "reconcile"
+    # A PUT of other settings (or the dashboard's pause) keeps the reconciliation.
+    assert client.set_queue(QUEUE, concurrency_limit=10)["on_unknown"] == "reconcile"
     provider = Provider()
     charged = client.submit(QUEUE, {"payment": "p1"}, idempotency_key="p1", lease_s=1)["id"]
     spared = client.submit(QUEUE, {"payment": "p2"}, idempotency_key="p2", lease_s=1)["id"]
@@ -198,6 +200,9 @@ def test_an_unreconciled_dead_letter_needs_the_operators_word_to_replay(client: 
         assert error.code == "invalid_state"
     else:
         raise AssertionError("an unreconciled dead letter was replayed without a word")
+    overview = client.request("GET", "/v1/overview").json()
+    marked = {j["id"]: j["unreconciled"] for j in overview["dead_letters"]}
+    assert marked[job_id] is True
     body = {"reason": "ledger checked by hand: no entry", "reconciled": True}
     replayed = client.request("POST", f"/v1/jobs/{job_id}/replay", body=body).json()
     assert replayed["job"]["status"] == "pending"

@@ -187,12 +187,16 @@ def on_unknown_change(
     request: web.Request, scope_name: str, name: str, body: object
 ) -> SetUnknownPolicy | None:
     """The `on_unknown` default a PUT asks for, as a command when it differs
-    from the one in force (absent means retry: PUT replaces the settings).
+    from the one in force. Unlike the limits, an absent `on_unknown` keeps
+    the one in force: a PUT that only meant to change a rate (or the
+    dashboard's pause) must never silently drop a queue's reconciliation,
+    which would let unknown outcomes be retried into double effects.
     Checked against the cluster version before anything is proposed, so a
     PUT is never half-applied; a PUT that changes nothing here needs no
     upgrade."""
-    wanted = choice(require_object(body), "on_unknown", ON_UNKNOWN_POLICIES, default="retry")
-    assert wanted is not None
+    wanted = choice(require_object(body), "on_unknown", ON_UNKNOWN_POLICIES)
+    if wanted is None:
+        return None
     node = node_of(request)
     with node.reading() as state:
         book = book_of(state)
