@@ -473,3 +473,29 @@ def test_a_decided_or_ordinary_dead_letter_replays_as_before() -> None:
     cluster.run(Tick(), at=retried.expires_at_ms)
     assert cluster.job(retried.job_id).status == "dead_letter"
     assert cluster.one(ReplayJob(retried.job_id, "again")) == Replayed(retried.job_id)
+
+
+@pytest.mark.parametrize("decision", ["happened", "did_not_happen", "cannot_tell", "cancel"])
+def test_a_reconciling_job_keeps_its_ordering_key_until_decided(decision: str) -> None:
+    cluster = Cluster()
+    first = cluster.submit(on_unknown="reconcile", ordering_key="k", backoff=NO_BACKOFF)
+    second = cluster.submit(ordering_key="k")
+    lease = cluster.claim_one()
+    assert lease.job_id == first
+    cluster.run(StartJob(first, lease.fencing_token))
+    cluster.run(FailJob(first, lease.fencing_token, "unknown"))
+    (ask,) = cluster.claim(n=3)  # the reconciliation only: the key is held
+    assert ask.job_id == first and ask.reconcile is not None
+    if decision == "cancel":
+        cluster.run(CancelJob(first))
+    else:
+        cluster.run(ReconcileJob(first, ask.fencing_token, decision))
+    copy = decode_state(encode_state(cluster.state))
+    assert state_digest(copy) == cluster.digest()
+    expected = {
+        "happened": [second],
+        "did_not_happen": [first],
+        "cannot_tell": [],
+        "cancel": [second],
+    }
+    assert [granted.job_id for granted in cluster.claim(n=3)] == expected[decision]
