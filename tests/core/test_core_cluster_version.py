@@ -22,6 +22,7 @@ from raftsched.core.jobs.commands import (
     Configure,
     ReconcileJob,
     ReplayReconciled,
+    RequestReconcile,
     SetUnknownPolicy,
 )
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION, cluster_version
@@ -57,6 +58,7 @@ def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> N
         SetUnknownPolicy: 5,
         ReconcileJob: 5,
         ReplayReconciled: 5,
+        RequestReconcile: 5,
     }
     assert COMMAND_VERSION_MAX == 5
 

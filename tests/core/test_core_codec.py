@@ -44,6 +44,7 @@ from raftsched.core.jobs.commands import (
     RecordEffect,
     ReplayJob,
     ReplayReconciled,
+    RequestReconcile,
     SetQueue,
     SetTenant,
     SetUnknownPolicy,
@@ -169,6 +170,7 @@ EVERY_COMMAND: tuple[Command, ...] = (
     ReconcileJob("j1", 9, "happened", b"\xa2ok", (("charge:1", b"\x01"),), "provider says paid", 3),
     ReconcileJob("j1", 9, "cannot_tell"),
     ReplayReconciled("j1", "refunded by hand", "alice"),
+    RequestReconcile("j1", "the provider is back", "alice"),
 )  # fmt: skip
 
 
@@ -188,6 +190,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         SetClusterId: 90, RecordIncarnation: 91, ForgetIncarnation: 92,
         AddMember: 93, RemoveMember: 94,
         SetUnknownPolicy: 100, ReconcileJob: 101, ReplayReconciled: 102,
+        RequestReconcile: 103,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

@@ -28,6 +28,7 @@ from raftsched.core.jobs.commands import (
     RecordEffect,
     ReplayJob,
     ReplayReconciled,
+    RequestReconcile,
     SetUnknownPolicy,
     StartJob,
     SubmitJobs,
@@ -499,3 +500,37 @@ def test_a_reconciling_job_keeps_its_ordering_key_until_decided(decision: str) -
         "cancel": [second],
     }
     assert [granted.job_id for granted in cluster.claim(n=3)] == expected[decision]
+
+
+def test_an_operator_sends_an_unreconciled_dead_letter_back_to_reconciliation() -> None:
+    cluster = Cluster()
+    lease, ask = _reconciling(cluster, deadline_ms=60_000, ordering_key="k", backoff=NO_BACKOFF)
+    queued = cluster.submit(ordering_key="k")
+    cluster.run(Tick(), at=cluster.now_ms + 60_000)  # the deadline ends the reconciliation
+    assert cluster.job(lease.job_id).status == "dead_letter"
+    audited = Audited("ops (tok_1)", RequestReconcile(lease.job_id, "provider back", "ops"))
+    assert cluster.one(audited) == Ack()
+    job = cluster.job(lease.job_id)
+    assert job.status == "reconciling" and job.deadline_at_ms is None
+    assert job.history[-1][1:5] == ("reconcile", "dead_letter", "reconciling", "ops")
+    assert cluster.state.sections["audit"].entries[-1].kind == "job.reconcile"
+    (again,) = cluster.claim(n=3)  # a fresh reconciliation; the key is still held
+    assert again.reconcile is not None and again.reconcile.fencing_token == lease.fencing_token
+    assert again.fencing_token > ask.fencing_token
+    cluster.run(ReconcileJob(lease.job_id, again.fencing_token, "did_not_happen"))
+    assert [granted.job_id for granted in cluster.claim(n=3)] == [lease.job_id]
+    assert cluster.job(queued).status == "pending"
+    copy = decode_state(encode_state(cluster.state))
+    assert state_digest(copy) == cluster.digest()
+
+
+def test_only_an_unreconciled_dead_letter_goes_back_to_reconciliation() -> None:
+    cluster = Cluster()
+    plain = _running(cluster)
+    cluster.run(FailJob(plain.job_id, plain.fencing_token, "permanent"))
+    before = cluster.digest()
+    refused = cluster.one(RequestReconcile(plain.job_id, "why not"), at=cluster.now_ms)
+    assert isinstance(refused, Rejected) and refused.code == "invalid_state"
+    missing = cluster.one(RequestReconcile("nope"), at=cluster.now_ms)
+    assert isinstance(missing, Rejected) and missing.code == "not_found"
+    assert cluster.digest() == before

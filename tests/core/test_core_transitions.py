@@ -16,6 +16,7 @@ from raftsched.core.jobs.commands import (
     FailJob,
     ReconcileJob,
     ReplayJob,
+    RequestReconcile,
     StartJob,
 )
 from raftsched.core.jobs.lifecycle import ON_ENTER, finish, transition
@@ -98,6 +99,9 @@ def _reconcile_scenarios(cluster: Cluster) -> None:
     cluster.run(CancelJob(job))
     job, token = _reconciling(cluster, True)
     cluster.run(ReconcileJob(job, token, "cannot_tell", reason="no record"))  # -> dead_letter
+    cluster.run(RequestReconcile(job, "the provider is back"))  # dead_letter -> reconciling
+    (ask,) = cluster.claim()
+    cluster.run(ReconcileJob(job, ask.fencing_token, "cannot_tell", reason="still no record"))
     job, _ = _reconciling(cluster, True, backoff=Backoff(0, 0, 0), lease_ms=100)
     cluster.run(Tick(), at=cluster.now_ms + 100)  # reconciliation lease expires
     cluster.run(CancelJob(job))  # reconciling -> cancelled

@@ -472,6 +472,7 @@ def _bases(live: Live) -> dict[tuple[str, str], list[tuple[dict[str, str], Any]]
         ("POST", "/v1/jobs/batch"): [({}, {"jobs": [JOB]})],
         ("POST", "/v1/jobs/{job_id}/cancel"): [(on_job, {"reason": "sweep"})],
         ("POST", "/v1/jobs/{job_id}/replay"): [(on_job, {"reason": "sweep", "reconciled": True})],
+        ("POST", "/v1/jobs/{job_id}/reconcile"): [(on_job, {"reason": "sweep"})],
         ("POST", "/v1/leases"): [
             ({}, {"worker_id": "w", "queues": ["bad-input-empty"], "max_jobs": 2, "wait_s": 0})
         ],

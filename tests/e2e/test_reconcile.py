@@ -200,6 +200,15 @@ def test_an_unreconciled_dead_letter_needs_the_operators_word_to_replay(client: 
         assert error.code == "invalid_state"
     else:
         raise AssertionError("an unreconciled dead letter was replayed without a word")
+    # Back to its reconcilers on an operator's request; they still cannot tell.
+    again = client.request(
+        "POST", f"/v1/jobs/{job_id}/reconcile", body={"reason": "the ledger is back"}
+    ).json()
+    assert again["job"]["status"] == "reconciling"
+    (second,) = client.claim("r2", [queue], max_jobs=1, wait_s=5)
+    assert second["reconcile"]["attempt"] == 1 and second["fencing_token"] > ask["fencing_token"]
+    answer = client.reconcile(job_id, second["fencing_token"], "cannot_tell", reason="still down")
+    assert answer["status"] == "dead_letter"
     overview = client.request("GET", "/v1/overview").json()
     marked = {j["id"]: j["unreconciled"] for j in overview["dead_letters"]}
     assert marked[job_id] is True

@@ -112,6 +112,7 @@ ACCEPTED_BODIES: dict[str, Any] = {
                   "labels": {"team": "billing"}},
     "submitJobs": {"jobs": [{"queue": "payments"}, {"queue": "payments", "priority": 5}]},
     "cancelJob": {"reason": "customer asked"},
+    "reconcileJob": {"reason": "the provider answers again"},
     "replayJob": {"reason": "the bug is fixed", "reconciled": False},
     "claimLeases": {"worker_id": "w1", "queues": ["payments"], "max_jobs": 10, "wait_s": 20,
                     "lease_s": 30},

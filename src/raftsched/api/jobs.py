@@ -32,9 +32,22 @@ from raftsched.api.validation import (
     reject_unknown,
     require_object,
 )
-from raftsched.core.jobs.commands import CancelJob, ReplayJob, ReplayReconciled, SubmitJobs
+from raftsched.core.jobs.commands import (
+    CancelJob,
+    ReplayJob,
+    ReplayReconciled,
+    RequestReconcile,
+    SubmitJobs,
+)
 from raftsched.core.kernel.commands import Command, JobSpec
-from raftsched.core.kernel.results import CancelAccepted, Rejected, Replayed, SubmitItem, Submitted
+from raftsched.core.kernel.results import (
+    Ack,
+    CancelAccepted,
+    Rejected,
+    Replayed,
+    SubmitItem,
+    Submitted,
+)
 from raftsched.limits import LIST_LIMIT_MAX
 
 routes = web.RouteTableDef()
@@ -225,6 +238,21 @@ async def replay_job(request: web.Request) -> web.Response:
     if reconciled:
         command = ReplayReconciled(job_id, reason, actor=who)
     await propose_audited(request, command, Replayed)
+    return json_response({"job": _job_json(request, job_id)})
+
+
+@routes.post("/v1/jobs/{job_id}/reconcile")
+async def reconcile_job(request: web.Request) -> web.Response:
+    """Send an unreconciled dead letter back to its reconcilers (a decision
+    then settles it, instead of `"reconciled": true` on a replay); needs a
+    reason, like a replay."""
+    reason = _reason(await optional_body(request))
+    if not reason.strip():
+        raise invalid("reason", "sending a job back to reconciliation needs a reason")
+    job_id = path_id(request.match_info["job_id"])
+    scope.require_job(request, job_id)
+    who = actor(request, "operator")
+    await propose_audited(request, RequestReconcile(job_id, reason, actor=who), Ack)
     return json_response({"job": _job_json(request, job_id)})
 
 

@@ -106,6 +106,7 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     ("GET", "/v1/jobs/{job_id}"): P.READ_JOB,
     ("POST", "/v1/jobs/{job_id}/cancel"): P.CANCEL,
     ("POST", "/v1/jobs/{job_id}/replay"): P.OPERATE,
+    ("POST", "/v1/jobs/{job_id}/reconcile"): P.OPERATE,
     ("GET", "/v1/jobs/{job_id}/history"): P.READ,
     # The worker protocol and effects.
     ("POST", "/v1/leases"): P.WORK,

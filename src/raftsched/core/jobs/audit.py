@@ -10,6 +10,7 @@ from raftsched.core.jobs.commands import (
     PauseQueue,
     ReplayJob,
     ReplayReconciled,
+    RequestReconcile,
     SetQueue,
     SetTenant,
     SetUnknownPolicy,
@@ -33,6 +34,10 @@ def _replay(state: State, command: ReplayJob) -> AuditSubject:
 
 def _replay_reconciled(state: State, command: ReplayReconciled) -> AuditSubject:
     return _job_subject(state, command.job_id, f"reconciled: {command.reason}")
+
+
+def _request_reconcile(state: State, command: RequestReconcile) -> AuditSubject:
+    return _job_subject(state, command.job_id, command.reason)
 
 
 def _limit(name: str, value: object) -> str | None:
@@ -77,3 +82,4 @@ PAUSE_QUEUE: Final = Audit("queue.pause", _pause_queue)
 SET_TENANT: Final = Audit("tenant.set", _set_tenant)
 SET_UNKNOWN_POLICY: Final = Audit("on_unknown.set", _set_unknown_policy)
 REPLAY_RECONCILED: Final = Audit("job.replay_reconciled", _replay_reconciled)
+REQUEST_RECONCILE: Final = Audit("job.reconcile", _request_reconcile)

@@ -195,4 +195,15 @@ class ReplayReconciled(Command):
     actor: str = "operator"
 
 
+@dataclass(frozen=True, slots=True)
+class RequestReconcile(Command):
+    """Operator action: send an unreconciled dead letter back to its
+    reconcilers (`dead_letter -> reconciling`), so that a reconcile decision
+    settles it instead of the operator's word."""
+
+    job_id: str
+    reason: str = ""
+    actor: str = "operator"
+
+
 # -- Recurring schedules (issue 5) -------------------------------------------------

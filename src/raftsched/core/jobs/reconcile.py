@@ -26,7 +26,13 @@ from __future__ import annotations
 
 from typing import Final
 
-from raftsched.core.jobs.commands import ClaimJobs, HeartbeatJob, ReconcileJob, SetUnknownPolicy
+from raftsched.core.jobs.commands import (
+    ClaimJobs,
+    HeartbeatJob,
+    ReconcileJob,
+    RequestReconcile,
+    SetUnknownPolicy,
+)
 from raftsched.core.jobs.lifecycle import (
     SYSTEM_ACTOR,
     retry_or_dead_letter,
@@ -36,6 +42,7 @@ from raftsched.core.jobs.reconcile_book import (
     ON_UNKNOWN_RETRY,
     RECONCILE_TRIES_MAX,
     ReconcileTask,
+    awaits_reconciliation,
     book_of,
     close_task,
     guard_defaults,
@@ -51,6 +58,7 @@ from raftsched.core.kernel.model import (
     DEAD_LETTER_EVENT,
     DEFAULT_BACKOFF_MS,
     ERROR_UNRECONCILED,
+    RECONCILE,
     RECONCILE_EXPIRED,
     RECONCILING,
     REQUEUE,
@@ -59,6 +67,7 @@ from raftsched.core.kernel.model import (
     StoredEffect,
 )
 from raftsched.core.kernel.results import (
+    INVALID_STATE,
     LEASE_LOST,
     NOT_FOUND,
     Ack,
@@ -108,6 +117,36 @@ def apply_set_unknown_policy(
         defaults.pop(command.name, None)  # the default is not stored
     else:
         defaults[command.name] = command.on_unknown
+    return Ack()
+
+
+def apply_request_reconcile(
+    state: State, command: RequestReconcile, context: Context
+) -> Ack | Rejected:
+    """An operator sends an unreconciled dead letter back to reconciliation:
+    a fresh reconciliation task (its own budget) about the same unknown
+    attempt. The deadline is dropped, as a replay drops it."""
+    rejected = check_text(command.reason, "reason") or check_name(command.actor, "actor")
+    if rejected is not None:
+        return rejected
+    rejected = check_name(command.job_id, "job_id")
+    if rejected is not None:
+        return rejected
+    job = state.jobs.get(command.job_id)
+    if job is None:
+        return Rejected(NOT_FOUND, f"no job {command.job_id}", {"job_id": command.job_id})
+    if not awaits_reconciliation(state, job):
+        return Rejected(
+            INVALID_STATE,
+            "only a dead letter whose unknown outcome was never reconciled goes back to "
+            f"reconciliation; this job is {job.status}",
+            {"status": job.status, "event": RECONCILE},
+        )
+    savepoint = context.savepoint
+    savepoint.touch(job)
+    job.deadline_at_ms = None
+    job.cancel_requested = False
+    transition(state, job, RECONCILE, command.actor, savepoint, None, command.reason or None)
     return Ack()
 
 

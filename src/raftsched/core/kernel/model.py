@@ -66,6 +66,8 @@ REPLAY: Final = "replay"
 # reconciliation lease expired unanswered.
 OUTCOME_UNKNOWN: Final = "outcome_unknown"
 RECONCILE_EXPIRED: Final = "reconcile_expired"
+# An operator sends an unreconciled dead letter back to its reconcilers.
+RECONCILE: Final = "reconcile"
 
 JOB_EVENTS: Final = (
     SUBMIT,
@@ -82,6 +84,7 @@ JOB_EVENTS: Final = (
     REPLAY,
     OUTCOME_UNKNOWN,
     RECONCILE_EXPIRED,
+    RECONCILE,
 )
 
 
@@ -123,6 +126,7 @@ def _table() -> dict[tuple[str, str], str]:
     table[RECONCILING, REQUEUE] = PENDING
     table[RECONCILING, DEAD_LETTER_EVENT] = DEAD_LETTER
     table[RECONCILING, CANCEL] = CANCELLED
+    table[DEAD_LETTER, RECONCILE] = RECONCILING
     return dict(sorted(table.items()))
 
 
