@@ -218,3 +218,39 @@ def test_an_unreconciled_dead_letter_needs_the_operators_word_to_replay(client: 
     last = client.job_history(job_id)[-1]
     assert last["event"] == "replay"
     assert last["detail"] == "reconciled by operator: ledger checked by hand: no entry"
+
+
+def test_reconciliations_nobody_answers_end_unreconciled_and_are_counted(
+    cluster: LocalCluster, client: Client
+) -> None:
+    queue = "silent-rc"
+    _wait(
+        lambda: client.cluster().get("cluster_version") == COMMAND_VERSION_MAX,
+        30,
+        "the cluster version to reach this release's",
+    )
+    job_id = client.submit(
+        queue, {"n": 1}, on_unknown="reconcile", backoff={"initial_s": 0.1, "max_s": 0.1}
+    )["id"]
+    (lease,) = client.claim("w1", [queue], max_jobs=1, wait_s=5)
+    client.start(job_id, lease["fencing_token"])
+    client.fail(job_id, lease["fencing_token"], kind="unknown")
+    for _ in range(5):  # a reconciler that takes the question and never answers
+        (ask,) = client.claim("mute", [queue], max_jobs=1, wait_s=10, lease_s=0.5)
+        assert ask["reconcile"] is not None
+        _wait(
+            lambda: (
+                client.get_job(job_id)["reconciliation"]["lease"] is None
+                if client.get_job(job_id)["status"] == "reconciling"
+                else True
+            ),
+            10,
+            "the reconciliation lease to expire",
+        )
+    _wait(lambda: client.get_job(job_id)["status"] == "dead_letter", 10, "the dead letter")
+    assert client.get_job(job_id)["last_error"]["kind"] == "unreconciled"
+    exported = ""
+    for url in cluster.urls:
+        with Client([url], timeout_s=10) as node:
+            exported += node.request("GET", "/metrics").body.decode()
+    assert 'raftsched_dead_letters_total{reason="unreconciled"} 1.0' in exported
