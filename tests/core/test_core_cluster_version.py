@@ -18,7 +18,13 @@ from raftsched.core import (
     needs_upgrade,
 )
 from raftsched.core.auth.commands import BootstrapAdmin, CreateToken, RevokeToken, TouchTokens
-from raftsched.core.jobs.commands import Configure
+from raftsched.core.jobs.commands import (
+    Configure,
+    ReconcileJob,
+    ReplayReconciled,
+    RequestReconcile,
+    SetUnknownPolicy,
+)
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION, cluster_version
 from raftsched.core.kernel.commands import (
     Audited,
@@ -49,8 +55,12 @@ def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> N
         SetClusterId: 4,
         RecordIncarnation: 4,
         ForgetIncarnation: 4,
+        SetUnknownPolicy: 5,
+        ReconcileJob: 5,
+        ReplayReconciled: 5,
+        RequestReconcile: 5,
     }
-    assert COMMAND_VERSION_MAX == 4
+    assert COMMAND_VERSION_MAX == 5
 
 
 def test_raise_moves_the_version_up_and_never_down() -> None:

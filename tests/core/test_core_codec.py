@@ -40,10 +40,14 @@ from raftsched.core.jobs.commands import (
     FailJob,
     HeartbeatJob,
     PauseQueue,
+    ReconcileJob,
     RecordEffect,
     ReplayJob,
+    ReplayReconciled,
+    RequestReconcile,
     SetQueue,
     SetTenant,
+    SetUnknownPolicy,
     StartJob,
     SubmitJobs,
 )
@@ -159,6 +163,14 @@ EVERY_COMMAND: tuple[Command, ...] = (
     RemoveMember("n2", (Member("n2", "h:1", "http://h"), Member("n3", "h:2", "http://i"))),
     SetClusterId("clu_a"), SetClusterId("clu_b", "clu_a"), RecordIncarnation("n1", "inc_1"),
     ForgetIncarnation("n1"),
+    # Reconciliation of unknown outcomes (issue 17).
+    SubmitJobs((JobSpec("q", on_unknown="reconcile", reconcile_queue="rq"),), ("j3",)),
+    SubmitJobs((JobSpec("q", reconcile_queue="rq"),), ("j4",)),
+    SetUnknownPolicy("queue", "payments", "reconcile"),
+    ReconcileJob("j1", 9, "happened", b"\xa2ok", (("charge:1", b"\x01"),), "provider says paid", 3),
+    ReconcileJob("j1", 9, "cannot_tell"),
+    ReplayReconciled("j1", "refunded by hand", "alice"),
+    RequestReconcile("j1", "the provider is back", "alice"),
 )  # fmt: skip
 
 
@@ -177,6 +189,8 @@ def test_every_command_type_has_a_stable_tag() -> None:
         CreateToken: 70, RevokeToken: 71, BootstrapAdmin: 72, TouchTokens: 73,
         SetClusterId: 90, RecordIncarnation: 91, ForgetIncarnation: 92,
         AddMember: 93, RemoveMember: 94,
+        SetUnknownPolicy: 100, ReconcileJob: 101, ReplayReconciled: 102,
+        RequestReconcile: 103,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

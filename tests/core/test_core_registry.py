@@ -55,14 +55,15 @@ def test_the_public_tables_are_the_registrys() -> None:
     assert COMMAND_TAGS is REGISTRY.command_tags
     assert set(REGISTRY.handlers) == set(COMMAND_TAGS) == set(REGISTRY.codec.by_type)
     assert {tag for tag, _ in REGISTRY.codec.by_tag.items()} == set(COMMAND_TAGS.values())
-    assert set(REGISTRY.command_versions.values()) == {1, 2, 3, 4}
-    assert REGISTRY.command_version_max == 4
+    assert set(REGISTRY.command_versions.values()) == {1, 2, 3, 4, 5}
+    assert REGISTRY.command_version_max == 5
 
 
 def test_tick_work_and_job_finished_hooks_keep_their_order() -> None:
     """Tick order and finish() order decide the replicated bytes."""
     assert [(work.rank, work.run.__name__) for work in REGISTRY.tick_work] == [
         (10, "expire_leases"),
+        (15, "expire_reconciliations"),
         (20, "enforce_deadlines"),
         (30, "make_due_runnable"),
         (40, "fire_due"),
@@ -75,6 +76,7 @@ def test_tick_work_and_job_finished_hooks_keep_their_order() -> None:
         "record_step_outcome",
         "release_ordering_key",
         "mark_buffer_releasable",
+        "close_finished",
     ]
     assert [section.name for section in REGISTRY.sections] == sorted(
         section.name for section in REGISTRY.sections

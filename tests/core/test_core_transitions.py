@@ -10,7 +10,15 @@ from core_support import T0, Cluster
 
 from raftsched.core import FINAL_STATUSES, JOB_STATUSES, TRANSITIONS
 from raftsched.core.jobs import leases as leases_module
-from raftsched.core.jobs.commands import CancelJob, CompleteJob, FailJob, ReplayJob, StartJob
+from raftsched.core.jobs.commands import (
+    CancelJob,
+    CompleteJob,
+    FailJob,
+    ReconcileJob,
+    ReplayJob,
+    RequestReconcile,
+    StartJob,
+)
 from raftsched.core.jobs.lifecycle import ON_ENTER, finish, transition
 from raftsched.core.kernel.commands import Backoff, Tick
 from raftsched.core.kernel.model import START, ImpossibleTransition
@@ -66,6 +74,37 @@ def _scenarios(cluster: Cluster) -> None:
     job, token = _leased(cluster, True, backoff=Backoff(50, 50, 0))
     cluster.run(FailJob(job, token, "transient"))
     cluster.run(Tick(), at=cluster.now_ms + 50)  # retry_wait -> due
+    cluster.run(CancelJob(job))
+    _reconcile_scenarios(cluster)
+
+
+def _reconciling(cluster: Cluster, started: bool, **fields: object) -> tuple[str, int]:
+    """A reconcile job whose attempt failed `unknown`, and its reconciliation lease."""
+    job, token = _leased(cluster, started, on_unknown="reconcile", **fields)
+    cluster.run(FailJob(job, token, "unknown"))  # claimed/running -> reconciling
+    lease = cluster.claim_one()  # reconciling -> claim
+    assert lease.job_id == job and lease.reconcile is not None
+    return job, lease.fencing_token
+
+
+def _reconcile_scenarios(cluster: Cluster) -> None:
+    for started in (False, True):
+        job, token = _reconciling(cluster, started)
+        cluster.run(ReconcileJob(job, token, "happened"))  # -> succeeded
+    job, token = _reconciling(cluster, True, backoff=Backoff(50, 50, 0))
+    cluster.run(ReconcileJob(job, token, "did_not_happen"))  # -> retry_wait
+    cluster.run(CancelJob(job))
+    job, token = _reconciling(cluster, True, backoff=Backoff(0, 0, 0))
+    cluster.run(ReconcileJob(job, token, "did_not_happen"))  # -> pending (requeue)
+    cluster.run(CancelJob(job))
+    job, token = _reconciling(cluster, True)
+    cluster.run(ReconcileJob(job, token, "cannot_tell", reason="no record"))  # -> dead_letter
+    cluster.run(RequestReconcile(job, "the provider is back"))  # dead_letter -> reconciling
+    (ask,) = cluster.claim()
+    cluster.run(ReconcileJob(job, ask.fencing_token, "cannot_tell", reason="still no record"))
+    job, _ = _reconciling(cluster, True, backoff=Backoff(0, 0, 0), lease_ms=100)
+    cluster.run(Tick(), at=cluster.now_ms + 100)  # reconciliation lease expires
+    cluster.run(CancelJob(job))  # reconciling -> cancelled
 
 
 def test_every_transition_is_reachable_and_recorded() -> None:

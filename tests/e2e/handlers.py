@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.request
 from typing import Any
 
-from raftsched.worker import JobContext
+from raftsched.worker import Decision, DidNotHappen, Happened, JobContext, ReconcileContext
 
 
 def _sink(record: dict[str, Any]) -> None:
@@ -35,3 +36,38 @@ def effect_once(ctx: JobContext) -> dict[str, Any]:
     recorded = ctx.effect(f"effect:{ctx.job_id}", side_effect)
     time.sleep(0.01)
     return {"effect_token": recorded["token"]}
+
+
+# -- a payment provider that cannot deduplicate (test_reconcile_faults) -------
+
+
+def _provider(method: str, path: str) -> dict[str, Any]:
+    url = os.environ["RAFTSCHED_TEST_PROVIDER"] + path
+    request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
+
+def charge_provider(ctx: JobContext) -> dict[str, Any]:
+    """Charge the provider, then record the charge: the test kills or stops
+    the worker in between (the sink line says when the charge happened)."""
+    payment = ctx.payload["payment"]
+    charge = _provider("POST", f"/charge/{payment}")["charge"]
+    _sink({"charged": payment, "job_id": ctx.job_id, "pid": os.getpid()})
+    time.sleep(float(os.environ.get("RAFTSCHED_TEST_CHARGE_PAUSE_S", "0")))
+    ctx.effect(f"charge:{payment}", lambda: charge)
+    return {"charge": charge}
+
+
+def provider_reconciler(ctx: ReconcileContext) -> Decision:
+    """Look the payment up at the provider."""
+    payment = ctx.payload["payment"]
+    found = _provider("GET", f"/charges/{payment}")["charges"]
+    if not found:
+        return DidNotHappen(f"no charge for {payment}")
+    return Happened(
+        {"charge": found[0]},
+        effects={f"charge:{payment}": found[0]},
+        reason=f"the provider lists {found[0]}",
+    )

@@ -216,6 +216,12 @@ class Fixture:
             ("POST", "/v1/jobs"): job,
             ("POST", "/v1/jobs/batch"): {"jobs": [job]},
             ("POST", "/v1/jobs/{job_id}/replay"): {"reason": "auth matrix"},
+            ("POST", "/v1/jobs/{job_id}/reconcile"): {"reason": "auth matrix"},
+            ("POST", "/v1/leases/{job_id}/reconcile"): {
+                "fencing_token": 1,
+                "decision": "cannot_tell",
+                "reason": "matrix",
+            },
             ("POST", "/v1/leases"): {"worker_id": "w", "queues": ["qa"], "wait_s": 0},
             ("POST", "/v1/leases/batch"): {
                 "ops": [{"op": "start", "job_id": self.ids["{job_id}"], "fencing_token": 1}]

@@ -420,6 +420,8 @@ JOB_TEMPLATE = {
     "ordering_key": "key-1",
     "correlation_id": "corr-1",
     "labels": {"team": "sweep"},
+    "on_unknown": "reconcile",
+    "reconcile_queue": "bad-input-reconcile",
 }
 JOB = {**JOB_TEMPLATE, "idempotency_key": "bad-input-job"}
 STEP_JOB = {k: v for k, v in JOB_TEMPLATE.items() if k != "tenant"}
@@ -450,6 +452,14 @@ def _bases(live: Live) -> dict[tuple[str, str], list[tuple[dict[str, str], Any]]
             "fencing_token": token,
             "error": {"kind": "transient", "message": "m", "retry_after_s": 1},
         },
+        # The job is not reconciling: the valid base answers 409 lease_lost.
+        "reconcile": {
+            "fencing_token": token,
+            "decision": "happened",
+            "result": {"charge": "ch_1"},
+            "effects": [{"key": "bad-input-reconciled", "result": {"ok": True}}],
+            "reason": "provider lists it",
+        },
     }
     step = {
         **STEP_JOB,
@@ -461,7 +471,8 @@ def _bases(live: Live) -> dict[tuple[str, str], list[tuple[dict[str, str], Any]]
         ("POST", "/v1/jobs"): [({}, JOB)],
         ("POST", "/v1/jobs/batch"): [({}, {"jobs": [JOB]})],
         ("POST", "/v1/jobs/{job_id}/cancel"): [(on_job, {"reason": "sweep"})],
-        ("POST", "/v1/jobs/{job_id}/replay"): [(on_job, {"reason": "sweep"})],
+        ("POST", "/v1/jobs/{job_id}/replay"): [(on_job, {"reason": "sweep", "reconciled": True})],
+        ("POST", "/v1/jobs/{job_id}/reconcile"): [(on_job, {"reason": "sweep"})],
         ("POST", "/v1/leases"): [
             ({}, {"worker_id": "w", "queues": ["bad-input-empty"], "max_jobs": 2, "wait_s": 0})
         ],
@@ -512,11 +523,15 @@ def _bases(live: Live) -> dict[tuple[str, str], list[tuple[dict[str, str], Any]]
                     "concurrency_limit": 5,
                     "circuit_window": 8,
                     "circuit_probe_interval_s": 5,
+                    "on_unknown": "retry",
                 },
             )
         ],
         ("PUT", "/v1/tenants/{name}"): [
-            ({"name": "bad-input-tenant"}, {"weight": 2, "concurrency_limit": 10, "max_queued": 99})
+            (
+                {"name": "bad-input-tenant"},
+                {"weight": 2, "concurrency_limit": 10, "max_queued": 99, "on_unknown": "retry"},
+            )
         ],
         ("POST", "/v1/tokens"): [
             (

@@ -19,7 +19,7 @@ def test_backpressure_answers_429_and_commits_nothing(
     tenant = client.set_tenant("acme", max_queued=3, weight=2)
     assert tenant == {
         "name": "acme", "weight": 2, "concurrency_limit": None, "max_queued": 3,
-        "queued": 0, "running": 0, "throttled": 0,
+        "queued": 0, "running": 0, "throttled": 0, "on_unknown": "retry",
     }  # fmt: skip
     for i in range(3):
         client.submit("bp", {"i": i}, tenant="acme")

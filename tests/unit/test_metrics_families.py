@@ -26,6 +26,7 @@ ADDED = frozenset(
         "raftsched_raft_disk_full",
         "raftsched_http_auth_failures_total",
         "raftsched_raft_messages_refused_total",
+        "raftsched_reconcile_decisions_total",
     }
 )
 

@@ -43,6 +43,7 @@ def test_alert_rules_use_exported_metrics_and_cover_the_issue() -> None:
         "RaftschedOutboxLag",
         "RaftschedFollowerLagging",
         "RaftschedClockSkew",
+        "RaftschedUnreconciledJobs",
     }
     assert "\t" not in text  # YAML forbids tabs for indentation
 

@@ -46,6 +46,7 @@ from raftsched.api.permissions import Permission, permission_for
 from raftsched.api.principal import principal_of
 from raftsched.api.requests import actor, node_of
 from raftsched.api.validation import query_integer, reject_unknown
+from raftsched.core.jobs.reconcile_book import awaits_reconciliation
 from raftsched.limits import OVERVIEW_ERRORS_MAX
 from raftsched.node import metrics as families
 from raftsched.node.observability import wall_ms
@@ -201,6 +202,9 @@ def _state_json(node: NodeView) -> dict[str, Any]:
                     "updated_at": format_ms(job.updated_at_ms),
                     "attempts_made": job.attempts_made,
                     "last_error": render.job(job)["last_error"],
+                    # Its effect may have happened: replay only with the
+                    # operator's word (docs/reconciliation.md).
+                    "unreconciled": awaits_reconciliation(state, job),
                 }
                 for job in dead
             ],

@@ -24,6 +24,7 @@ from raftsched.api.requests import (
 )
 from raftsched.api.validation import (
     BATCH_JOBS_MAX,
+    boolean,
     parse_job,
     path_id,
     query_integer,
@@ -31,9 +32,22 @@ from raftsched.api.validation import (
     reject_unknown,
     require_object,
 )
-from raftsched.core.jobs.commands import CancelJob, ReplayJob, SubmitJobs
-from raftsched.core.kernel.commands import JobSpec
-from raftsched.core.kernel.results import CancelAccepted, Rejected, Replayed, SubmitItem, Submitted
+from raftsched.core.jobs.commands import (
+    CancelJob,
+    ReplayJob,
+    ReplayReconciled,
+    RequestReconcile,
+    SubmitJobs,
+)
+from raftsched.core.kernel.commands import Command, JobSpec
+from raftsched.core.kernel.results import (
+    Ack,
+    CancelAccepted,
+    Rejected,
+    Replayed,
+    SubmitItem,
+    Submitted,
+)
 from raftsched.limits import LIST_LIMIT_MAX
 
 routes = web.RouteTableDef()
@@ -45,7 +59,7 @@ def _job_json(request: web.Request, job_id: str) -> dict[str, Any]:
         if job is None:
             # Purged between commit and render (retention); rare but possible.
             raise ApiError("not_found", f"job {job_id} no longer exists")
-        return render.job(job)
+        return render.job(job, state)
 
 
 async def _submit(request: web.Request, specs: list[JobSpec], size_bytes: int) -> Submitted:
@@ -112,7 +126,7 @@ async def get_job(request: web.Request) -> web.Response:
         job = core.get_job(state, job_id)
         if job is None or not scope.visible_job(principal, job):
             raise ApiError("not_found", f"no job {job_id}")
-        body = {"job": render.job(job)}
+        body = {"job": render.job(job, state)}
     return json_response(body, headers=headers)
 
 
@@ -163,7 +177,7 @@ async def list_jobs(request: web.Request) -> web.Response:
             tenants=principal.tenants,
             queues=principal.queues,
         )
-        body = {"jobs": [render.job(job) for job in jobs], "next_cursor": next_cursor}
+        body = {"jobs": [render.job(job, state) for job in jobs], "next_cursor": next_cursor}
     return json_response(body, headers=headers)
 
 
@@ -186,7 +200,7 @@ def _by_idempotency_key(request: web.Request, key: str) -> dict[str, Any]:
             job = None
         if job is not None and not scope.visible_job(principal_of(request), job):
             job = None
-        return {"jobs": [] if job is None else [render.job(job)], "next_cursor": None}
+        return {"jobs": [] if job is None else [render.job(job, state)], "next_cursor": None}
 
 
 def _reason(body: Mapping[str, Any]) -> str:
@@ -207,14 +221,38 @@ async def cancel_job(request: web.Request) -> web.Response:
 @routes.post("/v1/jobs/{job_id}/replay")
 async def replay_job(request: web.Request) -> web.Response:
     """Replay needs a reason: it reruns work that failed for good, and the
-    audit trail and the job's history say why."""
-    reason = _reason(await optional_body(request))
+    audit trail and the job's history say why. A dead letter whose last
+    attempt's outcome is unknown and was never reconciled also needs
+    `"reconciled": true`, the operator's word that its effect was checked
+    (core.jobs.reconcile_book.awaits_reconciliation); without it, 409."""
+    body = await optional_body(request)
+    reject_unknown(body, frozenset({"reason", "reconciled"}))
+    reconciled = boolean(body, "reconciled", False)
+    reason = _reason({k: v for k, v in body.items() if k == "reason"})
     if not reason.strip():
         raise invalid("reason", "a replay needs a reason")
     job_id = path_id(request.match_info["job_id"])
     scope.require_job(request, job_id)
     who = actor(request, "operator")
-    await propose_audited(request, ReplayJob(job_id, reason, actor=who), Replayed)
+    command: Command = ReplayJob(job_id, reason, actor=who)
+    if reconciled:
+        command = ReplayReconciled(job_id, reason, actor=who)
+    await propose_audited(request, command, Replayed)
+    return json_response({"job": _job_json(request, job_id)})
+
+
+@routes.post("/v1/jobs/{job_id}/reconcile")
+async def reconcile_job(request: web.Request) -> web.Response:
+    """Send an unreconciled dead letter back to its reconcilers (a decision
+    then settles it, instead of `"reconciled": true` on a replay); needs a
+    reason, like a replay."""
+    reason = _reason(await optional_body(request))
+    if not reason.strip():
+        raise invalid("reason", "sending a job back to reconciliation needs a reason")
+    job_id = path_id(request.match_info["job_id"])
+    scope.require_job(request, job_id)
+    who = actor(request, "operator")
+    await propose_audited(request, RequestReconcile(job_id, reason, actor=who), Ack)
     return json_response({"job": _job_json(request, job_id)})
 
 

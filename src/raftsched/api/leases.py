@@ -36,19 +36,28 @@ from raftsched.api.validation import (
     integer,
     pack_json,
     path_id,
+    reconcile_decision,
     reject_unknown,
     require_object,
     seconds_ms,
     string,
     unpack_json,
 )
-from raftsched.core.jobs.commands import CompleteJob, FailJob, HeartbeatJob, RecordEffect, StartJob
+from raftsched.core.jobs.commands import (
+    CompleteJob,
+    FailJob,
+    HeartbeatJob,
+    ReconcileJob,
+    RecordEffect,
+    StartJob,
+)
 from raftsched.core.kernel.commands import Command
 from raftsched.core.kernel.results import (
     Completed,
     EffectRecorded,
     Failed,
     HeartbeatAccepted,
+    Reconciled,
     Rejected,
     Result,
     Started,
@@ -65,6 +74,8 @@ OP_FIELDS: dict[str, frozenset[str]] = {
     "heartbeat": frozenset({"fencing_token", "extend_s", "progress"}),
     "complete": frozenset({"fencing_token", "result"}),
     "fail": frozenset({"fencing_token", "error"}),
+    # A reconcile handler's decision on a reconciling job (core.jobs.reconcile).
+    "reconcile": frozenset({"fencing_token", "decision", "result", "effects", "reason"}),
 }
 
 
@@ -110,6 +121,9 @@ def _command_for(
         return HeartbeatJob(job_id, token, extend_ms, packed)
     if op == "complete":
         return CompleteJob(job_id, token, pack_json(body.get("result"), prefix + "result"))
+    if op == "reconcile":
+        decision, result, effects, why = reconcile_decision(body, prefix)
+        return ReconcileJob(job_id, token, decision, result, effects, why, node.random_u32())
     kind, message, retry_after_ms = failure(body, prefix)
     return FailJob(job_id, token, kind, message, retry_after_ms, node.random_u32())
 
@@ -146,6 +160,14 @@ def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
             "status": result.status,
             "next_run_at": render.time_or_none(result.next_run_at_ms),
         }
+    if isinstance(result, Reconciled):
+        return {
+            "job_id": result.job_id,
+            "decision": result.decision,
+            "status": result.status,
+            "next_run_at": render.time_or_none(result.next_run_at_ms),
+            "replayed": result.replayed,
+        }
     if isinstance(result, EffectRecorded):
         return {"effect": render.effect(result.effect), "replayed": result.replayed}
     raise ApiError("internal_error", f"unexpected result {type(result).__name__}")
@@ -158,7 +180,7 @@ def _op_route(op: str) -> None:
         node = node_of(request)
         body = unsafe.ignore_fencing(node, job_id, body)  # negative control only
         command = _command_for(node, op, job_id, body)
-        scope.require_job(request, job_id)
+        scope.require_lease_job(request, job_id)
         result = await node.propose(command, body_bytes(request))
         return json_response(_answer(request, op, result))
 
@@ -196,7 +218,7 @@ async def lease_batch(request: web.Request) -> web.Response:
             job_id = string(item, "job_id", required=True, prefix=prefix)
             assert job_id is not None
             command = _command_for(node, op, job_id, item, prefix)
-            scope.require_job(request, job_id)
+            scope.require_lease_job(request, job_id)
             commands.append(command)
             slots.append((op, None))
         except ApiError as error:

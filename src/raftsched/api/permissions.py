@@ -106,6 +106,7 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     ("GET", "/v1/jobs/{job_id}"): P.READ_JOB,
     ("POST", "/v1/jobs/{job_id}/cancel"): P.CANCEL,
     ("POST", "/v1/jobs/{job_id}/replay"): P.OPERATE,
+    ("POST", "/v1/jobs/{job_id}/reconcile"): P.OPERATE,
     ("GET", "/v1/jobs/{job_id}/history"): P.READ,
     # The worker protocol and effects.
     ("POST", "/v1/leases"): P.WORK,
@@ -113,6 +114,7 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     ("POST", "/v1/leases/{job_id}/heartbeat"): P.WORK,
     ("POST", "/v1/leases/{job_id}/complete"): P.WORK,
     ("POST", "/v1/leases/{job_id}/fail"): P.WORK,
+    ("POST", "/v1/leases/{job_id}/reconcile"): P.WORK,
     ("POST", "/v1/leases/batch"): P.WORK,
     ("POST", "/v1/effects"): P.WORK,
     ("GET", "/v1/effects/{key}"): P.READ_EFFECTS,

@@ -23,7 +23,9 @@ from raftsched.api.jsonbody import json_response
 from raftsched.api.principal import principal_of
 from raftsched.api.requests import node_of, prepare_read, propose_audited, read_json
 from raftsched.api.validation import (
+    ON_UNKNOWN_POLICIES,
     boolean,
+    choice,
     integer,
     number,
     path_id,
@@ -31,7 +33,7 @@ from raftsched.api.validation import (
     require_object,
     seconds_ms,
 )
-from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetTenant
+from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetTenant, SetUnknownPolicy
 from raftsched.core.jobs.flow import (
     CIRCUIT_WINDOW_MAX,
     CIRCUIT_WINDOW_MIN,
@@ -47,10 +49,12 @@ from raftsched.core.jobs.flow_queries import (
     tenant_names,
     tenant_view,
 )
+from raftsched.core.jobs.reconcile_book import book_of
 from raftsched.core.kernel.results import Ack
 from raftsched.limits import METRIC_SERIES_MAX, PROBE_S_MAX, PROBE_S_MIN, RATE_PER_S_MIN
 from raftsched.node import metrics as families
 from raftsched.node.metrics import NodeMetrics, Samples
+from raftsched.node.versions import check_allowed
 from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
@@ -64,9 +68,10 @@ QUEUE_FIELDS = frozenset(
         "concurrency_limit",
         "circuit_window",
         "circuit_probe_interval_s",
+        "on_unknown",
     }
 )
-TENANT_FIELDS = frozenset({"weight", "concurrency_limit", "max_queued"})
+TENANT_FIELDS = frozenset({"weight", "concurrency_limit", "max_queued", "on_unknown"})
 PROBE_MS_DEFAULT = 5_000
 
 
@@ -132,6 +137,8 @@ def render_queue(view: QueueView, now_ms: int) -> dict[str, Any]:
         },
         "throttled": view.throttled,
         "blocked_keys": view.blocked_keys,
+        "on_unknown": view.on_unknown,
+        "reconciling": view.reconciling,
     }
     if view.blocked:
         body["blocked"] = [
@@ -150,6 +157,7 @@ def render_tenant(view: TenantView) -> dict[str, Any]:
         "queued": view.queued,
         "running": view.running,
         "throttled": view.throttled,
+        "on_unknown": view.on_unknown,
     }
 
 
@@ -175,11 +183,41 @@ def _tenant_scope(request: web.Request, name: str) -> None:
         raise ApiError("not_found", f"no tenant {name}")
 
 
+def on_unknown_change(
+    request: web.Request, scope_name: str, name: str, body: object
+) -> SetUnknownPolicy | None:
+    """The `on_unknown` default a PUT asks for, as a command when it differs
+    from the one in force. Unlike the limits, an absent `on_unknown` keeps
+    the one in force: a PUT that only meant to change a rate (or the
+    dashboard's pause) must never silently drop a queue's reconciliation,
+    which would let unknown outcomes be retried into double effects.
+    Checked against the cluster version before anything is proposed, so a
+    PUT is never half-applied; a PUT that changes nothing here needs no
+    upgrade."""
+    wanted = choice(require_object(body), "on_unknown", ON_UNKNOWN_POLICIES)
+    if wanted is None:
+        return None
+    node = node_of(request)
+    with node.reading() as state:
+        book = book_of(state)
+        defaults = book.queues if scope_name == "queue" else book.tenants
+        if defaults.get(name, "retry") == wanted:
+            return None
+        command = SetUnknownPolicy(scope_name, name, wanted)
+        check_allowed(state, [command])
+    return command
+
+
 @routes.put("/v1/queues/{name}")
 async def put_queue(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
     _queues_scope(request)
-    await propose_audited(request, parse_queue(name, await read_json(request)), Ack)
+    body = await read_json(request)
+    command = parse_queue(name, body)
+    policy = on_unknown_change(request, "queue", name, body)
+    await propose_audited(request, command, Ack)
+    if policy is not None:
+        await propose_audited(request, policy, Ack)
     return json_response({"queue": _queue_json(request, name, True)})
 
 
@@ -228,7 +266,12 @@ async def get_queue(request: web.Request) -> web.Response:
 async def put_tenant(request: web.Request) -> web.Response:
     name = path_id(request.match_info["name"], "name")
     _tenant_scope(request, name)
-    await propose_audited(request, parse_tenant(name, await read_json(request)), Ack)
+    body = await read_json(request)
+    command = parse_tenant(name, body)
+    policy = on_unknown_change(request, "tenant", name, body)
+    await propose_audited(request, command, Ack)
+    if policy is not None:
+        await propose_audited(request, policy, Ack)
     return json_response({"tenant": _tenant_json(request, name)})
 
 

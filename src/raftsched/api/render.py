@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from raftsched.api.validation import unpack_json
-from raftsched.core.kernel.results import Effect, Lease
+from raftsched.core.jobs.reconcile_book import book_of, on_unknown, reconcile_queue
+from raftsched.core.kernel.results import Effect, Lease, ReconcileTarget
+from raftsched.core.kernel.state import State
 from raftsched.timefmt import format_ms
 
 
@@ -24,7 +26,44 @@ def _error(error: Any) -> dict[str, Any] | None:
     return {"kind": kind, "message": message}
 
 
-def job(record: Any) -> dict[str, Any]:
+def job(record: Any, state: State | None = None) -> dict[str, Any]:
+    """A Job object; with the state, also how an unknown outcome of it is
+    handled and its open reconciliation (`reconcile`)."""
+    body = _job(record)
+    if state is not None:
+        body.update(reconcile(state, record))
+    return body
+
+
+def reconcile(state: State, record: Any) -> dict[str, Any]:
+    """`on_unknown` and `reconcile_queue` as in force for the job (its own,
+    else its queue's or tenant's default), and `reconciliation` while it is
+    reconciling: the attempt asked about, expired tries, the current lease."""
+    body: dict[str, Any] = {
+        "on_unknown": on_unknown(state, record),
+        "reconcile_queue": reconcile_queue(state, record),
+    }
+    task = book_of(state).tasks.get(record.id)
+    if task is not None:
+        lease = task.lease
+        body["reconciliation"] = {
+            "attempt": task.attempt,
+            "queue": task.queue,
+            "tries": task.tries,
+            "available_at": format_ms(task.available_at_ms),
+            "lease": None
+            if lease is None
+            else {
+                "worker_id": lease[0],
+                "epoch": lease[1],
+                "fencing_token": lease[2],
+                "expires_at": format_ms(lease[3]),
+            },
+        }
+    return body
+
+
+def _job(record: Any) -> dict[str, Any]:
     lease = record.lease
     return {
         "id": record.id,
@@ -105,6 +144,19 @@ def lease(grant: Lease) -> dict[str, Any]:
         "workflow_id": grant.workflow_id,
         "step": grant.step,
         "inputs": unpack_json(grant.inputs) if grant.inputs is not None else {},
+        **({} if grant.reconcile is None else {"reconcile": reconcile_target(grant.reconcile)}),
+    }
+
+
+def reconcile_target(target: ReconcileTarget) -> dict[str, Any]:
+    """The attempt whose outcome a reconciliation lease asks about."""
+    return {
+        "attempt": target.attempt,
+        "fencing_token": target.fencing_token,
+        "worker_id": target.worker_id,
+        "started_at": time_or_none(target.started_at_ms),
+        "effect_keys": list(target.effect_keys),
+        "queue": target.queue,
     }
 
 

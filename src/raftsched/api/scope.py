@@ -33,6 +33,7 @@ from raftsched.api.errors import ApiError, from_rejection
 from raftsched.api.principal import Principal, principal_of
 from raftsched.api.requests import node_of
 from raftsched.core.jobs.leases import not_found as job_not_found
+from raftsched.core.jobs.reconcile_book import open_reconcile_queue as reconcile_queue_of
 from raftsched.core.kernel.model import Job
 from raftsched.core.kernel.outbox import OutboxEvent, decode_data
 from raftsched.core.kernel.results import NOT_FOUND, Rejected
@@ -134,6 +135,24 @@ def require_job(request: web.Request, job_id: str, error: ApiError | None = None
         job = state.jobs.get(job_id)
         if job is not None and not visible_job(principal, job):
             raise error or from_rejection(job_not_found(job_id))
+
+
+def require_lease_job(request: web.Request, job_id: str) -> None:
+    """`require_job` for the lease operations: a job whose reconciliation is
+    leased from another queue (its reconcile queue) is also in scope for
+    the workers of that queue, who answer and heartbeat it."""
+    principal = principal_of(request)
+    if unrestricted(principal):
+        return
+    with node_of(request).reading() as state:
+        job = state.jobs.get(job_id)
+        if job is None or visible_job(principal, job):
+            return
+        queue = reconcile_queue_of(state, job)
+        if queue is None or not (
+            principal.sees_tenant(job.tenant) and principal.may_use_queue(queue)
+        ):
+            raise from_rejection(job_not_found(job_id))
 
 
 def require_schedule(request: web.Request, schedule_id: str) -> None:

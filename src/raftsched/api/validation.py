@@ -41,6 +41,8 @@ CLAIM_QUEUES_MAX = core_limits.CLAIM_QUEUES_MAX
 LEASE_S_MIN = core_limits.LEASE_MS_MIN / 1000
 LEASE_S_MAX = core_limits.LEASE_MS_MAX / 1000
 
+ON_UNKNOWN_POLICIES = ("retry", "reconcile")
+
 JOB_FIELDS = frozenset(
     {
         "queue",
@@ -57,6 +59,8 @@ JOB_FIELDS = frozenset(
         "ordering_key",
         "correlation_id",
         "labels",
+        "on_unknown",
+        "reconcile_queue",
     }
 )
 
@@ -307,6 +311,10 @@ def parse_job(value: object, prefix: str = "") -> JobSpec:
         ),
         "ordering_key": string(body, "ordering_key", length_max=KEY_LENGTH_MAX, prefix=prefix),
         "correlation_id": string(body, "correlation_id", length_max=KEY_LENGTH_MAX, prefix=prefix),
+        # Since cluster version 5 (core.jobs.reconcile); absent keeps the
+        # spec's encoding, so older clusters still accept it.
+        "on_unknown": choice(body, "on_unknown", ON_UNKNOWN_POLICIES, prefix=prefix),
+        "reconcile_queue": string(body, "reconcile_queue", prefix=prefix),
     }
     if body.get("backoff") is not None:
         optional["backoff"] = parse_backoff(body["backoff"], prefix + "backoff.")
@@ -334,6 +342,41 @@ def failure(body: Mapping[str, Any], prefix: str = "") -> tuple[FailureKind, str
         raise invalid(prefix + "error.message", "must be a string")
     retry_after = seconds_ms(error, "retry_after_s", 0, RETRY_DELAY_S_MAX, prefix=prefix + "error.")
     return cast(FailureKind, kind), message[:MESSAGE_LENGTH_MAX], retry_after
+
+
+RECONCILE_DECISIONS = ("happened", "did_not_happen", "cannot_tell")
+RECONCILE_EFFECTS_MAX = 100
+
+
+def reconcile_decision(
+    body: Mapping[str, Any], prefix: str = ""
+) -> tuple[str, bytes, tuple[tuple[str, bytes], ...], str]:
+    """A reconcile handler's answer: (decision, result, effects, reason)."""
+    decision = choice(body, "decision", RECONCILE_DECISIONS, prefix=prefix)
+    if decision is None:
+        raise invalid(prefix + "decision", "is required")
+    raw = body.get("effects")
+    effects: list[tuple[str, bytes]] = []
+    if raw is not None:
+        if not isinstance(raw, list) or len(raw) > RECONCILE_EFFECTS_MAX:
+            raise invalid(prefix + "effects", f"must be a list of at most {RECONCILE_EFFECTS_MAX}")
+        for index, item in enumerate(raw):
+            where = f"{prefix}effects[{index}]"
+            effect = require_object(item, where)
+            reject_unknown(effect, frozenset({"key", "result"}), where + ".")
+            key = string(
+                effect, "key", required=True, length_max=KEY_LENGTH_MAX, prefix=where + "."
+            )
+            assert key is not None
+            effects.append((key, pack_json(effect.get("result"), where + ".result")))
+    text = body.get("reason")
+    if text is None:
+        text = ""
+    if not isinstance(text, str) or len(text) > REASON_LENGTH_MAX:
+        raise invalid(
+            prefix + "reason", f"must be a string of at most {REASON_LENGTH_MAX} characters"
+        )
+    return decision, pack_json(body.get("result"), prefix + "result"), tuple(effects), text
 
 
 def reason(body: Mapping[str, Any]) -> str:

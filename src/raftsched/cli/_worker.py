@@ -5,17 +5,31 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import Any, cast
 
 from raftsched.cli._common import EXIT_USAGE, tls_options, token_from, urls_from
 from raftsched.logs import configure_logging
-from raftsched.worker import WorkerConfig, default_worker_id, load_handler, run_worker
+from raftsched.worker import (
+    Reconciler,
+    WorkerConfig,
+    default_worker_id,
+    load_handler,
+    run_worker,
+)
 
 
 def register(commands: argparse._SubParsersAction[Any], common: argparse.ArgumentParser) -> None:
     worker = commands.add_parser("worker", parents=[common], help="run jobs from queues")
     worker.add_argument("--queue", action="append", required=True, help="repeatable")
     worker.add_argument("--handler", required=True, metavar="MODULE:FUNCTION")
+    worker.add_argument(
+        "--reconciler",
+        action="append",
+        default=[],
+        metavar="[QUEUE=]MODULE:FUNCTION",
+        help="a reconcile handler for QUEUE's reconciliations (any queue without QUEUE=); "
+        "repeatable",
+    )
     worker.add_argument("--concurrency", type=int, default=4)
     worker.add_argument("--worker-id", default=None, help="default: HOSTNAME-PID")
     worker.add_argument("--lease-s", type=float, default=30.0)
@@ -29,6 +43,7 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
 def run_worker_command(args: argparse.Namespace) -> int:
     try:
         handler = load_handler(args.handler)
+        reconcilers = dict(_reconciler(spec) for spec in args.reconciler)
         config = WorkerConfig(
             urls=urls_from(args),
             queues=tuple(args.queue),
@@ -46,4 +61,13 @@ def run_worker_command(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(args.log_format, level=logging.getLevelName(args.log_level))
-    return run_worker(config, handler)
+    return run_worker(config, handler, reconcilers)
+
+
+def _reconciler(spec: str) -> tuple[str | None, Reconciler]:
+    queue, sep, target = spec.partition("=")
+    if not sep:
+        return None, cast(Reconciler, load_handler(spec))
+    if not queue:
+        raise ValueError(f"--reconciler: an empty queue in {spec!r}")
+    return queue, cast(Reconciler, load_handler(target))

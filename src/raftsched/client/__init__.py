@@ -14,6 +14,7 @@ from raftsched.client._calls import (
     Consistency,
     FailureKind,
     JsonObject,
+    ReconcileDecision,
     Response,
     job_request,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "Conflict",
     "Consistency",
     "FailureKind",
+    "ReconcileDecision",
     "Forbidden",
     "IdempotencyConflict",
     "InvalidRequest",

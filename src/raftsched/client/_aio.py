@@ -10,7 +10,7 @@ import asyncio
 import ssl
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 from yarl import URL
@@ -23,6 +23,7 @@ from raftsched.client._calls import (
     Consistency,
     FailureKind,
     JsonObject,
+    ReconcileDecision,
     Response,
     RunAt,
     encode_body,
@@ -173,12 +174,15 @@ class AsyncClient(AsyncSchedulesMixin):
         ordering_key: str | None = None,
         correlation_id: str | None = None,
         labels: Mapping[str, str] | None = None,
+        on_unknown: Literal["retry", "reconcile"] | None = None,
+        reconcile_queue: str | None = None,
     ) -> JsonObject:
         request = calls.job_request(
             queue, payload, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s,
             priority=priority, max_attempts=max_attempts, backoff=backoff, lease_s=lease_s,
             deadline_s=deadline_s, tenant=tenant, ordering_key=ordering_key,
-            correlation_id=correlation_id, labels=labels,
+            correlation_id=correlation_id, labels=labels, on_unknown=on_unknown,
+            reconcile_queue=reconcile_queue,
         )  # fmt: skip
         return await self.call(calls.submit(request))
 
@@ -283,6 +287,20 @@ class AsyncClient(AsyncSchedulesMixin):
     ) -> JsonObject:
         body = calls.fail_body(fencing_token, kind, message, retry_after_s)
         return await self.call(calls.lease_op(job_id, "fail", body))
+
+    async def reconcile(
+        self,
+        job_id: str,
+        fencing_token: int,
+        decision: ReconcileDecision,
+        *,
+        result: Any = None,
+        effects: Mapping[str, Any] | None = None,
+        reason: str = "",
+    ) -> JsonObject:
+        """Answer a reconciliation lease (see `Client.reconcile`)."""
+        body = calls.reconcile_body(fencing_token, decision, result, effects, reason)
+        return await self.call(calls.lease_op(job_id, "reconcile", body))
 
     async def lease_batch(self, ops: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
         return await self.call(calls.lease_batch(ops))

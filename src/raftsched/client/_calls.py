@@ -165,9 +165,12 @@ def job_request(
     ordering_key: str | None = None,
     correlation_id: str | None = None,
     labels: Mapping[str, str] | None = None,
+    on_unknown: Literal["retry", "reconcile"] | None = None,
+    reconcile_queue: str | None = None,
 ) -> JsonObject:
     """The body of one job submission; `run_at` may be RFC 3339 text, an aware
-    datetime or Unix milliseconds."""
+    datetime or Unix milliseconds. `on_unknown` and `reconcile_queue` need a
+    cluster of release 0.5.0 or later (cluster version 5)."""
     return _drop_none(
         {
             "queue": queue,
@@ -184,6 +187,8 @@ def job_request(
             "ordering_key": ordering_key,
             "correlation_id": correlation_id,
             "labels": dict(labels) if labels is not None else None,
+            "on_unknown": on_unknown,
+            "reconcile_queue": reconcile_queue,
         }
     )
 
@@ -307,6 +312,25 @@ def fail_body(
 ) -> JsonObject:
     error = _drop_none({"kind": kind, "message": message, "retry_after_s": retry_after_s})
     return {"fencing_token": fencing_token, "error": error}
+
+
+ReconcileDecision = Literal["happened", "did_not_happen", "cannot_tell"]
+
+
+def reconcile_body(
+    fencing_token: int,
+    decision: ReconcileDecision,
+    result: Any,
+    effects: Mapping[str, Any] | None,
+    reason: str,
+) -> JsonObject:
+    """A reconcile handler's answer; `effects` maps effect keys to results."""
+    body: JsonObject = {"fencing_token": fencing_token, "decision": decision, "reason": reason}
+    if decision == "happened":
+        body["result"] = result
+        if effects:
+            body["effects"] = [{"key": key, "result": value} for key, value in effects.items()]
+    return body
 
 
 def lease_batch(ops: Sequence[Mapping[str, Any]]) -> Call[list[JsonObject]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from raftsched.client import _calls as calls
 from raftsched.client import _flow_calls as flow_calls
@@ -15,6 +15,7 @@ from raftsched.client._calls import (
     Consistency,
     FailureKind,
     JsonObject,
+    ReconcileDecision,
     Response,
     RunAt,
     encode_body,
@@ -143,13 +144,16 @@ class Client(SchedulesMixin):
         ordering_key: str | None = None,
         correlation_id: str | None = None,
         labels: Mapping[str, str] | None = None,
+        on_unknown: Literal["retry", "reconcile"] | None = None,
+        reconcile_queue: str | None = None,
     ) -> JsonObject:
         """Submit one job; returns the Job (the original one on an idempotent repeat)."""
         request = calls.job_request(
             queue, payload, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s,
             priority=priority, max_attempts=max_attempts, backoff=backoff, lease_s=lease_s,
             deadline_s=deadline_s, tenant=tenant, ordering_key=ordering_key,
-            correlation_id=correlation_id, labels=labels,
+            correlation_id=correlation_id, labels=labels, on_unknown=on_unknown,
+            reconcile_queue=reconcile_queue,
         )  # fmt: skip
         return self.call(calls.submit(request))
 
@@ -278,6 +282,23 @@ class Client(SchedulesMixin):
     ) -> JsonObject:
         body = calls.fail_body(fencing_token, kind, message, retry_after_s)
         return self.call(calls.lease_op(job_id, "fail", body))
+
+    def reconcile(
+        self,
+        job_id: str,
+        fencing_token: int,
+        decision: ReconcileDecision,
+        *,
+        result: Any = None,
+        effects: Mapping[str, Any] | None = None,
+        reason: str = "",
+    ) -> JsonObject:
+        """Answer a reconciliation lease (one with `reconcile`), with its own
+        fencing token: `happened` (with the effect's `result`, and `effects`
+        to record by key), `did_not_happen` or `cannot_tell` (with a
+        `reason`) -> `{"job_id", "decision", "status", "next_run_at", "replayed"}`."""
+        body = calls.reconcile_body(fencing_token, decision, result, effects, reason)
+        return self.call(calls.lease_op(job_id, "reconcile", body))
 
     def lease_batch(self, ops: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
         """`[{"op", "job_id", "fencing_token", ...}]` -> per-op result or `{"error"}`."""

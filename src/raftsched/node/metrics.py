@@ -157,6 +157,12 @@ DEAD_LETTERS = Family(
     "raftsched_dead_letters_total", "counter", "Jobs dead-lettered, by reason.", ("reason",)
 )
 REPLAYS = Family("raftsched_replays_total", "counter", "Dead-letter replays.")
+RECONCILE_DECISIONS = Family(
+    "raftsched_reconcile_decisions_total",
+    "counter",
+    "Reconcile decisions on unknown outcomes, by decision: happened, did_not_happen, cannot_tell.",
+    ("decision",),
+)
 CANCELS = Family("raftsched_cancels_total", "counter", "Accepted cancel requests.")
 LEASE_RENEWALS = Family(
     "raftsched_lease_renewals_total", "counter", "Heartbeats that were accepted."
@@ -215,6 +221,7 @@ INSTRUMENTED = (
     EXECUTION_SECONDS, JOB_ATTEMPTS, JOB_RETRIES, JOB_FAILURES, JOBS_SUCCEEDED, DEAD_LETTERS,
     REPLAYS, CANCELS, LEASE_RENEWALS, LEASE_EXPIRATIONS, LEADER_OBSERVED, WEBHOOK_ATTEMPTS,
     WEBHOOK_FAILURES, WEBHOOK_PARKED, FLOW_REJECTED, HTTP_AUTH_FAILURES, RAFT_MESSAGES_REFUSED,
+    RECONCILE_DECISIONS,
 )  # fmt: skip
 
 # -- sampled: read at scrape time ---------------------------------------------------
@@ -472,6 +479,7 @@ class NodeMetrics:
         self.jobs_succeeded = counter(JOBS_SUCCEEDED)
         self.dead_letters = counter(DEAD_LETTERS)
         self.replays = counter(REPLAYS)
+        self.reconcile_decisions = counter(RECONCILE_DECISIONS)
         self.cancels = counter(CANCELS)
         self.lease_renewals = counter(LEASE_RENEWALS)
         self.lease_expirations = counter(LEASE_EXPIRATIONS)

@@ -41,10 +41,12 @@ from raftsched.core.jobs.commands import (
     CompleteJob,
     FailJob,
     HeartbeatJob,
+    ReconcileJob,
     ReplayJob,
     StartJob,
     SubmitJobs,
 )
+from raftsched.core.jobs.reconcile_book import book_of
 from raftsched.core.kernel.commands import Audited, Tick
 from raftsched.core.kernel.results import (
     CancelAccepted,
@@ -53,6 +55,7 @@ from raftsched.core.kernel.results import (
     Failed,
     HeartbeatAccepted,
     Lease,
+    Reconciled,
     Rejected,
     Replayed,
     Started,
@@ -169,6 +172,10 @@ class Observer:
         self.clock_skew: dict[str, ClockSkew] = {}
         self._progress: dict[str, _Progress] = {}
         self._leased: dict[str, int] = {}  # job id -> token, leases this leader granted
+        # Jobs that were reconciling at the last tick this node proposed: a
+        # tick that ends one because its reconciliation budget is spent
+        # says so only in the job (Ticked has no count for it).
+        self._reconciling: set[str] = set()
         self._last_leader: tuple[str | None, int] | None = None
         self.is_leader: Callable[[], bool] = lambda: False
         self.metrics = metrics  # per-job series through metrics.series (made once)
@@ -272,6 +279,10 @@ class Observer:
                 self._on_failed(state, fail, token, status)
             case Tick(), Ticked() as ticked:
                 self._on_tick(state, ticked)
+            case ReconcileJob(fencing_token=token, reason=reason), Reconciled(
+                replayed=False
+            ) as done:
+                self._on_reconciled(state, done, token, reason)
             case ReplayJob(job_id=job_id, reason=reason, actor=actor), Replayed():
                 self.metrics.replays.inc()
                 fields = _job_fields(state.jobs.get(job_id))
@@ -363,6 +374,19 @@ class Observer:
             self.record_error("attempt", fail.kind, fail.message, fail.job_id, queue)
             log.info("job attempt failed", extra={**fields, "error": fail.message[:500]})
 
+    def _on_reconciled(self, state: core.State, done: Reconciled, token: int, reason: str) -> None:
+        """A reconcile decision: counted by decision, and the job's outcome
+        counted as a completion or a dead letter would be."""
+        self.metrics.series(self.metrics.reconcile_decisions, done.decision).inc()
+        job = state.jobs.get(done.job_id)
+        fields = {**_job_fields(job, token), "decision": done.decision, "status": done.status}
+        fields["epoch"] = state.epoch
+        log.info("job reconciled", extra={**fields, "evidence": reason[:500]})
+        if done.status == "succeeded" and job is not None:
+            self.metrics.series(self.metrics.jobs_succeeded, job.queue).inc()
+        elif done.status == "dead_letter":
+            self._dead_lettered("unreconciled", fields, reason)
+
     def _dead_lettered(self, reason: str, fields: dict[str, Any], message: str) -> None:
         self.metrics.dead_letters.labels(reason).inc()
         log.warning("job dead-lettered", extra={**fields, "reason": reason, "error": message[:500]})
@@ -379,6 +403,22 @@ class Observer:
             self.record_error("dead_letter", "deadline", f"{ticked.dead_lettered} job(s)")
         if ticked.leases_expired:
             self._find_expired(state)
+        self._find_unreconciled(state)
+
+    def _find_unreconciled(self, state: core.State) -> None:
+        """Count the jobs a tick dead-lettered `unreconciled` (their
+        reconciliation leases kept expiring unanswered)."""
+        tasks = book_of(state).tasks
+        for job_id in self._reconciling - tasks.keys():
+            job = state.jobs.get(job_id)
+            if job is None or job.status != "dead_letter" or not job.history:
+                continue
+            _, event, from_status, _, actor, _, token, detail = job.history[-1]
+            by_tick = actor == "system" and from_status == "reconciling"
+            if by_tick and job.last_error is not None and job.last_error[0] == "unreconciled":
+                fields = {**_job_fields(job, token), "epoch": state.epoch}
+                self._dead_lettered("unreconciled", fields, detail or "")
+        self._reconciling = set(list(tasks)[:TRACKED_JOBS_MAX])
 
     def _find_expired(self, state: core.State) -> None:
         """Name each lease this leader granted that a tick just expired."""

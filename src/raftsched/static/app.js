@@ -64,6 +64,8 @@ const CLUSTER_NEEDS_ALL_TENANTS = ["viewer"];
 const ACTION_PERMISSIONS = {
   "cancel-job": "cancel", // POST /v1/jobs/{job_id}/cancel
   "replay-job": "operate", // POST /v1/jobs/{job_id}/replay
+  "replay-reconciled-job": "operate", // POST /v1/jobs/{job_id}/replay
+  "reconcile-job": "operate", // POST /v1/jobs/{job_id}/reconcile
   "pause-queue": "operate", // PUT /v1/queues/{name}
   "resume-queue": "operate", // PUT /v1/queues/{name}
   "pause-schedule": "operate", // POST /v1/schedules/{schedule_id}/pause
@@ -215,6 +217,10 @@ function confirmAction(title, text) {
 const ACTIONS = {
   "cancel-job": (id, reason) => api(`/v1/jobs/${encodeURIComponent(id)}/cancel`, { method: "POST", body: { reason } }),
   "replay-job": (id, reason) => api(`/v1/jobs/${encodeURIComponent(id)}/replay`, { method: "POST", body: { reason } }),
+  // An unknown outcome nobody reconciled: the reason states how it was checked.
+  "replay-reconciled-job": (id, reason) => api(`/v1/jobs/${encodeURIComponent(id)}/replay`, { method: "POST", body: { reason, reconciled: true } }),
+  // ... or ask its reconcilers again.
+  "reconcile-job": (id, reason) => api(`/v1/jobs/${encodeURIComponent(id)}/reconcile`, { method: "POST", body: { reason } }),
   "pause-queue": (name) => api(`/v1/queues/${encodeURIComponent(name)}`, { method: "PUT", body: { paused: true } }),
   "resume-queue": (name) => api(`/v1/queues/${encodeURIComponent(name)}`, { method: "PUT", body: { paused: false } }),
   "pause-schedule": (id) => api(`/v1/schedules/${encodeURIComponent(id)}/pause`, { method: "POST" }),
@@ -387,7 +393,7 @@ async function onCallView() {
   <section id="stuck"><h2>Stuck jobs <span class="muted">(no heartbeat progress for ${esc(o.stuck_after_s)} s)</span></h2>
     ${table(["job", "queue", "worker", "quiet", ""], o.stuck_jobs.map((j) => [jobLink(j.job_id), esc(j.queue), dash(j.worker_id), ago(j.quiet_s), actionButton("cancel-job", j.job_id, "Cancel job")]), "none")}</section>
   <section id="dlq"><h2>Dead-letter queue <span class="muted">${esc(o.status_counts.dead_letter ?? 0)} jobs</span></h2>
-    ${table(["job", "queue", "attempts#", "last error", ""], o.dead_letters.map((j) => [jobLink(j.id), esc(j.queue), esc(j.attempts_made), j.last_error ? `${esc(j.last_error.kind)}: ${esc(j.last_error.message)}` : dash(null), actionButton("replay-job", j.id, "Replay", false)]), "empty")}</section>
+    ${table(["job", "queue", "attempts#", "last error", ""], o.dead_letters.map((j) => [jobLink(j.id), esc(j.queue), esc(j.attempts_made), (j.unreconciled ? `${badge("unreconciled")} ` : "") + (j.last_error ? `${esc(j.last_error.kind)}: ${esc(j.last_error.message)}` : dash(null)), j.unreconciled ? `${actionButton("reconcile-job", j.id, "Reconcile", false)} ${actionButton("replay-reconciled-job", j.id, "Reconciled: replay", false)}` : actionButton("replay-job", j.id, "Replay", false)]), "empty")}</section>
   <section id="errors"><h2>Recent errors</h2>
     ${table(["at", "what", "kind", "job", "message"], o.recent_errors.map((e) => [when(ms(e.at_ms)), esc(e.source), esc(e.kind), e.job_id ? jobLink(e.job_id) : dash(null), esc(e.message)]), "none")}</section>
   <section id="leaders"><h2>Leader history <span class="muted">(seen by ${esc(o.node.id)})</span></h2>
@@ -403,7 +409,7 @@ const SEARCH_FIELDS = [
   ["tenant", "tenant"],
   ["correlation_id", "correlation id"],
 ];
-const STATUSES = ["", "scheduled", "pending", "claimed", "running", "retry_wait", "succeeded", "dead_letter", "cancelled"];
+const STATUSES = ["", "scheduled", "pending", "claimed", "running", "retry_wait", "reconciling", "succeeded", "dead_letter", "cancelled"];
 
 async function jobsView(params) {
   const form = SEARCH_FIELDS.map(([key, label]) => {

@@ -13,6 +13,11 @@ Sync handlers run in their own threads (cancellation is cooperative: check
 the worker's loop and are cancelled at their next await. A handler's return
 value (JSON) completes the job; `PermanentError` dead-letters it; any other
 exception is a transient failure that is retried with backoff.
+
+Jobs with `on_unknown: reconcile` need a reconcile handler on their
+reconcile queue (`@worker.reconciler("payments")`, see `_reconcile`): it
+answers `Happened(result)`, `DidNotHappen()` or `CannotTell(reason)` about
+an attempt whose outcome is unknown.
 """
 
 from raftsched.worker._agent import (
@@ -32,9 +37,25 @@ from raftsched.worker._context import (
     TransientError,
 )
 from raftsched.worker._job import Handler
+from raftsched.worker._reconcile import (
+    CannotTell,
+    Decision,
+    DidNotHappen,
+    Happened,
+    ReconcileContext,
+    Reconciler,
+    UnknownAttempt,
+)
 
 __all__ = [
     "CancelReason",
+    "CannotTell",
+    "Decision",
+    "DidNotHappen",
+    "Happened",
+    "ReconcileContext",
+    "Reconciler",
+    "UnknownAttempt",
     "Handler",
     "JobCancelled",
     "JobContext",

@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -26,6 +26,12 @@ from raftsched.client import AsyncClient, JsonObject, RaftschedError, client_ssl
 from raftsched.worker._batcher import LeaseBatcher
 from raftsched.worker._context import JobContext, Lease
 from raftsched.worker._job import Handler, JobRun
+from raftsched.worker._reconcile import (
+    ReconcileContext,
+    Reconciler,
+    ReconcileRun,
+    UnknownAttempt,
+)
 
 log = logging.getLogger("raftsched.worker")
 
@@ -76,10 +82,29 @@ class Worker:
         self.config = config
         self._handler = handler
         self._client = client
-        self._runs: dict[asyncio.Task[None], JobRun] = {}
+        self._runs: dict[asyncio.Task[None], JobRun | ReconcileRun] = {}
+        # Reconcile handlers by reconcile queue; None: any queue (`reconciler`).
+        self._reconcilers: dict[str | None, Reconciler] = {}
         self._stopping: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
+
+    def reconciler(self, queue: str | None = None) -> Callable[[Reconciler], Reconciler]:
+        """Register a reconcile handler (a decorator) for the reconciliations
+        claimed from `queue` (None: any queue this worker claims). A queue
+        not among `config.queues` is claimed too. Call before `run()`."""
+
+        def register(handler: Reconciler) -> Reconciler:
+            self._reconcilers[queue] = handler
+            return handler
+
+        return register
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """What the worker claims from: its queues and its reconcilers' queues."""
+        extra = [queue for queue in self._reconcilers if queue is not None]
+        return tuple(dict.fromkeys((*self.config.queues, *extra)))
 
     @property
     def running(self) -> int:
@@ -158,7 +183,7 @@ class Worker:
         config = self.config
         return await client.claim(
             config.worker_id,
-            config.queues,
+            self.queues,
             max_jobs=max_jobs,
             wait_s=config.poll_wait_s,
             lease_s=config.lease_s,
@@ -169,8 +194,22 @@ class Worker:
     ) -> None:
         lease = Lease.from_json(data, self.config.lease_s)
         loop = asyncio.get_running_loop()
-        ctx = JobContext(lease, worker_id=self.config.worker_id, client=client, loop=loop)
-        run = JobRun(ctx, self._handler, batcher, claim_sent_at=claim_sent_at)
+        run: JobRun | ReconcileRun
+        if lease.reconcile is not None:
+            attempt = UnknownAttempt.from_json(lease.reconcile)
+            handler = self._reconcilers.get(attempt.queue) or self._reconcilers.get(None)
+            if handler is None:
+                # Unanswered, the lease lapses and the question is asked again.
+                log.warning(
+                    "no reconciler for this queue; the reconciliation lease will lapse",
+                    extra={"job_id": lease.job_id, "queue": attempt.queue},
+                )
+                return
+            context = ReconcileContext(lease, attempt, self.config.worker_id)
+            run = ReconcileRun(context, handler, batcher)
+        else:
+            ctx = JobContext(lease, worker_id=self.config.worker_id, client=client, loop=loop)
+            run = JobRun(ctx, self._handler, batcher, claim_sent_at=claim_sent_at)
         task = loop.create_task(run.run(), name=f"job-{lease.job_id}")
         self._runs[task] = run
         task.add_done_callback(self._finished)
@@ -238,11 +277,18 @@ def load_handler(spec: str) -> Handler:
     return cast(Handler, target)
 
 
-def run_worker(config: WorkerConfig, handler: Handler) -> int:
-    """Run a worker on a new event loop until SIGTERM/SIGINT; returns 0."""
+def run_worker(
+    config: WorkerConfig,
+    handler: Handler,
+    reconcilers: Mapping[str | None, Reconciler] | None = None,
+) -> int:
+    """Run a worker on a new event loop until SIGTERM/SIGINT; returns 0.
+    `reconcilers`: reconcile handlers by queue (None: any queue)."""
 
     async def main() -> None:
         worker = Worker(config, handler)
+        for queue, reconciler in (reconcilers or {}).items():
+            worker.reconciler(queue)(reconciler)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, worker.stop)

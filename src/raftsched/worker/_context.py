@@ -65,6 +65,9 @@ class Lease:
     workflow_id: str | None = None
     step: str | None = None
     inputs: Mapping[str, Any] = field(default_factory=dict)
+    # Set on a reconciliation lease: the unknown attempt it asks about
+    # (`worker._reconcile`); such a lease is answered, never run.
+    reconcile: Mapping[str, Any] | None = None
 
     @staticmethod
     def from_json(data: Mapping[str, Any], default_lease_s: float) -> Lease:
@@ -83,6 +86,7 @@ class Lease:
             workflow_id=data.get("workflow_id"),
             step=data.get("step"),
             inputs=data.get("inputs") or {},
+            reconcile=data.get("reconcile"),
         )
 
 

@@ -25,6 +25,9 @@ class FakeJob:
     error: dict[str, Any] | None = None
     heartbeats: int = 0
     progress: list[Any] = field(default_factory=list)
+    # A reconciling job: its lease asks about this attempt, from this queue.
+    reconcile_queue: str | None = None
+    decision: dict[str, Any] | None = None
 
 
 class FakeLeases:
@@ -73,16 +76,33 @@ class FakeLeases:
         loop = asyncio.get_running_loop()
         until = loop.time() + body["wait_s"]
         while True:
-            ready = [job for job in self.jobs.values() if job.status == "pending"]
+            ready = [job for job in self.jobs.values() if job.status in ("pending", "reconciling")]
             if ready or loop.time() >= until:
                 break
             await asyncio.sleep(0.01)
         leases = [self._grant(job, body["lease_s"]) for job in ready[: body["max_jobs"]]]
         return web.json_response({"leases": leases})
 
+    def add_reconciling(self, job_id: str, payload: Any = None, queue: str = "q") -> FakeJob:
+        job = self.add(job_id, payload)
+        job.status, job.attempt, job.reconcile_queue = "reconciling", 1, queue
+        return job
+
     def _grant(self, job: FakeJob, lease_s: float) -> dict[str, Any]:
+        if job.status == "reconciling":
+            job.status, job.token = "asked", next(self._tokens)
+            lease = self._lease(job, lease_s)
+            lease["reconcile"] = {
+                "attempt": job.attempt, "fencing_token": 7, "worker_id": "w-crashed",
+                "started_at": "2029-12-31T23:59:00.000Z", "effect_keys": ["charge:1"],
+                "queue": job.reconcile_queue,
+            }  # fmt: skip
+            return lease
         job.status, job.token = "claimed", next(self._tokens)
         job.attempt += 1
+        return self._lease(job, lease_s)
+
+    def _lease(self, job: FakeJob, lease_s: float) -> dict[str, Any]:
         return {
             "job_id": job.id, "attempt": job.attempt, "epoch": 1, "fencing_token": job.token,
             "expires_at": "2030-01-01T00:00:00.000Z", "lease_s": lease_s, "queue": "q",
@@ -100,6 +120,14 @@ class FakeLeases:
     def _apply(self, op: dict[str, Any]) -> dict[str, Any]:
         job = self.jobs[op["job_id"]]
         self.ops.append((op["op"], job.id))
+        if job.status == "asked" and op["fencing_token"] == job.token:
+            if op["op"] == "reconcile":
+                job.decision = op
+                job.status = "decided"
+                return {"job_id": job.id, "decision": op["decision"], "status": "succeeded"}
+            if op["op"] == "heartbeat":
+                job.heartbeats += 1
+                return {"expires_at": "2030-01-01T00:00:00.000Z", "cancel_requested": False}
         if op["fencing_token"] != job.token or job.status not in ("claimed", "running"):
             return {"error": {"code": "lease_lost", "message": "not the current token"}}
         if op["op"] == "start":

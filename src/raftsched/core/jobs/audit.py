@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from typing import Final
 
-from raftsched.core.jobs.commands import CancelJob, PauseQueue, ReplayJob, SetQueue, SetTenant
+from raftsched.core.jobs.commands import (
+    CancelJob,
+    PauseQueue,
+    ReplayJob,
+    ReplayReconciled,
+    RequestReconcile,
+    SetQueue,
+    SetTenant,
+    SetUnknownPolicy,
+)
 from raftsched.core.kernel.feature import Audit, AuditSubject
 from raftsched.core.kernel.state import State
 
@@ -20,6 +29,14 @@ def _cancel(state: State, command: CancelJob) -> AuditSubject:
 
 
 def _replay(state: State, command: ReplayJob) -> AuditSubject:
+    return _job_subject(state, command.job_id, command.reason)
+
+
+def _replay_reconciled(state: State, command: ReplayReconciled) -> AuditSubject:
+    return _job_subject(state, command.job_id, f"reconciled: {command.reason}")
+
+
+def _request_reconcile(state: State, command: RequestReconcile) -> AuditSubject:
     return _job_subject(state, command.job_id, command.reason)
 
 
@@ -53,8 +70,16 @@ def _set_tenant(state: State, command: SetTenant) -> AuditSubject:
     return AuditSubject(command.tenant, command.tenant, detail)
 
 
+def _set_unknown_policy(state: State, command: SetUnknownPolicy) -> AuditSubject:
+    tenant = command.name if command.scope == "tenant" else None
+    return AuditSubject(command.name, tenant, f"{command.scope} on_unknown={command.on_unknown}")
+
+
 CANCEL: Final = Audit("job.cancel", _cancel)
 REPLAY: Final = Audit("job.replay", _replay)
 SET_QUEUE: Final = Audit("queue.set", _set_queue)
 PAUSE_QUEUE: Final = Audit("queue.pause", _pause_queue)
 SET_TENANT: Final = Audit("tenant.set", _set_tenant)
+SET_UNKNOWN_POLICY: Final = Audit("on_unknown.set", _set_unknown_policy)
+REPLAY_RECONCILED: Final = Audit("job.replay_reconciled", _replay_reconciled)
+REQUEST_RECONCILE: Final = Audit("job.reconcile", _request_reconcile)

@@ -148,4 +148,62 @@ class SetTenant(Command):
     max_queued: int | None = None
 
 
+# -- Reconciliation of unknown outcomes (issue 17; since cluster version 5) ----
+
+
+@dataclass(frozen=True, slots=True)
+class SetUnknownPolicy(Command):
+    """Set a queue's or a tenant's default `on_unknown` ("retry" or
+    "reconcile"), for jobs that do not name their own. `scope` is "queue" or
+    "tenant"; "retry" removes the setting (it is the default)."""
+
+    scope: str
+    name: str
+    on_unknown: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileJob(Command):
+    """A reconcile handler's decision on a `reconciling` job, fenced by the
+    reconciliation lease's token.
+
+    `decision` is "happened" (complete the job with `result` and record
+    `effects`, (key, result) pairs, first writer wins), "did_not_happen"
+    (retry the job as its next attempt; `random_u32` feeds the backoff
+    jitter) or "cannot_tell" (dead-letter it as `unreconciled`). `reason` is
+    the evidence the handler gives, kept in the job's history.
+    """
+
+    job_id: str
+    fencing_token: int
+    decision: str
+    result: bytes = b"\xc0"
+    effects: tuple[tuple[str, bytes], ...] = ()
+    reason: str = ""
+    random_u32: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReconciled(Command):
+    """Operator action: replay a dead letter whose last attempt's outcome is
+    unknown and was never reconciled, stating (in `reason`, required) that
+    its effect was reconciled by hand. A plain `ReplayJob` of such a job is
+    refused: it could repeat an effect that happened."""
+
+    job_id: str
+    reason: str
+    actor: str = "operator"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReconcile(Command):
+    """Operator action: send an unreconciled dead letter back to its
+    reconcilers (`dead_letter -> reconciling`), so that a reconcile decision
+    settles it instead of the operator's word."""
+
+    job_id: str
+    reason: str = ""
+    actor: str = "operator"
+
+
 # -- Recurring schedules (issue 5) -------------------------------------------------

@@ -7,9 +7,9 @@ are steps of a job's life cycle rather than a feature of their own.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
-from raftsched.core.jobs import audit, flow, tick
+from raftsched.core.jobs import audit, flow, reconcile, reconcile_book, tick
 from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
@@ -18,10 +18,14 @@ from raftsched.core.jobs.commands import (
     FailJob,
     HeartbeatJob,
     PauseQueue,
+    ReconcileJob,
     RecordEffect,
     ReplayJob,
+    ReplayReconciled,
+    RequestReconcile,
     SetQueue,
     SetTenant,
+    SetUnknownPolicy,
     StartJob,
     SubmitJobs,
 )
@@ -38,13 +42,42 @@ from raftsched.core.jobs.operator_commands import (
     apply_configure,
     apply_record_effect,
     apply_replay,
+    apply_replay_reconciled,
 )
 from raftsched.core.jobs.submit import apply_submit
-from raftsched.core.kernel.feature import CommandKind, Feature, JobFinishedHook, TickWork
+from raftsched.core.kernel.codec import CodecError, expect
+from raftsched.core.kernel.feature import (
+    CommandKind,
+    Feature,
+    FieldKind,
+    JobFinishedHook,
+    TickWork,
+)
+from raftsched.core.kernel.state import State
+
+
+def _encode_effects(effects: tuple[tuple[str, bytes], ...]) -> list[list[Any]]:
+    return [[key, result] for key, result in effects]
+
+
+def _decode_effects(value: object) -> tuple[tuple[str, bytes], ...]:
+    if type(value) is not tuple:
+        raise CodecError("effects must be an array")
+    for pair in value:
+        if type(pair) is not tuple or len(pair) != 2:
+            raise CodecError("an effect is [key, result]")
+        expect(pair[0], "str")
+        expect(pair[1], "bytes")
+    return value
+
+
+def _check(state: State) -> list[str]:
+    return flow.check_flow(state) + reconcile_book.check(state)
+
 
 FEATURE: Final = Feature(
     name="jobs",
-    sections=(flow.SECTION,),
+    sections=(flow.SECTION, reconcile_book.SECTION),
     commands=(
         CommandKind(SubmitJobs, 1, ("specs", "strs"), apply_submit),
         CommandKind(ClaimJobs, 2, ("str", "strs", "int", "int?"), apply_claim),
@@ -74,21 +107,56 @@ FEATURE: Final = Feature(
             flow.apply_set_tenant,
             audit=audit.SET_TENANT,
         ),
+        # Reconciliation of unknown outcomes (jobs.reconcile): 100-109.
+        CommandKind(
+            SetUnknownPolicy,
+            100,
+            ("str", "str", "str"),
+            reconcile.apply_set_unknown_policy,
+            since=5,
+            audit=audit.SET_UNKNOWN_POLICY,
+        ),
+        CommandKind(
+            ReconcileJob,
+            101,
+            ("str", "int", "str", "bytes", "effect_results", "str", "int"),
+            reconcile.apply_reconcile,
+            since=5,
+        ),
+        CommandKind(
+            ReplayReconciled,
+            102,
+            ("str", "str", "str"),
+            apply_replay_reconciled,
+            since=5,
+            audit=audit.REPLAY_RECONCILED,
+        ),
+        CommandKind(
+            RequestReconcile,
+            103,
+            ("str", "str", "str"),
+            reconcile.apply_request_reconcile,
+            since=5,
+            audit=audit.REQUEST_RECONCILE,
+        ),
     ),
+    field_kinds=(FieldKind("effect_results", _encode_effects, _decode_effects),),
     tick=(
         TickWork(10, tick.expire_leases, reports="leases_expired"),
+        TickWork(15, reconcile.expire_reconciliations),
         TickWork(20, tick.enforce_deadlines, reports="dead_lettered"),
         TickWork(30, tick.make_due_runnable, reports="made_runnable"),
         # 40: schedules fire (they may submit jobs that are due at once).
         TickWork(50, tick.purge_finished, reports="purged"),
     ),
     next_due_ms=tick.next_due_ms,
-    check=flow.check_flow,
+    check=_check,
     on_job_finished=(
         JobFinishedHook(10, emit_job_event),
         # 20: the job's workflow advances.
         JobFinishedHook(30, flow.release_ordering_key),
         # 40: its schedule's buffered occurrence is made ready.
+        JobFinishedHook(50, reconcile_book.close_finished),
     ),
     on_attempt_ended=flow.feed_circuit,
     on_new_epoch=tick.take_over,

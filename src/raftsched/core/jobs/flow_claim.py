@@ -31,6 +31,7 @@ import heapq
 from bisect import bisect_left, bisect_right
 from typing import Final, NamedTuple
 
+from raftsched.core.jobs import reconcile_book
 from raftsched.core.jobs.flow import (
     MICRO,
     Flow,
@@ -221,7 +222,10 @@ def claimable_at_ms(state: State, queues: tuple[str, ...], now_ms: int) -> int |
     now, a later instant if only time stands in the way (tokens refilling,
     the circuit's next probe), None if only another command can change it."""
     records = flow_of(state).queues
-    soonest: int | None = None
+    # Open reconciliations (jobs.reconcile) bypass the queue's limits.
+    soonest = reconcile_book.claimable_at_ms(state, queues)
+    if soonest is not None and soonest <= now_ms:
+        return now_ms
     for queue in dict.fromkeys(queues):
         lanes = state.runnable.queues.get(queue)
         if lanes is None:

@@ -8,6 +8,7 @@ from typing import Final
 
 from raftsched.core.jobs.flow import MICRO, QueueFlow, flow_of, tenant_flow
 from raftsched.core.jobs.flow_claim import gate_budget
+from raftsched.core.jobs.reconcile_book import book_of
 from raftsched.core.kernel.runnable_index import oldest_runnable_ms
 from raftsched.core.kernel.state import State
 
@@ -33,6 +34,8 @@ class QueueView:
     throttled: int  # pending jobs held back by this queue's own gates now
     blocked_keys: int  # ordering keys held by a dead-lettered job
     blocked: tuple[tuple[str, str, str], ...]  # (tenant, key, job id), bounded
+    on_unknown: str = "retry"  # the default for its jobs (jobs.reconcile)
+    reconciling: int = 0  # open reconciliations claimed from this queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +47,11 @@ class TenantView:
     queued: int
     running: int
     throttled: int  # claimable jobs held back by the concurrency limit now
+    on_unknown: str = "retry"  # the default for its jobs (jobs.reconcile)
 
 
 def queue_names(state: State) -> list[str]:
-    names = set(state.queue_counts) | set(flow_of(state).queues)
+    names = set(state.queue_counts) | set(flow_of(state).queues) | set(book_of(state).queues)
     return sorted(names)
 
 
@@ -65,6 +69,7 @@ def queue_view(state: State, name: str, now_ms: int, with_blocked: bool = False)
     if record.rate_milli is not None:
         tokens = record.tokens_at(now_ms) / MICRO
     held_back = gate_budget(state, name, record, now_ms) == 0
+    book = book_of(state)
     return QueueView(
         name,
         counts[0],
@@ -83,13 +88,15 @@ def queue_view(state: State, name: str, now_ms: int, with_blocked: bool = False)
         claimable if held_back else 0,
         len(blocked),
         tuple(blocked[:BLOCKED_LISTED_MAX]) if with_blocked else (),
+        book.queues.get(name, "retry"),
+        sum(task.queue == name for task in book.tasks.values()),
     )
 
 
 def tenant_names(state: State) -> list[str]:
     counts = state.runnable.tenants
     names = {name for name, pair in counts.items() if any(pair)}
-    return sorted(names | set(flow_of(state).tenants))
+    return sorted(names | set(flow_of(state).tenants) | set(book_of(state).tenants))
 
 
 def tenant_view(state: State, name: str) -> TenantView:
@@ -107,4 +114,5 @@ def tenant_view(state: State, name: str) -> TenantView:
         queued,
         running,
         throttled,
+        book_of(state).tenants.get(name, "retry"),
     )

@@ -16,6 +16,8 @@ from raftsched.core.jobs.lifecycle import (
     retry_or_dead_letter,
     transition,
 )
+from raftsched.core.jobs.reconcile import grant_reconciliations, heartbeat_reconciliation
+from raftsched.core.jobs.reconcile_book import reconciles
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
     CANCEL,
@@ -25,6 +27,7 @@ from raftsched.core.kernel.model import (
     OUTCOME_CANCELLED,
     OUTCOME_FAILED,
     OUTCOME_SUCCEEDED,
+    OUTCOME_UNKNOWN,
     RUNNING,
     START,
     SUCCEEDED,
@@ -99,9 +102,10 @@ def apply_claim(state: State, command: ClaimJobs, context: Context) -> Claimed |
         return rejected
     # Flow control decides which jobs (flow_claim): queue gates, the reserved
     # high-priority share, weighted fair sharing among tenants.
+    # Open reconciliations first: each holds a job until it is answered.
+    leases = grant_reconciliations(state, command, command.max_jobs, savepoint)
     selector = Selector(state, command.queues, savepoint)
-    leases: list[Lease] = []
-    for _ in range(command.max_jobs):
+    for _ in range(command.max_jobs - len(leases)):
         job = _pop_best(selector)
         if job is None:
             break
@@ -190,7 +194,7 @@ def apply_heartbeat(
         return rejected
     found = current_lease(state, command.job_id, command.fencing_token)
     if isinstance(found, Rejected):
-        return found
+        return heartbeat_reconciliation(state, command, savepoint) or found
     job, lease = found
     extend_ms = lease.lease_ms if command.extend_ms is None else command.extend_ms
     # Never shorten a lease: the lease heap relies on expiries only growing.
@@ -247,6 +251,9 @@ def apply_fail(state: State, command: FailJob, context: Context) -> Failed | Rej
     elif command.kind == "permanent":
         end_attempt(state, job, OUTCOME_FAILED, error, savepoint, counted=True)
         transition(state, job, DEAD_LETTER_EVENT, actor, savepoint, token, detail)
+    elif command.kind == "unknown" and reconciles(state, job):
+        end_attempt(state, job, OUTCOME_FAILED, error, savepoint, counted=True)
+        transition(state, job, OUTCOME_UNKNOWN, actor, savepoint, token, detail)
     else:
         end_attempt(state, job, OUTCOME_FAILED, error, savepoint, counted=True)
         retry_or_dead_letter(

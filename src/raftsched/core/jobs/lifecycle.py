@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
+from raftsched.core.jobs.reconcile_book import open_task
 from raftsched.core.jobs.retry import retry_delay_ms
 from raftsched.core.kernel.model import (
     CANCELLED,
@@ -22,6 +23,7 @@ from raftsched.core.kernel.model import (
     DEAD_LETTER_EVENT,
     DEFAULT_BACKOFF_MS,
     PENDING,
+    RECONCILING,
     REQUEUE,
     RETRY,
     RETRY_WAIT,
@@ -159,6 +161,7 @@ ON_ENTER: Final[dict[str, Callable[[State, Job, Savepoint], None]]] = {
     SUCCEEDED: finish,
     DEAD_LETTER: finish,
     CANCELLED: finish,
+    RECONCILING: open_task,
 }
 """Status -> what entering it does, after the status and `updated_at_ms` are
 set. Every job status has a row; a move that keeps the status runs none."""

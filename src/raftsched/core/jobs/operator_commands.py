@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from raftsched.core.jobs.commands import CancelJob, Configure, RecordEffect, ReplayJob
+from raftsched.core.jobs.commands import (
+    CancelJob,
+    Configure,
+    RecordEffect,
+    ReplayJob,
+    ReplayReconciled,
+)
 from raftsched.core.jobs.leases import current_lease, not_found
 from raftsched.core.jobs.lifecycle import allowed, invalid_state, transition
+from raftsched.core.jobs.reconcile_book import awaits_reconciliation
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
     CANCEL,
@@ -16,6 +23,7 @@ from raftsched.core.kernel.model import (
     StoredEffect,
 )
 from raftsched.core.kernel.results import (
+    INVALID_STATE,
     Ack,
     CancelAccepted,
     Effect,
@@ -32,6 +40,7 @@ from raftsched.core.kernel.validate import (
     check_name,
     check_optional_int,
     check_text,
+    invalid,
 )
 
 
@@ -82,6 +91,38 @@ def apply_replay(state: State, command: ReplayJob, context: Context) -> Replayed
         return job
     if not allowed(job, REPLAY):
         return invalid_state(job, REPLAY)
+    if awaits_reconciliation(state, job):
+        return Rejected(
+            INVALID_STATE,
+            "its last attempt's outcome is unknown and was never reconciled: "
+            "reconcile it first, or replay it with reconciled and a reason",
+            {"status": job.status, "event": REPLAY, "reason": "unreconciled"},
+        )
+    return _replay(state, job, command.actor, command.reason or None, savepoint)
+
+
+def apply_replay_reconciled(
+    state: State, command: ReplayReconciled, context: Context
+) -> Replayed | Rejected:
+    """A replay with the operator's word that the unknown outcome was
+    reconciled by hand (any dead letter may be replayed so)."""
+    rejected = check_text(command.reason, "reason") or check_name(command.actor, "actor")
+    if rejected is not None:
+        return rejected
+    if not command.reason.strip():
+        return invalid("reason", "a reconciled replay needs a reason")
+    job = _find(state, command.job_id)
+    if isinstance(job, Rejected):
+        return job
+    if not allowed(job, REPLAY):
+        return invalid_state(job, REPLAY)
+    detail = f"reconciled by operator: {command.reason}"
+    return _replay(state, job, command.actor, detail, context.savepoint)
+
+
+def _replay(
+    state: State, job: Job, actor: str, detail: str | None, savepoint: Savepoint
+) -> Replayed:
     savepoint.touch(job)
     # The attempt budget restarts; the attempts themselves stay on record. The
     # deadline is dropped: it has usually passed, and the operator decided
@@ -90,7 +131,7 @@ def apply_replay(state: State, command: ReplayJob, context: Context) -> Replayed
     job.cancel_requested = False
     job.deadline_at_ms = None
     job.next_run_at_ms = state.now_ms
-    transition(state, job, REPLAY, command.actor, savepoint, None, command.reason or None)
+    transition(state, job, REPLAY, actor, savepoint, None, detail)
     return Replayed(job.id)
 
 

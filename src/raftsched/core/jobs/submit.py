@@ -9,6 +9,7 @@ import msgpack
 
 from raftsched.core.jobs import flow
 from raftsched.core.jobs.commands import SubmitJobs
+from raftsched.core.jobs.reconcile_book import remember_policy
 from raftsched.core.kernel.codec import spec_row
 from raftsched.core.kernel.commands import Backoff, JobSpec
 from raftsched.core.kernel.feature import Context
@@ -88,7 +89,7 @@ def _submit_one(
     rejected = flow.admit(state, spec)  # backpressure: the tenant's max_queued
     if rejected is not None:
         return rejected
-    _create(state, spec, job_id, fingerprint)
+    _create(state, spec, job_id, fingerprint, savepoint)
     savepoint.created.append(job_id)
     return SubmitItem(job_id, created=True)
 
@@ -101,13 +102,19 @@ def _backoff(state: State, backoff: Backoff) -> BackoffMs | None:
 def create_job(state: State, spec: JobSpec, job_id: str, savepoint: Savepoint | None) -> Job:
     """Create one job from a spec that `check_spec` accepted, without the
     idempotency map: workflow steps (whose workflow holds the key) use this."""
-    job = _create(state, _canonical(replace(spec, idempotency_key=None)), job_id, None)
+    job = _create(state, _canonical(replace(spec, idempotency_key=None)), job_id, None, savepoint)
     if savepoint is not None:
         savepoint.created.append(job_id)
     return job
 
 
-def _create(state: State, spec: JobSpec, job_id: str, fingerprint: bytes | None) -> Job:
+def _create(
+    state: State,
+    spec: JobSpec,
+    job_id: str,
+    fingerprint: bytes | None,
+    savepoint: Savepoint | None,
+) -> Job:
     now_ms = state.now_ms
     if spec.run_at_ms is not None:
         run_at_ms = spec.run_at_ms
@@ -156,4 +163,5 @@ def _create(state: State, spec: JobSpec, job_id: str, fingerprint: bytes | None)
     state.order.append(job)
     count_new_job(state, job)
     index_job(state, job)
+    remember_policy(state, job_id, spec.on_unknown, spec.reconcile_queue, savepoint)
     return job

@@ -12,12 +12,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
+from raftsched.core.jobs import reconcile
 from raftsched.core.jobs.lifecycle import (
     SYSTEM_ACTOR,
     end_attempt,
     retry_or_dead_letter,
     transition,
 )
+from raftsched.core.jobs.reconcile_book import forget_job, reconciles
 from raftsched.core.jobs.retry import seeded_u32
 from raftsched.core.kernel.commands import Tick
 from raftsched.core.kernel.feature import Context
@@ -32,6 +34,7 @@ from raftsched.core.kernel.model import (
     LEASED_STATUSES,
     OUTCOME_FAILED,
     OUTCOME_LEASE_EXPIRED,
+    OUTCOME_UNKNOWN,
     REQUEUE,
     WAITING_STATUSES,
     Job,
@@ -76,6 +79,7 @@ def take_over(state: State) -> None:
             floor_ms = now_ms + lease.lease_ms
             if floor_ms > lease.expires_at_ms:
                 lease.expires_at_ms = floor_ms
+    reconcile.take_over(state)
 
 
 def _current_lease_top(state: State, steps: int | None = None) -> TimedEntry | None:
@@ -130,6 +134,11 @@ def _expire(state: State, job: Job, seed: int, savepoint: Savepoint) -> None:
     else:
         end_attempt(state, job, OUTCOME_LEASE_EXPIRED, _UNKNOWN_OUTCOME, savepoint, counted=True)
         job.last_error = _UNKNOWN_OUTCOME
+        if reconciles(state, job):
+            transition(
+                state, job, OUTCOME_UNKNOWN, SYSTEM_ACTOR, savepoint, token, _LEASE_EXPIRED_DETAIL
+            )
+            return
         retry_or_dead_letter(
             state,
             job,
@@ -184,6 +193,7 @@ def _purge_finished(state: State, budget: int, savepoint: Savepoint) -> int:
             continue
         savepoint.purged.append(job)
         remove_job(state, job)
+        forget_job(state, job.id, savepoint)
         done += 1
     return done
 
@@ -213,6 +223,9 @@ def next_due_ms(state: State) -> int | None:
     retention_top = _settle(state.retention, lambda job, key: _purgeable(state, job, key))
     if retention_top is not None:
         candidates.append(retention_top[0] + state.retention_ms)
+    reconcile_ms = reconcile.next_due_ms(state)
+    if reconcile_ms is not None:
+        candidates.append(reconcile_ms)
     return min(candidates) if candidates else None
 
 

@@ -21,11 +21,11 @@ release 0.1.0 gave it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from raftsched.core.kernel.codec import CodecError
-from raftsched.core.kernel.commands import Audited, Command, RaiseClusterVersion
+from raftsched.core.kernel.commands import Audited, Command, JobSpec, RaiseClusterVersion
 from raftsched.core.kernel.results import INVALID_REQUEST, Ack, Rejected
 from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
@@ -52,11 +52,36 @@ def cluster_version(state: State) -> int:
 
 def command_version(command: Command, registry: Registry) -> int:
     """The version that introduced the command's kind; for an `Audited`
-    command, the higher of its own and its inner command's."""
+    command, the higher of its own and its inner command's; at least
+    `SPEC_RECONCILE_VERSION` when a job spec inside sets the fields that
+    version added (older replicas cannot decode such a spec)."""
     version = registry.command_versions[type(command)]
     if type(command) is Audited and type(command.command) in registry.command_versions:
-        return max(version, registry.command_versions[type(command.command)])
+        version = max(version, registry.command_versions[type(command.command)])
+    if version < SPEC_RECONCILE_VERSION and _sets_reconcile_fields(command):
+        version = SPEC_RECONCILE_VERSION
     return version
+
+
+SPEC_RECONCILE_VERSION: Final = 5
+"""The version that added `JobSpec.on_unknown` and `reconcile_queue`."""
+
+
+def _sets_reconcile_fields(value: object, depth: int = 0) -> bool:
+    """Whether a job spec anywhere in `value` (a command, or a schedule or a
+    workflow step inside one) sets the version-5 fields. Runs only when a
+    command is proposed, never on apply."""
+    if isinstance(value, JobSpec):
+        return value.on_unknown is not None or value.reconcile_queue is not None
+    if depth > 4:
+        return False
+    if isinstance(value, tuple):
+        return any(_sets_reconcile_fields(item, depth + 1) for item in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return any(
+            _sets_reconcile_fields(getattr(value, field.name), depth + 1) for field in fields(value)
+        )
+    return False
 
 
 def needs_upgrade(state: State, command: Command, registry: Registry) -> bool:

@@ -66,6 +66,7 @@ _SPEC_KINDS: Final = (
     "str", "str", "bytes", "int", "int?", "int?", "int", "backoff",
     "int", "int?", "str?", "str?", "str?", "labels",
 )  # fmt: skip
+_SPEC_KINDS_V5: Final = (*_SPEC_KINDS, "str?", "str?")  # on_unknown, reconcile_queue
 
 Encode = Callable[[Any], Any]
 Decode = Callable[[object], Any]
@@ -151,8 +152,11 @@ def _decoder(kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Decode:
 
 
 def spec_row(spec: JobSpec) -> list[Any]:
+    """A spec as plain data: 14 fields, or 16 when it sets the reconcile
+    fields that version 5 added (so a spec without them encodes, and
+    fingerprints, as before)."""
     backoff = spec.backoff
-    return [
+    row = [
         spec.queue,
         spec.tenant,
         spec.payload,
@@ -168,6 +172,9 @@ def spec_row(spec: JobSpec) -> list[Any]:
         spec.correlation_id,
         [list(pair) for pair in spec.labels],
     ]
+    if spec.on_unknown is not None or spec.reconcile_queue is not None:
+        row += [spec.on_unknown, spec.reconcile_queue]  # since version 5
+    return row
 
 
 def _command_row(command: Command, tables: CommandCodec) -> list[Any]:
@@ -294,9 +301,10 @@ def decode_spec(row: object) -> JobSpec:
 
 
 def _decode_spec(row: object) -> JobSpec:
-    if type(row) is not tuple or len(row) != len(_SPEC_KINDS):
-        raise CodecError("a job spec has 14 fields")
-    values = [decode_field(value, kind) for value, kind in zip(row, _SPEC_KINDS, strict=True)]
+    if type(row) is not tuple or len(row) not in (len(_SPEC_KINDS), len(_SPEC_KINDS_V5)):
+        raise CodecError("a job spec has 14 or 16 fields")
+    kinds = _SPEC_KINDS if len(row) == len(_SPEC_KINDS) else _SPEC_KINDS_V5
+    values = [decode_field(value, kind) for value, kind in zip(row, kinds, strict=True)]
     return JobSpec(*values)
 
 

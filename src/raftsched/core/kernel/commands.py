@@ -66,6 +66,12 @@ class JobSpec:
     ordering_key: str | None = None
     correlation_id: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
+    # Since cluster version 5 (jobs.reconcile): what an unknown outcome
+    # leads to, "retry" or "reconcile" (None: the queue's or the tenant's
+    # default, else retry), and the queue whose workers reconcile it (None:
+    # the job's own). Encoded only when set, so older specs keep their bytes.
+    on_unknown: str | None = None
+    reconcile_queue: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,10 @@ RETRY_WAIT: Final = "retry_wait"
 SUCCEEDED: Final = "succeeded"
 DEAD_LETTER: Final = "dead_letter"
 CANCELLED: Final = "cancelled"
+# An attempt of a job whose policy is `on_unknown: reconcile` ended with an
+# unknown outcome; a reconcile handler decides whether its effect happened
+# (jobs.reconcile). Since cluster version 5.
+RECONCILING: Final = "reconciling"
 
 JOB_STATUSES: Final = (
     SCHEDULED,
@@ -37,6 +41,7 @@ JOB_STATUSES: Final = (
     SUCCEEDED,
     DEAD_LETTER,
     CANCELLED,
+    RECONCILING,
 )
 FINAL_STATUSES: Final = frozenset({SUCCEEDED, DEAD_LETTER, CANCELLED})
 LEASED_STATUSES: Final = frozenset({CLAIMED, RUNNING})
@@ -57,6 +62,12 @@ REQUEUE: Final = "requeue"
 DEAD_LETTER_EVENT: Final = "dead_letter"
 CANCEL: Final = "cancel"
 REPLAY: Final = "replay"
+# Reconciliation (jobs.reconcile): the attempt's outcome is unknown; a
+# reconciliation lease expired unanswered.
+OUTCOME_UNKNOWN: Final = "outcome_unknown"
+RECONCILE_EXPIRED: Final = "reconcile_expired"
+# An operator sends an unreconciled dead letter back to its reconcilers.
+RECONCILE: Final = "reconcile"
 
 JOB_EVENTS: Final = (
     SUBMIT,
@@ -71,6 +82,9 @@ JOB_EVENTS: Final = (
     DEAD_LETTER_EVENT,
     CANCEL,
     REPLAY,
+    OUTCOME_UNKNOWN,
+    RECONCILE_EXPIRED,
+    RECONCILE,
 )
 
 
@@ -99,6 +113,20 @@ def _table() -> dict[tuple[str, str], str]:
         table[status, DEAD_LETTER_EVENT] = DEAD_LETTER
     # An operator discards a dead letter; this also releases its ordering key.
     table[DEAD_LETTER, CANCEL] = CANCELLED
+    # Reconciliation: an unknown outcome waits for a reconcile decision, which
+    # completes the job (the effect happened), retries it (it did not) or
+    # dead-letters it (nobody can tell). Claims and expiries of the
+    # reconciliation keep the status; an operator may still cancel.
+    for leased in LEASED_STATUSES:
+        table[leased, OUTCOME_UNKNOWN] = RECONCILING
+    table[RECONCILING, CLAIM] = RECONCILING
+    table[RECONCILING, RECONCILE_EXPIRED] = RECONCILING
+    table[RECONCILING, COMPLETE] = SUCCEEDED
+    table[RECONCILING, RETRY] = RETRY_WAIT
+    table[RECONCILING, REQUEUE] = PENDING
+    table[RECONCILING, DEAD_LETTER_EVENT] = DEAD_LETTER
+    table[RECONCILING, CANCEL] = CANCELLED
+    table[DEAD_LETTER, RECONCILE] = RECONCILING
     return dict(sorted(table.items()))
 
 
@@ -134,6 +162,7 @@ OUTCOMES: Final = (OUTCOME_SUCCEEDED, OUTCOME_FAILED, OUTCOME_LEASE_EXPIRED, OUT
 # Error kinds the core itself sets, besides the worker's FailureKind values.
 ERROR_LEASE_EXPIRED: Final = "lease_expired"
 ERROR_DEADLINE: Final = "deadline_exceeded"
+ERROR_UNRECONCILED: Final = "unreconciled"
 
 BackoffMs = tuple[int, int, int]
 """(initial_ms, max_ms, jitter_ms): a job's backoff, stored as a plain tuple so

@@ -65,6 +65,19 @@ class Submitted:
     items: tuple[SubmitItem | Rejected, ...]
 
 
+class ReconcileTarget(NamedTuple):
+    """The attempt whose outcome a reconciliation lease asks about."""
+
+    attempt: int
+    fencing_token: int
+    worker_id: str
+    started_at_ms: int | None
+    # The keys of the effects the job recorded so far, in recording order.
+    effect_keys: tuple[str, ...]
+    # The job's reconcile queue (where this lease was claimed from).
+    queue: str
+
+
 class Lease(NamedTuple):
     """One granted lease. A named tuple rather than a frozen dataclass like
     the other results: a hot-minute claim builds a thousand of them on every
@@ -86,11 +99,25 @@ class Lease(NamedTuple):
     inputs: bytes | None = None
     # When the job became runnable (for the claim-wait metric).
     runnable_since_ms: int | None = None
+    # Set on a reconciliation lease (jobs.reconcile): the handler is asked
+    # whether that attempt's effect happened, not to run the job.
+    reconcile: ReconcileTarget | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
     leases: tuple[Lease, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    """A reconcile decision was applied: where it left the job."""
+
+    job_id: str
+    decision: str
+    status: str
+    next_run_at_ms: int | None
+    replayed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +285,7 @@ Result = (
     | HeartbeatAccepted
     | Completed
     | Failed
+    | Reconciled
     | CancelAccepted
     | Replayed
     | EffectRecorded

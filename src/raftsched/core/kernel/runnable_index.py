@@ -163,6 +163,12 @@ def add_new(index: RunnableIndex, job: Job) -> None:
 
 
 def status_changed(index: RunnableIndex, job: Job, old_status: str, new_status: str) -> None:
+    if old_status == DEAD_LETTER and job.ordering_key is not None:
+        # Reconciled again (jobs.reconcile): the head holds its key while it
+        # waits, as a running job does, no longer as a blocked dead letter.
+        key = (job.tenant, job.ordering_key)
+        if index.blocked.get(key) is job:
+            del index.blocked[key]
     counts = index.tenants[job.tenant]
     if old_status in QUEUED_STATUSES:
         counts[0] -= 1

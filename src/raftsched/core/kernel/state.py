@@ -287,8 +287,10 @@ def _index_unsorted(state: State, job: Job) -> None:
     elif status in LEASED_STATUSES:
         assert job.lease is not None
         state.leases.append((job.lease.expires_at_ms, job.lease.fencing_token, job))
-    else:
+    elif status in FINAL_STATUSES:
         state.retention.append((job.updated_at_ms, job.seq, job))
+    # A reconciling job is in no time index: its reconciliation task is
+    # (the `reconcile` section of jobs.reconcile_book).
 
 
 def _index_keys_unsorted(state: State, job: Job) -> None:

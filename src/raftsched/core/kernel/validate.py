@@ -125,4 +125,15 @@ def check_spec(spec: object) -> Rejected | None:
         or check_optional_name(spec.ordering_key, "ordering_key")
         or check_optional_name(spec.correlation_id, "correlation_id")
         or check_labels(spec.labels)
+        or check_on_unknown(spec.on_unknown, optional=True)
+        or check_optional_name(spec.reconcile_queue, "reconcile_queue")
     )
+
+
+ON_UNKNOWN_POLICIES: Final = ("retry", "reconcile")
+
+
+def check_on_unknown(value: object, optional: bool = False) -> Rejected | None:
+    if (value is None and optional) or (type(value) is str and value in ON_UNKNOWN_POLICIES):
+        return None
+    return invalid("on_unknown", "on_unknown is retry or reconcile")
