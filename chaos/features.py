@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from chaos.history import Recorder
-from chaos.httpops import Outcome, Session
+from chaos.httpops import Outcome, Session, recorded_call
 from chaos.worker import QUEUE
 
 LIMITED_TENANT = "chaos-limited"
@@ -127,13 +127,7 @@ class Features(threading.Thread):
         self.retried_parked = False
 
     def op(self, f: str, method: str, path: str, body: Any, **kw: Any) -> Outcome:
-        op_id = self.history.invoke(f, {"path": path, "body": body})
-        outcome = self.session.call(method, path, body, **kw)
-        value = {"status": outcome.status, "body": outcome.body, "node": outcome.node}
-        if outcome.error:
-            value["error"] = outcome.error
-        self.history.complete(op_id, outcome.kind, f, value)
-        return outcome
+        return recorded_call(self.history, self.session, f, method, path, body, **kw)
 
     def until_ok(self, f: str, method: str, path: str, body: Any) -> Outcome:
         """An idempotent call repeated until answered (setup, pausing)."""

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from chaos.history import Recorder
+
 SEND_TIMEOUT_S = 3.0
 
 
@@ -165,3 +167,18 @@ def _base(url: str) -> str:
 def _code(answer: dict[str, Any]) -> str:
     error = answer.get("error")
     return str(error.get("code")) if isinstance(error, dict) else ""
+
+
+def recorded_call(
+    history: Recorder, session: Session, f: str, method: str, path: str, body: Any, **kw: Any
+) -> Outcome:
+    """One call through `session`, recorded as an operation `f` in `history`:
+    its invocation, then its outcome (ok, fail or info) with status, body,
+    node and any error."""
+    op_id = history.invoke(f, {"path": path, "body": body})
+    outcome = session.call(method, path, body, **kw)
+    value = {"status": outcome.status, "body": outcome.body, "node": outcome.node}
+    if outcome.error:
+        value["error"] = outcome.error
+    history.complete(op_id, outcome.kind, f, value)
+    return outcome

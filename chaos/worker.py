@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.history import Recorder
-from chaos.httpops import Outcome, Session, send
+from chaos.httpops import Outcome, Session, recorded_call, send
 from raftsched.child_processes import die_with_parent
 
 QUEUE = "chaos"
@@ -42,16 +42,7 @@ class Worker:
         self.running = True
 
     def op(self, f: str, method: str, path: str, body: Any, **kw: Any) -> Outcome:
-        op_id = self.history.invoke(f, {"path": path, "body": body})
-        outcome = self.session.call(method, path, body, **kw)
-        self._record(op_id, f, outcome)
-        return outcome
-
-    def _record(self, op_id: str, f: str, outcome: Outcome) -> None:
-        value = {"status": outcome.status, "body": outcome.body, "node": outcome.node}
-        if outcome.error:
-            value["error"] = outcome.error
-        self.history.complete(op_id, outcome.kind, f, value)
+        return recorded_call(self.history, self.session, f, method, path, body, **kw)
 
     def run(self) -> None:
         while self.running:

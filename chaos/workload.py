@@ -16,7 +16,7 @@ from typing import Any
 
 from chaos.features import LIMITED_TENANT, ORDERING_KEYS
 from chaos.history import Recorder
-from chaos.httpops import Outcome, Session
+from chaos.httpops import Outcome, Session, recorded_call
 from chaos.worker import QUEUE
 
 SUBMIT_RETRIES_MAX = 5
@@ -70,13 +70,7 @@ class Client(threading.Thread):
             time.sleep(self.rng.uniform(0.5, 1.5) * self.pause_s)
 
     def op(self, f: str, method: str, path: str, body: Any, **kw: Any) -> Outcome:
-        op_id = self.history.invoke(f, {"path": path, "body": body})
-        outcome = self.session.call(method, path, body, **kw)
-        value = {"status": outcome.status, "body": outcome.body, "node": outcome.node}
-        if outcome.error:
-            value["error"] = outcome.error
-        self.history.complete(op_id, outcome.kind, f, value)
-        return outcome
+        return recorded_call(self.history, self.session, f, method, path, body, **kw)
 
     def submit(self) -> None:
         self.count += 1
