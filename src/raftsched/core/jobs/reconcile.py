@@ -210,9 +210,7 @@ def _grant(
         job.correlation_id,
         job.workflow_id,
         job.step,
-        None,
-        None,
-        target,
+        reconcile=target,  # no inputs, no claim-wait figure: nothing runs
     )
 
 
