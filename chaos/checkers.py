@@ -4,9 +4,10 @@ their inputs, so tests feed them hand-made histories.
 
 Inputs:
 - `ops`: paired operations (chaos.history.operations): f in submit, read,
-  claim, start, effect_get, effect, heartbeat, complete, fail, sink, and the
-  features' subscribe, set_tenant, create_schedule, submit_workflow,
-  pause_schedule, retry_parked; type ok/fail/info.
+  claim, start, effect_get, effect, heartbeat, complete, fail, sink, reconcile,
+  charge, provider_lookup, and the features' subscribe, set_tenant,
+  create_schedule, submit_workflow, pause_schedule, retry_parked, and the
+  payments' set_payments_queue, submit_payment; type ok/fail/info.
 - `final`: {"jobs": [Job JSON] read linearizably after healing,
             "effects": {key: Effect JSON or None},
             "nodes": {node id: {"digest", "applied_index", "jobs": [Job JSON]
@@ -21,6 +22,9 @@ Inputs:
            "tenants": {name: Tenant JSON}.
 - `sink`: the fenced sink's log (chaos.sink).
 - `deliveries`: the webhook receiver's log (chaos.receiver), for checker 11.
+- `provider_log`: the fake payment provider's log (chaos.provider), and
+  `final["payments"]` (chaos/payments.py), for checker 15
+  (chaos/payment_checkers.py).
 - `node_log_errors`: node id -> every error-level line of its log
   (`raftsched.testing.read_log_errors`), for checker 8.
 """
@@ -37,7 +41,7 @@ from raftsched.testing import ExpectedLogError, LogError
 
 FINAL_STATUSES = frozenset({"succeeded", "dead_letter", "cancelled"})
 EXAMPLES_MAX = 5
-LEASE_OPS = ("start", "heartbeat", "complete", "effect")
+LEASE_OPS = ("start", "heartbeat", "complete", "effect", "reconcile")
 
 Op = dict[str, Any]
 
@@ -173,8 +177,32 @@ def _cross_check_observed(
             if observed.get(token, where) != where:
                 check.flag(problem="two leases observed with one token", token=token)
             observed[token] = where
-            if lease["job_id"] in jobs and seen.get(token) != where:
+            if lease.get("reconcile") is not None:
+                _reconciliation_lease(lease, seen, jobs, check)
+            elif lease["job_id"] in jobs and seen.get(token) != where:
                 check.flag(problem="observed lease missing from final state", lease=lease)
+
+
+def _reconciliation_lease(
+    lease: dict[str, Any],
+    seen: dict[int, tuple[str, int]],
+    jobs: dict[str, dict[str, Any]],
+    check: Check,
+) -> None:
+    """A reconciliation lease is no attempt: its token comes from the same
+    counter, so no attempt holds it; it is above the token of the attempt it
+    asks about, which the final state holds under that number."""
+    token, target = lease["fencing_token"], lease["reconcile"]
+    if token in seen:
+        check.flag(problem="reconciliation token is also an attempt's", token=token)
+    if token <= target["fencing_token"]:
+        check.flag(problem="reconciliation token not above its attempt's", lease=lease)
+    job = jobs.get(lease["job_id"])
+    asked = [a for a in (job or {}).get("attempts", []) if a["number"] == target["attempt"]]
+    if job is not None and [a["fencing_token"] for a in asked] != [target["fencing_token"]]:
+        check.flag(
+            problem="reconciliation asks about an attempt the job does not have", lease=lease
+        )
 
 
 # -- 4 ---------------------------------------------------------------------------
@@ -1049,12 +1077,15 @@ def check_all(
     sink: list[dict[str, Any]],
     deliveries: list[dict[str, Any]] | None = None,
     notes: list[dict[str, Any]] | None = None,
+    provider_log: list[dict[str, Any]] | None = None,
 ) -> list[Check]:
     """Every checker but the eighth, which reads the node logs once the nodes
     have stopped (the campaign puts it in its place). `notes`: the history's
-    notes, for checkers 13 and 14 (chaos/ops_checkers.py)."""
-    # Imported here: chaos.ops_checkers builds on this module's Check.
+    notes, for checkers 13 and 14 (chaos/ops_checkers.py); `provider_log`:
+    the payment provider's log, for checker 15 (chaos/payment_checkers.py)."""
+    # Imported here: both build on this module's Check.
     from chaos.ops_checkers import ops_checks
+    from chaos.payment_checkers import charges_per_payment_at_most_one
 
     return [
         acknowledged_not_lost(ops, final),
@@ -1069,4 +1100,5 @@ def check_all(
         outbox_and_webhooks(final, deliveries or []),
         flow_limits(ops, final),
         *ops_checks(ops, final, notes),
+        charges_per_payment_at_most_one(ops, final, provider_log or []),
     ]

@@ -1,14 +1,17 @@
 """`python -m chaos` / `make chaos`: run one seeded campaign and check it.
 
-Order of events: build the network and start the cluster; start the sink
-and the webhook receiver; set the features up (subscription, tenant limit,
-schedules: chaos/features.py); start the workers, the clients and the
-workflow submitter; let the nemesis run its schedule for `--duration`
-seconds; then heal everything (partitions, pauses, dead nodes, clocks), stop
-the clients, pause the schedules, give the cluster `--recovery-bound-s` to
-finish every job, workflow and webhook delivery, stop the workers, read the
-final state from every node, stop the nodes, run the checkers (the eighth
-reads the node logs) and print the summary -- its JSON is the last line.
+Order of events: build the network and start the cluster; start the sink,
+the webhook receiver and the payment provider; set the features up
+(subscription, tenant limit, schedules: chaos/features.py); start the
+workers, the clients, the workflow submitter and the payments (which wait
+for cluster version 5: chaos/payments.py); let the nemesis run its schedule
+for `--duration` seconds; then heal everything (partitions, pauses, dead
+nodes, clocks), stop the clients and payments, pause the schedules, give
+the cluster `--recovery-bound-s` to finish every job (payments and their
+reconciliations included), workflow and webhook delivery, stop the workers,
+read the final state from every node, stop the nodes, run the checkers (the
+eighth reads the node logs; the fifteenth, the provider's) and print the
+summary -- its JSON is the last line.
 Everything is torn down on the way out, even on failure.
 """
 
@@ -41,7 +44,9 @@ from chaos.features import Features
 from chaos.history import Recorder, operations, read_events
 from chaos.httpops import Session
 from chaos.net import Network, ensure_tools, faketime_library
+from chaos.payments import LOOKUP_UNAVAILABLE_P, PAYMENTS_QUEUE, POLICIES, Payments
 from chaos.previous import Release, previous_release
+from chaos.provider import Provider, read_provider_log
 from chaos.receiver import WebhookReceiver, read_receiver_log
 from chaos.sink import FencedSink, read_sink_log
 from chaos.summary import render_text, summarize
@@ -86,6 +91,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="NEGATIVE CONTROL: nodes accept stale fencing tokens; the run must fail",
     )
+    parser.add_argument(
+        "--payments-policy",
+        choices=POLICIES,
+        default="reconcile",
+        help="the payments queue's on_unknown; `retry` is a NEGATIVE CONTROL: payments whose "
+        "worker died after charging are charged again, and checker 15 must catch it",
+    )
     args = parser.parse_args(argv)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1, 1_000_000)
@@ -96,26 +108,67 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 class WorkerPool:
-    def __init__(self, args: argparse.Namespace, urls: list[str], sink_url: str) -> None:
-        self.args, self.urls, self.sink_url = args, urls, sink_url
+    """The chaos worker processes. A worker that exits during the run (a
+    payment's crash window makes it SIGKILL itself) is restarted as a new
+    incarnation `w<i>-<n>` with a history of its own, so operation ids stay
+    unique; each exit is noted (`worker_exit`) in history-workers.jsonl."""
+
+    def __init__(
+        self, args: argparse.Namespace, urls: list[str], sink_url: str, provider_url: str
+    ) -> None:
+        self.args, self.urls = args, urls
+        self.sink_url, self.provider_url = sink_url, provider_url
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.incarnations: list[int] = []
         self.paused: set[int] = set()
         self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.history = Recorder(Path(args.out) / "history-workers.jsonl", "workers")
+        self.supervisor = threading.Thread(target=self._supervise, name="workers", daemon=True)
 
-    def history(self, index: int) -> Path:
-        return Path(self.args.out) / f"history-w{index}.jsonl"
+    @staticmethod
+    def name(index: int, incarnation: int) -> str:
+        return f"w{index}" if incarnation == 0 else f"w{index}-{incarnation}"
 
     def start(self) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
         for index in range(self.args.workers):
-            command = [sys.executable, "-m", "chaos.worker", "--id", f"w{index}"]
-            command += ["--urls", ",".join(self.urls), "--sink", self.sink_url]
-            command += ["--history", str(self.history(index))]
-            command += ["--lease-s", str(self.args.lease_s), "--stall-p", str(self.args.stall_p)]
-            command += ["--seed", str(self.args.seed * 100 + index)]
-            log = (Path(self.args.out) / f"w{index}.log").open("ab")
-            self.processes.append(child_processes.popen(command, env=env, stdout=log, stderr=log))
+            self.incarnations.append(0)
+            self.processes.append(self._spawn(index, 0))
+        self.supervisor.start()
+
+    def _spawn(self, index: int, incarnation: int) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}
+        name = self.name(index, incarnation)
+        out = Path(self.args.out)
+        command = [sys.executable, "-m", "chaos.worker", "--id", name]
+        command += ["--urls", ",".join(self.urls), "--sink", self.sink_url]
+        command += ["--provider", self.provider_url]
+        command += ["--history", str(out / f"history-{name}.jsonl")]
+        command += ["--lease-s", str(self.args.lease_s), "--stall-p", str(self.args.stall_p)]
+        command += ["--seed", str(self.args.seed * 100 + index + 7919 * incarnation)]
+        log = (out / f"w{index}.log").open("ab")
+        try:
+            return child_processes.popen(command, env=env, stdout=log, stderr=log)
+        finally:
             log.close()
+
+    def _supervise(self) -> None:
+        while not self.stopping.wait(0.2):
+            with self.lock:
+                if self.stopping.is_set():
+                    return
+                for index, process in enumerate(self.processes):
+                    code = process.poll()
+                    if code is None:
+                        continue
+                    name = self.name(index, self.incarnations[index])
+                    self.history.note(
+                        "worker_exit",
+                        {"worker": name, "code": code, "expected": code == -signal.SIGKILL},
+                    )
+                    self.paused.discard(index)
+                    self.incarnations[index] += 1
+                    self.processes[index] = self._spawn(index, self.incarnations[index])
 
     def pause(self, index: int, paused: bool) -> None:
         with self.lock:
@@ -130,6 +183,8 @@ class WorkerPool:
             self.pause(index, False)
 
     def stop(self) -> None:
+        with self.lock:
+            self.stopping.set()
         self.resume_all()
         for process in self.processes:
             if process.poll() is None:
@@ -166,20 +221,22 @@ class Monitor(threading.Thread):
 
 
 def list_jobs(base: str, stale: bool) -> list[dict[str, Any]]:
-    """Every job of the chaos queue from one node (all pages)."""
+    """Every job of the chaos and payments queues from one node (all pages)."""
     jobs: list[dict[str, Any]] = []
-    cursor: str | None = None
     session = Session([base])
-    while True:
-        query = f"queue={QUEUE}&limit=1000" + (f"&cursor={cursor}" if cursor else "")
-        query += "&consistency=stale" if stale else ""
-        outcome = session.call("GET", f"/v1/jobs?{query}", idempotent=True, budget_s=20)
-        if outcome.kind != "ok":
-            raise RuntimeError(f"listing jobs from {base} failed: {outcome}")
-        jobs.extend(outcome.body["jobs"])
-        cursor = outcome.body.get("next_cursor")
-        if not cursor:
-            return jobs
+    for queue in (QUEUE, PAYMENTS_QUEUE):
+        cursor: str | None = None
+        while True:
+            query = f"queue={queue}&limit=1000" + (f"&cursor={cursor}" if cursor else "")
+            query += "&consistency=stale" if stale else ""
+            outcome = session.call("GET", f"/v1/jobs?{query}", idempotent=True, budget_s=20)
+            if outcome.kind != "ok":
+                raise RuntimeError(f"listing jobs from {base} failed: {outcome}")
+            jobs.extend(outcome.body["jobs"])
+            cursor = outcome.body.get("next_cursor")
+            if not cursor:
+                break
+    return jobs
 
 
 def wait_recovered(
@@ -206,12 +263,16 @@ def wait_recovered(
     return None, sorted(pending)
 
 
-def read_final(cluster: NsCluster, features: Features, settle_s: float = 30.0) -> dict[str, Any]:
+def read_final(
+    cluster: NsCluster, features: Features, payments: Payments, settle_s: float = 30.0
+) -> dict[str, Any]:
     """Linearizable reads first (each commits a barrier entry), then the
     replicas' digests once they stopped moving, then their stale listings."""
     final: dict[str, Any] = {"nodes": {}, "unreachable": [], "effects": {}}
     final["jobs"] = list_jobs(cluster.member_urls()[0], stale=False)
     final |= features.read_state()
+    paid = [job["id"] for job in final["jobs"] if job["queue"] == PAYMENTS_QUEUE]
+    final["payments"] = payments.read_state(paid)
     session = Session(cluster.member_urls())
     for job in final["jobs"]:
         key = f"effect:{job['id']}"
@@ -312,6 +373,7 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
     cluster: NsCluster | None = None
     sink: FencedSink | None = None
     receiver: WebhookReceiver | None = None
+    provider: Provider | None = None
     workers: WorkerPool | None = None
     stop_clients = threading.Event()
     try:
@@ -342,13 +404,21 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
             stop_clients,
         )
         features.setup()
+        provider = Provider(out / "provider.jsonl", args.seed, LOOKUP_UNAVAILABLE_P).start()
+        payments = Payments(
+            urls,
+            Recorder(out / "history-payments.jsonl", "payments"),
+            args.seed,
+            args.payments_policy,
+            stop_clients,
+        )
         if previous is None:
             # A new cluster runs at cluster version 1 until its leader has
             # polled every member (every 5 s) and raised it; membership
             # changes need 4. The fault phase starts on a settled cluster
             # (the mixed-version phase starts below 4 on purpose).
             wait_cluster_version(cluster, COMMAND_VERSION_MAX, 60)
-        workers = WorkerPool(args, urls, sink.url)
+        workers = WorkerPool(args, urls, sink.url, provider.url)
         workers.start()
         nemesis_history = Recorder(out / "history-nemesis.jsonl", "nemesis")
         monitor = Monitor(cluster, Recorder(out / "history-monitor.jsonl", "monitor"))
@@ -370,6 +440,7 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         for client in clients:
             client.start()
         features.start()
+        payments.start()
         started = time.time()
         nemesis = nemesis_module.Nemesis(
             cluster, faults, nemesis_history, workers.pause, started,
@@ -387,6 +458,7 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         for client in clients:
             client.join(timeout=30)
         features.join(timeout=30)
+        payments.join(timeout=30)
         cluster.wait_for_leader(60)
         features.pause_schedules()
         acked = _acked_jobs(out)
@@ -395,17 +467,21 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         monitor.stop_event.set()
         monitor.join(timeout=5)
         wait_converged(cluster, 30)
-        final = read_final(cluster, features)
+        final = read_final(cluster, features, payments)
         final["unfinished_after_bound"] = unfinished
         (out / "final.json").write_text(json.dumps(final))
         sink.stop()
         receiver.stop()
+        provider.stop()
         nemesis_module.note_exits(cluster, nemesis_history)
         events = read_events(sorted(out.glob("history-*.jsonl")))
         ops = operations(events)
         notes = [event for event in events if event["type"] == "note"]
         deliveries = read_receiver_log(out / "webhooks.jsonl")
-        checks = check_all(ops, final, read_sink_log(out / "sink.jsonl"), deliveries, notes)
+        provider_log = read_provider_log(out / "provider.jsonl")
+        checks = check_all(
+            ops, final, read_sink_log(out / "sink.jsonl"), deliveries, notes, provider_log
+        )
         # The nodes' logs are complete only once they have stopped.
         cluster.stop()
         log_errors = node_log_errors(cluster)
@@ -415,7 +491,7 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
             args, ops, events, final, checks, nemesis.applied, nemesis.errors,
             recover_s, unfinished, healed_at - started,
             expected_log_errors=expected_log_errors_seen(log_errors, expected_by_node=expected),
-            deliveries=deliveries,
+            deliveries=deliveries, provider_log=provider_log,
         )  # fmt: skip
     finally:
         stop_clients.set()
@@ -427,6 +503,9 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         if receiver is not None:
             with contextlib.suppress(Exception):
                 receiver.stop()
+        if provider is not None:
+            with contextlib.suppress(Exception):
+                provider.stop()
         if cluster is not None:
             cluster.stop()
             cluster.unmount_all()
@@ -461,11 +540,11 @@ def node_log_errors(cluster: NsCluster) -> dict[str, list[LogError]]:
 
 
 def _acked_jobs(out: Path) -> list[str]:
-    events = read_events(sorted(out.glob("history-c*.jsonl")))
+    paths = sorted(out.glob("history-c*.jsonl")) + [out / "history-payments.jsonl"]
     return [
         op["result"]["body"]["job"]["id"]
-        for op in operations(events)
-        if op["f"] == "submit" and op["type"] == "ok"
+        for op in operations(read_events(paths))
+        if op["f"] in ("submit", "submit_payment") and op["type"] == "ok"
     ]
 
 

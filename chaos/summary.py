@@ -9,6 +9,13 @@ from typing import Any
 from chaos.checkers import Check
 from chaos.features import LIMITED_TENANT
 from chaos.history import Event
+from chaos.payment_checkers import (
+    UNRECONCILED,
+    acknowledged_payments,
+    charges_by_payment,
+    reconcile_decisions,
+)
+from chaos.payments import PAYMENTS_QUEUE
 
 HISTORY_GLOB = "history-*.jsonl"
 
@@ -26,6 +33,7 @@ def summarize(
     fault_phase_s: float,
     expected_log_errors: dict[str, int] | None = None,
     deliveries: list[dict[str, Any]] | None = None,
+    provider_log: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     by_f: dict[str, Counter[str]] = defaultdict(Counter)
     for op in ops:
@@ -66,6 +74,7 @@ def summarize(
         "time_to_recover_s": None if recover_s is None else round(recover_s, 1),
         "unfinished_after_bound": unfinished[:20],
         "features": features(final, deliveries or []),
+        "payments": payments(ops, events, final, provider_log or []),
         "operations": operations_summary(faults, events, final),
         "anomalies": anomalies,
         # Error-level node log lines the faults explain (reason -> count);
@@ -99,6 +108,57 @@ def features(final: dict[str, Any], deliveries: list[dict[str, Any]]) -> dict[st
         "webhook_redelivered": sum(count - 1 for count in received.values()),
         "limited_tenant_jobs": sum(1 for job in jobs if job.get("tenant") == LIMITED_TENANT),
         "ordering_key_jobs": sum(1 for job in jobs if job.get("ordering_key")),
+    }
+
+
+def payments(
+    ops: list[dict[str, Any]],
+    events: list[Event],
+    final: dict[str, Any],
+    provider_log: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """What the payments scenario amounted to (chaos/payments.py): the
+    policy, when it was enabled, the payments and how they ended, the crash
+    windows the workers went through, reconciliations by decision, and the
+    charges the provider made."""
+    state = final.get("payments") or {}
+    notes = [e for e in events if e["type"] == "note"]
+    enabled = [e for e in notes if e["f"] == "payments_enabled"]
+    crash_windows = Counter(e["value"]["how"] for e in notes if e["f"] == "crash_window")
+    exits = [e["value"] for e in notes if e["f"] == "worker_exit"]
+    jobs = [job for job in final.get("jobs", []) if job.get("queue") == PAYMENTS_QUEUE]
+    unreconciled = sum(
+        1
+        for job in jobs
+        if job["status"] == "dead_letter"
+        and (job.get("last_error") or {}).get("kind") == UNRECONCILED
+    )
+    charges = [len(made) for made in charges_by_payment(provider_log).values()]
+    queue = state.get("queue") or {}
+    return {
+        "policy": state.get("policy"),
+        "queue_on_unknown": queue.get("on_unknown"),
+        "enabled": bool(enabled),
+        "enabled_at_cluster_version": enabled[0]["value"]["cluster_version"] if enabled else None,
+        "submitted": len(
+            {op["args"]["body"]["idempotency_key"] for op in ops if op["f"] == "submit_payment"}
+        ),
+        "acknowledged": len(acknowledged_payments(ops)),
+        "jobs_by_status": dict(sorted(Counter(job["status"] for job in jobs).items())),
+        "unreconciled_dead_letters": unreconciled,
+        "crash_window": {
+            "kill": crash_windows.get("kill", 0),
+            "stall": crash_windows.get("stall", 0),
+        },
+        # Calls a worker did not start: its heartbeat came back too late.
+        "charges_not_started_late_lease": sum(1 for e in notes if e["f"] == "charge_not_started"),
+        "worker_restarts": len(exits),
+        "worker_exits_unexpected": sum(1 for x in exits if not x.get("expected")),
+        "reconciliations": reconcile_decisions(final),
+        "charges": sum(charges),
+        "payments_charged": len(charges),
+        "max_charges_per_payment": max(charges, default=0),
+        "payments_charged_more_than_once": sum(1 for n in charges if n > 1),
     }
 
 
@@ -159,6 +219,7 @@ def render_text(summary: dict[str, Any]) -> str:
         f"stale-token rejections: {summary['stale_token_rejections']}"
         f" {summary['stale_token_rejections_by_source']}",
         f"features: {summary.get('features', {})}",
+        f"payments: {summary.get('payments', {})}",
         f"operations: {summary.get('operations', {})}",
         f"time to recover after healing: {summary['time_to_recover_s']} s"
         f" (bound {summary['recovery_bound_s']} s)",
