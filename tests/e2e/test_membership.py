@@ -361,7 +361,8 @@ def test_replace_a_dead_node(tmp_path: Any, compaction_entries: int) -> None:
         cluster.restart(other)
         cluster.wait_for_leader()
         assert wait_for(
-            lambda: members_seen_by(cluster, other) == sorted({"n1", "n2", "n3", "n4"} - {victim}), 60
+            lambda: members_seen_by(cluster, other) == sorted({"n1", "n2", "n3", "n4"} - {victim}),
+            60,
         )
         cluster.wait_converged(timeout_s=60)
     finally:
