@@ -18,9 +18,12 @@ acme's jobs in every part, a worker token none of it, and bad queries get
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 from urllib.parse import quote
+
+from openapi_schema_validator import OAS31Validator
 
 from raftsched.client import Client, Forbidden
 from raftsched.core import COMMAND_VERSION_MAX
@@ -171,6 +174,11 @@ def test_the_report_says_exactly_what_the_jobs_records_say(
     report = client.reconciliation()
     assert report == _expected(client, report["now"], jobs, asks)
     assert report["unknown_outcomes"]["queues"][0]["total"] == 4
+    # And it is what openapi.json promises, every list filled.
+    document = json.loads(client.request("GET", "/openapi.json").body)
+    schema = {"$ref": "#/components/schemas/ReconciliationReport"}
+    errors = OAS31Validator({**schema, "components": document["components"]}).iter_errors(report)
+    assert [error.message for error in errors] == []
 
     # Capped lists say so; the same report from a follower's replica.
     capped = client.reconciliation(limit=1)
