@@ -180,6 +180,56 @@ def test_queue_pause_schedule_and_workflow_pages_work_or_say_not_available(
     shot(page, "workflows")
 
 
+def unknown_outcome(client: Client, queue: str) -> str:
+    """A `reconcile` job whose running attempt failed `unknown`: reconciling,
+    its reconciliation claimed from `<queue>-recon`."""
+    job = client.submit(
+        queue, payload={"card": "4242"}, on_unknown="reconcile", reconcile_queue=f"{queue}-recon"
+    )
+    (lease,) = client.claim("browser-w", [queue], max_jobs=1, wait_s=5)
+    assert lease["job_id"] == job["id"]
+    client.start(lease["job_id"], lease["fencing_token"])
+    failed = client.fail(lease["job_id"], lease["fencing_token"], kind="unknown", message="timeout")
+    assert failed["status"] == "reconciling"
+    return str(job["id"])
+
+
+def test_reconciliation_page_shows_the_report_and_its_windows(
+    cluster: LocalCluster, client: Client, page: Any
+) -> None:
+    assert wait_for(lambda: client.cluster().get("cluster_version", 0) >= 5, 30)
+    queue = "browser-pay"
+    done = unknown_outcome(client, queue)
+    (ask,) = client.claim("browser-rec", [f"{queue}-recon"], max_jobs=1, wait_s=5)
+    client.reconcile(done, ask["fencing_token"], "happened", reason="provider lists ch_9")
+    waiting = unknown_outcome(client, queue)
+
+    login(page, follower_url(cluster) + "/", cluster.admin_token)
+    page.locator("header nav a[data-nav=reconciliation]").click()
+    page.locator("main[data-view=reconciliation] #reconciling").wait_for()
+    row = page.locator("#reconciling tr", has_text=waiting)
+    row.wait_for()
+    assert f"{queue}-recon" in row.inner_text() and "waiting for a reconciler" in row.inner_text()
+    completed = page.locator("#completed tr", has_text=done)
+    assert "browser-rec" in completed.inner_text()
+    assert "provider lists ch_9" in completed.inner_text()
+    decided = page.locator("#decisions tr", has_text=queue).locator("td")
+    assert decided.all_inner_texts() == [queue, "1", "0", "0", "0"]
+    unknown = page.locator("#unknown-outcomes tr", has_text=queue)
+    assert unknown.locator("td").nth(1).inner_text() == "2"
+    assert unknown.locator("svg.bars rect").count() == 24  # an hour each, the last one now
+    assert unknown.locator("svg.bars rect").last.get_attribute("height") != "0"
+    shot(page, "reconciliation")
+    # Another window: the page asks the API again and says which one it shows.
+    page.locator("#reconciliation").get_by_role("link", name="7 days").click()
+    page.locator("#reconciliation b", has_text="7 days").wait_for()
+    week = page.locator("#unknown-outcomes tr", has_text=queue).locator("svg.bars rect")
+    assert week.count() == 168
+    # The job link leads to the job, where the decision is in the timeline.
+    page.locator("#completed").get_by_role("link", name=done).click()
+    page.locator("#history li[data-event=complete]").wait_for()
+
+
 def _request(method: str, url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
     import urllib.error
     import urllib.request

@@ -36,6 +36,7 @@ from raftsched.core.jobs.commands import (
     RecordEffect,
     StartJob,
 )
+from raftsched.core.jobs.reconcile_report import reconciliation_report
 from raftsched.core.kernel.commands import Backoff, Tick
 from raftsched.core.kernel.results import Lease
 
@@ -53,6 +54,9 @@ class Payments(RuleBasedStateMachine):
             self.cluster.submit(
                 on_unknown=self.POLICY, lease_ms=1_000, max_attempts=10, backoff=Backoff(0, 0, 0)
             )
+        # The reconciliation report's log, built from here on: every step's
+        # invariants compare it with a build from the jobs (reconcile_log.check).
+        reconciliation_report(self.cluster.state, 168, 1000)
         # What live workers hold: job id -> its lease, and whether it started.
         self.workers: dict[str, Lease] = {}
         self.started: set[str] = set()
@@ -142,7 +146,10 @@ class Payments(RuleBasedStateMachine):
     @invariant()
     def a_snapshot_holds_the_same_state(self) -> None:
         state = self.cluster.state
-        assert state_digest(decode_state(encode_state(state))) == state_digest(state)
+        decoded = decode_state(encode_state(state))
+        assert state_digest(decoded) == state_digest(state)
+        # A replica that decoded it (and builds its log anew) reports alike.
+        assert reconciliation_report(decoded, 24, 1000) == reconciliation_report(state, 24, 1000)
 
 
 TestPayments = Payments.TestCase

@@ -22,8 +22,10 @@ def make_traffic(client: Client) -> None:
     client.submit("promtool", {"n": 1})
     client.submit("promtool", {"n": 2}, max_attempts=1)
     client.submit("promtool", {"n": 3}, max_attempts=2, backoff={"initial_s": 0.1})
-    outcomes = iter(["complete", "permanent", "transient"])
-    for lease in client.claim("w-promtool", ["promtool"], max_jobs=3, wait_s=5):
+    # An unknown outcome (raftsched_unknown_outcomes_total), retried blindly.
+    client.submit("promtool", {"n": 4}, max_attempts=2, backoff={"initial_s": 60, "max_s": 60})
+    outcomes = iter(["complete", "permanent", "transient", "unknown"])
+    for lease in client.claim("w-promtool", ["promtool"], max_jobs=4, wait_s=5):
         job_id, token = lease["job_id"], lease["fencing_token"]
         client.start(job_id, token)
         client.heartbeat(job_id, token, progress={"step": 1})
@@ -55,7 +57,8 @@ def test_every_node_metrics_pass_promtool(
     promtool: str, cluster: LocalCluster, client: Client
 ) -> None:
     make_traffic(client)
-    failures = []
+    failures: list[float] = []
+    unknown: list[float] = []
     for node in cluster.nodes.values():
         request = urllib.request.Request(
             node.http_url + "/metrics",
@@ -77,5 +80,13 @@ def test_every_node_metrics_pass_promtool(
             if sample.name == "raftsched_job_failures_total"
             and sample.labels == {"queue": "promtool", "kind": "permanent"}
         ]
+        unknown += [
+            sample.value
+            for metric in text_string_to_metric_families(text.decode())
+            for sample in metric.samples
+            if sample.name == "raftsched_unknown_outcomes_total"
+            and sample.labels == {"queue": "promtool"}
+        ]
     # Counters count what a node proposed as leader, so one node has them.
     assert failures == [1.0]
+    assert unknown == [1.0]

@@ -27,6 +27,8 @@ ADDED = frozenset(
         "raftsched_http_auth_failures_total",
         "raftsched_raft_messages_refused_total",
         "raftsched_reconcile_decisions_total",
+        "raftsched_unknown_outcomes_total",
+        "raftsched_queue_reconciling",
     }
 )
 

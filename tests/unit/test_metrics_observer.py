@@ -16,15 +16,17 @@ import pytest
 
 from raftsched.core import State, apply_entry, new_state
 from raftsched.core.jobs.commands import (
+    CancelJob,
     ClaimJobs,
     CompleteJob,
     FailJob,
     HeartbeatJob,
     ReplayJob,
+    SetUnknownPolicy,
     StartJob,
     SubmitJobs,
 )
-from raftsched.core.kernel.commands import Command, Entry, JobSpec, TakeOver, Tick
+from raftsched.core.kernel.commands import Backoff, Command, Entry, JobSpec, TakeOver, Tick
 from raftsched.core.kernel.results import Claimed, Lease
 from raftsched.node.metrics import NodeMetrics
 from raftsched.node.observability import Observer, wall_ms
@@ -163,6 +165,33 @@ def test_lease_expiry_is_named_in_a_log_line(caplog: pytest.LogCaptureFixture) -
     (record,) = [r for r in caplog.records if r.getMessage() == "lease expired"]
     assert vars(record)["job_id"] == lease.job_id
     assert vars(record)["fencing_token"] == lease.fencing_token
+
+
+def test_unknown_outcomes_are_counted_per_queue_whatever_the_policy() -> None:
+    h = Harness()
+    # Failed `unknown` and retried (the default policy): unknown.
+    h.submit(backoff=Backoff(0, 0, 0))
+    lease = h.claim()
+    h.run(StartJob(lease.job_id, lease.fencing_token))
+    h.run(FailJob(lease.job_id, lease.fencing_token, "unknown", "timed out", None, 1))
+    assert h.metric('raftsched_unknown_outcomes_total{queue="q"}') == 1
+    # Its lease expired while running, the job reconciled: unknown.
+    lease = h.claim()
+    h.run(StartJob(lease.job_id, lease.fencing_token))
+    h.run(SetUnknownPolicy("queue", "q", "reconcile"))
+    h.run(Tick(seed=1, max_items=100), at=lease.expires_at_ms)
+    assert h.state.jobs[lease.job_id].status == "reconciling"
+    assert h.metric('raftsched_unknown_outcomes_total{queue="q"}') == 2
+    # Expired before start, or cancelled while it ran: not unknown.
+    other = h.submit(queue="q2", lease_ms=1_000)
+    (claimed,) = h.run(ClaimJobs("w1", ("q2",), 1, None))
+    h.run(Tick(seed=1, max_items=100), at=claimed.leases[0].expires_at_ms)
+    (claimed,) = h.run(ClaimJobs("w1", ("q2",), 1, None))
+    token = claimed.leases[0].fencing_token
+    h.run(StartJob(other, token), CancelJob(other))
+    h.run(FailJob(other, token, "unknown", "stopped", None, 1))
+    assert h.state.jobs[other].status == "cancelled"
+    assert 'raftsched_unknown_outcomes_total{queue="q2"}' not in h.render()
 
 
 def test_replay_writes_an_audit_line_with_actor_and_reason(

@@ -44,6 +44,8 @@ def test_alert_rules_use_exported_metrics_and_cover_the_issue() -> None:
         "RaftschedFollowerLagging",
         "RaftschedClockSkew",
         "RaftschedUnreconciledJobs",
+        "RaftschedReconcilingPilingUp",
+        "RaftschedUnknownOutcomesRising",
     }
     assert "\t" not in text  # YAML forbids tabs for indentation
 

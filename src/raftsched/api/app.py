@@ -32,6 +32,7 @@ from raftsched.api import (
     leases,
     membership,
     queues,
+    reconciliation,
     schedules,
     tokens,
     workflows,
@@ -225,6 +226,7 @@ def create_app(
     app.add_routes(workflows.routes)
     app.add_routes(events.routes)
     app.add_routes(audit.routes)
+    app.add_routes(reconciliation.routes)
     app.add_routes(tokens.routes)
     dashboard.setup(app)
     app.on_response_prepare.append(_on_response_prepare)

@@ -33,7 +33,8 @@ from raftsched.api.principal import Principal, Role
 class Permission(enum.StrEnum):
     PUBLIC = "public"
     AUTHENTICATED = "authenticated"
-    # Tenant-scoped reads: jobs, schedules, workflows, histories, tenants.
+    # Tenant-scoped reads: jobs, schedules, workflows, histories, tenants,
+    # the reconciliation report.
     READ = "read"
     # GET /v1/jobs/{id}: READ, or a worker's job on its queues that holds a lease.
     READ_JOB = "read.job"
@@ -108,6 +109,8 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     ("POST", "/v1/jobs/{job_id}/replay"): P.OPERATE,
     ("POST", "/v1/jobs/{job_id}/reconcile"): P.OPERATE,
     ("GET", "/v1/jobs/{job_id}/history"): P.READ,
+    # The reconciliation report: tenant-scoped like the job lists.
+    ("GET", "/v1/reconciliation"): P.READ,
     # The worker protocol and effects.
     ("POST", "/v1/leases"): P.WORK,
     ("POST", "/v1/leases/{job_id}/start"): P.WORK,

@@ -1,5 +1,5 @@
 """The `raftsched` command line: node, dev, submit, jobs, dlq, cluster, worker,
-audit, tokens, whoami, backup, restore.
+audit, reconciliation, tokens, whoami, backup, restore.
 
 Exit codes: 0 success, 1 an error from the cluster or the network
 (`error: <code>: <message>` on stderr), 2 bad usage or configuration.
@@ -21,6 +21,7 @@ from raftsched.cli import (
     _flow,
     _jobs,
     _node,
+    _reconciliation,
     _schedules,
     _tokens,
     _top,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flow.register(commands, common)
     _schedules.register(commands, common)
     _audit.register(commands, common)
+    _reconciliation.register(commands, common)
     _tokens.register(commands, common)
     _backup.register(commands, common)
     return parser

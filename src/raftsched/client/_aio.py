@@ -245,6 +245,20 @@ class AsyncClient(AsyncSchedulesMixin):
     ) -> list[JsonObject]:
         return await self.call(calls.job_history(job_id, consistency))
 
+    async def reconciliation(
+        self,
+        *,
+        hours: int | None = None,
+        limit: int | None = None,
+        consistency: Consistency | None = None,
+    ) -> JsonObject:
+        """The reconciliation report: `{"now", "since", "hours", "reconciling":
+        {"jobs", "total", "truncated"}, "unknown_outcomes": {"buckets",
+        "queues"}, "decisions", "completed": {"jobs", "total",
+        "truncated"}}` over the last `hours` (1 to 168, default 24), at most
+        `limit` jobs per list (default 100); a scoped token's own jobs only."""
+        return await self.call(calls.reconciliation(hours, limit, consistency))
+
     # --- leases --------------------------------------------------------------
 
     async def claim(

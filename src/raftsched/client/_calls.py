@@ -262,6 +262,14 @@ def job_history(job_id: str, consistency: Consistency | None) -> Call[list[JsonO
     return Call("GET", path, _field("events"), _query(consistency))
 
 
+def reconciliation(
+    hours: int | None, limit: int | None, consistency: Consistency | None
+) -> Call[JsonObject]:
+    """The reconciliation report over the last `hours` (docs/reconciliation.md)."""
+    query = _query(consistency, hours=hours, limit=limit)
+    return Call("GET", "/v1/reconciliation", _json_object, query, retry_unknown=True)
+
+
 # --- leases -----------------------------------------------------------------
 
 

@@ -238,6 +238,20 @@ class Client(SchedulesMixin):
                 raise TimeoutError(f"{job_id} is {job.get('status')} after {timeout_s} s")
             time.sleep(poll_s)
 
+    def reconciliation(
+        self,
+        *,
+        hours: int | None = None,
+        limit: int | None = None,
+        consistency: Consistency | None = None,
+    ) -> JsonObject:
+        """The reconciliation report: `{"now", "since", "hours", "reconciling":
+        {"jobs", "total", "truncated"}, "unknown_outcomes": {"buckets",
+        "queues"}, "decisions", "completed": {"jobs", "total",
+        "truncated"}}` over the last `hours` (1 to 168, default 24), at most
+        `limit` jobs per list (default 100); a scoped token's own jobs only."""
+        return self.call(calls.reconciliation(hours, limit, consistency))
+
     # --- leases --------------------------------------------------------------
 
     def claim(

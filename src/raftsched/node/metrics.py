@@ -163,6 +163,13 @@ RECONCILE_DECISIONS = Family(
     "Reconcile decisions on unknown outcomes, by decision: happened, did_not_happen, cannot_tell.",
     ("decision",),
 )
+UNKNOWN_OUTCOMES = Family(
+    "raftsched_unknown_outcomes_total",
+    "counter",
+    "Attempts whose outcome is unknown (lease expired while running, or failed with kind "
+    "unknown), per queue, whatever the job's on_unknown policy.",
+    ("queue",),
+)
 CANCELS = Family("raftsched_cancels_total", "counter", "Accepted cancel requests.")
 LEASE_RENEWALS = Family(
     "raftsched_lease_renewals_total", "counter", "Heartbeats that were accepted."
@@ -221,7 +228,7 @@ INSTRUMENTED = (
     EXECUTION_SECONDS, JOB_ATTEMPTS, JOB_RETRIES, JOB_FAILURES, JOBS_SUCCEEDED, DEAD_LETTERS,
     REPLAYS, CANCELS, LEASE_RENEWALS, LEASE_EXPIRATIONS, LEADER_OBSERVED, WEBHOOK_ATTEMPTS,
     WEBHOOK_FAILURES, WEBHOOK_PARKED, FLOW_REJECTED, HTTP_AUTH_FAILURES, RAFT_MESSAGES_REFUSED,
-    RECONCILE_DECISIONS,
+    RECONCILE_DECISIONS, UNKNOWN_OUTCOMES,
 )  # fmt: skip
 
 # -- sampled: read at scrape time ---------------------------------------------------
@@ -274,6 +281,12 @@ SNAPSHOT_DURATION = Family(
 QUEUE_DEPTH = Family("raftsched_queue_depth", "gauge", "Runnable jobs per queue.", ("queue",))
 QUEUE_RUNNING = Family(
     "raftsched_queue_running", "gauge", "Claimed or running jobs per queue.", ("queue",)
+)
+QUEUE_RECONCILING = Family(
+    "raftsched_queue_reconciling",
+    "gauge",
+    "Jobs reconciling (an unknown outcome waiting for a reconcile decision), per job queue.",
+    ("queue",),
 )
 QUEUE_OLDEST_AGE = Family(
     "raftsched_queue_oldest_runnable_age_seconds",
@@ -407,8 +420,8 @@ SAMPLED = (
     GC_COLLECTIONS, GC_PAUSE_SECONDS, GC_PAUSE_MAX, RAFT_IS_LEADER, RAFT_TERM,
     RAFT_COMMIT_INDEX, RAFT_APPLIED_INDEX, APPLY_HALTED, RAFT_DISK_FULL, JOBS, SNAPSHOT_AGE,
     SNAPSHOT_DURATION,
-    QUEUE_DEPTH, QUEUE_RUNNING, QUEUE_OLDEST_AGE, PROPOSER_QUEUED_COMMANDS, PROPOSER_QUEUED_BYTES,
-    PROPOSER_REFUSED, JOBS_STUCK, STUCK_THRESHOLD, OUTBOX_LAG, FOLLOWER_LAG,
+    QUEUE_DEPTH, QUEUE_RUNNING, QUEUE_RECONCILING, QUEUE_OLDEST_AGE, PROPOSER_QUEUED_COMMANDS,
+    PROPOSER_QUEUED_BYTES, PROPOSER_REFUSED, JOBS_STUCK, STUCK_THRESHOLD, OUTBOX_LAG, FOLLOWER_LAG,
     CLOCK_SKEW, CLOCK_SKEW_UNCERTAINTY, OUTBOX_DEPTH, WEBHOOK_OLDEST_AGE, TENANT_QUEUED,
     TENANT_RUNNING, TENANT_THROTTLED, FLOW_QUEUE_QUEUED, FLOW_QUEUE_RUNNING, FLOW_QUEUE_THROTTLED,
     FLOW_QUEUE_BLOCKED_KEYS, FLOW_QUEUE_CIRCUIT_OPEN, SCHEDULE_OCCURRENCES,
@@ -480,6 +493,7 @@ class NodeMetrics:
         self.dead_letters = counter(DEAD_LETTERS)
         self.replays = counter(REPLAYS)
         self.reconcile_decisions = counter(RECONCILE_DECISIONS)
+        self.unknown_outcomes = counter(UNKNOWN_OUTCOMES)
         self.cancels = counter(CANCELS)
         self.lease_renewals = counter(LEASE_RENEWALS)
         self.lease_expirations = counter(LEASE_EXPIRATIONS)

@@ -46,7 +46,7 @@ from raftsched.core.jobs.commands import (
     StartJob,
     SubmitJobs,
 )
-from raftsched.core.jobs.reconcile_book import book_of
+from raftsched.core.jobs.reconcile_book import book_of, outcome_unknown
 from raftsched.core.kernel.commands import Audited, Tick
 from raftsched.core.kernel.results import (
     CancelAccepted,
@@ -363,6 +363,9 @@ class Observer:
         job = state.jobs.get(fail.job_id)
         queue = job.queue if job else "unknown"
         self.metrics.series(self.metrics.job_failures, queue, fail.kind).inc()
+        attempt = None if job is None else _attempt_by_token(job, token)
+        if attempt is not None and outcome_unknown(attempt):  # not one cancel ended
+            self.metrics.series(self.metrics.unknown_outcomes, queue).inc()
         fields = {**_job_fields(job, token), "kind": fail.kind, "status": status}
         if status in ("retry_wait", "pending"):
             self.metrics.series(self.metrics.job_retries, queue).inc()
@@ -434,6 +437,8 @@ class Observer:
             self._progress.pop(job_id, None)
             was = "running" if attempt.started_at_ms is not None else "claimed"
             self.metrics.lease_expirations.labels(was).inc()
+            if outcome_unknown(attempt):  # expired while running
+                self.metrics.series(self.metrics.unknown_outcomes, job.queue).inc()
             fields = {**_job_fields(job, token), "epoch": attempt.epoch, "status": job.status}
             log.warning("lease expired", extra={**fields, "was": was})
             self.record_error("lease_expired", was, "lease expired", job_id, job.queue)

@@ -33,6 +33,7 @@ from raftsched.core.auth.commands import BootstrapAdmin, TouchTokens
 from raftsched.core.auth.tokens import auth_enabled
 from raftsched.core.jobs.commands import ClaimJobs
 from raftsched.core.jobs.flow_claim import claimable_at_ms
+from raftsched.core.jobs.reconcile_report import reconciling_per_queue
 from raftsched.core.kernel import identity as core_identity
 from raftsched.core.kernel.cluster_version import cluster_version
 from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
@@ -731,7 +732,12 @@ class Node:
         sample(families.SNAPSHOT_AGE, self._m_snapshot_age)
         sample(families.SNAPSHOT_DURATION, self._m_snapshot_duration)
         self.metrics.sample_together(
-            (families.QUEUE_DEPTH, families.QUEUE_RUNNING, families.QUEUE_OLDEST_AGE),
+            (
+                families.QUEUE_DEPTH,
+                families.QUEUE_RUNNING,
+                families.QUEUE_RECONCILING,
+                families.QUEUE_OLDEST_AGE,
+            ),
             self._m_queues,
         )
         proposer = self.proposer
@@ -761,17 +767,22 @@ class Node:
     def _m_queues(self) -> dict[str, Samples]:
         with self.reading() as state:
             stats = core.queue_stats(state)
+            reconciling = reconciling_per_queue(state)
             now_ms = state.now_ms
         depth: list[tuple[tuple[str, ...], float]] = []
         running: list[tuple[tuple[str, ...], float]] = []
+        waiting: list[tuple[tuple[str, ...], float]] = []
         age: list[tuple[tuple[str, ...], float]] = []
         for queue, stat in stats.items():
             depth.append(((queue,), float(stat.depth)))
             running.append(((queue,), float(stat.running)))
+            # Every queue, 0 included: an alert on it sees a queue drain.
+            waiting.append(((queue,), float(reconciling.get(queue, 0))))
             oldest = stat.oldest_runnable_at_ms
             age.append(((queue,), 0.0 if oldest is None else max(0, now_ms - oldest) / 1000))
         return {
             families.QUEUE_DEPTH.name: depth,
             families.QUEUE_RUNNING.name: running,
+            families.QUEUE_RECONCILING.name: waiting,
             families.QUEUE_OLDEST_AGE.name: age,
         }

@@ -573,6 +573,55 @@ async function workflowView(id) {
   <section class="wide" id="steps"><h2>Steps</h2>${table(["step", "state", "job", "depends on", "result"], rows, "no steps")}</section>`;
 }
 
+// The reconciliation report (docs/reconciliation.md): jobs waiting for a
+// reconcile decision, unknown outcomes per queue and hour, how
+// reconciliations ended, and the jobs reconciliation completed. Tenant-scoped
+// like the job lists, so every role that reads jobs sees its own part.
+const REPORT_WINDOWS = [[1, "1 h"], [24, "24 h"], [168, "7 days"]];
+
+// One bar per hour, oldest first; each says its hour and count on hover.
+function hourBars(buckets, counts) {
+  const W = 6, GAP = 1, H = 28;
+  const top = Math.max(1, ...counts);
+  const bars = counts.map((n, i) => {
+    const h = n ? Math.max(2, Math.round((n / top) * H)) : 0;
+    return `<rect x="${i * (W + GAP)}" y="${H - h}" width="${W}" height="${h}"><title>${esc(buckets[i])}: ${esc(n)}</title></rect>`;
+  });
+  return `<svg class="bars" width="${counts.length * (W + GAP)}" height="${H}" role="img" aria-label="unknown outcomes per hour">${bars.join("")}</svg>`;
+}
+
+async function reconciliationView(params) {
+  const hours = Number(params.get("hours")) || 24;
+  const answer = await api(`/v1/reconciliation?hours=${encodeURIComponent(hours)}`);
+  if (!answer.ok) return `<section class="wide" id="reconciliation"><h2>Reconciliation</h2>${failed(answer, "GET /v1/reconciliation")}</section>`;
+  const r = answer.body;
+  const windows = REPORT_WINDOWS.map(([h, label]) => (h === r.hours ? `<b>${esc(label)}</b>` : `<a href="#/reconciliation?hours=${h}">${esc(label)}</a>`)).join(" · ");
+  const more = (list) => (list.truncated ? `<p class="muted">${esc(list.jobs.length)} of ${esc(list.total)} shown</p>` : "");
+  const waiting = r.reconciling.jobs.map((j) => [
+    jobLink(j.job_id), esc(j.queue), dash(j.tenant), esc(j.attempt), when(j.since), esc(j.tries), esc(j.reconcile_queue),
+    // Same format, so the strings compare as the instants do.
+    j.lease
+      ? `${esc(j.lease.worker_id)} · token ${esc(j.lease.fencing_token)} · until ${when(j.lease.expires_at)}`
+      : j.available_at > r.now ? `<span class="muted">offered again at</span> ${when(j.available_at)}` : '<span class="muted">waiting for a reconciler</span>',
+  ]);
+  const unknown = r.unknown_outcomes.queues.map((q) => [
+    `<a href="#/jobs?queue=${encodeURIComponent(q.queue)}">${esc(q.queue)}</a>`, esc(q.total), hourBars(r.unknown_outcomes.buckets, q.counts),
+  ]);
+  const endings = r.decisions.map((d) => [esc(d.queue), esc(d.happened), esc(d.did_not_happen), esc(d.cannot_tell), esc(d.unanswered)]);
+  const completed = r.completed.jobs.map((j) => [jobLink(j.job_id), esc(j.queue), dash(j.tenant), when(j.completed_at), esc(j.worker_id), dash(j.fencing_token), dash(j.evidence)]);
+  return `
+  <section class="wide" id="reconciliation"><h2>Reconciliation <span class="muted">since ${when(r.since)}</span></h2>
+    <p>Window: ${windows} · replicated time ${when(r.now)}</p></section>
+  <section class="wide" id="reconciling"><h2>Waiting for a reconcile decision <span class="muted">${esc(r.reconciling.total)} jobs</span></h2>
+    ${table(["job", "queue", "tenant", "attempt#", "reconciling since", "expired tries#", "reconcile queue", "lease"], waiting, "none")}${more(r.reconciling)}</section>
+  <section id="unknown-outcomes"><h2>Unknown outcomes per queue <span class="muted">per hour, oldest first</span></h2>
+    ${table(["queue", "total#", "per hour"], unknown, "none in this window")}</section>
+  <section id="decisions"><h2>Reconciliations ended</h2>
+    ${table(["queue", "happened#", "did not happen#", "cannot tell#", "unanswered#"], endings, "none in this window")}</section>
+  <section class="wide" id="completed"><h2>Completed by reconciliation <span class="muted">${esc(r.completed.total)} jobs</span></h2>
+    ${table(["job", "queue", "tenant", "completed", "reconciler", "token#", "evidence"], completed, "none in this window")}${more(r.completed)}</section>`;
+}
+
 // -- routing and polling ----------------------------------------------------
 
 function route() {
@@ -586,6 +635,7 @@ function route() {
   if (parts[0] === "schedules") return ["schedules", schedulesView];
   if (parts[0] === "workflows" && parts[1]) return ["workflows", () => workflowView(parts[1])];
   if (parts[0] === "workflows") return ["workflows", workflowsView];
+  if (parts[0] === "reconciliation") return ["reconciliation", () => reconciliationView(params)];
   return ["oncall", onCallView];
 }
 

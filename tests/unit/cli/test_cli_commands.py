@@ -176,3 +176,39 @@ def test_audit_list_sends_its_filters_and_prints_a_table(
     assert lines[0].split() == ["SEQ", "AT", "ACTOR", "KIND", "TARGET", "TENANT", "DETAIL"]
     assert "alice (tok_1)" in lines[1] and "job.replay" in lines[1] and "acme" in lines[1]
     assert lines[-1] == "(more: --cursor 7)"
+
+
+def test_reconciliation_report_sends_its_window_and_prints_four_tables(
+    fake: FakeCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = {
+        "now": "2026-12-02T10:30:00.000Z", "since": "2026-12-02T09:00:00.000Z", "hours": 2,
+        "reconciling": {"jobs": [{
+            "job_id": "job_2", "queue": "pay", "tenant": "acme", "attempt": 1,
+            "since": "2026-12-02T10:00:00.000Z", "tries": 2, "reconcile_queue": "pay-rc",
+            "available_at": "2026-12-02T10:00:00.000Z",
+            "lease": {"worker_id": "r7", "fencing_token": 9, "expires_at": "x"}}],
+            "total": 3, "truncated": True},
+        "unknown_outcomes": {
+            "buckets": ["2026-12-02T09:00:00.000Z", "2026-12-02T10:00:00.000Z"],
+            "queues": [{"queue": "pay", "total": 5, "counts": [4, 1]}]},
+        "decisions": [{"queue": "pay", "happened": 1, "did_not_happen": 2, "cannot_tell": 0,
+                       "unanswered": 1}],
+        "completed": {"jobs": [{
+            "job_id": "job_1", "queue": "pay", "tenant": "acme",
+            "completed_at": "2026-12-02T10:10:00.000Z", "worker_id": "r7", "fencing_token": 8,
+            "evidence": "provider lists ch_1"}], "total": 1, "truncated": False},
+    }  # fmt: skip
+    fake.nodes[0].script = lambda seen: reply(200, report)
+    code = main(["reconciliation", "report", "--hours", "2", "--limit", "1", "--url", fake.urls[0]])
+    assert code == 0
+    seen: Seen = fake.nodes[0].seen[0]
+    assert (seen.path, seen.query) == ("/v1/reconciliation", {"hours": "2", "limit": "1"})
+    out = capsys.readouterr().out
+    lines = [line.split() for line in out.splitlines()]
+    assert "Waiting for a reconcile decision: 3 (showing 1)" in out
+    assert ["job_2", "pay", "acme", "1", "2026-12-02T10:00:00.000Z", "2", "pay-rc", "r7"] in lines
+    assert ["pay", "5", "1", "2026-12-02T09:00:00.000Z", "4"] in lines
+    assert ["pay", "1", "2", "0", "1"] in lines
+    assert "Completed by reconciliation: 1" in out
+    assert "provider lists ch_1" in out and "job_1" in out

@@ -77,3 +77,15 @@ def test_iter_jobs_and_health(cluster: FakeCluster) -> None:
             return ids, await client.healthz(), await client.healthz(dead_url())
 
     assert asyncio.run(scenario()) == (["j2", "j1"], True, False)
+
+
+def test_the_reconciliation_report(cluster: FakeCluster) -> None:
+    cluster.nodes[0].script = lambda seen: reply(200, {"hours": 24})
+
+    async def scenario() -> dict[str, object]:
+        async with AsyncClient(cluster.urls) as client:
+            return await client.reconciliation()
+
+    assert asyncio.run(scenario()) == {"hours": 24}
+    (seen,) = cluster.nodes[0].seen
+    assert (seen.method, seen.path, seen.query) == ("GET", "/v1/reconciliation", {})

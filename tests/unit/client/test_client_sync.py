@@ -250,3 +250,13 @@ def test_health_checks_target_one_node(cluster: FakeCluster) -> None:
     assert client.healthz(cluster.nodes[1].url) is True
     assert client.readyz(cluster.nodes[1].url) is False
     assert client.healthz(dead_url()) is False
+
+
+def test_the_reconciliation_report_sends_its_window(cluster: FakeCluster) -> None:
+    report = {"hours": 6, "reconciling": {"jobs": [], "total": 0, "truncated": False}}
+    cluster.nodes[0].script = lambda seen: reply(200, report)
+    client = Client(cluster.urls)
+    assert client.reconciliation(hours=6, limit=10, consistency="stale") == report
+    (seen,) = cluster.nodes[0].seen
+    assert (seen.method, seen.path) == ("GET", "/v1/reconciliation")
+    assert seen.query == {"hours": "6", "limit": "10", "consistency": "stale"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from raftsched.core.jobs import audit, flow, reconcile, reconcile_book, tick
+from raftsched.core.jobs import audit, flow, reconcile, reconcile_book, reconcile_log, tick
 from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
@@ -53,7 +53,18 @@ from raftsched.core.kernel.feature import (
     JobFinishedHook,
     TickWork,
 )
+from raftsched.core.kernel.model import Job
+from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
+
+
+def _attempt_ended(
+    state: State, job: Job, outcome: str, counted: bool, savepoint: Savepoint
+) -> None:
+    """The queue's circuit counts the outcome; the reconciliation log notes
+    an unknown one."""
+    flow.feed_circuit(state, job, outcome, counted, savepoint)
+    reconcile_log.note_attempt_ended(state, job, outcome, counted, savepoint)
 
 
 def _encode_effects(effects: tuple[tuple[str, bytes], ...]) -> list[list[Any]]:
@@ -72,7 +83,7 @@ def _decode_effects(value: object) -> tuple[tuple[str, bytes], ...]:
 
 
 def _check(state: State) -> list[str]:
-    return flow.check_flow(state) + reconcile_book.check(state)
+    return flow.check_flow(state) + reconcile_book.check(state) + reconcile_log.check(state)
 
 
 FEATURE: Final = Feature(
@@ -158,7 +169,7 @@ FEATURE: Final = Feature(
         # 40: its schedule's buffered occurrence is made ready.
         JobFinishedHook(50, reconcile_book.close_finished),
     ),
-    on_attempt_ended=flow.feed_circuit,
+    on_attempt_ended=_attempt_ended,
     on_new_epoch=tick.take_over,
     after_entry=tick.tidy_heaps,
 )

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Final
 
 from raftsched.core.jobs.reconcile_book import open_task
+from raftsched.core.jobs.reconcile_log import note_left_reconciling
 from raftsched.core.jobs.retry import retry_delay_ms
 from raftsched.core.kernel.model import (
     CANCELLED,
@@ -91,6 +92,8 @@ def transition(
     add_history(
         job, (now_ms, event, from_status, to_status, actor, state.epoch, fencing_token, detail)
     )
+    if from_status == RECONCILING:
+        note_left_reconciling(state, job, savepoint)  # a decision, for the report
     if to_status == from_status:
         job.updated_at_ms = now_ms
         return

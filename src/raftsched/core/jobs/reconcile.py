@@ -49,6 +49,13 @@ from raftsched.core.jobs.reconcile_book import (
     guard_task,
     offered,
 )
+from raftsched.core.jobs.reconcile_log import (
+    DECIDED_PREFIX,
+    DECISIONS,
+    DID_NOT_HAPPEN,
+    HAPPENED,
+    UNANSWERED_SUFFIX,
+)
 from raftsched.core.jobs.retry import retry_delay_ms, seeded_u32
 from raftsched.core.kernel.commands import Tick
 from raftsched.core.kernel.feature import Context
@@ -91,10 +98,6 @@ from raftsched.core.kernel.validate import (
     invalid,
 )
 
-HAPPENED: Final = "happened"
-DID_NOT_HAPPEN: Final = "did_not_happen"
-CANNOT_TELL: Final = "cannot_tell"
-DECISIONS: Final = (HAPPENED, DID_NOT_HAPPEN, CANNOT_TELL)
 DECISION_EVENTS: Final = frozenset({COMPLETE, RETRY, REQUEUE, DEAD_LETTER_EVENT})
 EFFECTS_MAX: Final = 100
 """Effects one `happened` decision may record."""
@@ -260,9 +263,10 @@ def apply_reconcile(state: State, command: ReconcileJob, context: Context) -> Re
         )
     worker_id, token = task.lease[0], task.lease[2]
     decision = command.decision
-    detail = (
-        f"reconciled {decision}: {command.reason}" if command.reason else f"reconciled {decision}"
-    )
+    # The history's form of a decision, which the report reads back (reconcile_log.ending).
+    detail = f"{DECIDED_PREFIX}{decision}"
+    if command.reason:
+        detail += f": {command.reason}"
     savepoint.touch(job)
     close_task(state, job, savepoint)
     if decision == HAPPENED:
@@ -318,7 +322,7 @@ def _record_effects(
 def _repeated_decision(job: Job, command: ReconcileJob) -> Reconciled | None:
     """A decision retried after it committed (its answer lost) gets where the
     first delivery left the job, as a repeated complete or fail does."""
-    prefix = f"reconciled {command.decision}"
+    prefix = f"{DECIDED_PREFIX}{command.decision}"
     for _, event, from_status, _, _, _, token, detail in reversed(job.history or ()):
         if token != command.fencing_token:
             continue
@@ -362,7 +366,7 @@ def _expire(
     task.lease = None
     task.tries += 1
     if task.tries >= RECONCILE_TRIES_MAX:
-        message = f"{task.tries} reconciliation leases expired unanswered"
+        message = f"{task.tries} {UNANSWERED_SUFFIX}"
         job.last_error = (ERROR_UNRECONCILED, message)
         close_task(state, job, savepoint)
         transition(state, job, DEAD_LETTER_EVENT, SYSTEM_ACTOR, savepoint, token, message)

@@ -18,6 +18,10 @@ encoding is the one earlier releases wrote and read:
   queue its reconcilers claim from, how many reconciliation leases expired
   unanswered, when it may be claimed again, and its current lease.
 
+Beside them, not encoded: `log`, the derived index of unknown outcomes and
+ended reconciliations that the reconciliation report reads
+(`reconcile_log`), None until a report first needs it.
+
 The section is optional: a state that never used reconciliation keeps the
 bytes and the digest of the release before it (since cluster version 5).
 Entering `reconciling` opens the task (`lifecycle.ON_ENTER`); a decision,
@@ -26,7 +30,7 @@ or the job finishing any other way (deadline, cancel), closes it.
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from raftsched.core.jobs.flow import flow_of
 from raftsched.core.kernel.model import (
@@ -35,11 +39,15 @@ from raftsched.core.kernel.model import (
     OUTCOME_FAILED,
     OUTCOME_LEASE_EXPIRED,
     RECONCILING,
+    Attempt,
     Job,
 )
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
+
+if TYPE_CHECKING:
+    from raftsched.core.jobs.reconcile_log import Log
 
 RECONCILE: Final = "reconcile"
 ON_UNKNOWN_RETRY: Final = "retry"
@@ -73,13 +81,15 @@ class ReconcileTask:
 
 
 class Book:
-    __slots__ = ("policies", "queues", "tenants", "tasks")
+    __slots__ = ("policies", "queues", "tenants", "tasks", "log")
 
     def __init__(self) -> None:
         self.policies: dict[str, tuple[str | None, str | None]] = {}
         self.queues: dict[str, str] = {}
         self.tenants: dict[str, str] = {}
         self.tasks: dict[str, ReconcileTask] = {}
+        # Derived, never encoded; built on first use (reconcile_log.log_of).
+        self.log: Log | None = None
 
 
 def book_of(state: State) -> Book:
@@ -111,6 +121,18 @@ def reconcile_queue(state: State, job: Job) -> str:
     return job.queue
 
 
+def outcome_unknown(attempt: Attempt) -> bool:
+    """Whether an ended attempt may have had its effect with nobody knowing:
+    its lease expired after the handler started, or its worker failed it
+    with kind `unknown` (docs/reconciliation.md, "Which outcomes are
+    unknown"), whatever the job's policy and wherever it went next."""
+    outcome = attempt.outcome
+    if outcome == OUTCOME_LEASE_EXPIRED:
+        return attempt.started_at_ms is not None
+    error = attempt.error
+    return outcome == OUTCOME_FAILED and error is not None and error[0] == "unknown"
+
+
 def awaits_reconciliation(state: State, job: Job) -> bool:
     """A dead letter of a `reconcile` job whose effect nobody has vouched
     for: dead-lettered `unreconciled` (cannot tell, or its reconciliations
@@ -121,11 +143,7 @@ def awaits_reconciliation(state: State, job: Job) -> bool:
         return False
     if job.last_error is not None and job.last_error[0] == ERROR_UNRECONCILED:
         return True
-    last = job.attempts[-1]
-    unknown = (last.outcome == OUTCOME_LEASE_EXPIRED and last.started_at_ms is not None) or (
-        last.outcome == OUTCOME_FAILED and last.error is not None and last.error[0] == "unknown"
-    )
-    if not unknown:
+    if not outcome_unknown(job.attempts[-1]):
         return False
     for _, _, from_status, _, _, _, _, detail in reversed(job.history or ()):
         if from_status == RECONCILING and detail is not None and detail.startswith("reconciled "):
