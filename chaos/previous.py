@@ -15,14 +15,14 @@ from typing import Final
 
 from chaos.cluster import REPO_ROOT
 
-TAG: Final = "v0.3.0"
-COMMIT: Final = "d7d53681eeaffb2262fe0279f3992ec2612c6b79"
+TAG: Final = "v0.4.0"
+COMMIT: Final = "84a4080a3f308d42329ee14216061d7c72f9c65a"
 CACHE: Final = REPO_ROOT / "runs" / "chaos" / ".previous"
 
 
 @dataclass(frozen=True)
 class Release:
-    version: str  # "0.3.0"
+    version: str  # "0.4.0"
     python: str  # its virtualenv's interpreter
     source_dir: Path  # its src/ (first on the node's PYTHONPATH)
 

@@ -1,6 +1,6 @@
 """A rolling upgrade from the previous release that has the version gate, under load.
 
-The previous tagged release (`v0.3.0`) is extracted from this repository's
+The previous tagged release (`v0.4.0`) is extracted from this repository's
 history and installed into a virtualenv of its own, as an operator's old
 machines would have it. Three nodes of it form a cluster with
 authentication on; a client keeps submitting jobs the whole time. Each node
@@ -8,9 +8,9 @@ in turn is stopped and started on the same data directory with today's
 code (the runbook's "Rolling upgrade", docs/operations.md). After every
 step the replicas agree (same applied index and digest), and while any
 member still runs the old release the commands this release introduced
-stay refused: adding a member answers 409 "upgrade every node first".
-Once the last node runs today's code the leader raises the cluster version
-and the same request is accepted. No acknowledged job is lost.
+stay refused: making a queue reconcile its unknown outcomes answers 409
+"upgrade every node first". Once the last node runs today's code the
+leader raises the cluster version and the same request is accepted. No acknowledged job is lost.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from e2e_support import cluster_env, lead_on, release_tree
 from raftsched.client import Client, RaftschedError
 from raftsched.core import COMMAND_VERSION_MAX
 from raftsched.node.versions import POLL_PERIOD_S, UPGRADE_FIRST
-from raftsched.testing import LocalCluster, free_port, http_json, wait_for
+from raftsched.testing import LocalCluster, http_json, wait_for
 
 pytestmark = pytest.mark.slow
 
-PREVIOUS = "v0.3.0"
+PREVIOUS = "v0.4.0"
 # The commit the tag names: a clone without tags still has it.
-PREVIOUS_COMMIT = "d7d53681eeaffb2262fe0279f3992ec2612c6b79"
-PREVIOUS_VERSION = 3
+PREVIOUS_COMMIT = "84a4080a3f308d42329ee14216061d7c72f9c65a"
+PREVIOUS_VERSION = 4
 # The load: one submission at a time, at most this many, while upgrading.
 LOAD_JOBS_MAX = 3000
 
@@ -111,17 +111,13 @@ def versions_in_force(cluster: LocalCluster) -> set[int | None]:
     return {cluster_view(cluster, n).get("cluster_version") for n in cluster.nodes}
 
 
-def add_member(cluster: LocalCluster) -> tuple[int, dict[str, Any]]:
-    """Ask to add a member: a command kind of this release."""
+def use_a_new_command(cluster: LocalCluster) -> tuple[int, dict[str, Any]]:
+    """Make a queue reconcile its unknown outcomes: a command kind of this
+    release (`SetUnknownPolicy`, cluster version 5)."""
     leader = cluster.nodes[cluster.wait_for_leader(timeout_s=60)].http_url
-    port = free_port()
-    member = {
-        "id": "n9",
-        "raft_address": f"127.0.0.1:{port}",
-        "http_url": f"http://127.0.0.1:{free_port()}",
-    }
-    status, body, _ = http_json("POST", leader + "/v1/cluster/nodes", member, timeout_s=30)
-    return status, body
+    body = {"on_unknown": "reconcile"}
+    status, answer, _ = http_json("PUT", leader + "/v1/queues/upgrade-gate", body, timeout_s=30)
+    return status, answer
 
 
 @pytest.fixture
@@ -156,11 +152,11 @@ def test_a_rolling_upgrade_from_the_previous_gated_release_under_load(
                 # A leader of today's code, that has polled every member:
                 # the version stays where the oldest member is, and the new
                 # command kinds are refused. (A leader of the old release
-                # does not know the route at all: 404.)
+                # does not know the field at all: 400.)
                 lead_on(cluster, {other for other in cluster.nodes if other <= node_id})
                 time.sleep(POLL_PERIOD_S + 2)
                 assert versions_in_force(cluster) == {PREVIOUS_VERSION}
-                status, body = add_member(cluster)
+                status, body = use_a_new_command(cluster)
                 assert status == 409, body
                 assert body["error"]["code"] == "invalid_state"
                 assert body["error"]["message"] == UPGRADE_FIRST
@@ -171,8 +167,8 @@ def test_a_rolling_upgrade_from_the_previous_gated_release_under_load(
             lambda: versions_in_force(cluster) == {COMMAND_VERSION_MAX},
             timeout_s=4 * POLL_PERIOD_S,
         ), versions_in_force(cluster)
-        status, body = add_member(cluster)
-        assert status == 202, body
+        status, body = use_a_new_command(cluster)
+        assert status == 200 and body["queue"]["on_unknown"] == "reconcile", body
     assert not load.failures, load.failures[:5]
     cluster.wait_converged(timeout_s=60)
     expected = {job_id: key for key, job_id in load.acknowledged.items()}
