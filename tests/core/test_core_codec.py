@@ -39,6 +39,7 @@ from raftsched.core.jobs.commands import (
     Configure,
     FailJob,
     HeartbeatJob,
+    LeaseBatch,
     PauseQueue,
     ReconcileJob,
     RecordEffect,
@@ -171,6 +172,16 @@ EVERY_COMMAND: tuple[Command, ...] = (
     ReconcileJob("j1", 9, "cannot_tell"),
     ReplayReconciled("j1", "refunded by hand", "alice"),
     RequestReconcile("j1", "the provider is back", "alice"),
+    # Lease batches (issue 18).
+    LeaseBatch(
+        (
+            StartJob("j1", 1), HeartbeatJob("j1", 1, 500, b"\x90"), CompleteJob("j1", 1, b"\xa2ok"),
+            FailJob("j2", 2, "unknown", "lost", None, 7), ReconcileJob("j3", 3, "cannot_tell"),
+        ),
+        ClaimJobs("w", ("q", "r"), 5, 1_000),
+    ),
+    LeaseBatch((CompleteJob("j1", 1),)),
+    LeaseBatch((), ClaimJobs("w", ("q",), 1)),
 )  # fmt: skip
 
 
@@ -191,6 +202,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         AddMember: 93, RemoveMember: 94,
         SetUnknownPolicy: 100, ReconcileJob: 101, ReplayReconciled: 102,
         RequestReconcile: 103,
+        LeaseBatch: 110,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 
