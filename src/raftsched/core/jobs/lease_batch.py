@@ -68,17 +68,17 @@ def apply_lease_batch(
         return invalid("ops", f"a lease batch carries at most {BATCH_MAX} operations")
     if not ops and claim is None:
         return invalid("ops", "a lease batch carries an operation or a claim")
-    results = tuple(
+    results = [
         apply_command(state, op, context) if type(op) in LEASE_OPS else _not_a_lease_op(index)
         for index, op in enumerate(ops)
-    )
+    ]
     claimed: Result | None = None
     if claim is not None:
         if type(claim) is ClaimJobs:
             claimed = apply_command(state, claim, context)
         else:
             claimed = invalid("claim", "a lease batch's claim is a claim")
-    return BatchApplied(results, claimed)
+    return BatchApplied(tuple(results), claimed)
 
 
 def _not_a_lease_op(index: int) -> Rejected:
