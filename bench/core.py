@@ -40,6 +40,23 @@ Figures:
 - tick_s: one Tick making 10,000 due jobs runnable among `--jobs` future
   jobs; tick_s_100k the same among 100,000, to show the cost does not grow
   with the stored jobs.
+
+    .venv/bin/python bench/core.py --lease-only [--lease-jobs 20000] [--batch 100]
+
+`--lease-only` measures only the worker protocol's core cost per job, each
+entry encoded (`encode_entry`) and applied from its bytes (`apply_encoded`,
+msgpack decode included), as a leader and its replicas pay it, and reports
+microseconds per job (`*_us_per_job`) and entry bytes per job
+(`*_bytes_per_job`) for each form, every job run from pending to succeeded:
+- single: `ClaimJobs` (max 1), `StartJob`, `CompleteJob`, each its own entry
+  (what one request per operation costs without group commit);
+- batch_1: `LeaseBatch((CompleteJob,), ClaimJobs max 1)`, one entry per job
+  (a complete that carries the next claim), the start left out;
+  batch_1_with_start adds the `StartJob` entry a worker sends before it runs
+  the handler;
+- batch_n: `LeaseBatch(N CompleteJob, ClaimJobs max N)` per N jobs
+  (`--batch`); batch_n_with_start adds a `LeaseBatch` of the N starts.
+Each form has its own queue of `--lease-jobs` pending jobs in one state.
 """
 
 from __future__ import annotations
@@ -64,9 +81,15 @@ from raftsched.core import (
     encode_state_pieces,
     new_state,
 )
-from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, StartJob, SubmitJobs
+from raftsched.core.jobs.commands import (
+    ClaimJobs,
+    CompleteJob,
+    LeaseBatch,
+    StartJob,
+    SubmitJobs,
+)
 from raftsched.core.kernel.commands import Command, Entry, JobSpec, TakeOver, Tick
-from raftsched.core.kernel.results import Claimed
+from raftsched.core.kernel.results import BatchApplied, Claimed, Completed, Lease
 from raftsched.core.kernel.state import State
 from raftsched.node.machine import ReplicatedState
 from raftsched.raft_journal import SnapshotHeader
@@ -259,6 +282,106 @@ def build(args: argparse.Namespace) -> None:
     print(json.dumps(figures))
 
 
+class LeaseClock:
+    """Entries of the lease forms, each encoded and applied from its bytes;
+    the time and bytes they took."""
+
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.seconds = 0.0
+        self.bytes = 0
+        self.entries = 0
+
+    def run(self, *commands: Command) -> list[object]:
+        entry = Entry(1, self.state.now_ms + 1, commands)
+        started = time.perf_counter()
+        data = encode_entry(entry)
+        results: list[object] = list(apply_encoded(self.state, data))
+        self.seconds += time.perf_counter() - started
+        self.bytes += len(data)
+        self.entries += 1
+        return results
+
+    def claim(self, queue: str, n: int) -> list[Lease]:
+        (claimed,) = self.run(ClaimJobs("w1", (queue,), n))
+        assert isinstance(claimed, Claimed), claimed
+        return list(claimed.leases)
+
+    def batch(self, ops: tuple[Command, ...], queue: str, n: int) -> list[Lease]:
+        """A batch of completes with the next claim; its next leases."""
+        (result,) = self.run(LeaseBatch(ops, ClaimJobs("w1", (queue,), n)))
+        assert isinstance(result, BatchApplied), result
+        assert all(isinstance(each, Completed) for each in result.results), result
+        assert isinstance(result.claimed, Claimed), result
+        return list(result.claimed.leases)
+
+
+def _start(lease: Lease) -> StartJob:
+    return StartJob(lease.job_id, lease.fencing_token)
+
+
+def _complete(lease: Lease) -> CompleteJob:
+    return CompleteJob(lease.job_id, lease.fencing_token, b"\xa2ok")
+
+
+def lease_form(state: State, form: str, queue: str, jobs: int, n: int) -> LeaseClock:
+    """Run `jobs` jobs of `queue` from pending to succeeded in one form."""
+    clock = LeaseClock(state)
+    if form == "single":
+        for _ in range(jobs):
+            (lease,) = clock.claim(queue, 1)
+            clock.run(_start(lease))
+            (done,) = clock.run(_complete(lease))
+            assert isinstance(done, Completed), done
+        return clock
+    size = 1 if form.startswith("batch_1") else n
+    starts = form.endswith("with_start")
+    leases = clock.claim(queue, size)
+    for _ in range(jobs):  # a bound: each round finishes at least one job
+        if not leases:
+            break
+        if starts and size == 1:
+            clock.run(*map(_start, leases))
+        elif starts:
+            clock.run(LeaseBatch(tuple(map(_start, leases))))
+        leases = clock.batch(tuple(map(_complete, leases)), queue, size)
+    assert not leases, f"{form}: leases left after {jobs} rounds"
+    return clock
+
+
+LEASE_FORMS = ("single", "batch_1", "batch_1_with_start", "batch_n", "batch_n_with_start")
+
+
+def lease_only(args: argparse.Namespace) -> None:
+    """The worker protocol's apply cost per job, single commands against
+    lease batches (see the module's docstring)."""
+    jobs, n = args.lease_jobs, args.batch
+    figures: dict[str, float | int] = {"lease_jobs": jobs, "batch": n}
+    figures["machine_loop_ns_before"] = loop_ns()
+    state = new_state()
+    apply_entry(state, Entry(1, T0, (TakeOver(),)))
+    for index, form in enumerate(LEASE_FORMS):
+        fill(state, jobs, index * jobs, None, f"lease-{form}")
+    gc.collect()
+    gc.freeze()  # as a node holds its state (node/gc_tuning.py)
+    for form in LEASE_FORMS:
+        queue = f"lease-{form}"
+        clock = lease_form(state, form, queue, jobs, n)
+        succeeded = sum(
+            1 for job in state.jobs.values() if job.queue == queue and job.status == "succeeded"
+        )
+        assert succeeded == jobs, (form, succeeded)
+        figures[f"{form}_us_per_job"] = round(clock.seconds / jobs * 1e6, 2)
+        figures[f"{form}_bytes_per_job"] = round(clock.bytes / jobs, 1)
+        figures[f"{form}_entries"] = clock.entries
+        print(f"{form}: {figures[f'{form}_us_per_job']} us/job", file=sys.stderr, flush=True)
+    single = figures["single_us_per_job"]
+    for form in LEASE_FORMS[1:]:
+        figures[f"{form}_vs_single"] = round(float(figures[f"{form}_us_per_job"]) / single, 3)
+    figures["machine_loop_ns_after"] = loop_ns()
+    print(json.dumps(figures))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, default=1_000_000)
@@ -266,7 +389,15 @@ def main() -> None:
     parser.add_argument("--no-freeze", action="store_true", help="leave the GC as it is")
     parser.add_argument("--build", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--decode", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--lease-only", action="store_true", help="only the lease forms' apply cost per job"
+    )
+    parser.add_argument("--lease-jobs", type=int, default=20_000, help="jobs per lease form")
+    parser.add_argument("--batch", type=int, default=100, help="N of the batch_n forms")
     args = parser.parse_args()
+    if args.lease_only:
+        lease_only(args)
+        return
     if args.decode is not None:
         decode_only(args.decode)
         return

@@ -19,7 +19,10 @@ from raftsched.core import (
 )
 from raftsched.core.auth.commands import BootstrapAdmin, CreateToken, RevokeToken, TouchTokens
 from raftsched.core.jobs.commands import (
+    ClaimJobs,
+    CompleteJob,
     Configure,
+    LeaseBatch,
     ReconcileJob,
     ReplayReconciled,
     RequestReconcile,
@@ -28,6 +31,7 @@ from raftsched.core.jobs.commands import (
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION, cluster_version
 from raftsched.core.kernel.commands import (
     Audited,
+    Barrier,
     ForgetIncarnation,
     RaiseClusterVersion,
     RecordIncarnation,
@@ -59,8 +63,9 @@ def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> N
         ReconcileJob: 5,
         ReplayReconciled: 5,
         RequestReconcile: 5,
+        LeaseBatch: 6,
     }
-    assert COMMAND_VERSION_MAX == 5
+    assert COMMAND_VERSION_MAX == 6
 
 
 def test_raise_moves_the_version_up_and_never_down() -> None:
@@ -151,3 +156,26 @@ def test_the_gate_holds_every_version_2_command_until_the_cluster_is_at_2(
     assert not needs_upgrade(cluster.state, RaiseClusterVersion(2))
     cluster.one(RaiseClusterVersion(2))
     assert not needs_upgrade(cluster.state, Configure())
+
+
+def test_a_lease_batch_waits_for_version_6_whatever_it_carries() -> None:
+    """Its ops and claim are version 1 (or 5): the batch itself is the new
+    kind, which a replica of release 0.5.0 cannot decode."""
+    batch = LeaseBatch((CompleteJob("j", 1),), ClaimJobs("w", ("q",), 1))
+    assert command_version(batch) == 6
+    assert command_version(LeaseBatch((ReconcileJob("j", 1, "happened"),))) == 6
+    cluster = Cluster()
+    for version in (5, 6):
+        assert needs_upgrade(cluster.state, batch)
+        cluster.one(RaiseClusterVersion(version))
+    assert not needs_upgrade(cluster.state, batch)
+
+
+def test_a_nested_command_raises_its_holders_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should a later lease operation be newer than the batch, the batch
+    waits for it too, as `Audited` waits for its inner command."""
+    monkeypatch.setitem(COMMAND_VERSIONS, CompleteJob, 7)
+    assert command_version(LeaseBatch((CompleteJob("j", 1),))) == 7
+    assert command_version(LeaseBatch((), ClaimJobs("w", ("q",), 1))) == 6
+    monkeypatch.setitem(COMMAND_VERSIONS, Barrier, 9)
+    assert command_version(Audited("ops", Barrier())) == 9

@@ -7,6 +7,8 @@ from hashlib import sha256
 import msgpack
 import pytest
 from core_support import T0, Cluster
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from raftsched.core import (
     COMMAND_TAGS,
@@ -39,6 +41,7 @@ from raftsched.core.jobs.commands import (
     Configure,
     FailJob,
     HeartbeatJob,
+    LeaseBatch,
     PauseQueue,
     ReconcileJob,
     RecordEffect,
@@ -171,6 +174,16 @@ EVERY_COMMAND: tuple[Command, ...] = (
     ReconcileJob("j1", 9, "cannot_tell"),
     ReplayReconciled("j1", "refunded by hand", "alice"),
     RequestReconcile("j1", "the provider is back", "alice"),
+    # Lease batches (issue 18).
+    LeaseBatch(
+        (
+            StartJob("j1", 1), HeartbeatJob("j1", 1, 500, b"\x90"), CompleteJob("j1", 1, b"\xa2ok"),
+            FailJob("j2", 2, "unknown", "lost", None, 7), ReconcileJob("j3", 3, "cannot_tell"),
+        ),
+        ClaimJobs("w", ("q", "r"), 5, 1_000),
+    ),
+    LeaseBatch((CompleteJob("j1", 1),)),
+    LeaseBatch((), ClaimJobs("w", ("q",), 1)),
 )  # fmt: skip
 
 
@@ -191,6 +204,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         AddMember: 93, RemoveMember: 94,
         SetUnknownPolicy: 100, ReconcileJob: 101, ReplayReconciled: 102,
         RequestReconcile: 103,
+        LeaseBatch: 110,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 
@@ -389,3 +403,125 @@ def test_the_pieces_of_a_state_are_its_encoding_and_each_is_lent_not_given() -> 
     assert state_digest(cluster.state) == sha256(data).hexdigest()
     # A view (of a snapshot file read whole) decodes like bytes.
     assert encode_state(decode_state(memoryview(b"..." + data)[3:])) == data
+
+
+# -- commands inside commands (Audited, LeaseBatch) ---------------------------------
+
+COMPLETE_ROW = [5, "j", 1, b"\xc0"]
+CLAIM_ROW = [2, "w", ["q"], 1, None]
+CANCEL_ROW = [7, "j", "", "api"]
+
+
+def _entry_of(*rows: object) -> bytes:
+    packed: bytes = msgpack.packb([1, 1, T0, list(rows)])
+    return packed
+
+
+def test_a_lease_batch_holds_its_commands_rows_as_an_entry_does() -> None:
+    with_claim = LeaseBatch((CompleteJob("j", 1),), ClaimJobs("w", ("q",), 1))
+    without = LeaseBatch((CompleteJob("j", 1), CompleteJob("j", 1)))
+    data = encode_entry(Entry(1, T0, (with_claim, without)))
+    assert data == _entry_of(
+        [110, [COMPLETE_ROW], CLAIM_ROW], [110, [COMPLETE_ROW, COMPLETE_ROW], None]
+    )
+    assert decode_entry(data).commands == (with_claim, without)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        LeaseBatch((LeaseBatch((CompleteJob("j", 1),)),)),
+        LeaseBatch((), LeaseBatch((CompleteJob("j", 1),))),  # type: ignore[arg-type]
+        LeaseBatch((Audited("ops", CancelJob("j")),)),
+        LeaseBatch((), Audited("ops", CancelJob("j"))),  # type: ignore[arg-type]
+        Audited("ops", LeaseBatch((CompleteJob("j", 1),))),
+        LeaseBatch([CompleteJob("j", 1)]),  # type: ignore[arg-type]
+        LeaseBatch((object(),)),  # type: ignore[arg-type]
+        LeaseBatch((), "claim"),  # type: ignore[arg-type]
+    ],
+    ids=[
+        "batch in batch", "batch as claim", "audited in batch", "audited as claim",
+        "batch in audited", "ops a list", "not a command", "claim a string",
+    ],
+)  # fmt: skip
+def test_encoding_a_nested_holder_or_a_non_command_is_refused(command: Command) -> None:
+    with pytest.raises(CodecError):
+        encode_entry(Entry(1, T0, (command,)))
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        [110, [[110, [COMPLETE_ROW], None]], None],  # a batch in a batch
+        [110, [], [110, [COMPLETE_ROW], None]],
+        [110, [[80, "a", CANCEL_ROW]], None],  # an Audited in a batch
+        [110, [COMPLETE_ROW], [80, "a", CANCEL_ROW]],
+        [80, "a", [110, [COMPLETE_ROW], None]],  # a batch in an Audited
+        [110, [COMPLETE_ROW]],  # a field short
+        [110, [COMPLETE_ROW], None, None],  # a field too many
+        [110, "ops", None],
+        [110, None, None],
+        [110, {"a": 1}, None],
+        [110, [5], None],
+        [110, [[]], None],
+        [110, [[5, "j"]], None],
+        [110, [[999]], None],
+        [110, [[True, "j", 1, b""]], None],
+        [110, [["5", "j", 1, b""]], None],
+        [110, [[5, "j", "1", b""]], None],
+        [110, [COMPLETE_ROW], "claim"],
+        [110, [COMPLETE_ROW], []],
+        [110, [COMPLETE_ROW], [2, "w", "q", 1, None]],
+    ],
+)
+def test_malformed_lease_batch_rows_do_not_decode(row: list[object]) -> None:
+    with pytest.raises(CodecError):
+        decode_entry(_entry_of(row))
+
+
+def test_a_deep_nest_is_refused_at_its_second_level() -> None:
+    """A nest as deep as msgpack reads is refused by its second tag, before
+    anything below is decoded (no recursion through it)."""
+    for depth in (2, 50, 400):
+        row: list[object] = COMPLETE_ROW
+        for _ in range(depth):
+            row = [110, [row], None]
+        with pytest.raises(CodecError):
+            decode_entry(_entry_of(row))
+
+
+_LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.sampled_from([2, 5, 80, 110, 999, 0, -1]),
+    st.text(max_size=4),
+    st.binary(max_size=4),
+    st.sampled_from([COMPLETE_ROW, CLAIM_ROW, CANCEL_ROW, [110, [COMPLETE_ROW], None]]),
+)
+_VALUES = st.recursive(_LEAVES, lambda inner: st.lists(inner, max_size=5), max_leaves=25)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_VALUES, other=_VALUES)
+def test_anything_in_a_batch_row_decodes_exactly_or_is_a_codec_error(
+    value: object, other: object
+) -> None:
+    """Fuzzing the nested fields: garbage is a `CodecError`, never another
+    exception, and whatever decodes encodes back to the same bytes."""
+    rows = (
+        [110, value, other],
+        [110, [value], None],
+        [110, [COMPLETE_ROW, value], other],
+        [110, [], value],
+        [110, [[5, value, 1, b""]], [2, "w", [other], 1, None]],
+        [80, "a", value],
+        value,
+    )
+    for row in rows:
+        data = _entry_of(row)
+        try:
+            entry = decode_entry(data)
+        except CodecError:
+            continue
+        assert encode_entry(entry) == data

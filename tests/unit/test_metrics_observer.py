@@ -21,6 +21,7 @@ from raftsched.core.jobs.commands import (
     CompleteJob,
     FailJob,
     HeartbeatJob,
+    LeaseBatch,
     ReplayJob,
     SetUnknownPolicy,
     StartJob,
@@ -328,3 +329,48 @@ def test_worker_log_fields_carry_the_submitters_correlation_id() -> None:
         "workflow_id": "wf_1",
         "step": "charge",
     }
+
+
+def test_a_lease_batchs_ops_and_claim_count_as_if_they_came_alone() -> None:
+    """The same figures as test_execution_latency_failures_and_retries and
+    test_claim_latency_is_due_to_leased_in_replicated_time, reached through
+    lease batches: starts, a heartbeat, a completion, a fail, and the claim
+    that rides on them; a refused op and a refused batch count nothing."""
+    h = Harness()
+    for _ in range(3):
+        h.submit()
+    first, second = h.claim(at=T0 + 100), h.claim(at=T0 + 100)
+    h.run(
+        LeaseBatch(
+            (
+                StartJob(first.job_id, first.fencing_token),
+                StartJob(second.job_id, second.fencing_token),
+                CancelJob(first.job_id),  # not a lease operation: refused in its slot
+            )
+        ),
+        at=T0 + 300,
+    )
+    h.run(
+        LeaseBatch(
+            (
+                HeartbeatJob(first.job_id, first.fencing_token, 1_000, b"\x01"),
+                CompleteJob(first.job_id, first.fencing_token),
+                FailJob(second.job_id, second.fencing_token, "transient", "flaky", None, 7),
+            ),
+            ClaimJobs("w1", ("q",), 1),
+        ),
+        LeaseBatch(()),  # refused whole
+        at=T0 + 1_300,
+    )
+    assert h.metric("raftsched_lease_renewals_total") == 1
+    assert h.metric('raftsched_jobs_succeeded_total{queue="q"}') == 1
+    assert h.metric('raftsched_job_execution_seconds_sum{queue="q",outcome="succeeded"}') == 1.0
+    assert h.metric('raftsched_job_execution_seconds_sum{queue="q",outcome="failed"}') == 1.0
+    assert h.metric('raftsched_job_failures_total{queue="q",kind="transient"}') == 1
+    assert h.metric('raftsched_job_retries_total{queue="q"}') == 1
+    # Two claimed alone, the third by the batch's claim.
+    assert h.metric('raftsched_job_attempts_total{queue="q"}') == 3
+    assert h.metric('raftsched_job_claim_latency_seconds_count{queue="q"}') == 3
+    assert h.state.jobs["job_3"].status == "claimed"
+    (error,) = h.observer.errors_json()
+    assert (error["source"], error["kind"], error["job_id"]) == ("attempt", "transient", "job_2")

@@ -15,7 +15,7 @@ from aiohttp.test_utils import make_mocked_request
 from raftsched import core
 from raftsched.api.app import _answer
 from raftsched.core import COMMAND_VERSION_MAX, COMMAND_VERSIONS
-from raftsched.core.jobs.commands import Configure, SetQueue
+from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, Configure, LeaseBatch, SetQueue
 from raftsched.core.kernel.codec import ENTRY_FORMAT
 from raftsched.core.kernel.commands import Entry, RaiseClusterVersion, TakeOver
 from raftsched.node.machine import ReplicatedState
@@ -148,3 +148,35 @@ def test_only_commands_newer_than_every_cluster_version_are_gated() -> None:
     assert gated(everyday) == []
     raise_version = RaiseClusterVersion(2)
     assert gated([*everyday, raise_version]) == [raise_version]
+
+
+def test_a_lease_batch_is_gated_until_the_cluster_is_at_6_and_answered_409() -> None:
+    """Release 0.5.0 cannot decode a lease batch (tag 110): while the
+    cluster version is 5 the node refuses to propose one, whatever it holds,
+    and the API answers 409 invalid_state "upgrade every node first"."""
+    batch = LeaseBatch((CompleteJob("j", 1),), ClaimJobs("w", ("q",), 1))
+    assert gated([CompleteJob("j", 1), ClaimJobs("w", ("q",), 1), batch]) == [batch]
+    state = core.new_state()
+    core.apply_entry(state, Entry(1, 5, (TakeOver(), RaiseClusterVersion(5))))
+    with pytest.raises(UpgradeRequired) as refused:
+        check_allowed(state, [batch])
+    assert (refused.value.command_kind, refused.value.needed, refused.value.in_force) == (
+        "LeaseBatch",
+        6,
+        5,
+    )
+
+    async def handler(request: web.Request) -> web.Response:
+        raise refused.value
+
+    async def answer() -> web.StreamResponse:
+        return await _answer(make_mocked_request("POST", "/v1/leases/batch"), handler)
+
+    response = asyncio.run(answer())
+    assert isinstance(response, web.Response) and response.status == 409
+    assert response.text is not None
+    body = json.loads(response.text)["error"]
+    assert (body["code"], body["message"]) == ("invalid_state", UPGRADE_FIRST)
+    assert body["details"]["command"] == "LeaseBatch"
+    core.apply_entry(state, Entry(1, 6, (RaiseClusterVersion(6),)))
+    check_allowed(state, [batch])

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 from raftsched.core import decode_entry
-from raftsched.core.jobs.commands import ClaimJobs, HeartbeatJob
+from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, HeartbeatJob, LeaseBatch, StartJob
 from raftsched.core.kernel.commands import Barrier, Entry, Tick
 from raftsched.core.kernel.results import Ack, Result
 from raftsched.node.proposer import (
@@ -107,3 +107,16 @@ def test_small_commands_overtake_queued_big_work_in_a_short_entry() -> None:
     assert order == [("ClaimJobs", ("hot",))] * 2 + [("Tick", None)] + [("ClaimJobs", ("hot",))] * 2
     for entry in raft.entries[2:]:
         assert sum(work_units(c) for c in entry.commands) <= ENTRY_WORK_MAX
+
+
+def test_a_lease_batch_weighs_its_ops_and_the_jobs_its_claim_may_grant() -> None:
+    """So one complete with a one-job claim is small work that takes the
+    express lane, and a 1,000-job claim is big whether batched or not."""
+    one = LeaseBatch((CompleteJob("j", 1),), ClaimJobs("w", ("q",), 1))
+    assert work_units(one) == 2 <= SMALL_WORK_MAX
+    many = LeaseBatch((CompleteJob("j", 1),) * 100, ClaimJobs("w", ("q",), 100))
+    assert work_units(many) == 200 > SMALL_WORK_MAX
+    assert work_units(LeaseBatch((), ClaimJobs("w", ("q",), 1000))) == work_units(
+        ClaimJobs("w", ("q",), 1000)
+    )
+    assert work_units(LeaseBatch((StartJob("j", 1),))) == 1

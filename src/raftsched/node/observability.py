@@ -41,6 +41,7 @@ from raftsched.core.jobs.commands import (
     CompleteJob,
     FailJob,
     HeartbeatJob,
+    LeaseBatch,
     ReconcileJob,
     ReplayJob,
     StartJob,
@@ -49,6 +50,7 @@ from raftsched.core.jobs.commands import (
 from raftsched.core.jobs.reconcile_book import book_of, outcome_unknown
 from raftsched.core.kernel.commands import Audited, Tick
 from raftsched.core.kernel.results import (
+    BatchApplied,
     CancelAccepted,
     Claimed,
     Completed,
@@ -241,7 +243,7 @@ class Observer:
         """Called with each committed entry of this node's, in order."""
         try:
             rest = []
-            for command, result in zip(commands, results, strict=False):
+            for command, result in _one_by_one(commands, results):
                 if isinstance(result, Claimed):
                     # Claims need no state: the lease says all. A 1,000-job
                     # claim must not hold the state lock the applier waits for.
@@ -572,3 +574,17 @@ async def sample_forever(observer: Observer, tick: Callable[[], Any]) -> None:
             observer.sample_leader()
             await tick()
         await asyncio.sleep(SAMPLE_PERIOD_S)
+
+
+def _one_by_one(
+    commands: Sequence[object], results: Sequence[object]
+) -> Iterator[tuple[object, object]]:
+    """The (command, result) pairs of an entry, a lease batch's ops and claim
+    each as if it had come alone (its metrics and log lines are theirs)."""
+    for command, result in zip(commands, results, strict=False):
+        if type(command) is LeaseBatch and type(result) is BatchApplied:
+            yield from zip(command.ops, result.results, strict=False)
+            if command.claim is not None and result.claimed is not None:
+                yield command.claim, result.claimed
+        else:
+            yield command, result

@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from raftsched.core import encode_entry
-from raftsched.core.jobs.commands import ClaimJobs, SubmitJobs
+from raftsched.core.jobs.commands import ClaimJobs, LeaseBatch, SubmitJobs
+from raftsched.core.jobs.lease_batch import batch_size
 from raftsched.core.kernel.commands import Barrier, Command, Entry, Tick
 from raftsched.core.kernel.results import Result
 from raftsched.limits import PROPOSAL_QUEUE_BYTES_MAX, PROPOSAL_QUEUE_COMMANDS_MAX
@@ -83,6 +84,8 @@ def work_units(command: Command) -> int:
         return max(1, command.max_items)
     if isinstance(command, SubmitJobs):
         return max(1, len(command.specs))
+    if isinstance(command, LeaseBatch):  # its ops, and the jobs its claim may grant
+        return max(1, batch_size(command))
     return 1
 
 

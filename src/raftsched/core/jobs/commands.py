@@ -206,4 +206,19 @@ class RequestReconcile(Command):
     actor: str = "operator"
 
 
+# -- Lease batches (issue 18; since cluster version 6) -------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseBatch(Command):
+    """A worker's lease operations and its next claim as one command
+    (jobs.lease_batch): each of `ops` (StartJob, HeartbeatJob, CompleteJob,
+    FailJob or ReconcileJob) is applied in order exactly as if it came
+    alone, then `claim`, if any, so that the jobs just finished free their
+    slots for it. Nested commands hold no commands (one level only)."""
+
+    ops: tuple[Command, ...]
+    claim: ClaimJobs | None = None
+
+
 # -- Recurring schedules (issue 5) -------------------------------------------------

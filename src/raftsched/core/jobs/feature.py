@@ -17,6 +17,7 @@ from raftsched.core.jobs.commands import (
     Configure,
     FailJob,
     HeartbeatJob,
+    LeaseBatch,
     PauseQueue,
     ReconcileJob,
     RecordEffect,
@@ -30,6 +31,7 @@ from raftsched.core.jobs.commands import (
     SubmitJobs,
 )
 from raftsched.core.jobs.final_events import emit_job_event
+from raftsched.core.jobs.lease_batch import apply_lease_batch
 from raftsched.core.jobs.leases import (
     apply_claim,
     apply_complete,
@@ -150,6 +152,8 @@ FEATURE: Final = Feature(
             since=5,
             audit=audit.REQUEST_RECONCILE,
         ),
+        # Lease batches (jobs.lease_batch): 110-119.
+        CommandKind(LeaseBatch, 110, ("commands", "command?"), apply_lease_batch, since=6),
     ),
     field_kinds=(FieldKind("effect_results", _encode_effects, _decode_effects),),
     tick=(

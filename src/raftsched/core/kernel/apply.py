@@ -60,9 +60,29 @@ def apply_entry(state: State, entry: Entry, registry: Registry) -> list[Result]:
     results = [_apply_command(state, command, handlers, context) for command in entry.commands]
     # A bug in tidying touches derived data only, and Tick settles the heaps anyway.
     with suppress(Exception):
+        commands = _command_count(entry.commands, registry)
         for after_entry in registry.after_entry:
-            after_entry(state, len(entry.commands))
+            after_entry(state, commands)
     return results
+
+
+def apply_command(state: State, command: Command, context: Context) -> Result:
+    """Apply one command exactly as if it were the next command of the entry
+    being applied: its own savepoint (reset here), its handler, a raising
+    handler rolled back and recorded as `internal_error`. For the handler of
+    a command that carries commands (`jobs.lease_batch`); never raises."""
+    return _apply_command(state, command, context.registry.handlers, context)
+
+
+def _command_count(commands: tuple[Command, ...], registry: Registry) -> int:
+    """The entry's commands, a batch counted as the commands it carries (so
+    that tidying after it keeps pace with the leases its ops ended)."""
+    count = len(commands)
+    nested = registry.nested
+    for command in commands:
+        if type(command) in nested:
+            count += max(1, len(registry.inner_commands(command))) - 1
+    return count
 
 
 def _check_entry(entry: object) -> str | None:

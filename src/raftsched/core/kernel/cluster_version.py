@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from raftsched.core.kernel.codec import CodecError
-from raftsched.core.kernel.commands import Audited, Command, JobSpec, RaiseClusterVersion
+from raftsched.core.kernel.commands import Command, JobSpec, RaiseClusterVersion
 from raftsched.core.kernel.results import INVALID_REQUEST, Ack, Rejected
 from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
@@ -51,13 +51,16 @@ def cluster_version(state: State) -> int:
 
 
 def command_version(command: Command, registry: Registry) -> int:
-    """The version that introduced the command's kind; for an `Audited`
-    command, the higher of its own and its inner command's; at least
-    `SPEC_RECONCILE_VERSION` when a job spec inside sets the fields that
-    version added (older replicas cannot decode such a spec)."""
-    version = registry.command_versions[type(command)]
-    if type(command) is Audited and type(command.command) in registry.command_versions:
-        version = max(version, registry.command_versions[type(command.command)])
+    """The version that introduced the command's kind; for a command that
+    holds commands (`Audited`, `LeaseBatch`), the highest of its own and its
+    inner commands'; at least `SPEC_RECONCILE_VERSION` when a job spec
+    inside sets the fields that version added (older replicas cannot decode
+    such a spec)."""
+    versions = registry.command_versions
+    version = versions[type(command)]
+    if type(command) in registry.nested:
+        for inner in registry.inner_commands(command):
+            version = max(version, versions.get(type(inner), version))
     if version < SPEC_RECONCILE_VERSION and _sets_reconcile_fields(command):
         version = SPEC_RECONCILE_VERSION
     return version

@@ -60,8 +60,12 @@ STATE_FORMAT: Final = 3
 # The field kinds the kernel knows; a feature adds its own (`feature.FieldKind`).
 KERNEL_FIELD_KINDS: Final = (
     "int", "int?", "str", "str?", "bytes", "bytes?", "bool",
-    "strs", "specs", "backoff", "labels", "command",
+    "strs", "specs", "backoff", "labels", "command", "command?", "commands",
 )  # fmt: skip
+# The kinds that hold commands (`Audited`, `LeaseBatch`): each nested command
+# is encoded as its row in an entry is. One level only: a command of a kind
+# that holds commands may not itself be nested (refused on both sides).
+NESTING_KINDS: Final = ("command", "command?", "commands")
 _SPEC_KINDS: Final = (
     "str", "str", "bytes", "int", "int?", "int?", "int", "backoff",
     "int", "int?", "str?", "str?", "str?", "labels",
@@ -77,15 +81,20 @@ class CommandCodec:
     by type; type and per-field decoders by tag. Built once, so encoding or
     decoding a command is one dict lookup and a loop over its fields."""
 
-    __slots__ = ("by_type", "by_tag")
+    __slots__ = ("by_type", "by_tag", "nesting_types", "nesting_tags")
 
     def __init__(
         self,
         kinds: Iterable[tuple[type[Any], int, tuple[str, ...]]],
         custom: dict[str, tuple[Encode, Decode]],
     ) -> None:
+        kinds = list(kinds)
         self.by_type: dict[type[Any], tuple[int, tuple[str, ...], tuple[Encode | None, ...]]] = {}
         self.by_tag: dict[int, tuple[type[Any], tuple[Decode, ...]]] = {}
+        # The kinds that hold commands: never nested themselves.
+        nesting = [(cls, tag) for cls, tag, fields in kinds if set(fields) & set(NESTING_KINDS)]
+        self.nesting_types = frozenset(cls for cls, _ in nesting)
+        self.nesting_tags = frozenset(tag for _, tag in nesting)
         for cls, tag, field_kinds in kinds:
             for kind in field_kinds:
                 if kind not in KERNEL_FIELD_KINDS and kind not in custom:
@@ -98,27 +107,53 @@ class CommandCodec:
     def _encoder(self, kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Encode | None:
         if kind == "command":
             return self._nested_row
+        if kind == "command?":
+            return self._optional_row
+        if kind == "commands":
+            return self._nested_rows
         return _encoder(kind, custom)
 
     def _decoder(self, kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Decode:
         if kind == "command":
             return self._nested_command
+        if kind == "command?":
+            return self._optional_command
+        if kind == "commands":
+            return self._nested_commands
         return _decoder(kind, custom)
 
     def _nested_row(self, command: Command) -> list[Any]:
-        """A command inside a command (`Audited`): its row, as in an entry.
-        Only one level: a nested command may not itself nest one."""
-        if type(command) not in self.by_type:
-            raise CodecError(f"cannot encode {type(command).__name__}")
-        if any(encode == self._nested_row for encode in self.by_type[type(command)][2]):
+        """A command inside a command (`Audited`, `LeaseBatch`): its row, as
+        in an entry. Only one level: a nested command may not itself nest one."""
+        cls = type(command)
+        if cls not in self.by_type:
+            raise CodecError(f"cannot encode {cls.__name__}")
+        if cls in self.nesting_types:
             raise CodecError("a nested command cannot nest another")
         return _command_row(command, self)
 
+    def _optional_row(self, command: Command | None) -> list[Any] | None:
+        return None if command is None else self._nested_row(command)
+
+    def _nested_rows(self, commands: tuple[Command, ...]) -> list[list[Any]]:
+        if type(commands) is not tuple:
+            raise CodecError("nested commands must be a tuple")
+        return [self._nested_row(command) for command in commands]
+
     def _nested_command(self, row: object) -> Command:
-        command = _decode_command(row, self.by_tag)
-        if any(decode == self._nested_command for decode in self.by_tag[_tag_of(row)][1]):
+        # The tag is checked before anything inside is decoded, so a deep
+        # nest of rows fails at its second level, never in a recursion.
+        if type(row) is tuple and row and type(row[0]) is int and row[0] in self.nesting_tags:
             raise CodecError("a nested command cannot nest another")
-        return command
+        return _decode_command(row, self.by_tag)
+
+    def _optional_command(self, row: object) -> Command | None:
+        return None if row is None else self._nested_command(row)
+
+    def _nested_commands(self, rows: object) -> tuple[Command, ...]:
+        if type(rows) is not tuple:
+            raise CodecError("nested commands must be an array")
+        return tuple(self._nested_command(row) for row in rows)
 
 
 def _encoder(kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Encode | None:
@@ -210,11 +245,6 @@ def decode_entry(data: bytes, registry: Registry) -> Entry:
         raise CodecError("entry commands must be an array")
     by_tag = registry.codec.by_tag
     return Entry(epoch, now_ms, tuple(_decode_command(row, by_tag) for row in rows))
-
-
-def _tag_of(row: object) -> int:
-    assert type(row) is tuple and type(row[0]) is int  # _decode_command checked it
-    return row[0]
 
 
 def _decode_command(

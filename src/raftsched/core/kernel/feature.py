@@ -191,6 +191,7 @@ class Registry:
         "on_new_epoch",
         "after_entry",
         "hooks",
+        "nested",
     )
 
     def __init__(self, features: Sequence[Feature]) -> None:
@@ -229,6 +230,23 @@ class Registry:
         self.command_versions: dict[type[Any], int] = {kind.type: kind.since for kind in kinds}
         # The highest command version this code understands (and reports to its peers).
         self.command_version_max: int = max((kind.since for kind in kinds), default=1)
+        # The kinds that hold commands (`Audited`, `LeaseBatch`), and the
+        # names of their fields that do: see `inner_commands`.
+        self.nested: dict[type[Any], tuple[str, ...]] = {
+            kind.type: names
+            for kind in kinds
+            if (
+                names := tuple(
+                    name
+                    for name, field_kind in zip(
+                        kind.type.__dataclass_fields__,  # type: ignore[attr-defined]
+                        kind.fields,
+                        strict=True,
+                    )
+                    if field_kind in codec.NESTING_KINDS
+                )
+            )
+        }
         custom = {each.name: (each.encode, each.decode) for each in field_kinds}
         self.codec = codec.CommandCodec([(k.type, k.tag, k.fields) for k in kinds], custom)
         # Encoding order: sorted by name (never import or feature order).
@@ -244,6 +262,22 @@ class Registry:
             _present(feature.lease_inputs for feature in self.features),
             _present(feature.on_renamed for feature in self.features),
         )
+
+    def inner_commands(self, command: object) -> tuple[Command, ...]:
+        """The commands a command holds (an `Audited`'s one, a `LeaseBatch`'s
+        ops and claim), in field order; () for any other. Tolerates a
+        malformed command (fields of the wrong type hold nothing)."""
+        names = self.nested.get(type(command))
+        if names is None:
+            return ()
+        inner: list[Command] = []
+        for name in names:
+            value = getattr(command, name, None)
+            if isinstance(value, Command):
+                inner.append(value)
+            elif type(value) is tuple:
+                inner += (item for item in value if isinstance(item, Command))
+        return tuple(inner)
 
     def create_sections(self) -> dict[str, Any]:
         """Fresh, empty sections, in encoding order (what `new_state()` holds)."""

@@ -185,6 +185,16 @@ class EffectRecorded:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchApplied:
+    """A lease batch (jobs.lease_batch): each op's result, in order, exactly
+    what the op alone would have answered (a `Rejected` in the slot of one
+    that was refused), and the claim's result (None when it carried none)."""
+
+    results: tuple[Result, ...]
+    claimed: Result | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Ticked:
     """What one Tick did. `more` is True when `max_items` cut it short."""
 
@@ -299,4 +309,5 @@ Result = (
     | OccurrenceDecided
     | ScheduleBackfilled
     | TokenSaved
+    | BatchApplied
 )
