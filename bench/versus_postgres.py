@@ -57,7 +57,8 @@ window's two ends.
 
 Figures, per system and round (`rounds[i][system]`):
 
-- setup_s: time to set the system up (not measured otherwise).
+- loadavg: /proc/loadavg as the turn began (the machine is shared);
+  setup_s: time to set the system up; turn_s: the whole turn.
 - idle_submit.p50_ms / p99_ms: client round trip of one submit (an INSERT ...
   RETURNING id on Postgres) on the idle system.
 - <phase>.jobs_per_s: jobs completed in the window / the window's length
@@ -169,7 +170,7 @@ def make_system(name: str, home: Path, args: argparse.Namespace) -> System:
 def run_turn(system: System, home: Path, settings: phases.Settings, keep: bool) -> dict[str, Any]:
     """Set the system up, run every phase, tear it down. A failed phase is
     recorded as its `error` and the next one still runs."""
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"loadavg": loadavg()}
     started = time.monotonic()
     try:
         system.start()
@@ -199,6 +200,7 @@ def run_turn(system: System, home: Path, settings: phases.Settings, keep: bool) 
         system.stop()
         if not keep:
             shutil.rmtree(home, ignore_errors=True)
+    out["turn_s"] = round(time.monotonic() - started, 1)
     return out
 
 

@@ -34,10 +34,9 @@ def _process_table() -> dict[int, tuple[int, float]]:
     return table
 
 
-def _tree_cpu_s(table: dict[int, tuple[int, float]], roots: list[int]) -> float:
-    children: dict[int, list[int]] = {}
-    for pid, (parent, _) in table.items():
-        children.setdefault(parent, []).append(pid)
+def _tree_cpu_s(
+    table: dict[int, tuple[int, float]], children: dict[int, list[int]], roots: list[int]
+) -> float:
     seen: set[int] = set()
     stack = [pid for pid in roots if pid in table]
     total = 0.0
@@ -68,7 +67,10 @@ class Snapshot:
 
 def snapshot(roles: dict[str, list[int]]) -> Snapshot:
     table = _process_table()
-    cpu = {role: _tree_cpu_s(table, pids) for role, pids in roles.items()}
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _) in table.items():
+        children.setdefault(parent, []).append(pid)
+    cpu = {role: _tree_cpu_s(table, children, pids) for role, pids in roles.items()}
     return Snapshot(time.monotonic(), cpu, machine_busy_s())
 
 
