@@ -206,7 +206,7 @@ def run_turn(system: System, home: Path, settings: phases.Settings, keep: bool) 
 
 def short(figures: dict[str, Any]) -> str:
     if "error" in figures:
-        return "ERROR " + figures["error"].splitlines()[0][:300]
+        return "ERROR " + str(figures["error"]).splitlines()[0][:300]
     keys = ("jobs_per_s", "p50_ms", "p99_ms", "submit_p50_ms")
     text = ", ".join(f"{key} {figures[key]}" for key in keys if key in figures)
     if "cpu_ms_per_job" in figures:
