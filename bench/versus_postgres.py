@@ -97,6 +97,9 @@ Summaries:
   single_cpu_ms_per_job (the life cycle's total, every process) <= 1.0 x
   pg_quorum; idle_submit_p50_ms <= 2.0 x pg_quorum's; raftsched's
   due_to_lease_p99_ms < 50 (the earlier target, still to be met).
+- issue_table[system][figure]: the Postgres figures against the ranges the
+  issue measured on this machine (`measured`: low, high): the `median` here
+  and whether it is `within` 0.5 x low .. 2 x high, as the issue expects.
 
 The last line of output is one JSON object with all of the above, the
 settings, the filesystem, and /proc/loadavg before and after.
@@ -145,6 +148,23 @@ TARGETS = (
     ("idle_submit_p50_ms", "pg_quorum", "<=", 2.0),
 )
 DUE_TO_LEASE_P99_MAX_MS = 50.0
+# What issue 18 measured for the Postgres queue on this machine (low, high).
+ISSUE_TABLE: dict[str, dict[str, tuple[float, float]]] = {
+    "pg_quorum": {
+        "single_jobs_per_s": (590, 900),
+        "single_drain_jobs_per_s": (1150, 1470),
+        "idle_submit_p50_ms": (0.69, 0.78),
+        "idle_submit_p99_ms": (1.5, 1.9),
+        "single_drain_cpu_ms_per_job": (1.1, 1.5),
+    },
+    "pg_single": {
+        "single_jobs_per_s": (1750, 1950),
+        "single_drain_jobs_per_s": (2210, 2280),
+        "idle_submit_p50_ms": (0.32, 0.35),
+        "idle_submit_p99_ms": (0.8, 1.1),
+        "single_drain_cpu_ms_per_job": (0.74, 0.77),
+    },
+}
 REFUSED_FILESYSTEMS = ("tmpfs", "ramfs")
 
 
@@ -265,7 +285,14 @@ def summarize(rounds: list[dict[str, Any]], systems: list[str]) -> dict[str, Any
         "bound": DUE_TO_LEASE_P99_MAX_MS,
         "met": None if due is None else due < DUE_TO_LEASE_P99_MAX_MS,
     }
-    return {"medians": medians, "ratios": ratios, "targets": targets}
+    issue_table: dict[str, dict[str, Any]] = {}
+    for name in systems:
+        for key, (low, high) in ISSUE_TABLE.get(name, {}).items():
+            value = medians[name][key]
+            within = None if value is None else 0.5 * low <= value <= 2 * high
+            entry = {"measured": [low, high], "median": value, "within": within}
+            issue_table.setdefault(name, {})[key] = entry
+    return {"medians": medians, "ratios": ratios, "targets": targets, "issue_table": issue_table}
 
 
 def parse_args() -> argparse.Namespace:
