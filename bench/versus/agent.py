@@ -11,7 +11,9 @@ Roles, the same code for both systems over a `Backend`:
 - worker: claims (max_jobs 1, or BATCH), runs nothing, and completes. On
   raftsched: claim -> start -> complete per job with the client SDK, or
   the lease batch endpoint for the starts and then the completions of a
-  batched claim; with protocol "next" the completion carries the next claim.
+  batched claim; with protocol "next" the completion (or the batch of
+  completions) carries the next claim, sent through the client's `request`
+  in the wire format of docs/api.md, "The next claim".
   On Postgres: the one-statement claim, then the completion UPDATE (one row,
   or all rows of the claim in one statement). A Postgres claim that finds
   nothing sleeps `poll_s` (Postgres has no long-poll; raftsched's claim
@@ -77,7 +79,8 @@ class RaftschedBackend:
         self.batched = cfg.get("variant") == "batched"
         self.protocol = cfg.get("protocol", "single")
         self.queue = cfg.get("queue", "")
-        self.next_answers = 0
+        self.next_answers = 0  # completions answered with a `next`
+        self.next_missing = 0  # ... without one, or with its error
         self.fallback: str | None = None
 
     def submit_one(self, queue: str, payload: Any, due_ms: int | None = None) -> None:
@@ -102,68 +105,100 @@ class RaftschedBackend:
         return [_job(lease) for lease in leases]
 
     def finish(self, jobs: list[Job]) -> list[Job]:
+        """Start and complete `jobs`; the next jobs a completion claimed."""
         if self.batched:
-            for op in ("start", "complete"):
-                self._lease_batch(op, jobs)
-            return []
+            self._lease_batch("start", jobs)
+            return self._lease_batch("complete", jobs)
         upcoming: list[Job] = []
         for job in jobs:
             self.client.start(job.id, job.token)
-            if self.protocol == "next" and self.fallback is None:
-                upcoming += self._complete_with_next(job)
-            else:
-                self.client.complete(job.id, job.token, RESULT)
+            upcoming += self._complete(job)
         return upcoming
 
-    def _lease_batch(self, op: str, jobs: list[Job]) -> None:
-        from raftsched.client import item_error
+    def _next_on(self) -> bool:
+        return self.protocol == "next" and self.fallback is None
 
+    def _complete(self, job: Job) -> list[Job]:
+        if self._next_on():
+            body = {"fencing_token": job.token, "result": RESULT}
+            answer = self._with_next(f"/v1/leases/{job.id}/complete", body, 1)
+            if answer is not None:
+                return self._next_jobs(answer)
+        self.client.complete(job.id, job.token, RESULT)
+        return []
+
+    def _lease_batch(self, op: str, jobs: list[Job]) -> list[Job]:
+        """One POST /v1/leases/batch of `op` for every job; the completions
+        carry the next claim with protocol "next"."""
         extra = {"result": RESULT} if op == "complete" else {}
         ops = [{"op": op, "job_id": j.id, "fencing_token": j.token} | extra for j in jobs]
-        errors = [e for e in map(item_error, self.client.lease_batch(ops)) if e is not None]
+        if op == "complete" and self._next_on():
+            answer = self._with_next("/v1/leases/batch", {"ops": ops}, BATCH)
+            if answer is not None:
+                self._check_results(op, answer.get("results"))
+                return self._next_jobs(answer)
+        self._check_results(op, self.client.lease_batch(ops))
+        return []
+
+    def _check_results(self, op: str, results: Any) -> None:
+        from raftsched.client import item_error
+
+        if not isinstance(results, list):
+            raise RuntimeError(f"lease batch {op}: no results in the answer")
+        errors = [e for e in map(item_error, results) if e is not None]
         if errors:
             raise RuntimeError(f"lease batch {op}: {len(errors)} errors, first {errors[0]}")
 
-    def _complete_with_next(self, job: Job) -> list[Job]:
-        """POST /v1/leases/{id}/complete with `next`: the outcome and the next
-        leases in one round trip. A node that does not know `next` (400 on
-        that field) or a cluster whose version gate is closed (409, upgrade
-        first) refused the whole request: complete in the single form and
-        stay with it."""
+    def _with_next(self, path: str, body: dict[str, Any], max_jobs: int) -> Any:
+        """POST `body` plus `next` (docs/api.md, "The next claim") through the
+        client's request method; the answer, or None when the node refused
+        `next` (a node of 0.5.0 or earlier: 400 with field `next`; a closed
+        version gate: 409, upgrade first). A refused request applied nothing:
+        the caller sends the plain form, and this worker stays with it."""
         from raftsched.client import Conflict, InvalidRequest
 
-        body = {
-            "fencing_token": job.token,
-            "result": RESULT,
-            "next": {"queues": [self.queue], "max_jobs": 1, "wait_s": WAIT_S},
-        }
-        path = f"/v1/leases/{job.id}/complete"
+        claim: dict[str, Any] = {"queues": [self.queue], "max_jobs": max_jobs, "wait_s": WAIT_S}
+        if self.batched:
+            claim["worker_id"] = self.worker_id  # a lease batch needs it
         try:
-            answer = self.client.request("POST", path, body=body, retry_unknown=True).json()
+            return self.client.request(
+                "POST", path, body=body | {"next": claim}, retry_unknown=True
+            ).json()
         except InvalidRequest as error:
-            if not str(error.details.get("field", "")).startswith("next"):
+            if error.details.get("field") != "next":
                 raise
             self.fallback = f"400 {error}"
         except Conflict as error:
             if "upgrade" not in error.message:
                 raise
             self.fallback = f"409 {error}"
-        else:
-            if isinstance(answer, dict) and isinstance(answer.get("next"), dict):
-                self.next_answers += 1
-                return [_job(lease) for lease in answer["next"].get("leases", [])]
+        return None
+
+    def _next_jobs(self, answer: Any) -> list[Job]:
+        """The leases of the answer's `next`; none if the claim failed
+        (`"next": {"error": ...}`, the operation stands) or the node left it out."""
+        found = answer.get("next") if isinstance(answer, dict) else None
+        leases = found.get("leases") if isinstance(found, dict) else None
+        if not isinstance(leases, list):
+            self.next_missing += 1
             return []
-        self.client.complete(job.id, job.token, RESULT)
-        return []
+        self.next_answers += 1
+        return [_job(lease) for lease in leases]
 
     def idle(self) -> None:
         pass  # the claim already waited on the node
 
     def figures(self) -> dict[str, Any]:
+        plain = "lease_batch" if self.batched else "single"
         if self.protocol != "next":
-            return {"protocol_used": "single"}
-        used = "next" if self.next_answers and self.fallback is None else "single"
-        return {"protocol_used": used, "next_answers": self.next_answers, "fallback": self.fallback}
+            return {"protocol_used": plain}
+        used = f"{plain}+next" if self.next_answers and self.fallback is None else plain
+        return {
+            "protocol_used": used,
+            "next_answers": self.next_answers,
+            "next_missing": self.next_missing,
+            "fallback": self.fallback,
+        }
 
 
 def _job(lease: dict[str, Any]) -> Job:
