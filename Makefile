@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck diagrams check mutate bench bench-core bench-cluster bench-schedules bench-hot-minute chaos chaos-long clean
+.PHONY: dev test lint typecheck diagrams check mutate bench bench-core bench-cluster bench-schedules bench-hot-minute bench-versus-postgres chaos chaos-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,12 @@ bench-schedules: $(STAMP)
 
 bench-hot-minute: $(STAMP)
 	$(PY) bench/hot_minute.py $(BENCH_ARGS)
+
+## raftsched against a Postgres queue (primary + 2 quorum standbys, and one
+## node), interleaved rounds (~20 min; needs Debian's postgresql package).
+## Not part of `make bench`. E.g. BENCH_ARGS="--quick" or "--protocol next".
+bench-versus-postgres: $(STAMP)
+	$(PY) bench/versus_postgres.py $(BENCH_ARGS)
 
 ## Seeded chaos campaign (root: network namespaces, iptables, libfaketime). docs/chaos.md
 SEED     ?= 1
