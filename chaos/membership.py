@@ -41,6 +41,31 @@ def leader_view(cluster: NsCluster) -> dict[str, Any] | None:
     return None if leader is None else view(cluster, leader)
 
 
+def settled_leader_view(cluster: NsCluster) -> dict[str, Any] | None:
+    """The leader's view once everything committed before is applied there.
+
+    A change whose answer was lost when leadership moved may still be in the
+    new leader's log, uncommitted: Raft commits an earlier term's entries
+    only with the new term's first one. A linearizable read makes the leader
+    commit a barrier of its own term first, so afterwards the change is
+    either applied in its view or can never commit. Without it the nemesis
+    once noted a removal as refused that committed a moment later."""
+    leader = cluster.leader_id()
+    if leader is None:
+        return None
+    try:
+        status, _, _ = http_json(
+            "GET",
+            cluster.nodes[leader].http_url + "/v1/jobs?limit=1&consistency=linearizable",
+            timeout_s=5.0,
+            context=cluster.ssl_context,
+            token=cluster.admin_token,
+        )
+    except OSError:
+        return None
+    return view(cluster, leader) if status == 200 else None
+
+
 def members_in(found: dict[str, Any]) -> list[str]:
     """The ids a /v1/cluster answer lists as members (any status but removed)."""
     return sorted(n["id"] for n in found.get("nodes", []) if n.get("status") != "removed")
@@ -152,7 +177,7 @@ class Changes:
         deadline = time.monotonic() + 30
         member: bool | None = None
         while time.monotonic() < deadline and member is None:
-            found = leader_view(self.cluster)
+            found = settled_leader_view(self.cluster)
             if found is not None:
                 member = node_id in members_in(found)
             elif self.stop.wait(0.5):
