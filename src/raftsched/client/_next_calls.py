@@ -20,7 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from raftsched.client._calls import Call, JsonObject, Response, _json_object, _segment
-from raftsched.client._errors import ApiError, InvalidRequest, TransportError, item_error
+from raftsched.client._errors import (
+    InvalidRequest,
+    RaftschedError,
+    TransportError,
+    item_error,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +69,7 @@ class NextLeases:
     the leader's queue full...). The operation's own outcome stands either way."""
 
     leases: list[JsonObject] = field(default_factory=list)
-    error: ApiError | None = None
+    error: RaftschedError | None = None
 
 
 def next_refused(error: BaseException) -> bool:
@@ -73,15 +78,15 @@ def next_refused(error: BaseException) -> bool:
 
 
 def _next_leases(response: Response, body: JsonObject) -> NextLeases:
+    """`next` of an answer. A malformed one is an error of the claim alone:
+    the operation's outcome, in the same answer, stands."""
     answer = body.pop("next", None)
-    if not isinstance(answer, dict):
-        raise TransportError(f"answer from {response.url} lacks 'next'")
-    problem = item_error(answer)
+    problem = item_error(answer) if isinstance(answer, dict) else None
     if problem is not None:
         return NextLeases([], problem)
-    leases = answer.get("leases")
-    if not isinstance(leases, list):
-        raise TransportError(f"answer from {response.url} has no next leases")
+    leases = answer.get("leases") if isinstance(answer, dict) else None
+    if not isinstance(leases, list) or not all(isinstance(lease, dict) for lease in leases):
+        return NextLeases([], TransportError(f"answer from {response.url} has no next leases"))
     return NextLeases(leases)
 
 
