@@ -5,21 +5,31 @@ fewer claim requests than jobs."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
 
 import pytest
+from e2e_support import cluster_env
 
+from raftsched import child_processes
 from raftsched.client import (
     Client,
     Forbidden,
     InvalidRequest,
     LeaseLost,
+    item_error,
+    job_request,
     next_claim,
 )
 from raftsched.testing import LocalCluster, metrics_text
+
+BACKLOG_JOBS = 200
 
 
 def _leased(
@@ -214,11 +224,61 @@ def test_bad_next_fields_are_400_naming_them(client: Client) -> None:
 
 
 def _requests(cluster: LocalCluster, route: str) -> float:
-    """POSTs to `route` answered by every node, from their /metrics."""
+    """POSTs to `route` answered 200 by any node (a redirect is not counted:
+    the leader answers the request again), from the nodes' /metrics."""
     pattern = re.compile(
-        r'^raftsched_http_request_seconds_count\{[^}]*method="POST"[^}]*route="'
+        r'^raftsched_http_request_duration_seconds_count\{method="POST",route="'
         + re.escape(route)
-        + r'"[^}]*\} (\S+)$',
+        + r'",status="200"\} (\S+)$',
         re.M,
     )
     return sum(float(count) for url in cluster.urls for count in pattern.findall(metrics_text(url)))
+
+
+def test_the_sdk_worker_drains_a_backlog_with_few_claim_requests(
+    cluster: LocalCluster, client: Client
+) -> None:
+    """Each finished job's report claims its slot's next job, so the worker
+    process sends a handful of `POST /v1/leases`, not one per job."""
+    requests = [job_request("nx-drain", {"n": n}) for n in range(BACKLOG_JOBS)]
+    answers = client.submit_batch(requests)
+    assert [item_error(answer) for answer in answers] == [None] * BACKLOG_JOBS
+    claims_before = _requests(cluster, "/v1/leases")
+    batches_before = _requests(cluster, "/v1/leases/batch")
+    log_path = cluster.root / "worker-drain.log"
+    with log_path.open("ab") as log:
+        worker = child_processes.popen(
+            [sys.executable, "-m", "raftsched", "worker", "--queue", "nx-drain",
+             "--handler", "tests.e2e.handlers:echo", "--concurrency", "4",
+             "--worker-id", "w-drain", "--poll-wait-s", "2", "--shutdown-grace-s", "5",
+             "--url", ",".join(cluster.urls)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **cluster_env()},
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while _succeeded(client, "nx-drain") < BACKLOG_JOBS:
+            assert worker.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{_succeeded(client, 'nx-drain')} succeeded"
+            time.sleep(0.5)
+        claims = _requests(cluster, "/v1/leases") - claims_before
+        batches = _requests(cluster, "/v1/leases/batch") - batches_before
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+    print(f"{BACKLOG_JOBS} jobs: {claims:.0f} claim requests, {batches:.0f} lease batches")
+    assert 1 <= claims <= BACKLOG_JOBS / 20, claims
+    assert batches >= BACKLOG_JOBS / 100, batches  # the reports, with their next claims
+    # Every job ran once, started before its handler: claimed, then running.
+    jobs = client.list_jobs(queue="nx-drain", limit=1000)["jobs"]
+    assert len(jobs) == BACKLOG_JOBS
+    for job in jobs:
+        assert job["result"] == job["payload"]
+        (attempt,) = job["attempts"]
+        assert attempt["worker_id"] == "w-drain" and attempt["started_at"] is not None
+    log_text = log_path.read_text()
+    assert '"level": "error"' not in log_text and "Traceback" not in log_text, log_text[-3000:]
+    assert "does not take next claims" not in log_text
+
+
+def _succeeded(client: Client, queue: str) -> int:
+    return len(client.list_jobs(queue=queue, status="succeeded", limit=1000)["jobs"])
