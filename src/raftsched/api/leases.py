@@ -8,6 +8,14 @@ exactly as for a job or effect that does not exist.
 Every operation here is fenced: the core accepts it only with the job's
 current lease token, so a retry after an unknown outcome is safe, and a
 worker whose lease moved on gets `409 lease_lost` and changes nothing.
+
+`complete`, `fail` and the lease batch may carry the next claim (`next`,
+docs/api.md "The next claim"): validated and scoped as a claim is, before
+anything is proposed, and proposed after the operations by
+`node.lease_ops.propose_lease_ops`. A single operation that is rejected is
+answered with its error and claims nothing; a claim that fails after the
+operation committed is answered inside `next`, the operation's outcome
+standing.
 """
 
 from __future__ import annotations
