@@ -95,8 +95,9 @@ CLAIM_FIELDS = frozenset({"worker_id", "queues", "max_jobs", "wait_s", "lease_s"
 @routes.post("/v1/leases")
 async def claim(request: web.Request) -> web.Response:
     body = require_object(await read_json(request))
-    wanted = _claim_request(request, body, prefix="", worker_required=True)
+    wanted = claim_request(body, prefix="", worker_required=True)
     assert wanted.worker_id is not None
+    scope.require_queues(request, wanted.queues)
     node = node_of(request)
     outcome = await node.claim(
         wanted.worker_id, wanted.queues, wanted.max_jobs, wanted.wait_s, wanted.lease_ms
@@ -106,8 +107,7 @@ async def claim(request: web.Request) -> web.Response:
     return json_response({"leases": _granted(node, outcome)})
 
 
-def _claim_request(
-    request: web.Request,
+def claim_request(
     body: Mapping[str, Any],
     *,
     prefix: str,
@@ -115,8 +115,7 @@ def _claim_request(
     after_success_only: bool = False,
 ) -> ClaimRequest:
     """A claim's fields, at the top of `POST /v1/leases` or as `next` (with
-    `prefix` "next."): 400 naming the field, then 403 for a queue outside the
-    caller's queues."""
+    `prefix` "next."), or 400 naming the field."""
     reject_unknown(body, CLAIM_FIELDS, prefix)
     worker_id = string(body, "worker_id", required=worker_required, prefix=prefix)
     queues = body.get("queues")
@@ -129,31 +128,32 @@ def _claim_request(
     max_jobs = integer(body, "max_jobs", 1, CLAIM_JOBS_MAX, prefix=prefix) or 1
     wait_ms = seconds_ms(body, "wait_s", 0, WAIT_S_MAX, prefix=prefix) or 0
     lease_ms = seconds_ms(body, "lease_s", LEASE_S_MIN, LEASE_S_MAX, prefix=prefix)
-    scope.require_queues(request, queues)
     return ClaimRequest(
         tuple(dict.fromkeys(queues)), max_jobs, wait_ms / 1000, lease_ms, worker_id,
         after_success_only,
     )  # fmt: skip
 
 
-def _next_request(
-    request: web.Request,
-    body: Mapping[str, Any],
-    *,
-    worker_required: bool,
-    after_success_only: bool,
+def next_request(
+    body: Mapping[str, Any], *, worker_required: bool, after_success_only: bool
 ) -> ClaimRequest | None:
-    """The claim that rides on lease operations (`next`), if asked for."""
+    """The claim that rides on lease operations (`next`), if asked for, or 400."""
     raw = body.get("next")
     if raw is None:
         return None
-    return _claim_request(
-        request,
+    return claim_request(
         require_object(raw, "next"),
         prefix="next.",
         worker_required=worker_required,
         after_success_only=after_success_only,
     )
+
+
+def _scoped(request: web.Request, wanted: ClaimRequest | None) -> ClaimRequest | None:
+    """403 for a next claim of a queue outside the caller's queues."""
+    if wanted is not None:
+        scope.require_queues(request, wanted.queues)
+    return wanted
 
 
 def _granted(node: NodeView, leases: Sequence[Lease]) -> list[dict[str, Any]]:
@@ -258,8 +258,9 @@ def _op_route(op: str) -> None:
         node = node_of(request)
         body = unsafe.ignore_fencing(node, job_id, body)  # negative control only
         command = _command_for(node, op, job_id, body, also_allowed=also_allowed)
-        wanted = _next_request(request, body, worker_required=False, after_success_only=True)
+        wanted = next_request(body, worker_required=False, after_success_only=True)
         scope.require_lease_job(request, job_id)
+        _scoped(request, wanted)
         if wanted is None:
             result = await node.propose(command, body_bytes(request))
             return json_response(_answer(request, op, result))
@@ -288,7 +289,7 @@ async def lease_batch(request: web.Request) -> web.Response:
     if not isinstance(ops, list) or not 1 <= len(ops) <= LEASE_BATCH_OPS_MAX:
         raise invalid("ops", f"must be a list of 1 to {LEASE_BATCH_OPS_MAX} operations")
     # A batch may hold leases of several workers' ids: its claim names its own.
-    wanted = _next_request(request, body, worker_required=True, after_success_only=False)
+    wanted = _scoped(request, next_request(body, worker_required=True, after_success_only=False))
     node = node_of(request)
     if not node.is_leader:
         raise NotLeader()
