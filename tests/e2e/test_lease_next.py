@@ -5,6 +5,7 @@ fewer claim requests than jobs."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -12,10 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import cluster_env
+from e2e_support import cluster_env, release_tree
 
 from raftsched import child_processes
 from raftsched.client import (
@@ -26,10 +28,14 @@ from raftsched.client import (
     item_error,
     job_request,
     next_claim,
+    next_refused,
 )
 from raftsched.testing import LocalCluster, metrics_text
 
 BACKLOG_JOBS = 200
+# The release before `next`: its nodes answer it 400, field `next`.
+OLD_RELEASE = "v0.5.0"
+OLD_RELEASE_COMMIT = "ef9f73e2e90260555fc49bc7c2f8d797bb49bf90"
 
 
 def _leased(
@@ -246,25 +252,13 @@ def test_the_sdk_worker_drains_a_backlog_with_few_claim_requests(
     claims_before = _requests(cluster, "/v1/leases")
     batches_before = _requests(cluster, "/v1/leases/batch")
     log_path = cluster.root / "worker-drain.log"
-    with log_path.open("ab") as log:
-        worker = child_processes.popen(
-            [sys.executable, "-m", "raftsched", "worker", "--queue", "nx-drain",
-             "--handler", "tests.e2e.handlers:echo", "--concurrency", "4",
-             "--worker-id", "w-drain", "--poll-wait-s", "2", "--shutdown-grace-s", "5",
-             "--url", ",".join(cluster.urls)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **cluster_env()},
-        )  # fmt: skip
+    worker = _start_worker(cluster, "nx-drain", log_path)
     try:
-        deadline = time.monotonic() + 120
-        while _succeeded(client, "nx-drain") < BACKLOG_JOBS:
-            assert worker.poll() is None, log_path.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"{_succeeded(client, 'nx-drain')} succeeded"
-            time.sleep(0.5)
+        _wait_drained(client, "nx-drain", BACKLOG_JOBS, worker, log_path)
         claims = _requests(cluster, "/v1/leases") - claims_before
         batches = _requests(cluster, "/v1/leases/batch") - batches_before
     finally:
-        worker.send_signal(signal.SIGTERM)
-        worker.wait(timeout=30)
+        _stop(worker)
     print(f"{BACKLOG_JOBS} jobs: {claims:.0f} claim requests, {batches:.0f} lease batches")
     assert 1 <= claims <= BACKLOG_JOBS / 20, claims
     assert batches >= BACKLOG_JOBS / 100, batches  # the reports, with their next claims
@@ -276,9 +270,87 @@ def test_the_sdk_worker_drains_a_backlog_with_few_claim_requests(
         (attempt,) = job["attempts"]
         assert attempt["worker_id"] == "w-drain" and attempt["started_at"] is not None
     log_text = log_path.read_text()
+    assert '"level": "info"' in log_text  # the worker's JSON lines, as read here
     assert '"level": "error"' not in log_text and "Traceback" not in log_text, log_text[-3000:]
     assert "does not take next claims" not in log_text
 
 
 def _succeeded(client: Client, queue: str) -> int:
     return len(client.list_jobs(queue=queue, status="succeeded", limit=1000)["jobs"])
+
+
+def _start_worker(cluster: LocalCluster, queue: str, log_path: Path) -> subprocess.Popen[bytes]:
+    """A worker process of today's SDK, four slots, next claims on (the default)."""
+    with log_path.open("ab") as log:
+        return child_processes.popen(
+            [sys.executable, "-m", "raftsched", "worker", "--queue", queue,
+             "--handler", "tests.e2e.handlers:echo", "--concurrency", "4",
+             "--worker-id", "w-drain", "--poll-wait-s", "2", "--shutdown-grace-s", "5",
+             "--url", ",".join(cluster.urls)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **cluster_env()},
+        )  # fmt: skip
+
+
+def _wait_drained(
+    client: Client, queue: str, jobs: int, worker: subprocess.Popen[bytes], log_path: Path
+) -> None:
+    deadline = time.monotonic() + 120
+    while _succeeded(client, queue) < jobs:
+        assert worker.poll() is None, log_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"{_succeeded(client, queue)} succeeded"
+        time.sleep(0.5)
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        raise
+
+
+@pytest.mark.slow
+def test_on_a_cluster_of_the_previous_release_the_worker_claims_separately(
+    tmp_path: Path,
+) -> None:
+    """Nodes of v0.5.0 refuse `next` (400, field `next`) and apply nothing:
+    the SDK worker sends each refused batch again plain, says so once at
+    warning level, and drains the queue with claims of its own."""
+    source = release_tree(OLD_RELEASE, OLD_RELEASE_COMMIT, tmp_path / "old") / "src"
+    cluster = LocalCluster(tmp_path / "cluster", size=3, env=cluster_env())
+    for node in cluster.nodes.values():
+        node.source_dir = source
+    cluster.start()
+    try:
+        cluster.wait_for_leader(timeout_s=60)
+        cluster.wait_for_auth(timeout_s=60)
+        with Client(cluster.urls, timeout_s=10, retry_budget_s=30) as client:
+            assert "NextClaim" not in client.request("GET", "/openapi.json").text()  # old code
+            lease = _leased(client, "nx-old")
+            with pytest.raises(InvalidRequest) as refused:
+                client.complete(
+                    lease["job_id"], lease["fencing_token"], next_claim=next_claim("nx-old")
+                )
+            assert next_refused(refused.value)
+            assert client.get_job(lease["job_id"])["status"] == "running"  # nothing applied
+            client.complete(lease["job_id"], lease["fencing_token"])
+
+            jobs = 40
+            answers = client.submit_batch([job_request("nx-old", {"n": n}) for n in range(jobs)])
+            assert [item_error(answer) for answer in answers] == [None] * jobs
+            log_path = tmp_path / "worker-old.log"
+            worker = _start_worker(cluster, "nx-old", log_path)
+            try:
+                _wait_drained(client, "nx-old", jobs + 1, worker, log_path)
+            finally:
+                _stop(worker)
+            drained = client.list_jobs(queue="nx-old", limit=1000)["jobs"]
+            for job in (job for job in drained if job["id"] != lease["job_id"]):
+                assert len(job["attempts"]) == 1 and job["result"] == job["payload"]
+        log_text = log_path.read_text()
+        (refusal,) = [line for line in log_text.splitlines() if "does not take next" in line]
+        assert json.loads(refusal)["level"] == "warning"
+        assert '"level": "error"' not in log_text and "Traceback" not in log_text
+    finally:
+        cluster.stop()
