@@ -114,6 +114,9 @@ class Worker:
         self._slot_freed: asyncio.Event | None = None
         # Slots that claims in flight (the claim loop's, next claims) may fill.
         self._reserved = 0
+        # Jobs whose report, carrying a next claim, is in flight: their slots
+        # are that claim's to fill, though the jobs still count as running.
+        self._finishing = 0
         self._next_claims = config.next_claims
         # While running: what launching a lease needs.
         self._session: tuple[AsyncClient, LeaseBatcher] | None = None
@@ -225,15 +228,17 @@ class Worker:
     # -- next claims (called by the batcher through _Refill) -------------------
 
     def _ask_next(self, ops: Sequence[JsonObject]) -> NextClaim | None:
-        """The next claim for a batch that reports `finishing` jobs: as many
-        jobs as will be free once they end, unless stopping or turned off."""
-        finishing = sum(1 for op in ops if op.get("op") in FINISHING_OPS)
+        """The next claim for a batch that reports finished jobs: as many jobs
+        as will be free once they and the others reported meanwhile end,
+        unless stopping or turned off."""
+        finishing = _finishing(ops)
         if not finishing or not self._next_claims or self._stopping_now():
             return None
-        wanted = min(self._free_slots() + finishing, CLAIM_JOBS_MAX)
+        wanted = min(self._free_slots() + self._finishing + finishing, CLAIM_JOBS_MAX)
         if wanted <= 0:
             return None
         self._reserved += wanted
+        self._finishing += finishing
         config = self.config
         return next_claim(
             self.queues,
@@ -243,8 +248,11 @@ class Worker:
             worker_id=config.worker_id,
         )
 
-    def _next_granted(self, claim: NextClaim, leases: list[JsonObject], sent_at: float) -> None:
+    def _next_granted(
+        self, ops: Sequence[JsonObject], claim: NextClaim, leases: list[JsonObject], sent_at: float
+    ) -> None:
         self._reserved -= claim.max_jobs
+        self._finishing -= _finishing(ops)
         for data in leases:
             if self._session is None or self._stopping_now():
                 log.warning(
@@ -345,6 +353,10 @@ class Worker:
             await asyncio.wait(set(self._runs), timeout=self.config.timeout_s * 2)
 
 
+def _finishing(ops: Sequence[JsonObject]) -> int:
+    return sum(1 for op in ops if op.get("op") in FINISHING_OPS)
+
+
 class _Refill:
     """The worker as the batcher's `NextClaims`."""
 
@@ -354,8 +366,14 @@ class _Refill:
     def ask(self, ops: Sequence[JsonObject]) -> NextClaim | None:
         return self._worker._ask_next(ops)
 
-    def granted(self, claim: NextClaim, leases: list[JsonObject], sent_at: float) -> None:
-        self._worker._next_granted(claim, leases, sent_at)
+    def granted(
+        self,
+        ops: Sequence[JsonObject],
+        claim: NextClaim,
+        leases: list[JsonObject],
+        sent_at: float,
+    ) -> None:
+        self._worker._next_granted(ops, claim, leases, sent_at)
 
     def refused(self, error: InvalidRequest) -> None:
         self._worker._next_refused(error)

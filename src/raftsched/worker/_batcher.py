@@ -44,9 +44,15 @@ class NextClaims(Protocol):
         """The claim to send with these ops, or None."""
         ...
 
-    def granted(self, claim: NextClaim, leases: list[JsonObject], sent_at: float) -> None:
-        """The leases `claim` brought (none if the request failed); `sent_at`
-        is the monotonic time the request was sent."""
+    def granted(
+        self,
+        ops: Sequence[JsonObject],
+        claim: NextClaim,
+        leases: list[JsonObject],
+        sent_at: float,
+    ) -> None:
+        """The leases `claim`, asked for with `ops`, brought (none if the
+        request failed); `sent_at` is the monotonic time the request was sent."""
         ...
 
     def refused(self, error: InvalidRequest) -> None:
@@ -106,18 +112,18 @@ class LeaseBatcher:
             if len(results) != len(batch):
                 raise TransportError(f"lease batch of {len(batch)} got {len(results)} results")
         except Exception as error:  # every op learns the same failure
-            self._hand_over(claim, granted, sent_at)
+            self._hand_over(ops, claim, granted, sent_at)
             log.warning("lease batch failed", extra={"ops": len(batch), "error": str(error)})
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)
             return
         except BaseException:  # cancelled (close): the claim's slots are free again
-            self._hand_over(claim, granted, sent_at)
+            self._hand_over(ops, claim, granted, sent_at)
             raise
         # The leases first: a job whose report is answered frees its slot, and
         # the slots the new leases fill must already be counted.
-        self._hand_over(claim, granted, sent_at)
+        self._hand_over(ops, claim, granted, sent_at)
         for (_, future), result in zip(batch, results, strict=True):
             if future.done():  # the job stopped waiting (cancelled)
                 continue
@@ -145,9 +151,15 @@ class LeaseBatcher:
             log.info("next claim not made", extra={"error": str(next_leases.error)})
         return results, next_leases.leases
 
-    def _hand_over(self, claim: NextClaim | None, leases: list[JsonObject], sent_at: float) -> None:
+    def _hand_over(
+        self,
+        ops: list[JsonObject],
+        claim: NextClaim | None,
+        leases: list[JsonObject],
+        sent_at: float,
+    ) -> None:
         if claim is not None and self._next_claims is not None:
-            self._next_claims.granted(claim, leases, sent_at)
+            self._next_claims.granted(ops, claim, leases, sent_at)
 
     async def close(self) -> None:
         """Send what is waiting and wait for the batches someone still awaits;

@@ -59,6 +59,25 @@ def test_a_backlog_drains_through_next_claims_within_the_concurrency() -> None:
     run(scenario)
 
 
+def test_reports_in_flight_together_each_claim_their_own_slots() -> None:
+    """Reports overlap (each its own batch, each answered 50 ms later): every
+    one still claims its job's slot, and the slots are never oversubscribed."""
+    handler, peak = _peak_tracking_handler()
+
+    async def scenario(fake: FakeLeases) -> None:
+        fake.next_delay_s = 0.05
+        for n in range(40):
+            fake.add(f"job_{n:02}", {"n": n})
+        async with running_worker(fake, handler, concurrency=4, batch_linger_s=0.0):
+            await fake.wait_for(lambda: all(j.status == "succeeded" for j in fake.jobs.values()))
+            claims_to_drain = fake.claims
+        assert peak[0] <= 4
+        assert claims_to_drain <= 3, claims_to_drain
+        assert max(len(batch) for batch in fake.batches) >= 1
+
+    run(scenario)
+
+
 def test_an_old_cluster_turns_next_claims_off_and_loses_no_op(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -126,7 +145,13 @@ class Recorder:
         self.events.append(("ask", [op["op"] for op in ops]))
         return next_claim("q", max_jobs=1, worker_id="w-rec")
 
-    def granted(self, claim: NextClaim, leases: list[JsonObject], sent_at: float) -> None:
+    def granted(
+        self,
+        ops: Sequence[JsonObject],
+        claim: NextClaim,
+        leases: list[JsonObject],
+        sent_at: float,
+    ) -> None:
         self.events.append(("granted", [lease["job_id"] for lease in leases]))
 
     def refused(self, error: InvalidRequest) -> None:
