@@ -245,7 +245,8 @@ def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
     raise ApiError("internal_error", f"unexpected result {type(result).__name__}")
 
 
-# The operations that end a lease may carry the next claim (`next`).
+# The operations that end a job's attempt may carry the next claim (`next`);
+# start, heartbeat and reconcile answer it 400 as an unknown field.
 NEXT_OPS = frozenset({"complete", "fail"})
 
 
