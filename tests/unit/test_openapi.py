@@ -174,6 +174,7 @@ REJECTED_BODIES: list[tuple[str, Any]] = [
     # a batch's claim names its worker too.
     ("startLease", {"fencing_token": 1, "next": {"queues": ["q"]}}),
     ("heartbeatLease", {"fencing_token": 1, "next": {"queues": ["q"]}}),
+    ("reconcileLease", {"fencing_token": 1, "decision": "cannot_tell", "next": {"queues": ["q"]}}),
     ("completeLease", {"fencing_token": 1, "next": {"max_jobs": 1}}),
     ("failLease", {"fencing_token": 1, "error": {"kind": "transient"},
                    "next": {"queues": ["q"], "wait_s": 61}}),
