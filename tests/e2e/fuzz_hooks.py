@@ -1,12 +1,13 @@
 """Hooks the schema fuzzer loads (test_fuzz_api.py names this module in its config).
 
-Two operations long-poll: `GET /v1/events` and `POST /v1/leases` wait up to
-`wait_s` (at most 60 s) for something to answer. A fuzzer that picks valid
-waits at random would spend its whole time budget waiting, so a valid wait is
-shortened to `LONG_POLL_S_MAX` before the request is sent. Values outside the
-documented range, and values of the wrong type, are sent as generated: those
-must still be rejected at once. Query values arrive as numbers or, in the
-coverage phase, as the strings that will be sent.
+Some operations long-poll: `GET /v1/events` and `POST /v1/leases` wait up to
+`wait_s` (at most 60 s) for something to answer, and so does the claim that
+complete, fail and the lease batch may carry (`next.wait_s`). A fuzzer that
+picks valid waits at random would spend its whole time budget waiting, so a
+valid wait is shortened to `LONG_POLL_S_MAX` before the request is sent.
+Values outside the documented range, and values of the wrong type, are sent
+as generated: those must still be rejected at once. Query values arrive as
+numbers or, in the coverage phase, as the strings that will be sent.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def _shortened(container: Any) -> None:
 def before_call(context: schemathesis.HookContext, case: schemathesis.Case, kwargs: Any) -> None:
     _shortened(case.query)
     _shortened(case.body)
+    if isinstance(case.body, dict):
+        _shortened(case.body.get("next"))
     # The cluster requires a token: the session's admin secret (tests/e2e/conftest.py).
     token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
     if token:

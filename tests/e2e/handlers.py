@@ -71,3 +71,8 @@ def provider_reconciler(ctx: ReconcileContext) -> Decision:
         effects={f"charge:{payment}": found[0]},
         reason=f"the provider lists {found[0]}",
     )
+
+
+def echo(ctx: JobContext) -> Any:
+    """Complete with the payload; no side effect."""
+    return ctx.payload

@@ -426,6 +426,14 @@ JOB_TEMPLATE = {
 JOB = {**JOB_TEMPLATE, "idempotency_key": "bad-input-job"}
 STEP_JOB = {k: v for k, v in JOB_TEMPLATE.items() if k != "tenant"}
 CATCHUP = {"policy": "latest", "window_s": 3600, "max_runs": 10, "grace_s": 30}
+# The claim that may ride on complete, fail and a lease batch (from a queue kept empty).
+NEXT_CLAIM = {
+    "worker_id": "w-bad-input",
+    "queues": ["bad-input-empty"],
+    "max_jobs": 2,
+    "wait_s": 0,
+    "lease_s": 30,
+}
 
 
 def _bases(live: Live) -> dict[tuple[str, str], list[tuple[dict[str, str], Any]]]:
@@ -477,11 +485,14 @@ def _bases(live: Live) -> dict[tuple[str, str], list[tuple[dict[str, str], Any]]
             ({}, {"worker_id": "w", "queues": ["bad-input-empty"], "max_jobs": 2, "wait_s": 0})
         ],
         **{
-            ("POST", f"/v1/leases/{{job_id}}/{op}"): [(on_job, body)]
+            ("POST", f"/v1/leases/{{job_id}}/{op}"): [
+                (on_job, body | ({"next": NEXT_CLAIM} if op in ("complete", "fail") else {}))
+            ]
             for op, body in op_bases.items()
         },
         ("POST", "/v1/leases/batch"): [
-            ({}, {"ops": [{"op": op, "job_id": job, **body}]}) for op, body in op_bases.items()
+            ({}, {"ops": [{"op": op, "job_id": job, **body}], "next": NEXT_CLAIM})
+            for op, body in op_bases.items()
         ],
         ("POST", "/v1/effects"): [
             ({}, {"key": "bad-input-effect", "job_id": job, "fencing_token": token, "result": 1})

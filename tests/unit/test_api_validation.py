@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 
 from raftsched.api.errors import ApiError
+from raftsched.api.leases import claim_request, next_request
 from raftsched.api.validation import boolean, choice, integer, number, query_integer, seconds_ms
+from raftsched.node.lease_ops import ClaimRequest
 
 POLICIES = frozenset({"skip", "all"})
 
@@ -65,3 +67,63 @@ def test_query_integer_takes_only_ascii_digits_in_range(raw: str) -> None:
 def test_query_integer_default_and_value() -> None:
     assert query_integer({}, "limit", 1, 1000, default=50) == 50
     assert query_integer({"limit": "1000"}, "limit", 1, 1000) == 1000
+
+
+# -- a claim's fields, at the top of POST /v1/leases and as `next` ----------------
+
+
+@pytest.mark.parametrize(
+    ("claim", "field"),
+    [
+        ({}, "queues"),
+        ({"queues": []}, "queues"),
+        ({"queues": "payments"}, "queues"),
+        ({"queues": [""]}, "queues"),
+        ({"queues": ["q"] * 101}, "queues"),
+        ({"queues": [{}]}, "queues"),
+        ({"queues": ["q"], "max_jobs": 0}, "max_jobs"),
+        ({"queues": ["q"], "max_jobs": 1001}, "max_jobs"),
+        ({"queues": ["q"], "max_jobs": 1.5}, "max_jobs"),
+        ({"queues": ["q"], "wait_s": 60.001}, "wait_s"),
+        ({"queues": ["q"], "wait_s": -1}, "wait_s"),
+        ({"queues": ["q"], "lease_s": 0.05}, "lease_s"),
+        ({"queues": ["q"], "lease_s": 86_401}, "lease_s"),
+        ({"queues": ["q"], "worker_id": 7}, "worker_id"),
+        ({"queues": ["q"], "worker_id": ""}, "worker_id"),
+        ({"queues": ["q"], "fencing_token": 1}, "fencing_token"),
+    ],
+)
+def test_next_claim_fields_are_checked_as_a_claims_and_named_next(
+    claim: dict[str, Any], field: str
+) -> None:
+    assert _field_of(lambda: claim_request(claim, prefix="", worker_required=False)) == field
+    body = {"fencing_token": 1, "next": claim}
+    assert _field_of(
+        lambda: next_request(body, worker_required=False, after_success_only=True)
+    ) == ("next." + field)
+
+
+@pytest.mark.parametrize("value", [[], "q", 1, True])
+def test_next_that_is_not_an_object_is_400_next(value: Any) -> None:
+    body = {"next": value}
+    field = _field_of(lambda: next_request(body, worker_required=False, after_success_only=True))
+    assert field == "next"
+
+
+def test_next_defaults_and_worker_id() -> None:
+    assert next_request({}, worker_required=True, after_success_only=False) is None
+    assert next_request({"next": None}, worker_required=True, after_success_only=False) is None
+    wanted = next_request(
+        {"next": {"queues": ["b", "a", "b"]}}, worker_required=False, after_success_only=True
+    )
+    assert wanted == ClaimRequest(("b", "a"), 1, 0.0, None, None, True)
+    # A lease batch's claim names its worker.
+    batch = {"next": {"queues": ["q"]}}
+    assert (
+        _field_of(lambda: next_request(batch, worker_required=True, after_success_only=False))
+        == "next.worker_id"
+    )
+    full = {"queues": ["q"], "max_jobs": 7, "wait_s": 2.5, "lease_s": 30, "worker_id": "w1"}
+    assert next_request(
+        {"next": full}, worker_required=True, after_success_only=False
+    ) == ClaimRequest(("q",), 7, 2.5, 30_000, "w1", False)

@@ -118,9 +118,11 @@ ACCEPTED_BODIES: dict[str, Any] = {
                     "lease_s": 30},
     "startLease": {"fencing_token": 1042},
     "heartbeatLease": {"fencing_token": 1042, "extend_s": 30, "progress": {"done": 3}},
-    "completeLease": {"fencing_token": 1042, "result": {"charge": "ch_1"}},
+    "completeLease": {"fencing_token": 1042, "result": {"charge": "ch_1"},
+                      "next": {"queues": ["payments"], "max_jobs": 2, "wait_s": 5}},
     "failLease": {"fencing_token": 1042,
-                  "error": {"kind": "transient", "message": "timeout", "retry_after_s": 10}},
+                  "error": {"kind": "transient", "message": "timeout", "retry_after_s": 10},
+                  "next": {"queues": ["payments"], "worker_id": "w1", "lease_s": 30}},
     "reconcileLease": {"fencing_token": 1043, "decision": "happened", "result": {"charge": "ch_1"},
                        "effects": [{"key": "charge:pay_1", "result": {"charge": "ch_1"}}],
                        "reason": "the provider lists ch_1 for pay_1"},
@@ -131,7 +133,7 @@ ACCEPTED_BODIES: dict[str, Any] = {
         {"op": "fail", "job_id": "job_4", "fencing_token": 4, "error": {"kind": "permanent"}},
         {"op": "reconcile", "job_id": "job_5", "fencing_token": 5, "decision": "cannot_tell",
          "reason": "the provider is down"},
-    ]},
+    ], "next": {"worker_id": "w1", "queues": ["payments"], "max_jobs": 5, "wait_s": 0}},
     "recordEffect": {"key": "charge:pay_1", "job_id": "job_1", "fencing_token": 1042,
                      "result": {"charge": "ch_1"}},
     "submitWorkflow": {
@@ -168,7 +170,19 @@ REJECTED_BODIES: list[tuple[str, Any]] = [
     ("submitWorkflow", {"steps": [{"queue": "q"}]}),
     ("createSchedule", {**_SCHEDULE, "job": {"queue": "q", "idempotency_key": "k"}}),
     ("createSchedule", {**_SCHEDULE, "job": {"queue": "q", "delay_s": 5}}),
-]
+    # A claim rides only on an operation that ends a lease, and names its queues;
+    # a batch's claim names its worker too.
+    ("startLease", {"fencing_token": 1, "next": {"queues": ["q"]}}),
+    ("heartbeatLease", {"fencing_token": 1, "next": {"queues": ["q"]}}),
+    ("reconcileLease", {"fencing_token": 1, "decision": "cannot_tell", "next": {"queues": ["q"]}}),
+    ("completeLease", {"fencing_token": 1, "next": {"max_jobs": 1}}),
+    ("failLease", {"fencing_token": 1, "error": {"kind": "transient"},
+                   "next": {"queues": ["q"], "wait_s": 61}}),
+    ("leaseBatch", {"ops": [{"op": "start", "job_id": "j", "fencing_token": 1}],
+                    "next": {"queues": ["q"]}}),
+    ("leaseBatch", {"ops": [{"op": "complete", "job_id": "j", "fencing_token": 1,
+                             "next": {"queues": ["q"]}}]}),
+]  # fmt: skip
 
 
 def _request_schemas(document: dict[str, Any]) -> dict[str, Any]:
@@ -271,6 +285,7 @@ def test_request_limits_mirror_validation() -> None:
 
     try:
         from raftsched.api import validation
+        from raftsched.api.leases import CLAIM_FIELDS
     except ImportError as error:
         if _pending(error.name):
             pytest.skip(f"cannot import raftsched.api.validation yet: {error}")
@@ -286,6 +301,18 @@ def test_request_limits_mirror_validation() -> None:
     assert claim["max_jobs"]["maximum"] == validation.CLAIM_JOBS_MAX
     assert claim["queues"]["maxItems"] == validation.CLAIM_QUEUES_MAX
     assert claim["wait_s"]["maximum"] == limits.WAIT_S_MAX
+    # A next claim has a claim's fields and limits (`worker_id` optional on a single op).
+    for name in ("NextClaim", "LeaseBatchNextClaim"):
+        next_claim = schemas[name]["properties"]
+        assert set(next_claim) == set(claim) == set(CLAIM_FIELDS)
+        for field in ("max_jobs", "wait_s", "lease_s", "queues", "worker_id"):
+            limits_of = {k: v for k, v in next_claim[field].items() if k != "description"}
+            if field == "worker_id" and name == "NextClaim":  # optional there: null is absent
+                assert limits_of.pop("type") == ["string", "null"]
+                limits_of["type"] = "string"
+            assert limits_of == {k: v for k, v in claim[field].items() if k != "description"}
+    assert schemas["NextClaim"]["required"] == ["queues"]
+    assert schemas["LeaseBatchNextClaim"]["required"] == ["worker_id", "queues"]
     for lease_s in (job["lease_s"], claim["lease_s"]):
         assert (lease_s["minimum"], lease_s["maximum"]) == (
             validation.LEASE_S_MIN,

@@ -38,12 +38,12 @@ from raftsched.api import (
     workflows,
 )
 from raftsched.api.auth import LIMITER, FailureLimiter, auth_middleware
-from raftsched.api.errors import ApiError
+from raftsched.api.errors import ApiError, from_proposal_error
 from raftsched.api.requests import NODE, Handler, node_of
 from raftsched.limits import AUTH_FAILURES_PER_MINUTE
 from raftsched.logs import REQUEST_ID
-from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, QueueFull
-from raftsched.node.versions import UpgradeRequired
+from raftsched.node.lease_ops import PROPOSAL_ERRORS
+from raftsched.node.proposer import NotLeader
 from raftsched.node.view import NodeView
 from raftsched.node.webhook_targets import TargetPolicy
 
@@ -148,43 +148,8 @@ async def _answer(request: web.Request, handler: Handler) -> web.StreamResponse:
             return leader_redirect(request)
         except ApiError as error:
             return error.response()
-    except QueueFull as error:
-        return ApiError(
-            "unavailable",
-            f"{error}; nothing was committed, retry after Retry-After",
-            {
-                "reason": "proposal_queue_full",
-                "queue_commands_max": error.commands_max,
-                "queue_bytes_max": error.bytes_max,
-            },
-            headers={"Retry-After": "1"},
-        ).response()
-    except UpgradeRequired as error:
-        return ApiError(
-            "invalid_state",
-            str(error),
-            {
-                "reason": "cluster_version",
-                "command": error.command_kind,
-                "command_version": error.needed,
-                "cluster_version": error.in_force,
-            },
-        ).response()
-    except NotCommitted as error:
-        return ApiError(
-            "unavailable",
-            "the cluster could not take the command now; nothing was committed",
-            {"reason": str(error)},
-            headers={"Retry-After": "1"},
-        ).response()
-    except OutcomeUnknown as error:
-        return ApiError(
-            "outcome_unknown",
-            "the command may or may not have committed; retrying with the same "
-            "idempotency key or fencing token is safe",
-            {"reason": str(error) or "unknown"},
-            headers={"Retry-After": "1"},
-        ).response()
+    except PROPOSAL_ERRORS as error:
+        return from_proposal_error(error).response()
     except web.HTTPRequestEntityTooLarge as error:
         return ApiError("payload_too_large", str(error.text or "body too large")).response()
     except web.HTTPNotFound:

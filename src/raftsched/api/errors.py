@@ -12,6 +12,9 @@ from aiohttp import web
 
 from raftsched.api.jsonbody import json_response
 from raftsched.core.kernel.results import Rejected
+from raftsched.node.lease_ops import ProposalError
+from raftsched.node.proposer import NotCommitted, NotLeader, QueueFull
+from raftsched.node.versions import UpgradeRequired
 
 STATUS_BY_CODE: dict[str, int] = {
     "invalid_request": 400,
@@ -92,3 +95,48 @@ def from_rejection(rejection: Rejected) -> ApiError:
     if isinstance(field, str):
         details["field"] = _FIELD_NAMES.get(field, field)
     return ApiError(rejection.code, rejection.message, details, headers=headers)
+
+
+def from_proposal_error(error: ProposalError) -> ApiError:
+    """The answer for a proposal that raised. A whole request that meets
+    `NotLeader` is redirected instead (api.app); this is its answer where no
+    redirect is possible: inside a batch answer, or for a next claim made
+    after the request's own operation committed."""
+    if isinstance(error, NotLeader):
+        return ApiError("no_leader", "leadership was lost before this was committed")
+    if isinstance(error, QueueFull):
+        return ApiError(
+            "unavailable",
+            f"{error}; nothing was committed, retry after Retry-After",
+            {
+                "reason": "proposal_queue_full",
+                "queue_commands_max": error.commands_max,
+                "queue_bytes_max": error.bytes_max,
+            },
+            headers={"Retry-After": "1"},
+        )
+    if isinstance(error, UpgradeRequired):
+        return ApiError(
+            "invalid_state",
+            str(error),
+            {
+                "reason": "cluster_version",
+                "command": error.command_kind,
+                "command_version": error.needed,
+                "cluster_version": error.in_force,
+            },
+        )
+    if isinstance(error, NotCommitted):
+        return ApiError(
+            "unavailable",
+            "the cluster could not take the command now; nothing was committed",
+            {"reason": str(error)},
+            headers={"Retry-After": "1"},
+        )
+    return ApiError(
+        "outcome_unknown",
+        "the command may or may not have committed; retrying with the same "
+        "idempotency key or fencing token is safe",
+        {"reason": str(error) or "unknown"},
+        headers={"Retry-After": "1"},
+    )

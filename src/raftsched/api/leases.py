@@ -8,18 +8,26 @@ exactly as for a job or effect that does not exist.
 Every operation here is fenced: the core accepts it only with the job's
 current lease token, so a retry after an unknown outcome is safe, and a
 worker whose lease moved on gets `409 lease_lost` and changes nothing.
+
+`complete`, `fail` and the lease batch may carry the next claim (`next`,
+docs/api.md "The next claim"): validated and scoped as a claim is, before
+anything is proposed, and proposed after the operations by
+`node.lease_ops.propose_lease_ops`. A single operation that is rejected is
+answered with its error and claims nothing; a claim that fails after the
+operation committed is answered inside `next`, the operation's outcome
+standing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 
 from raftsched import core
 from raftsched.api import render, scope, unsafe
-from raftsched.api.errors import ApiError, from_rejection, invalid
+from raftsched.api.errors import ApiError, from_proposal_error, from_rejection, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.principal import principal_of
 from raftsched.api.requests import body_bytes, node_of, prepare_read, read_json
@@ -57,13 +65,15 @@ from raftsched.core.kernel.results import (
     EffectRecorded,
     Failed,
     HeartbeatAccepted,
+    Lease,
     Reconciled,
     Rejected,
     Result,
     Started,
 )
 from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
-from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
+from raftsched.node.lease_ops import ClaimOutcome, ClaimRequest, OpOutcome, propose_lease_ops
+from raftsched.node.proposer import NotLeader
 from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
 
@@ -79,38 +89,100 @@ OP_FIELDS: dict[str, frozenset[str]] = {
 }
 
 
+CLAIM_FIELDS = frozenset({"worker_id", "queues", "max_jobs", "wait_s", "lease_s"})
+
+
 @routes.post("/v1/leases")
 async def claim(request: web.Request) -> web.Response:
     body = require_object(await read_json(request))
-    reject_unknown(body, frozenset({"worker_id", "queues", "max_jobs", "wait_s", "lease_s"}))
-    worker_id = string(body, "worker_id", required=True)
-    assert worker_id is not None
+    wanted = claim_request(body, prefix="", worker_required=True)
+    assert wanted.worker_id is not None
+    scope.require_queues(request, wanted.queues)
+    node = node_of(request)
+    outcome = await node.claim(
+        wanted.worker_id, wanted.queues, wanted.max_jobs, wanted.wait_s, wanted.lease_ms
+    )
+    if isinstance(outcome, Rejected):
+        raise from_rejection(outcome)
+    return json_response({"leases": _granted(node, outcome)})
+
+
+def claim_request(
+    body: Mapping[str, Any],
+    *,
+    prefix: str,
+    worker_required: bool,
+    after_success_only: bool = False,
+) -> ClaimRequest:
+    """A claim's fields, at the top of `POST /v1/leases` or as `next` (with
+    `prefix` "next."), or 400 naming the field."""
+    reject_unknown(body, CLAIM_FIELDS, prefix)
+    worker_id = string(body, "worker_id", required=worker_required, prefix=prefix)
     queues = body.get("queues")
     if (
         not isinstance(queues, list)
         or not 1 <= len(queues) <= CLAIM_QUEUES_MAX
         or not all(isinstance(q, str) and 0 < len(q) <= NAME_LENGTH_MAX for q in queues)
     ):
-        raise invalid("queues", f"must be a list of 1 to {CLAIM_QUEUES_MAX} queue names")
-    max_jobs = integer(body, "max_jobs", 1, CLAIM_JOBS_MAX) or 1
-    wait_ms = seconds_ms(body, "wait_s", 0, WAIT_S_MAX) or 0
-    lease_ms = seconds_ms(body, "lease_s", LEASE_S_MIN, LEASE_S_MAX)
-    scope.require_queues(request, queues)
-    node = node_of(request)
-    outcome = await node.claim(
-        worker_id, tuple(dict.fromkeys(queues)), max_jobs, wait_ms / 1000, lease_ms
+        raise invalid(prefix + "queues", f"must be a list of 1 to {CLAIM_QUEUES_MAX} queue names")
+    max_jobs = integer(body, "max_jobs", 1, CLAIM_JOBS_MAX, prefix=prefix) or 1
+    wait_ms = seconds_ms(body, "wait_s", 0, WAIT_S_MAX, prefix=prefix) or 0
+    lease_ms = seconds_ms(body, "lease_s", LEASE_S_MIN, LEASE_S_MAX, prefix=prefix)
+    return ClaimRequest(
+        tuple(dict.fromkeys(queues)), max_jobs, wait_ms / 1000, lease_ms, worker_id,
+        after_success_only,
+    )  # fmt: skip
+
+
+def next_request(
+    body: Mapping[str, Any], *, worker_required: bool, after_success_only: bool
+) -> ClaimRequest | None:
+    """The claim that rides on lease operations (`next`), if asked for, or 400."""
+    raw = body.get("next")
+    if raw is None:
+        return None
+    return claim_request(
+        require_object(raw, "next"),
+        prefix="next.",
+        worker_required=worker_required,
+        after_success_only=after_success_only,
     )
+
+
+def _scoped(request: web.Request, wanted: ClaimRequest | None) -> ClaimRequest | None:
+    """403 for a next claim of a queue outside the caller's queues."""
+    if wanted is not None:
+        scope.require_queues(request, wanted.queues)
+    return wanted
+
+
+def _granted(node: NodeView, leases: Sequence[Lease]) -> list[dict[str, Any]]:
+    node.metrics.leases_granted.inc(len(leases))
+    return [render.lease(grant) for grant in leases]
+
+
+def _next_answer(node: NodeView, outcome: ClaimOutcome) -> dict[str, Any]:
+    """`next` in an answer: the leases granted (claimed: the worker starts
+    each), or why the claim failed. The operations' outcomes stand either way."""
     if isinstance(outcome, Rejected):
-        raise from_rejection(outcome)
-    node.metrics.leases_granted.inc(len(outcome))
-    return json_response({"leases": [render.lease(grant) for grant in outcome]})
+        return from_rejection(outcome).body()
+    if isinstance(outcome, Exception):
+        return from_proposal_error(outcome).body()
+    return {"leases": _granted(node, outcome)}
 
 
 def _command_for(
-    node: NodeView, op: str, job_id: str, body: Mapping[str, Any], prefix: str = ""
+    node: NodeView,
+    op: str,
+    job_id: str,
+    body: Mapping[str, Any],
+    prefix: str = "",
+    also_allowed: frozenset[str] = frozenset(),
 ) -> Command:
-    """Validate one lease operation and build its command (raises 400)."""
-    reject_unknown(body, OP_FIELDS[op] | ({"op", "job_id"} if prefix else set()), prefix)
+    """Validate one lease operation and build its command (raises 400).
+    `also_allowed`: fields of the request the caller validates itself."""
+    allowed = OP_FIELDS[op] | also_allowed | ({"op", "job_id"} if prefix else set())
+    reject_unknown(body, allowed, prefix)
     token = fencing_token(body, prefix)
     if op == "start":
         return StartJob(job_id, token)
@@ -173,16 +245,34 @@ def _answer(request: web.Request, op: str, result: Result) -> dict[str, Any]:
     raise ApiError("internal_error", f"unexpected result {type(result).__name__}")
 
 
+# The operations that end a job's attempt may carry the next claim (`next`);
+# start, heartbeat and reconcile answer it 400 as an unknown field.
+NEXT_OPS = frozenset({"complete", "fail"})
+
+
 def _op_route(op: str) -> None:
+    also_allowed = frozenset({"next"}) if op in NEXT_OPS else frozenset()
+
     async def handler(request: web.Request) -> web.Response:
         body = require_object(await read_json(request))
         job_id = path_id(request.match_info["job_id"])
         node = node_of(request)
         body = unsafe.ignore_fencing(node, job_id, body)  # negative control only
-        command = _command_for(node, op, job_id, body)
+        command = _command_for(node, op, job_id, body, also_allowed=also_allowed)
+        wanted = next_request(body, worker_required=False, after_success_only=True)
         scope.require_lease_job(request, job_id)
-        result = await node.propose(command, body_bytes(request))
-        return json_response(_answer(request, op, result))
+        _scoped(request, wanted)
+        if wanted is None:
+            result = await node.propose(command, body_bytes(request))
+            return json_response(_answer(request, op, result))
+        outcome = await propose_lease_ops(node, [command], wanted, body_bytes(request))
+        settled = outcome.results[0]
+        if isinstance(settled, Exception):
+            raise settled  # as if proposed alone: a redirect, 503 or 504
+        answer = _answer(request, op, settled)  # a rejected op: its error, and no claim
+        assert outcome.claim is not None
+        answer["next"] = _next_answer(node, outcome.claim)
+        return json_response(answer)
 
     handler.__name__ = f"lease_{op}"
     routes.post(f"/v1/leases/{{job_id}}/{op}")(handler)
@@ -195,10 +285,12 @@ for _op in OP_FIELDS:
 @routes.post("/v1/leases/batch")
 async def lease_batch(request: web.Request) -> web.Response:
     body = require_object(await read_json(request))
-    reject_unknown(body, frozenset({"ops"}))
+    reject_unknown(body, frozenset({"ops", "next"}))
     ops = body.get("ops")
     if not isinstance(ops, list) or not 1 <= len(ops) <= LEASE_BATCH_OPS_MAX:
         raise invalid("ops", f"must be a list of 1 to {LEASE_BATCH_OPS_MAX} operations")
+    # A batch may hold leases of several workers' ids: its claim names its own.
+    wanted = _scoped(request, next_request(body, worker_required=True, after_success_only=False))
     node = node_of(request)
     if not node.is_leader:
         raise NotLeader()
@@ -206,7 +298,8 @@ async def lease_batch(request: web.Request) -> web.Response:
     # the valid ones are queued together, so group commit puts them in one entry.
     # They are queued all or none: when the proposer's queue has no room for
     # them the whole request is answered 503 unavailable and nothing commits.
-    slots: list[tuple[str, Any]] = []
+    # The claim (`next`) is made after them, whatever their outcomes.
+    slots: list[tuple[str, ApiError | None]] = []
     commands: list[Command] = []
     for index, raw in enumerate(ops):
         prefix = f"ops[{index}]."
@@ -223,30 +316,26 @@ async def lease_batch(request: web.Request) -> web.Response:
             slots.append((op, None))
         except ApiError as error:
             slots.append(("error", error))
-    futures = iter(node.submit_all(commands, body_bytes(request)) if commands else [])
-    slots = [(op, pending if op == "error" else next(futures)) for op, pending in slots]
-    results: list[dict[str, Any]] = []
-    for op, pending in slots:
-        if op == "error":
-            results.append(pending.body())
-            continue
-        try:
-            results.append(_answer(request, op, await pending))
-        except ApiError as error:
-            results.append(error.body())
-        except NotLeader:
-            results.append(ApiError("no_leader", "leadership was lost before this op").body())
-        except NotCommitted as error:
-            results.append(ApiError("unavailable", f"not committed: {error}").body())
-        except OutcomeUnknown as error:
-            results.append(
-                ApiError(
-                    "outcome_unknown",
-                    "may or may not have committed; retry with the same fencing token",
-                    {"reason": str(error)},
-                ).body()
-            )
-    return json_response({"results": results})
+    outcome = await propose_lease_ops(node, commands, wanted, body_bytes(request))
+    outcomes = iter(outcome.results)
+    results = [
+        error.body() if error is not None else _slot_answer(request, op, next(outcomes))
+        for op, error in slots
+    ]
+    answer: dict[str, Any] = {"results": results}
+    if outcome.claim is not None:
+        answer["next"] = _next_answer(node, outcome.claim)
+    return json_response(answer)
+
+
+def _slot_answer(request: web.Request, op: str, outcome: OpOutcome) -> dict[str, Any]:
+    """One op's entry in a batch answer: its single form's answer or error body."""
+    if isinstance(outcome, Exception):
+        return from_proposal_error(outcome).body()
+    try:
+        return _answer(request, op, outcome)
+    except ApiError as error:
+        return error.body()
 
 
 @routes.post("/v1/effects")

@@ -35,6 +35,12 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
     worker.add_argument("--lease-s", type=float, default=30.0)
     worker.add_argument("--poll-wait-s", type=float, default=20.0, help="long-poll length")
     worker.add_argument("--shutdown-grace-s", type=float, default=30.0)
+    worker.add_argument(
+        "--no-next-claims",
+        dest="next_claims",
+        action="store_false",
+        help="claim only with POST /v1/leases, never with a finished job's report",
+    )
     worker.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"])
     worker.add_argument("--log-format", default="auto", choices=["auto", "json", "text"])
     worker.set_defaults(run=run_worker_command)
@@ -52,6 +58,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
             lease_s=args.lease_s,
             poll_wait_s=args.poll_wait_s,
             shutdown_grace_s=args.shutdown_grace_s,
+            next_claims=args.next_claims,
             token=token_from(args),
             timeout_s=args.timeout_s,
             **tls_options(args),

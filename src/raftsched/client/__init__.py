@@ -6,6 +6,10 @@ over between nodes, wait out 503s, and repeat a request whose outcome is
 unknown only when it is safe (idempotency key, fencing token, or a read); the
 full rule is in `raftsched.client._calls`. Answers are the API's JSON objects
 (dicts), unwrapped: `submit` returns the Job, `claim` the list of Leases.
+
+`complete`, `fail` and `lease_batch` may also claim the next jobs
+(`next_claim=next_claim(["payments"], max_jobs=4)`); they then return the
+answer and a `NextLeases` (raftsched.client._next_calls).
 """
 
 from raftsched.client._aio import AsyncClient
@@ -38,6 +42,7 @@ from raftsched.client._errors import (
     error_from_body,
     item_error,
 )
+from raftsched.client._next_calls import NextClaim, NextLeases, next_claim, next_refused
 from raftsched.client._sync import DEFAULT_URLS, Client
 from raftsched.client._tls import client_ssl_context
 
@@ -57,6 +62,8 @@ __all__ = [
     "InvalidState",
     "JsonObject",
     "LeaseLost",
+    "NextClaim",
+    "NextLeases",
     "NoLeader",
     "NotFound",
     "OutcomeUnknown",
@@ -71,4 +78,6 @@ __all__ = [
     "error_from_body",
     "item_error",
     "job_request",
+    "next_claim",
+    "next_refused",
 ]

@@ -10,13 +10,14 @@ import asyncio
 import ssl
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import aiohttp
 from yarl import URL
 
 from raftsched.client import _calls as calls
 from raftsched.client import _flow_calls as flow_calls
+from raftsched.client import _next_calls as next_calls
 from raftsched.client import _workflow_calls as wf_calls
 from raftsched.client._calls import (
     Call,
@@ -30,6 +31,7 @@ from raftsched.client._calls import (
     request_headers,
     token_from_env,
 )
+from raftsched.client._next_calls import NextClaim, NextLeases
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
 from raftsched.client._schedules import AsyncSchedulesMixin
 from raftsched.client._sync import DEFAULT_URLS
@@ -286,9 +288,55 @@ class AsyncClient(AsyncSchedulesMixin):
         body = calls.heartbeat_body(fencing_token, extend_s, progress)
         return await self.call(calls.lease_op(job_id, "heartbeat", body))
 
-    async def complete(self, job_id: str, fencing_token: int, result: Any = None) -> JsonObject:
+    @overload
+    async def complete(
+        self, job_id: str, fencing_token: int, result: Any = None, *, next_claim: None = None
+    ) -> JsonObject: ...
+
+    @overload
+    async def complete(
+        self, job_id: str, fencing_token: int, result: Any = None, *, next_claim: NextClaim
+    ) -> tuple[JsonObject, NextLeases]: ...
+
+    async def complete(
+        self,
+        job_id: str,
+        fencing_token: int,
+        result: Any = None,
+        *,
+        next_claim: NextClaim | None = None,
+    ) -> JsonObject | tuple[JsonObject, NextLeases]:
+        """The job succeeded. With `next_claim` (see `raftsched.client.next_claim`),
+        also claim: returns (the answer, NextLeases); raises InvalidRequest with
+        field `next` from a node of 0.5.0 or earlier (`next_refused`)."""
         body = calls.complete_body(fencing_token, result)
-        return await self.call(calls.lease_op(job_id, "complete", body))
+        if next_claim is None:
+            return await self.call(calls.lease_op(job_id, "complete", body))
+        return await self.call(next_calls.lease_op_then_claim(job_id, "complete", body, next_claim))
+
+    @overload
+    async def fail(
+        self,
+        job_id: str,
+        fencing_token: int,
+        *,
+        kind: FailureKind = "transient",
+        message: str = "",
+        retry_after_s: float | None = None,
+        next_claim: None = None,
+    ) -> JsonObject: ...
+
+    @overload
+    async def fail(
+        self,
+        job_id: str,
+        fencing_token: int,
+        *,
+        kind: FailureKind = "transient",
+        message: str = "",
+        retry_after_s: float | None = None,
+        next_claim: NextClaim,
+    ) -> tuple[JsonObject, NextLeases]: ...
 
     async def fail(
         self,
@@ -298,9 +346,13 @@ class AsyncClient(AsyncSchedulesMixin):
         kind: FailureKind = "transient",
         message: str = "",
         retry_after_s: float | None = None,
-    ) -> JsonObject:
+        next_claim: NextClaim | None = None,
+    ) -> JsonObject | tuple[JsonObject, NextLeases]:
+        """The attempt failed. `next_claim`: as for `complete`."""
         body = calls.fail_body(fencing_token, kind, message, retry_after_s)
-        return await self.call(calls.lease_op(job_id, "fail", body))
+        if next_claim is None:
+            return await self.call(calls.lease_op(job_id, "fail", body))
+        return await self.call(next_calls.lease_op_then_claim(job_id, "fail", body, next_claim))
 
     async def reconcile(
         self,
@@ -316,8 +368,25 @@ class AsyncClient(AsyncSchedulesMixin):
         body = calls.reconcile_body(fencing_token, decision, result, effects, reason)
         return await self.call(calls.lease_op(job_id, "reconcile", body))
 
-    async def lease_batch(self, ops: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
-        return await self.call(calls.lease_batch(ops))
+    @overload
+    async def lease_batch(
+        self, ops: Sequence[Mapping[str, Any]], *, next_claim: None = None
+    ) -> list[JsonObject]: ...
+
+    @overload
+    async def lease_batch(
+        self, ops: Sequence[Mapping[str, Any]], *, next_claim: NextClaim
+    ) -> tuple[list[JsonObject], NextLeases]: ...
+
+    async def lease_batch(
+        self, ops: Sequence[Mapping[str, Any]], *, next_claim: NextClaim | None = None
+    ) -> list[JsonObject] | tuple[list[JsonObject], NextLeases]:
+        """`[{"op", "job_id", "fencing_token", ...}]` -> per-op result or `{"error"}`.
+        With `next_claim` (its `worker_id` required), also claim after the ops:
+        returns (the results, NextLeases)."""
+        if next_claim is None:
+            return await self.call(calls.lease_batch(ops))
+        return await self.call(next_calls.lease_batch_then_claim(ops, next_claim))
 
     # --- effects ---------------------------------------------------------------
 

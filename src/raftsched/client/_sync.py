@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from raftsched.client import _calls as calls
 from raftsched.client import _flow_calls as flow_calls
+from raftsched.client import _next_calls as next_calls
 from raftsched.client import _workflow_calls as wf_calls
 from raftsched.client._calls import (
     Call,
@@ -23,6 +24,7 @@ from raftsched.client._calls import (
     token_from_env,
 )
 from raftsched.client._http import HttpTransport
+from raftsched.client._next_calls import NextClaim, NextLeases
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
 from raftsched.client._schedules import SchedulesMixin
 from raftsched.client._tls import StrPath, client_ssl_context
@@ -281,9 +283,55 @@ class Client(SchedulesMixin):
         body = calls.heartbeat_body(fencing_token, extend_s, progress)
         return self.call(calls.lease_op(job_id, "heartbeat", body))
 
-    def complete(self, job_id: str, fencing_token: int, result: Any = None) -> JsonObject:
+    @overload
+    def complete(
+        self, job_id: str, fencing_token: int, result: Any = None, *, next_claim: None = None
+    ) -> JsonObject: ...
+
+    @overload
+    def complete(
+        self, job_id: str, fencing_token: int, result: Any = None, *, next_claim: NextClaim
+    ) -> tuple[JsonObject, NextLeases]: ...
+
+    def complete(
+        self,
+        job_id: str,
+        fencing_token: int,
+        result: Any = None,
+        *,
+        next_claim: NextClaim | None = None,
+    ) -> JsonObject | tuple[JsonObject, NextLeases]:
+        """The job succeeded. With `next_claim` (see `raftsched.client.next_claim`),
+        also claim: returns (the answer, NextLeases); raises InvalidRequest with
+        field `next` from a node of 0.5.0 or earlier (`next_refused`)."""
         body = calls.complete_body(fencing_token, result)
-        return self.call(calls.lease_op(job_id, "complete", body))
+        if next_claim is None:
+            return self.call(calls.lease_op(job_id, "complete", body))
+        return self.call(next_calls.lease_op_then_claim(job_id, "complete", body, next_claim))
+
+    @overload
+    def fail(
+        self,
+        job_id: str,
+        fencing_token: int,
+        *,
+        kind: FailureKind = "transient",
+        message: str = "",
+        retry_after_s: float | None = None,
+        next_claim: None = None,
+    ) -> JsonObject: ...
+
+    @overload
+    def fail(
+        self,
+        job_id: str,
+        fencing_token: int,
+        *,
+        kind: FailureKind = "transient",
+        message: str = "",
+        retry_after_s: float | None = None,
+        next_claim: NextClaim,
+    ) -> tuple[JsonObject, NextLeases]: ...
 
     def fail(
         self,
@@ -293,9 +341,13 @@ class Client(SchedulesMixin):
         kind: FailureKind = "transient",
         message: str = "",
         retry_after_s: float | None = None,
-    ) -> JsonObject:
+        next_claim: NextClaim | None = None,
+    ) -> JsonObject | tuple[JsonObject, NextLeases]:
+        """The attempt failed. `next_claim`: as for `complete`."""
         body = calls.fail_body(fencing_token, kind, message, retry_after_s)
-        return self.call(calls.lease_op(job_id, "fail", body))
+        if next_claim is None:
+            return self.call(calls.lease_op(job_id, "fail", body))
+        return self.call(next_calls.lease_op_then_claim(job_id, "fail", body, next_claim))
 
     def reconcile(
         self,
@@ -314,9 +366,25 @@ class Client(SchedulesMixin):
         body = calls.reconcile_body(fencing_token, decision, result, effects, reason)
         return self.call(calls.lease_op(job_id, "reconcile", body))
 
-    def lease_batch(self, ops: Sequence[Mapping[str, Any]]) -> list[JsonObject]:
-        """`[{"op", "job_id", "fencing_token", ...}]` -> per-op result or `{"error"}`."""
-        return self.call(calls.lease_batch(ops))
+    @overload
+    def lease_batch(
+        self, ops: Sequence[Mapping[str, Any]], *, next_claim: None = None
+    ) -> list[JsonObject]: ...
+
+    @overload
+    def lease_batch(
+        self, ops: Sequence[Mapping[str, Any]], *, next_claim: NextClaim
+    ) -> tuple[list[JsonObject], NextLeases]: ...
+
+    def lease_batch(
+        self, ops: Sequence[Mapping[str, Any]], *, next_claim: NextClaim | None = None
+    ) -> list[JsonObject] | tuple[list[JsonObject], NextLeases]:
+        """`[{"op", "job_id", "fencing_token", ...}]` -> per-op result or `{"error"}`.
+        With `next_claim` (its `worker_id` required), also claim after the ops:
+        returns (the results, NextLeases)."""
+        if next_claim is None:
+            return self.call(calls.lease_batch(ops))
+        return self.call(next_calls.lease_batch_then_claim(ops, next_claim))
 
     # --- effects ---------------------------------------------------------------
 

@@ -1,12 +1,22 @@
 """The worker agent: claim leases, run jobs, stop gracefully.
 
 The claim loop long-polls for as many jobs as there are free slots
-(`concurrency` minus jobs whose handler has not returned yet; a sync handler
-that ignores cancellation keeps its slot). On stop (SIGTERM/SIGINT) it stops
-claiming, gives running jobs `shutdown_grace_s` to finish, then cancels them
-(reported as `unknown` failures), and exits. A claim in flight at stop is
-abandoned: any lease it granted expires unstarted, which is a safe retry.
-A second signal skips the grace period.
+(`concurrency` minus jobs whose handler has not returned yet, minus slots a
+claim in flight may fill; a sync handler that ignores cancellation keeps its
+slot). On stop (SIGTERM/SIGINT) it stops claiming, gives running jobs
+`shutdown_grace_s` to finish, then cancels them (reported as `unknown`
+failures), and exits. A claim in flight at stop is abandoned: any lease it
+granted expires unstarted, which is a safe retry. A second signal skips the
+grace period.
+
+Next claims (`WorkerConfig.next_claims`, on by default): a lease batch that
+reports jobs finished also claims their slots' next jobs (`next`, wait 0), so
+under load a job costs no claim request of its own; the claim loop still
+long-polls whatever stays free. Leases it brings are launched like claimed
+ones (started before their handler runs). Once stopping, none is asked for,
+and leases that still arrive are not started: they expire unstarted, as an
+abandoned claim's do. A cluster that does not take `next` (a node of 0.5.0 or
+earlier answers 400 naming it) turns them off for the worker's lifetime.
 """
 
 from __future__ import annotations
@@ -22,7 +32,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from raftsched.client import AsyncClient, JsonObject, RaftschedError, client_ssl_context
+from raftsched.client import (
+    AsyncClient,
+    InvalidRequest,
+    JsonObject,
+    NextClaim,
+    RaftschedError,
+    client_ssl_context,
+    next_claim,
+)
 from raftsched.worker._batcher import LeaseBatcher
 from raftsched.worker._context import JobContext, Lease
 from raftsched.worker._job import Handler, JobRun
@@ -37,6 +55,10 @@ log = logging.getLogger("raftsched.worker")
 
 CLAIM_BACKOFF_INITIAL_S = 0.5
 CLAIM_BACKOFF_MAX_S = 10.0
+# The most jobs one claim may ask for (the API's `max_jobs` limit).
+CLAIM_JOBS_MAX = 1000
+# Ops after which their job's slot is free: a batch of them carries the next claim.
+FINISHING_OPS = frozenset({"complete", "fail", "reconcile"})
 
 
 def default_worker_id() -> str:
@@ -63,6 +85,8 @@ class WorkerConfig:
     client_key: str | None = None
     batch_linger_s: float = 0.005
     batch_max_ops: int = 100
+    # Reports of finished jobs also claim the next ones (see the module doc).
+    next_claims: bool = True
 
     def validate(self) -> None:
         if not self.queues:
@@ -88,6 +112,14 @@ class Worker:
         self._stopping: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
+        # Slots that claims in flight (the claim loop's, next claims) may fill.
+        self._reserved = 0
+        # Jobs whose report, carrying a next claim, is in flight: their slots
+        # are that claim's to fill, though the jobs still count as running.
+        self._finishing = 0
+        self._next_claims = config.next_claims
+        # While running: what launching a lease needs.
+        self._session: tuple[AsyncClient, LeaseBatcher] | None = None
 
     def reconciler(self, queue: str | None = None) -> Callable[[Reconciler], Reconciler]:
         """Register a reconcile handler (a decorator) for the reconciliations
@@ -134,7 +166,13 @@ class Worker:
             client_cert=config.client_cert,
             client_key=config.client_key,
         )
-        batcher = LeaseBatcher(client, linger_s=config.batch_linger_s, max_ops=config.batch_max_ops)
+        batcher = LeaseBatcher(
+            client,
+            linger_s=config.batch_linger_s,
+            max_ops=config.batch_max_ops,
+            next_claims=_Refill(self),
+        )
+        self._session = (client, batcher)
         log.info(
             "worker started",
             extra={
@@ -149,6 +187,7 @@ class Worker:
             await self._drain()
         finally:
             await batcher.close()
+            self._session = None
             if self._client is None:
                 await client.close()
         log.info("worker stopped", extra={"worker_id": config.worker_id})
@@ -157,14 +196,18 @@ class Worker:
         assert self._stopping is not None and self._slot_freed is not None
         backoff_s = CLAIM_BACKOFF_INITIAL_S
         while not self._stopping.is_set():
-            free = self.config.concurrency - self.running
+            free = self._free_slots()
             if free <= 0:
                 self._slot_freed.clear()
                 await _first(self._slot_freed.wait(), self._stopping.wait())
                 continue
             claim_sent_at = time.monotonic()
             claim = asyncio.ensure_future(self._claim(client, free))
-            await _first(claim, self._stopping.wait())
+            self._reserved += free
+            try:
+                await _first(claim, self._stopping.wait())
+            finally:
+                self._reserved -= free
             if not claim.done():
                 claim.cancel()  # stopping; granted leases expire unstarted
                 break
@@ -178,6 +221,64 @@ class Worker:
             backoff_s = CLAIM_BACKOFF_INITIAL_S
             for data in leases:
                 self._launch(client, batcher, data, claim_sent_at)
+
+    def _free_slots(self) -> int:
+        return self.config.concurrency - self.running - self._reserved
+
+    # -- next claims (called by the batcher through _Refill) -------------------
+
+    def _ask_next(self, ops: Sequence[JsonObject]) -> NextClaim | None:
+        """The next claim for a batch that reports finished jobs: as many jobs
+        as will be free once they and the others reported meanwhile end,
+        unless stopping or turned off."""
+        finishing = _finishing(ops)
+        if not finishing or not self._next_claims or self._stopping_now():
+            return None
+        wanted = min(self._free_slots() + self._finishing + finishing, CLAIM_JOBS_MAX)
+        if wanted <= 0:
+            return None
+        self._reserved += wanted
+        self._finishing += finishing
+        config = self.config
+        return next_claim(
+            self.queues,
+            max_jobs=wanted,
+            wait_s=0.0,
+            lease_s=config.lease_s,
+            worker_id=config.worker_id,
+        )
+
+    def _next_granted(
+        self, ops: Sequence[JsonObject], claim: NextClaim, leases: list[JsonObject], sent_at: float
+    ) -> None:
+        self._reserved -= claim.max_jobs
+        self._finishing -= _finishing(ops)
+        for data in leases:
+            if self._session is None or self._stopping_now():
+                log.warning(
+                    "lease not started: the worker is stopping; it expires unstarted",
+                    extra={
+                        "job_id": data.get("job_id"),
+                        "fencing_token": data.get("fencing_token"),
+                    },
+                )
+                continue
+            client, batcher = self._session
+            self._launch(client, batcher, data, sent_at)
+        if self._slot_freed is not None:
+            self._slot_freed.set()  # a claim asked for more than it got
+
+    def _next_refused(self, error: InvalidRequest) -> None:
+        if self._next_claims:
+            self._next_claims = False
+            log.warning(
+                "the cluster does not take next claims (a node of 0.5.0 or earlier); "
+                "claiming separately from now on",
+                extra={"worker_id": self.config.worker_id, "error": str(error)},
+            )
+
+    def _stopping_now(self) -> bool:
+        return self._stopping is None or self._stopping.is_set()
 
     async def _claim(self, client: AsyncClient, max_jobs: int) -> list[JsonObject]:
         config = self.config
@@ -250,6 +351,32 @@ class Worker:
         if self._runs:
             # Reports go out now; bounded by the client's own retry budget.
             await asyncio.wait(set(self._runs), timeout=self.config.timeout_s * 2)
+
+
+def _finishing(ops: Sequence[JsonObject]) -> int:
+    return sum(1 for op in ops if op.get("op") in FINISHING_OPS)
+
+
+class _Refill:
+    """The worker as the batcher's `NextClaims`."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+
+    def ask(self, ops: Sequence[JsonObject]) -> NextClaim | None:
+        return self._worker._ask_next(ops)
+
+    def granted(
+        self,
+        ops: Sequence[JsonObject],
+        claim: NextClaim,
+        leases: list[JsonObject],
+        sent_at: float,
+    ) -> None:
+        self._worker._next_granted(ops, claim, leases, sent_at)
+
+    def refused(self, error: InvalidRequest) -> None:
+        self._worker._next_refused(error)
 
 
 async def _first(*awaitables: Any) -> None:

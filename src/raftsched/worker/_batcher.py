@@ -4,27 +4,75 @@ A job awaits `batcher.op({...})`; the batcher holds operations for at most
 `linger_s` (or until `max_ops` are waiting), sends them in one request and
 resolves each job's future with its own result or error. One batch request
 failing as a whole (cluster unreachable) fails every op in it the same way.
+
+With `next_claims` (the worker agent's), a batch may also carry the next claim
+(`next`, docs/api.md): `NextClaims.ask` sees the batch's ops and says what to
+claim, and `NextClaims.granted` receives the leases, exactly once per claim
+asked for (with none when the request failed), before any op's future is
+resolved. A node that does not know `next` (release 0.5.0 or earlier) answers
+400 naming the field `next` and applies nothing: the batch is sent again
+without it, and `NextClaims.refused` is told.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
-from raftsched.client import AsyncClient, JsonObject, TransportError, item_error
+from raftsched.client import (
+    AsyncClient,
+    InvalidRequest,
+    JsonObject,
+    NextClaim,
+    TransportError,
+    item_error,
+    next_refused,
+)
 
 log = logging.getLogger("raftsched.worker")
 
 _Waiting = tuple[JsonObject, "asyncio.Future[JsonObject]"]
 
 
+class NextClaims(Protocol):
+    """Where a batch's next claim comes from and where its leases go."""
+
+    def ask(self, ops: Sequence[JsonObject]) -> NextClaim | None:
+        """The claim to send with these ops, or None."""
+        ...
+
+    def granted(
+        self,
+        ops: Sequence[JsonObject],
+        claim: NextClaim,
+        leases: list[JsonObject],
+        sent_at: float,
+    ) -> None:
+        """The leases `claim`, asked for with `ops`, brought (none if the
+        request failed); `sent_at` is the monotonic time the request was sent."""
+        ...
+
+    def refused(self, error: InvalidRequest) -> None:
+        """The cluster does not take next claims."""
+        ...
+
+
 class LeaseBatcher:
-    def __init__(self, client: AsyncClient, *, linger_s: float = 0.005, max_ops: int = 100) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        *,
+        linger_s: float = 0.005,
+        max_ops: int = 100,
+        next_claims: NextClaims | None = None,
+    ) -> None:
         self._client = client
         self._linger_s = linger_s
         self._max_ops = max_ops
+        self._next_claims = next_claims
         self._waiting: list[_Waiting] = []
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: dict[asyncio.Task[None], list[_Waiting]] = {}
@@ -55,16 +103,27 @@ class LeaseBatcher:
         self._in_flight.pop(task, None)
 
     async def _send(self, batch: list[_Waiting]) -> None:
+        ops = [op for op, _ in batch]
+        claim = None if self._next_claims is None else self._next_claims.ask(ops)
+        sent_at = time.monotonic()
+        granted: list[JsonObject] = []
         try:
-            results = await self._client.lease_batch([op for op, _ in batch])
+            results, granted = await self._request(ops, claim)
             if len(results) != len(batch):
                 raise TransportError(f"lease batch of {len(batch)} got {len(results)} results")
         except Exception as error:  # every op learns the same failure
+            self._hand_over(ops, claim, granted, sent_at)
             log.warning("lease batch failed", extra={"ops": len(batch), "error": str(error)})
             for _, future in batch:
                 if not future.done():
                     future.set_exception(error)
             return
+        except BaseException:  # cancelled (close): the claim's slots are free again
+            self._hand_over(ops, claim, granted, sent_at)
+            raise
+        # The leases first: a job whose report is answered frees its slot, and
+        # the slots the new leases fill must already be counted.
+        self._hand_over(ops, claim, granted, sent_at)
         for (_, future), result in zip(batch, results, strict=True):
             if future.done():  # the job stopped waiting (cancelled)
                 continue
@@ -73,6 +132,34 @@ class LeaseBatcher:
                 future.set_result(result)
             else:
                 future.set_exception(problem)
+
+    async def _request(
+        self, ops: list[JsonObject], claim: NextClaim | None
+    ) -> tuple[list[JsonObject], list[JsonObject]]:
+        """(per-op results, the next claim's leases)."""
+        if claim is None:
+            return await self._client.lease_batch(ops), []
+        try:
+            results, next_leases = await self._client.lease_batch(ops, next_claim=claim)
+        except InvalidRequest as error:
+            if self._next_claims is None or not next_refused(error):
+                raise
+            self._next_claims.refused(error)  # nothing was applied: send it plain
+            return await self._client.lease_batch(ops), []
+        if next_leases.error is not None:
+            # The ops' outcomes stand; the worker's claim loop finds the work.
+            log.info("next claim not made", extra={"error": str(next_leases.error)})
+        return results, next_leases.leases
+
+    def _hand_over(
+        self,
+        ops: list[JsonObject],
+        claim: NextClaim | None,
+        leases: list[JsonObject],
+        sent_at: float,
+    ) -> None:
+        if claim is not None and self._next_claims is not None:
+            self._next_claims.granted(ops, claim, leases, sent_at)
 
     async def close(self) -> None:
         """Send what is waiting and wait for the batches someone still awaits;

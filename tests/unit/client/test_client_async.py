@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from fakecluster import FakeCluster, Seen, dead_url, error, reply
 
-from raftsched.client import AsyncClient, LeaseLost, OutcomeUnknown
+from raftsched.client import AsyncClient, LeaseLost, NextLeases, OutcomeUnknown, next_claim
 
 JOB = {"id": "job_1", "status": "pending"}
 
@@ -89,3 +89,24 @@ def test_the_reconciliation_report(cluster: FakeCluster) -> None:
     assert asyncio.run(scenario()) == {"hours": 24}
     (seen,) = cluster.nodes[0].seen
     assert (seen.method, seen.path, seen.query) == ("GET", "/v1/reconciliation", {})
+
+
+def test_fail_with_a_next_claim_waits_past_the_timeout_for_the_long_poll(
+    cluster: FakeCluster,
+) -> None:
+    lease = {"job_id": "job_2", "fencing_token": 9}
+
+    async def long_poll(seen: Seen) -> web.Response:
+        await asyncio.sleep(0.5)  # past timeout_s, within it plus next.wait_s
+        failed = {"job_id": "job_1", "status": "pending", "next_run_at": None}
+        return reply(200, {**failed, "next": {"leases": [lease]}})
+
+    cluster.nodes[0].script = long_poll
+
+    async def scenario() -> tuple[dict[str, object], NextLeases]:
+        async with AsyncClient([cluster.nodes[0].url], timeout_s=0.3) as client:
+            return await client.fail("job_1", 7, next_claim=next_claim("q", wait_s=2))
+
+    answer, granted = asyncio.run(scenario())
+    assert answer["status"] == "pending" and granted.leases == [lease]
+    assert len(cluster.nodes[0].seen) == 1  # one request, not a retry after a timeout

@@ -16,11 +16,14 @@ from raftsched.client import (
     IdempotencyConflict,
     InvalidRequest,
     LeaseLost,
+    NextLeases,
     NoLeader,
     NotFound,
     OutcomeUnknown,
     TransportError,
     item_error,
+    next_claim,
+    next_refused,
 )
 
 JOB = {"id": "job_1", "status": "pending"}
@@ -260,3 +263,47 @@ def test_the_reconciliation_report_sends_its_window(cluster: FakeCluster) -> Non
     (seen,) = cluster.nodes[0].seen
     assert (seen.method, seen.path) == ("GET", "/v1/reconciliation")
     assert seen.query == {"hours": "6", "limit": "10", "consistency": "stale"}
+
+
+def test_complete_with_a_next_claim_sends_it_and_returns_the_leases(cluster: FakeCluster) -> None:
+    lease = {"job_id": "job_2", "fencing_token": 9}
+    done = {"job_id": "job_1", "status": "succeeded", "replayed": False, "result": 1}
+    cluster.nodes[0].script = lambda seen: reply(200, {**done, "next": {"leases": [lease]}})
+    client = Client([cluster.nodes[0].url])
+    answer, granted = client.complete(
+        "job_1", 7, 1, next_claim=next_claim("q", max_jobs=3, wait_s=2, lease_s=30)
+    )
+    assert answer == done and granted == NextLeases([lease])
+    assert cluster.nodes[0].seen[0].body == {
+        "fencing_token": 7, "result": 1,
+        "next": {"queues": ["q"], "max_jobs": 3, "wait_s": 2, "lease_s": 30},
+    }  # fmt: skip
+
+
+def test_a_next_claim_that_failed_leaves_the_ops_answer_standing(cluster: FakeCluster) -> None:
+    claim_error = {"code": "no_leader", "message": "lost", "details": {}}
+    results = [{"job_id": "a", "status": "retry_wait", "next_run_at": None}]
+    cluster.nodes[0].script = lambda seen: reply(
+        200, {"results": results, "next": {"error": claim_error}}
+    )
+    client = Client([cluster.nodes[0].url])
+    ops = [{"op": "fail", "job_id": "a", "fencing_token": 1, "error": {"kind": "transient"}}]
+    answered, granted = client.lease_batch(ops, next_claim=next_claim(["q"], worker_id="w"))
+    assert answered == results
+    assert granted.leases == [] and isinstance(granted.error, NoLeader)
+    assert cluster.nodes[0].seen[0].body["next"]["worker_id"] == "w"
+    # An answer without `next` (it cannot come from a node that took it) costs the claim only.
+    cluster.nodes[0].script = lambda seen: reply(200, {"results": results})
+    answered, granted = client.lease_batch(ops, next_claim=next_claim(["q"], worker_id="w"))
+    assert answered == results and isinstance(granted.error, TransportError)
+
+
+def test_an_older_node_refusing_next_is_recognized(cluster: FakeCluster) -> None:
+    body = {"error": {"code": "invalid_request", "message": "next: unknown field",
+                      "details": {"field": "next"}}}  # fmt: skip
+    cluster.nodes[0].script = lambda seen: reply(400, body)
+    client = Client([cluster.nodes[0].url])
+    with pytest.raises(InvalidRequest) as refused:
+        client.fail("job_1", 7, kind="permanent", next_claim=next_claim("q"))
+    assert next_refused(refused.value)
+    assert not next_refused(InvalidRequest(400, "invalid_request", "x", {"field": "next.queues"}))

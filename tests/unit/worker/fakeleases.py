@@ -1,16 +1,21 @@
 """An in-memory stand-in for the lease endpoints, served by aiohttp on the
 test's own event loop: just enough of api.md for the worker's logic (claim,
-the lease batch, effects), with hooks to lose leases, request cancellation or
-stall heartbeats."""
+the lease batch and its next claim, effects), with hooks to lose leases,
+request cancellation, stall heartbeats, delay next claims or refuse them as a
+node of 0.5.0 does."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from raftsched.worker import Worker, WorkerConfig
 
 
 @dataclass
@@ -38,6 +43,10 @@ class FakeLeases:
         self.ops: list[tuple[str, str]] = []  # (op, job_id) in arrival order
         self.stall_heartbeats = False
         self.lose_lease_on_effect = False  # another worker got the job meanwhile
+        self.claims = 0  # POST /v1/leases requests
+        self.nexts: list[dict[str, Any]] = []  # the next claims batches carried
+        self.refuse_next = False  # answer `next` as a node of 0.5.0 does
+        self.next_delay_s = 0.0  # how long a batch with a next claim takes
         self._tokens = itertools.count(1000)
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -73,6 +82,7 @@ class FakeLeases:
 
     async def _claim(self, request: web.Request) -> web.Response:
         body = await request.json()
+        self.claims += 1
         loop = asyncio.get_running_loop()
         until = loop.time() + body["wait_s"]
         while True:
@@ -111,11 +121,25 @@ class FakeLeases:
         }  # fmt: skip
 
     async def _batch(self, request: web.Request) -> web.Response:
-        ops = (await request.json())["ops"]
+        body = await request.json()
+        ops, claim = body["ops"], body.get("next")
+        if claim is not None and self.refuse_next:
+            error = {"code": "invalid_request", "message": "next: unknown field",
+                     "details": {"field": "next"}}  # fmt: skip
+            return web.json_response({"error": error}, status=400)
         self.batches.append(ops)
         if self.stall_heartbeats and any(op["op"] == "heartbeat" for op in ops):
             await asyncio.sleep(3600)
-        return web.json_response({"results": [self._apply(op) for op in ops]})
+        answer: dict[str, Any] = {"results": [self._apply(op) for op in ops]}
+        if claim is not None:
+            self.nexts.append(claim)
+            await asyncio.sleep(self.next_delay_s)
+            ready = [job for job in self.jobs.values() if job.status == "pending"]
+            lease_s = claim.get("lease_s") or 30
+            answer["next"] = {
+                "leases": [self._grant(job, lease_s) for job in ready[: claim["max_jobs"]]]
+            }
+        return web.json_response(answer)
 
     def _apply(self, op: dict[str, Any]) -> dict[str, Any]:
         job = self.jobs[op["job_id"]]
@@ -159,3 +183,31 @@ class FakeLeases:
         if effect is None:
             return web.json_response({"error": {"code": "not_found", "message": "no"}}, status=404)
         return web.json_response(effect)
+
+
+Scenario = Callable[[FakeLeases], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def running_worker(fake: FakeLeases, handler: Any, **options: Any) -> AsyncIterator[Worker]:
+    settings: dict[str, Any] = {"concurrency": 4, "lease_s": 5.0, "poll_wait_s": 0.2}
+    settings.update(options)
+    worker = Worker(WorkerConfig([fake.url], ("q",), worker_id="w-test", **settings), handler)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+
+
+def run(scenario: Scenario) -> None:
+    async def main() -> None:
+        fake = FakeLeases()
+        await fake.start()
+        try:
+            await scenario(fake)
+        finally:
+            await fake.stop()
+
+    asyncio.run(main())

@@ -5,50 +5,19 @@ classification, effects, graceful shutdown."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from fakeleases import FakeLeases
+from fakeleases import FakeLeases, run, running_worker
 
 from raftsched.worker import (
     JobContext,
     PermanentError,
     TransientError,
-    Worker,
-    WorkerConfig,
     load_handler,
 )
-
-Scenario = Callable[[FakeLeases], Awaitable[None]]
-
-
-@contextlib.asynccontextmanager
-async def running_worker(fake: FakeLeases, handler: Any, **options: Any) -> AsyncIterator[Worker]:
-    settings: dict[str, Any] = {"concurrency": 4, "lease_s": 5.0, "poll_wait_s": 0.2}
-    settings.update(options)
-    worker = Worker(WorkerConfig([fake.url], ("q",), worker_id="w-test", **settings), handler)
-    task = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 10)
-
-
-def run(scenario: Scenario) -> None:
-    async def main() -> None:
-        fake = FakeLeases()
-        await fake.start()
-        try:
-            await scenario(fake)
-        finally:
-            await fake.stop()
-
-    asyncio.run(main())
 
 
 def test_sync_jobs_complete_with_coalesced_ops() -> None:

@@ -9,8 +9,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from fakeleases import FakeLeases
-from test_worker_agent import run, running_worker
+from fakeleases import FakeLeases, run, running_worker
 
 from raftsched.worker import (
     CannotTell,
