@@ -198,7 +198,9 @@ def expected_results(batch: LeaseBatch, singles: list[Result]) -> Result:
         for index, op in enumerate(batch.ops)
     )
     claimed: Result | None = None
-    if type(batch.claim) is ClaimJobs:
+    if results and all(isinstance(result, Rejected) for result in results):
+        pass  # every op refused: the claim is not applied
+    elif type(batch.claim) is ClaimJobs:
         claimed = next(answers)
     elif batch.claim is not None:
         claimed = Rejected("invalid_request", "", {"field": "claim"})
@@ -232,14 +234,18 @@ def test_a_batch_is_its_ops_then_its_claim_one_by_one(data: st.DataObject) -> No
     (result,) = apply_entry(world.state, entry)
 
     singles: list[Command] = [op for op in batch.ops if type(op) in LEASE_OPS]
-    if type(batch.claim) is ClaimJobs:
-        singles.append(batch.claim)
     if singles and data.draw(st.booleans(), label="one entry each"):
         answers = [
             apply_entry(alone, Entry(epoch, world.now_ms, (single,)))[0] for single in singles
         ]
     else:  # (an entry of no command still lets time pass, as the batch's did)
         answers = apply_entry(alone, Entry(epoch, world.now_ms, tuple(singles)))
+    # The claim alone, after the ops, unless the batch had ops and all were refused.
+    # (an op that is no lease op is refused in its slot, so only the others' answers count)
+    all_refused = bool(batch.ops) and all(isinstance(a, Rejected) for a in answers)
+    if type(batch.claim) is ClaimJobs and not all_refused:
+        singles.append(batch.claim)
+        answers += apply_entry(alone, Entry(epoch, world.now_ms, (batch.claim,)))
 
     assert without_messages(result) == without_messages(expected_results(batch, answers))
     for each in (*getattr(result, "results", ()), getattr(result, "claimed", None)):
@@ -410,3 +416,22 @@ def test_the_proposer_weighs_a_batch_by_its_ops_and_its_claims_jobs() -> None:
     assert batch_size(LeaseBatch((CompleteJob("j", 1),) * 3, ClaimJobs("w", ("q",), 10))) == 13
     assert batch_size(LeaseBatch((CompleteJob("j", 1),))) == 1
     assert batch_size(LeaseBatch((), ClaimJobs("w", ("q",), 1))) == 1
+
+
+def test_when_every_op_is_refused_the_claim_is_not_applied() -> None:
+    """A stale worker's batch grants nothing: its answer is the ops' errors,
+    and leases granted beside them would be stranded until they expired."""
+    cluster = Cluster()
+    cluster.submit()
+    cluster.submit()
+    lease = cluster.claim_one()
+    stale = CompleteJob(lease.job_id, lease.fencing_token + 1)
+    result = cluster.one(LeaseBatch((stale,), ClaimJobs("w", ("q",), 1)))
+    assert isinstance(result, BatchApplied) and result.claimed is None
+    (refused,) = result.results
+    assert isinstance(refused, Rejected) and refused.code == "lease_lost"
+    # One op that stands is enough for the claim.
+    good = CompleteJob(lease.job_id, lease.fencing_token)
+    result = cluster.one(LeaseBatch((stale, good), ClaimJobs("w", ("q",), 1)))
+    assert isinstance(result, BatchApplied) and isinstance(result.claimed, Claimed)
+    assert len(result.claimed.leases) == 1

@@ -109,7 +109,7 @@ def test_a_rejected_op_is_answered_with_its_error_and_claims_nothing(client: Cli
     assert client.get_job(lease["job_id"])["status"] == "running"
 
 
-def test_batch_with_next_claims_after_the_ops_whatever_their_outcomes(client: Client) -> None:
+def test_batch_with_next_claims_after_the_ops_unless_all_are_refused(client: Client) -> None:
     first, second = _leased(client, "nx-batch"), _leased(client, "nx-batch")
     waiting = [client.submit("nx-batch", {"n": n})["id"] for n in range(3)]
     ops = [
@@ -126,6 +126,15 @@ def test_batch_with_next_claims_after_the_ops_whatever_their_outcomes(client: Cl
     assert results[2]["error"]["details"]["field"] == "ops[2].stray"
     assert sorted(grant["job_id"] for grant in granted.leases) == sorted(waiting)
     assert {client.get_job(job_id)["status"] for job_id in waiting} == {"claimed"}
+
+    # Every op refused (a stale worker): no claim is made.
+    left = client.submit("nx-batch", {"n": 3})["id"]
+    stale = [{"op": "complete", "job_id": first["job_id"], "fencing_token": 10**9}]
+    results, granted = client.lease_batch(
+        stale, next_claim=next_claim("nx-batch", max_jobs=10, worker_id="w-batch")
+    )
+    assert results[0]["error"]["code"] == "lease_lost", results
+    assert granted.leases == [] and client.get_job(left)["status"] == "pending"
 
     # The batch's claim must name its worker; a bad `next` fails the whole request.
     with pytest.raises(InvalidRequest) as refused:
@@ -241,6 +250,12 @@ def _requests(cluster: LocalCluster, route: str) -> float:
     return sum(float(count) for url in cluster.urls for count in pattern.findall(metrics_text(url)))
 
 
+def _lease_requests(cluster: LocalCluster, form: str) -> float:
+    """Requests of lease operations the nodes proposed in `form`, from /metrics."""
+    pattern = re.compile(r'^raftsched_lease_requests_total\{form="' + form + r'"\} (\S+)$', re.M)
+    return sum(float(count) for url in cluster.urls for count in pattern.findall(metrics_text(url)))
+
+
 def test_the_sdk_worker_drains_a_backlog_with_few_claim_requests(
     cluster: LocalCluster, client: Client
 ) -> None:
@@ -251,17 +266,21 @@ def test_the_sdk_worker_drains_a_backlog_with_few_claim_requests(
     assert [item_error(answer) for answer in answers] == [None] * BACKLOG_JOBS
     claims_before = _requests(cluster, "/v1/leases")
     batches_before = _requests(cluster, "/v1/leases/batch")
+    one_command_before = _lease_requests(cluster, "one_command")
     log_path = cluster.root / "worker-drain.log"
     worker = _start_worker(cluster, "nx-drain", log_path)
     try:
         _wait_drained(client, "nx-drain", BACKLOG_JOBS, worker, log_path)
         claims = _requests(cluster, "/v1/leases") - claims_before
         batches = _requests(cluster, "/v1/leases/batch") - batches_before
+        one_command = _lease_requests(cluster, "one_command") - one_command_before
     finally:
         _stop(worker)
     print(f"{BACKLOG_JOBS} jobs: {claims:.0f} claim requests, {batches:.0f} lease batches")
     assert 1 <= claims <= BACKLOG_JOBS / 20, claims
     assert batches >= BACKLOG_JOBS / 100, batches  # the reports, with their next claims
+    # On a cluster of version 6 each report and its claim went as one command.
+    assert one_command >= batches, (one_command, batches)
     # Every job ran once, started before its handler: claimed, then running.
     jobs = client.list_jobs(queue="nx-drain", limit=1000)["jobs"]
     assert len(jobs) == BACKLOG_JOBS

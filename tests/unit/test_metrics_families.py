@@ -29,6 +29,7 @@ ADDED = frozenset(
         "raftsched_reconcile_decisions_total",
         "raftsched_unknown_outcomes_total",
         "raftsched_queue_reconciling",
+        "raftsched_lease_requests_total",
     }
 )
 

@@ -9,9 +9,11 @@ without the HTTP layer noticing:
   puts them in one entry as a lease batch always did, and awaited; then the
   claim is made as an ordinary long-polling `ClaimJobs` with what is left of
   its wait. Two commands and two entries, one request.
-- as one command (cluster version 6): the core's `LeaseBatch(ops, claim)` is
-  being built on branch leasecore. Its place is `_propose_as_one_command`;
-  until it is wired in there, that returns None and the path in turn is taken.
+- as one command (cluster version 6 and later): the core's
+  `LeaseBatch(ops, claim)` (core.jobs.lease_batch), one future and one row of
+  the entry for the whole request; a claim that finds nothing long-polls on
+  afterwards as any claim does. Until every member runs a release that knows
+  the command (the cluster-version gate), the path in turn is taken.
 
 Either way the outcomes are those of the single forms: each op its own result,
 and the claim the leases `POST /v1/leases` would have granted. A granted lease
@@ -27,15 +29,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from raftsched import core
-from raftsched.core.jobs.commands import CompleteJob, FailJob, HeartbeatJob, StartJob
+from raftsched.core.jobs.commands import (
+    ClaimJobs,
+    CompleteJob,
+    FailJob,
+    HeartbeatJob,
+    LeaseBatch,
+    StartJob,
+)
 from raftsched.core.kernel.commands import Command
-from raftsched.core.kernel.results import Lease, Rejected, Result
+from raftsched.core.kernel.results import BatchApplied, Claimed, Lease, Rejected, Result
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, QueueFull
 from raftsched.node.versions import UpgradeRequired
 from raftsched.node.view import NodeView
 
-# The cluster version from which ops and their claim can travel as one core
-# command (`LeaseBatch`, branch leasecore).
+# The cluster version from which ops and their claim travel as one core
+# command (`LeaseBatch`).
 LEASE_BATCH_CLUSTER_VERSION = 6
 
 # What proposing can raise instead of a result. Queuing the ops raises them for
@@ -79,13 +88,17 @@ async def propose_lease_ops(
     ops raises (NotLeader, QueueFull, UpgradeRequired), before anything is
     queued; every later failure is in the outcome."""
     deadline = asyncio.get_running_loop().time() + (claim.wait_s if claim is not None else 0.0)
-    if claim is not None:
+    if claim is not None or len(ops) > 1:
         together = await _propose_as_one_command(node, ops, claim, size_bytes)
         if together is not None:
             return together
+    if ops:
+        node.metrics.lease_requests.labels("in_turn").inc()
     results = await _propose_ops(node, ops, size_bytes)
     if claim is None or (claim.after_success_only and not all(map(_succeeded, results))):
         return LeaseOpsOutcome(results, None)
+    if ops and all(isinstance(each, Rejected) for each in results):
+        return LeaseOpsOutcome(results, None)  # as the core's LeaseBatch: no claim
     worker_id = claim.worker_id or _lease_holder(node, ops)
     if worker_id is None:  # cannot happen after a successful op; answered, not raised
         return LeaseOpsOutcome(results, Rejected("invalid_state", "no lease holder to claim for"))
@@ -93,17 +106,55 @@ async def propose_lease_ops(
 
 
 async def _propose_as_one_command(
-    node: NodeView, ops: Sequence[Command], claim: ClaimRequest, size_bytes: int
+    node: NodeView, ops: Sequence[Command], claim: ClaimRequest | None, size_bytes: int
 ) -> LeaseOpsOutcome | None:
-    """THE PLACE FOR `LeaseBatch`: on a cluster of version
-    LEASE_BATCH_CLUSTER_VERSION or later, propose ops and claim as one core
-    command and map its per-op results and leases to a LeaseOpsOutcome; a
-    claim that granted nothing then long-polls for the rest of its wait
-    through `claim_until`. None: not available, take the path in turn.
+    """On a cluster of version LEASE_BATCH_CLUSTER_VERSION or later: the ops
+    and the claim as one core command (`LeaseBatch`), one future and one row
+    in the entry instead of one per op and one for the claim. None: the
+    cluster is older (or the claim names no holder), take the path in turn.
 
-    The command is built on branch leasecore and wired in here after merging;
-    until then every cluster takes the path in turn."""
-    return None
+    The claim goes into the command only when a claim of its queues would be
+    granted a job now; otherwise it would only be refused nothing, and the
+    long-poll that follows (`claim_until`, for what is left of its wait) is
+    the same either way. The core skips the claim when every op was refused,
+    which for the single forms (one op) is `after_success_only`."""
+    if not ops or node.cluster_version() < LEASE_BATCH_CLUSTER_VERSION:
+        return None
+    loop = asyncio.get_running_loop()
+    worker_id: str | None = None
+    claim_now: ClaimJobs | None = None
+    if claim is not None:
+        worker_id = claim.worker_id or _lease_holder(node, ops)
+        if worker_id is None:  # a stale token: the op will be refused, and no claim made
+            return None
+        if node.claim_wait_s(claim.queues) == 0:
+            claim_now = ClaimJobs(worker_id, claim.queues, claim.max_jobs, claim.lease_ms)
+    deadline = loop.time() + (claim.wait_s if claim is not None else 0.0)
+    # One op and nothing to claim now: the op alone is the cheaper command.
+    alone = claim_now is None and len(ops) == 1
+    command = ops[0] if alone else LeaseBatch(tuple(ops), claim_now)
+    node.metrics.lease_requests.labels("one_command").inc()
+    try:
+        result = await node.propose(command, size_bytes)  # NotLeader, QueueFull: raised
+    except (NotCommitted, OutcomeUnknown) as error:
+        return LeaseOpsOutcome([error] * len(ops), None if claim is None else error)
+    claimed: Result | None = None
+    if alone:
+        results: list[OpOutcome] = [result]
+    elif isinstance(result, BatchApplied):
+        results, claimed = list(result.results), result.claimed
+    else:  # the batch refused as a whole (cannot happen for valid ops)
+        return LeaseOpsOutcome([result] * len(ops), None)
+    if claim is None or worker_id is None:
+        return LeaseOpsOutcome(results, None)
+    if all(isinstance(each, Rejected) for each in results):
+        return LeaseOpsOutcome(results, None)
+    if isinstance(claimed, Rejected):
+        return LeaseOpsOutcome(results, claimed)
+    if isinstance(claimed, Claimed) and claimed.leases:
+        return LeaseOpsOutcome(results, list(claimed.leases))
+    # Nothing to grant yet: long-poll like a claim for the rest of the wait.
+    return LeaseOpsOutcome(results, await claim_until(node, claim, worker_id, deadline))
 
 
 async def _propose_ops(node: NodeView, ops: Sequence[Command], size_bytes: int) -> list[OpOutcome]:

@@ -99,6 +99,13 @@ LEASE_LOST = Family(
     "Lease operations rejected for a stale token.",
     ("op",),
 )
+LEASE_REQUESTS = Family(
+    "raftsched_lease_requests_total",
+    "counter",
+    "Requests of lease operations proposed by this node as leader, by form: "
+    "one_command (a LeaseBatch, cluster version 6) or in_turn (a command per op).",
+    ("form",),
+)
 ENTRIES_PROPOSED = Family(
     "raftsched_raft_entries_proposed_total", "counter", "Raft entries this node proposed."
 )
@@ -223,7 +230,8 @@ RAFT_MESSAGES_REFUSED = Family(
 )
 
 INSTRUMENTED = (
-    LEADER_CHANGES, TICKS, LEASES_EXPIRED, LEASES_GRANTED, LEASE_LOST, ENTRIES_PROPOSED,
+    LEADER_CHANGES, TICKS, LEASES_EXPIRED, LEASES_GRANTED, LEASE_LOST, LEASE_REQUESTS,
+    ENTRIES_PROPOSED,
     ENTRY_COMMANDS, COMMIT_SECONDS, HTTP_SECONDS, JOBS_SUBMITTED, CLAIM_LATENCY,
     EXECUTION_SECONDS, JOB_ATTEMPTS, JOB_RETRIES, JOB_FAILURES, JOBS_SUCCEEDED, DEAD_LETTERS,
     REPLAYS, CANCELS, LEASE_RENEWALS, LEASE_EXPIRATIONS, LEADER_OBSERVED, WEBHOOK_ATTEMPTS,
@@ -479,6 +487,7 @@ class NodeMetrics:
         self.leases_expired = counter(LEASES_EXPIRED)
         self.leases_granted = counter(LEASES_GRANTED)
         self.lease_lost = counter(LEASE_LOST)
+        self.lease_requests = counter(LEASE_REQUESTS)
         self.entries_proposed = counter(ENTRIES_PROPOSED)
         self.entry_commands = histogram(ENTRY_COMMANDS)
         self.commit_seconds = histogram(COMMIT_SECONDS)

@@ -428,7 +428,7 @@ class Node:
             # Flow control may hold pending jobs back (a paused queue, a limit,
             # an empty token bucket): propose only when something is claimable,
             # else wait for a change or for the moment tokens refill.
-            wait_more_s = self._claim_wait_s(queues)
+            wait_more_s = self.claim_wait_s(queues)
             if wait_more_s == 0:
                 result = await self.propose(ClaimJobs(worker_id, queues, max_jobs, lease_ms))
                 if isinstance(result, Rejected):
@@ -447,7 +447,7 @@ class Node:
                 if self.loop.time() >= deadline:
                     return []
 
-    def _claim_wait_s(self, queues: tuple[str, ...]) -> float | None:
+    def claim_wait_s(self, queues: tuple[str, ...]) -> float | None:
         """0 when a claim of `queues` would be granted a job now, the seconds
         until only time stands in the way no more, or None (wait for a change)."""
         now_ms = self.clock.now_ms()

@@ -182,3 +182,8 @@ class NodeView(StateView, Protocol):
         wait_s: float,
         lease_ms: int | None,
     ) -> list[Lease] | Rejected: ...
+
+    def claim_wait_s(self, queues: tuple[str, ...]) -> float | None:
+        """0 when a claim of `queues` would be granted a job now, the seconds
+        until only time stands in the way no more, or None (wait for a change)."""
+        ...

@@ -21,7 +21,10 @@ Rules
 2. The ops are applied in order; then the claim, if any, so that jobs just
    completed free their concurrency slots and ordering keys for it. A claim
    slot that holds anything but a `ClaimJobs` is rejected in its slot
-   (`{"field": "claim"}`).
+   (`{"field": "claim"}`). When the batch has ops and every one of them was
+   rejected, the claim is not applied (`claimed` is None): a worker whose
+   tokens are all stale may not be the holder it would claim for, and its
+   request is answered with the ops' errors, which would strand the leases.
 3. A batch that is not a tuple of at most `BATCH_MAX` ops, or that carries
    neither an op nor a claim, is rejected whole: nothing is applied.
 4. Nesting is one level: the codec refuses a command that holds commands
@@ -73,6 +76,8 @@ def apply_lease_batch(
         for index, op in enumerate(ops)
     ]
     claimed: Result | None = None
+    if results and all(type(result) is Rejected for result in results):
+        claim = None
     if claim is not None:
         if type(claim) is ClaimJobs:
             claimed = apply_command(state, claim, context)
