@@ -438,7 +438,7 @@ FSYNC_FAULT_LOG_ERROR: Final = ExpectedLogError(
 
 # Error lines of the previous release (in a node's log while it ran it, the
 # mixed-version phase) that are known and fixed since, each with its fix.
-# None for 0.4.0: the one 0.3.0 had (a leadership loss while acknowledging a
+# None for 0.5.0 (nor 0.4.0): the one 0.3.0 had (a leadership loss while acknowledging a
 # webhook batch, logged at error level) is a warning since 0.4.0
 # (tests/unit/test_webhook_leadership_loss.py).
 EXPECTED_PREVIOUS_RELEASE_LOG_ERRORS: Final[tuple[ExpectedLogError, ...]] = ()

@@ -15,14 +15,14 @@ from typing import Final
 
 from chaos.cluster import REPO_ROOT
 
-TAG: Final = "v0.4.0"
-COMMIT: Final = "84a4080a3f308d42329ee14216061d7c72f9c65a"
+TAG: Final = "v0.5.0"
+COMMIT: Final = "ef9f73e2e90260555fc49bc7c2f8d797bb49bf90"
 CACHE: Final = REPO_ROOT / "runs" / "chaos" / ".previous"
 
 
 @dataclass(frozen=True)
 class Release:
-    version: str  # "0.4.0"
+    version: str  # "0.5.0"
     python: str  # its virtualenv's interpreter
     source_dir: Path  # its src/ (first on the node's PYTHONPATH)
 

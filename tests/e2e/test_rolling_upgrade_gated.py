@@ -1,20 +1,23 @@
 """A rolling upgrade from the previous release that has the version gate, under load.
 
-The previous tagged release (`v0.4.0`) is extracted from this repository's
+The previous tagged release (`v0.5.0`) is extracted from this repository's
 history and installed into a virtualenv of its own, as an operator's old
 machines would have it. Three nodes of it form a cluster with
 authentication on; a client keeps submitting jobs the whole time. Each node
 in turn is stopped and started on the same data directory with today's
 code (the runbook's "Rolling upgrade", docs/operations.md). After every
 step the replicas agree (same applied index and digest), and while any
-member still runs the old release the commands this release introduced
-stay refused: making a queue reconcile its unknown outcomes answers 409
-"upgrade every node first". Once the last node runs today's code the
-leader raises the cluster version and the same request is accepted. No acknowledged job is lost.
+member still runs the old release the command kind this release introduced
+(`LeaseBatch`, cluster version 6) is never proposed: a complete that carries
+the next claim is answered all the same, its op and its claim proposed in
+turn. Once the last node runs today's code the leader raises the cluster
+version and the same request travels as one command. No acknowledged job is
+lost.
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -27,17 +30,17 @@ from typing import Any
 import pytest
 from e2e_support import cluster_env, lead_on, release_tree
 
-from raftsched.client import Client, RaftschedError
+from raftsched.client import Client, RaftschedError, next_claim
 from raftsched.core import COMMAND_VERSION_MAX
-from raftsched.node.versions import POLL_PERIOD_S, UPGRADE_FIRST
-from raftsched.testing import LocalCluster, http_json, wait_for
+from raftsched.node.versions import POLL_PERIOD_S
+from raftsched.testing import LocalCluster, http_json, metrics_text, wait_for
 
 pytestmark = pytest.mark.slow
 
-PREVIOUS = "v0.4.0"
+PREVIOUS = "v0.5.0"
 # The commit the tag names: a clone without tags still has it.
-PREVIOUS_COMMIT = "84a4080a3f308d42329ee14216061d7c72f9c65a"
-PREVIOUS_VERSION = 4
+PREVIOUS_COMMIT = "ef9f73e2e90260555fc49bc7c2f8d797bb49bf90"
+PREVIOUS_VERSION = 5
 # The load: one submission at a time, at most this many, while upgrading.
 LOAD_JOBS_MAX = 3000
 
@@ -111,13 +114,32 @@ def versions_in_force(cluster: LocalCluster) -> set[int | None]:
     return {cluster_view(cluster, n).get("cluster_version") for n in cluster.nodes}
 
 
-def use_a_new_command(cluster: LocalCluster) -> tuple[int, dict[str, Any]]:
-    """Make a queue reconcile its unknown outcomes: a command kind of this
-    release (`SetUnknownPolicy`, cluster version 5)."""
+def use_a_new_command(cluster: LocalCluster) -> tuple[dict[str, Any], float]:
+    """Complete a job with the next claim on the leader (a node of today's
+    code): the answer, and how many requests the leader proposed as one
+    `LeaseBatch` command meanwhile (the command kind of this release)."""
     leader = cluster.nodes[cluster.wait_for_leader(timeout_s=60)].http_url
-    body = {"on_unknown": "reconcile"}
-    status, answer, _ = http_json("PUT", leader + "/v1/queues/upgrade-gate", body, timeout_s=30)
-    return status, answer
+    before = lease_requests(cluster, leader, "one_command")
+    with Client(leader, token=cluster.admin_token, retry_budget_s=30) as client:
+        job = client.submit("upgrade-gate", {"n": 0})
+        waiting = client.submit("upgrade-gate-next", {"n": 1})
+        (lease,) = client.claim("w-gate", ["upgrade-gate"], wait_s=5)
+        assert lease["job_id"] == job["id"], lease
+        client.start(job["id"], lease["fencing_token"])
+        answer, granted = client.complete(
+            job["id"],
+            lease["fencing_token"],
+            next_claim=next_claim("upgrade-gate-next", max_jobs=1, wait_s=5),
+        )
+    assert answer["status"] == "succeeded", answer
+    assert [grant["job_id"] for grant in granted.leases] == [waiting["id"]], granted
+    return answer, lease_requests(cluster, leader, "one_command") - before
+
+
+def lease_requests(cluster: LocalCluster, url: str, form: str) -> float:
+    text = metrics_text(url, token=cluster.admin_token)
+    pattern = re.compile(r'^raftsched_lease_requests_total\{form="' + form + r'"\} (\S+)$', re.M)
+    return sum(float(value) for value in pattern.findall(text))
 
 
 @pytest.fixture
@@ -156,10 +178,8 @@ def test_a_rolling_upgrade_from_the_previous_gated_release_under_load(
                 lead_on(cluster, {other for other in cluster.nodes if other <= node_id})
                 time.sleep(POLL_PERIOD_S + 2)
                 assert versions_in_force(cluster) == {PREVIOUS_VERSION}
-                status, body = use_a_new_command(cluster)
-                assert status == 409, body
-                assert body["error"]["code"] == "invalid_state"
-                assert body["error"]["message"] == UPGRADE_FIRST
+                _, as_one_command = use_a_new_command(cluster)
+                assert as_one_command == 0
             before = len(load.acknowledged)
             assert wait_for(lambda b=before: len(load.acknowledged) > b + 10, timeout_s=60)
 
@@ -167,8 +187,8 @@ def test_a_rolling_upgrade_from_the_previous_gated_release_under_load(
             lambda: versions_in_force(cluster) == {COMMAND_VERSION_MAX},
             timeout_s=4 * POLL_PERIOD_S,
         ), versions_in_force(cluster)
-        status, body = use_a_new_command(cluster)
-        assert status == 200 and body["queue"]["on_unknown"] == "reconcile", body
+        _, as_one_command = use_a_new_command(cluster)
+        assert as_one_command == 1
     assert not load.failures, load.failures[:5]
     cluster.wait_converged(timeout_s=60)
     expected = {job_id: key for key, job_id in load.acknowledged.items()}
