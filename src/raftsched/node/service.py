@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager, suppress
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -50,6 +50,7 @@ from raftsched.node.auth import (
     read_or_create_admin_secret,
 )
 from raftsched.node.backup import Backups
+from raftsched.node.change import Change
 from raftsched.node.clock import LeaderClock
 from raftsched.node.draws import Draws
 from raftsched.node.identity import (
@@ -132,7 +133,7 @@ class Node:
         self.backups = Backups(self.replica, config.node_id)  # GET /v1/backup
         # Peers' identities from their last GET /v1/time answers, by URL.
         self._peer_identities: dict[str, PeerIdentity | None] = {}
-        self._changed = asyncio.Event()
+        self._changed = Change()
         self._notify_scheduled = False
         # Who the members are (node.membership): the start-up flags until the
         # replicated directory has a record, which then wins.
@@ -221,7 +222,7 @@ class Node:
     def _notify_changed(self) -> None:
         self._notify_scheduled = False
         self._refresh_membership()
-        changed, self._changed = self._changed, asyncio.Event()
+        changed, self._changed = self._changed, Change()
         changed.set()
 
     def _leadership_threadsafe(self, is_leader: bool, term: int) -> None:
@@ -408,8 +409,8 @@ class Node:
     def status(self) -> RaftStatus:
         return self.raft.status()
 
-    def changed(self) -> asyncio.Event:
-        """An event set at the next applied entry or leadership change."""
+    def changed(self) -> Change:
+        """Set at the next applied entry or leadership change (node.change)."""
         return self._changed
 
     # -- claims (long-poll) ---------------------------------------------------
@@ -441,11 +442,9 @@ class Node:
             remaining = deadline - self.loop.time()
             if remaining <= 0:
                 return []
-            try:
-                await asyncio.wait_for(changed.wait(), min(remaining, wait_more_s or remaining))
-            except TimeoutError:
-                if self.loop.time() >= deadline:
-                    return []
+            woken = await changed.wait_s(min(remaining, wait_more_s or remaining))
+            if not woken and self.loop.time() >= deadline:
+                return []
 
     def _claim_wait_s(self, queues: tuple[str, ...]) -> float | None:
         """0 when a claim of `queues` would be granted a job now, the seconds
@@ -471,8 +470,7 @@ class Node:
                     await self._tick(now_ms)
                     continue
                 timeout = None if due_ms is None else (due_ms - now_ms) / 1000
-                with suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), timeout)
+                await changed.wait_s(timeout)
         except asyncio.CancelledError:
             raise
         except NotLeader:
