@@ -28,10 +28,13 @@ One round, for each tree (the jobs of a round flow through all four kinds):
 Figures, per tree and request kind (keys of `results.<tree>.<kind>`; medians
 over the rounds; CPU is user + system time from /proc, in microseconds):
 - `leader_us`: the leader process's CPU during the phase / requests;
+  `leader_system_us` the part of it spent in the kernel (system calls:
+  sockets, fsync, wake-ups between threads);
 - `follower_us`: each follower's CPU / requests (the mean of the two);
-- `client_us`: the client processes' own CPU (`time.process_time` around
-  the phase, all of them summed) / requests: the SDK's cost, building the
-  request, the socket calls and parsing the answer;
+- `client_us`: the client processes' own CPU (`os.times` around the
+  phase, all of them summed) / requests: the SDK's cost, building the
+  request, the socket calls and parsing the answer; `client_system_us`
+  the part of it spent in the kernel;
 - `total_us`: leader + both followers + clients, / requests: all the CPU
   the request kind costs on this machine;
 - `requests_per_s`: requests / the phase's wall time (with CLIENTS clients
@@ -68,7 +71,14 @@ from pathlib import Path
 from typing import Any
 
 KINDS = ("submit", "claim", "start", "complete")
-FIGURES = ("leader_us", "follower_us", "client_us", "total_us")
+FIGURES = (
+    "leader_us",
+    "leader_system_us",
+    "follower_us",
+    "client_us",
+    "client_system_us",
+    "total_us",
+)
 PAYLOAD = {"order": "ord_000000000001", "amount": 1200, "currency": "EUR"}
 RESULT = {"charged": True, "receipt": "rcpt_000000000001"}
 QUEUE = "rp"
@@ -93,7 +103,7 @@ def driver(url: str, index: int) -> None:
         if kind == "quit":
             break
         count = int(count_text or 0)
-        cpu_before, wall_before = time.process_time(), time.monotonic()
+        times_before, wall_before = os.times(), time.monotonic()
         done = 0
         if kind == "submit":
             for _ in range(count):
@@ -116,10 +126,12 @@ def driver(url: str, index: int) -> None:
                 client.complete(job_id, token, RESULT)
                 done += 1
             leases = []
+        times = os.times()
         answer = {
             "kind": kind,
             "done": done,
-            "cpu_s": time.process_time() - cpu_before,
+            "cpu_s": times.user + times.system - times_before.user - times_before.system,
+            "system_s": times.system - times_before.system,
             "wall_s": time.monotonic() - wall_before,
         }
         print(json.dumps(answer), flush=True)
@@ -129,10 +141,11 @@ def driver(url: str, index: int) -> None:
 # -- the orchestrator ----------------------------------------------------------------
 
 
-def cpu_s(pid: int) -> float:
-    """User plus system CPU seconds of a process so far (Linux)."""
+def cpu_s(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of a process so far (Linux)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def loadavg() -> str:
@@ -226,16 +239,20 @@ class Tree:
         done = sum(answer["done"] for answer in answers)
         if done < share * len(self.clients):
             raise RuntimeError(f"{self.name}: {kind} did {done} of {share * len(self.clients)}")
-        spent = [b - a for a, b in zip(before, after, strict=True)]
+        spent = [sum(b) - sum(a) for a, b in zip(before, after, strict=True)]
+        leader_system = after[0][1] - before[0][1]
         clients = sum(answer["cpu_s"] for answer in answers)
+        clients_system = sum(answer["system_s"] for answer in answers)
 
         def per(seconds: float) -> float:
             return round(seconds * 1e6 / done, 1)
 
         return {
             "leader_us": per(spent[0]),
+            "leader_system_us": per(leader_system),
             "follower_us": per(statistics.mean(spent[1:])),
             "client_us": per(clients),
+            "client_system_us": per(clients_system),
             "total_us": per(sum(spent) + clients),
             "requests_per_s": round(done / wall, 1),
         }
