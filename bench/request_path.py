@@ -38,7 +38,11 @@ over the rounds; CPU is user + system time from /proc, in microseconds):
 - `total_us`: leader + both followers + clients, / requests: all the CPU
   the request kind costs on this machine;
 - `requests_per_s`: requests / the phase's wall time (with CLIENTS clients
-  one request at a time each; informative only, CPU is the figure to compare).
+  one request at a time each; informative only, CPU is the figure to compare);
+- `entries_per_request`: Raft entries the leader proposed during the phase
+  (its `raftsched_raft_entries_proposed_total`) / requests: below 1 when
+  group commit put several requests' commands in one entry. Much of the
+  CPU is per entry, so compare trees at similar figures.
 `results.<tree>.job` sums the four kinds' CPU figures: the cost of one job's
 life cycle, one job per request.
 
@@ -49,8 +53,10 @@ raw figures; `loadavg_before` and
 `loadavg_after` are /proc/loadavg, since the machine is shared.
 
 `--py-spy DIR` also records, with py-spy (not a dependency: install it in
-the venv to use this), the new tree's leader and one of its clients for the
-whole run, as raw collapsed stacks in DIR (open with e.g. speedscope).
+the venv to use this), the new tree's leader, a follower and a client for
+the whole run (`--gil`: only what holds the interpreter), as raw collapsed
+stacks in DIR (open with e.g. speedscope). py-spy stops a process to take
+each sample, so figures of such a run are not comparable with others.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +155,16 @@ def cpu_s(pid: int) -> tuple[float, float]:
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
+def entries_proposed(url: str, token: str) -> float:
+    """The leader's raftsched_raft_entries_proposed_total, from /metrics."""
+    request = urllib.request.Request(url + "/metrics", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        for line in answer.read().decode().splitlines():
+            if line.startswith("raftsched_raft_entries_proposed_total "):
+                return float(line.split()[1])
+    return float("nan")
+
+
 def loadavg() -> str:
     try:
         return Path("/proc/loadavg").read_text().strip()
@@ -168,6 +185,7 @@ class Tree:
     root: Path
     cluster: Any = None
     leader_pid: int = 0
+    leader_url: str = ""
     follower_pids: list[int] = field(default_factory=list)
     clients: list[subprocess.Popen[str]] = field(default_factory=list)
     profilers: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -186,7 +204,7 @@ class Tree:
                 self.leader_pid = pid
             else:
                 self.follower_pids.append(pid)
-        url = self.cluster.nodes[leader].http_url
+        url = self.leader_url = self.cluster.nodes[leader].http_url
         client_env = {
             **os.environ,
             "PYTHONPATH": str(self.src),
@@ -206,7 +224,11 @@ class Tree:
 
     def profile(self, directory: Path) -> None:
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        targets = {"leader": self.leader_pid, "client": self.clients[0].pid}
+        targets = {
+            "leader": self.leader_pid,
+            "follower": self.follower_pids[0],
+            "client": self.clients[0].pid,
+        }
         for what, pid in targets.items():
             out = directory / f"{self.name}-{what}.txt"
             command = [py_spy, "record", "--pid", str(pid), "--rate", "400", "--gil"]
@@ -219,6 +241,7 @@ class Tree:
         """Run one phase on every client at once; the CPU figures per request."""
         share = requests // len(self.clients)
         pids = [self.leader_pid, *self.follower_pids]
+        entries_before = entries_proposed(self.leader_url, self.cluster.admin_token)
         before = [cpu_s(pid) for pid in pids]
         wall_before = time.monotonic()
         for process in self.clients:
@@ -234,6 +257,7 @@ class Tree:
             answers.append(json.loads(line))
         wall = time.monotonic() - wall_before
         after = [cpu_s(pid) for pid in pids]
+        entries = entries_proposed(self.leader_url, self.cluster.admin_token) - entries_before
         if time.monotonic() - wall_before > PHASE_TIMEOUT_S:
             raise RuntimeError(f"{self.name}: {kind} took {wall:.0f} s")
         done = sum(answer["done"] for answer in answers)
@@ -255,6 +279,7 @@ class Tree:
             "client_system_us": per(clients_system),
             "total_us": per(sum(spent) + clients),
             "requests_per_s": round(done / wall, 1),
+            "entries_per_request": round(entries / done, 3),
         }
 
     def stop(self) -> None:
@@ -282,7 +307,7 @@ def medians(rounds: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, fl
     for kind in KINDS:
         out[kind] = {
             figure: round(statistics.median(r[kind][figure] for r in rounds), 1)
-            for figure in (*FIGURES, "requests_per_s")
+            for figure in (*FIGURES, "requests_per_s", "entries_per_request")
         }
     out["job"] = {figure: round(sum(out[kind][figure] for kind in KINDS), 1) for figure in FIGURES}
     return out
@@ -312,7 +337,7 @@ def main() -> None:
     parser.add_argument("--src", type=Path, help="another source tree to compare with (old)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=2000, help="per kind and round")
-    parser.add_argument("--clients", type=int, default=4, help="client processes per tree")
+    parser.add_argument("--clients", type=int, default=8, help="client processes per tree")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 400 (a smoke run)")
     parser.add_argument("--py-spy", type=Path, help="record the new tree's leader and a client")
     parser.add_argument("--driver", help=argparse.SUPPRESS)
