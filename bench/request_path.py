@@ -365,7 +365,10 @@ def main() -> None:
     try:
         for tree in trees:
             tree.start(args.clients)
-            log(f"{tree.name}: cluster of {tree.src} up, {args.clients} clients")
+            log(
+                f"{tree.name}: cluster of {tree.src} up, leader pid {tree.leader_pid}, "
+                f"{args.clients} clients"
+            )
         if args.py_spy is not None:
             args.py_spy.mkdir(parents=True, exist_ok=True)
             trees[0].profile(args.py_spy)
