@@ -10,6 +10,9 @@ to the leader. Prints one JSON object as its last line.
     .venv/bin/python bench/request_path.py --src /tmp/main/src   # this tree against another
     .venv/bin/python bench/request_path.py --quick               # a smoke run (about 30 s)
 
+The defaults (5 rounds of 2,000 requests per kind, 8 clients, as the
+issue's 8 workers) take about three minutes with `--src`.
+
 With `--src`, both trees' clusters run side by side for the whole run, and
 their phases alternate, one request kind at a time, in ABBA order (new old,
 old new, ...): whatever else the machine does drifts over minutes, and a
@@ -37,8 +40,8 @@ over the rounds; CPU is user + system time from /proc, in microseconds):
   the part of it spent in the kernel;
 - `total_us`: leader + both followers + clients, / requests: all the CPU
   the request kind costs on this machine;
-- `requests_per_s`: requests / the phase's wall time (with CLIENTS clients
-  one request at a time each; informative only, CPU is the figure to compare);
+- `requests_per_s`: requests / the phase's wall time (with `--clients`
+  clients one request at a time each; informative only, CPU is the figure to compare);
 - `entries_per_request`: Raft entries the leader proposed during the phase
   (its `raftsched_raft_entries_proposed_total`) / requests: below 1 when
   group commit put several requests' commands in one entry. Much of the
@@ -47,10 +50,11 @@ over the rounds; CPU is user + system time from /proc, in microseconds):
 life cycle, one job per request.
 
 `ratios.<kind>.<figure>` (with `--src`): new / old per round, and their
-median. "new" is the tree this script belongs to, "old" the `--src` tree.
+median. "new" is the tree this script belongs to (or `--new DIR`), "old"
+the `--src` tree.
 `trees` names each tree's source directory, `rounds` keeps every round's
-raw figures; `loadavg_before` and
-`loadavg_after` are /proc/loadavg, since the machine is shared.
+raw figures; `loadavg_before` and `loadavg_after` are /proc/loadavg,
+since the machine is shared.
 
 `--py-spy DIR` also records, with py-spy (not a dependency: install it in
 the venv to use this), the new tree's leader, a follower and a client for
@@ -326,7 +330,8 @@ def ratios(new: list[dict[str, Any]], old: list[dict[str, Any]]) -> dict[str, An
                 else:
                     num, den = a[kind][figure], b[kind][figure]
                 per_round.append(round(num / den, 3) if den else float("nan"))
-            out[kind][figure] = {"rounds": per_round, "median": statistics.median(per_round)}
+            median = round(statistics.median(per_round), 3)
+            out[kind][figure] = {"rounds": per_round, "median": median}
     return out
 
 
@@ -335,6 +340,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     parser.add_argument("--src", type=Path, help="another source tree to compare with (old)")
+    parser.add_argument(
+        "--new", type=Path, default=THIS_SRC, help="the new tree (default: this script's)"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--requests", type=int, default=2000, help="per kind and round")
     parser.add_argument("--clients", type=int, default=8, help="client processes per tree")
@@ -349,7 +357,7 @@ def main() -> None:
     if args.quick:
         args.rounds, args.requests = 2, 400
     base = Path(tempfile.mkdtemp(prefix="raftsched-reqpath-"))
-    trees = [Tree("new", THIS_SRC, base / "new")]
+    trees = [Tree("new", args.new.resolve(), base / "new")]
     if args.src is not None:
         trees.append(Tree("old", args.src.resolve(), base / "old"))
     result: dict[str, Any] = {
