@@ -4,6 +4,7 @@ and the replica that stops at an entry it cannot decode."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from typing import Any
 
@@ -15,9 +16,18 @@ from aiohttp.test_utils import make_mocked_request
 from raftsched import core
 from raftsched.api.app import _answer
 from raftsched.core import COMMAND_VERSION_MAX, COMMAND_VERSIONS
-from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, Configure, LeaseBatch, SetQueue
+from raftsched.core.jobs.commands import (
+    ClaimJobs,
+    CompleteJob,
+    Configure,
+    LeaseBatch,
+    SetQueue,
+    StartJob,
+    SubmitJobs,
+)
+from raftsched.core.kernel.cluster_version import CLUSTER_VERSION_DEFAULT
 from raftsched.core.kernel.codec import ENTRY_FORMAT
-from raftsched.core.kernel.commands import Entry, RaiseClusterVersion, TakeOver
+from raftsched.core.kernel.commands import Audited, Entry, JobSpec, RaiseClusterVersion, TakeOver
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.versions import (
     THIS_NODE,
@@ -28,6 +38,7 @@ from raftsched.node.versions import (
     check_allowed,
     from_answer,
     gated,
+    plain,
 )
 from raftsched.raft import StopApplying
 
@@ -180,3 +191,29 @@ def test_a_lease_batch_is_gated_until_the_cluster_is_at_6_and_answered_409() -> 
     assert body["details"]["command"] == "LeaseBatch"
     core.apply_entry(state, Entry(1, 6, (RaiseClusterVersion(6),)))
     check_allowed(state, [batch])
+
+
+def test_the_gate_skips_the_walk_only_for_kinds_that_cannot_hold_a_job_spec() -> None:
+    # The worker protocol's kinds are plain: their commands pass unwalked.
+    assert all(plain(kind) for kind in (ClaimJobs, StartJob, CompleteJob, SetQueue, TakeOver))
+    # A kind that holds job specs, or another command, or is newer, is walked.
+    assert not any(plain(kind) for kind in (SubmitJobs, Audited, RaiseClusterVersion))
+    reconciling = SubmitJobs((JobSpec("q", on_unknown="reconcile"),), ("job_1",))
+    audited = Audited("ops", SetQueue("q", False, None, None, None, None, 0))
+    commands = [
+        StartJob("job_1", 3),
+        CompleteJob("job_1", 3),
+        ClaimJobs("w", ("q",), 1),
+        SubmitJobs((JobSpec("q"),), ("job_2",)),
+        reconciling,
+        audited,
+    ]
+    assert gated(commands) == [reconciling, audited]
+    # Cross-checked against the annotations as written: no plain kind names
+    # a job spec, a command or anything else that could hold one.
+    for kind in COMMAND_VERSIONS:
+        if plain(kind):
+            assert COMMAND_VERSIONS[kind] == CLUSTER_VERSION_DEFAULT, kind
+            for field in dataclasses.fields(kind):
+                written = str(field.type)
+                assert not any(word in written for word in ("Spec", "Command", "Any")), field

@@ -27,6 +27,7 @@ from raftsched.core.events.commands import AckDelivery, CreateSubscription
 from raftsched.core.jobs.commands import CancelJob, SubmitJobs
 from raftsched.core.kernel.commands import Command, Entry, JobSpec, TakeOver
 from raftsched.core.kernel.results import Result
+from raftsched.node.change import Change
 from raftsched.node.metrics import NodeMetrics
 from raftsched.node.proposer import NotLeader
 from raftsched.node.webhook_targets import TargetPolicy
@@ -39,7 +40,7 @@ class DeposedLeader:
     def __init__(self, state: State) -> None:
         self.state = state
         self._metrics = NodeMetrics()
-        self._changed = asyncio.Event()
+        self._changed = Change()
         self.proposed: list[Command] = []
 
     @property
@@ -54,7 +55,7 @@ class DeposedLeader:
     def reading(self) -> Iterator[State]:
         yield self.state
 
-    def changed(self) -> asyncio.Event:
+    def changed(self) -> Change:
         return self._changed
 
     async def propose(

@@ -33,7 +33,7 @@ from aiohttp import web
 from raftsched.api.errors import ApiError
 from raftsched.api.permissions import Permission, allows, permission_for
 from raftsched.api.principal import ALL, ANONYMOUS, Principal, Role, principal_of, set_principal
-from raftsched.api.requests import Handler, node_of
+from raftsched.api.requests import node_of
 from raftsched.core.auth.tokens import Token, find_by_hash
 from raftsched.limits import AUTH_FAILURES_PER_MINUTE
 from raftsched.node.auth import hash_secret, looks_like_secret
@@ -181,17 +181,19 @@ def _authenticate(request: web.Request) -> Principal:
     raise _unauthenticated(messages[reason])
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def authorize(request: web.Request) -> None:
+    """Let the request through to its handler or raise its 401, 403, 404 or
+    429; on the way, put its principal on it. Called for every request by
+    the application's one middleware (`api.app.request_middleware`)."""
     resource = request.match_info.route.resource
     if resource is None:  # no such route: 404 or 405, for anyone
-        return await handler(request)
+        return
     permission = permission_for(request.method, resource.canonical)
     if permission is Permission.PUBLIC:
-        return await handler(request)
+        return
     if not node_of(request).auth_enabled():
         set_principal(request, ANONYMOUS)
-        return await handler(request)
+        return
     principal = _authenticate(request)
     if permission is None or not allows(principal, permission):
         raise ApiError(
@@ -205,7 +207,6 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     ):
         job_id = request.match_info.get("job_id", "")
         raise ApiError("not_found", f"no job {job_id}", {"job_id": job_id})
-    return await handler(request)
 
 
 # -- what a worker may read ---------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from importlib import resources
 
@@ -121,9 +120,7 @@ async def readyz(request: web.Request) -> web.Response:
         remaining_s = deadline - asyncio.get_running_loop().time()
         if remaining_s <= 0:
             break
-        changed = node.changed()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), remaining_s)
+        await node.changed().wait_s(remaining_s)
         status = node.status()
     # A full disk: this node acknowledges no write until there is room
     # (docs/operations.md, "Disk full"); a load balancer should go elsewhere.

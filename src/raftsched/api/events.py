@@ -10,9 +10,7 @@ who sees every tenant (403 otherwise).
 
 from __future__ import annotations
 
-import asyncio
 import time
-from contextlib import suppress
 from typing import Any
 
 from aiohttp import web
@@ -93,8 +91,7 @@ async def list_events(request: web.Request) -> web.Response:
         remaining = deadline - time.monotonic()
         if found or remaining <= 0:
             return json_response(body, headers=headers)
-        with suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), remaining)
+        await changed.wait_s(remaining)
 
 
 def scoped_events(

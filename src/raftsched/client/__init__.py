@@ -1,6 +1,6 @@
 """Typed clients for the raftsched HTTP API.
 
-`Client` blocks (http.client, keep-alive, thread-safe); `AsyncClient` uses
+`Client` blocks (HTTP/1.1 on plain sockets, keep-alive, thread-safe); `AsyncClient` uses
 aiohttp. Both follow redirects to the leader keeping method and body, fail
 over between nodes, wait out 503s, and repeat a request whose outcome is
 unknown only when it is safe (idempotency key, fencing token, or a read); the

@@ -35,6 +35,8 @@ from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote, urlencode
 
+import orjson
+
 from raftsched import timefmt
 from raftsched.client._errors import TransportError
 
@@ -56,7 +58,7 @@ class Response:
     def json(self) -> Any:
         if not self.body:
             return None
-        return json.loads(self.body)
+        return orjson.loads(self.body)  # a JSONDecodeError is json's ValueError
 
     def text(self) -> str:
         return self.body.decode("utf-8", errors="replace")
@@ -126,7 +128,11 @@ def request_headers(call: Call[Any], request_id: str, token: str | None) -> dict
 def encode_body(call: Call[Any]) -> bytes | None:
     if call.body is None:
         return None
-    return json.dumps(call.body, separators=(",", ":")).encode()
+    return _ENCODER.encode(call.body).encode()
+
+
+# `json.dumps` with separators makes an encoder per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def _query(consistency: Consistency | None = None, **params: object) -> tuple[tuple[str, str], ...]:

@@ -126,11 +126,18 @@ class Attempts:
         self._attempts_left = max_attempts
         self._failed_in_round: set[str] = set()
         self._backoff_s = BACKOFF_INITIAL_S
-        self.url = nodes.preferred() + call.path_and_query
+        self._base = nodes.preferred()  # a base already (split_urls)
+        self.url = self._base + call.path_and_query
+        self._base_of = self.url
 
     @property
     def base(self) -> str:
-        return base_of(self.url)
+        """The node `url` goes to (worked out again only when `url` moved:
+        `urlsplit` of a URL never seen before costs microseconds per call)."""
+        url = self.url
+        if url is not self._base_of:
+            self._base, self._base_of = base_of(url), url
+        return self._base
 
     def on_response(self, response: Response) -> Response | float:
         status = response.status

@@ -12,24 +12,24 @@ unique without coordination.
 
 from __future__ import annotations
 
-import base64
 import os
 from collections.abc import Callable
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
-# base64's base32 has the RFC 4648 alphabet; Crockford's is the same 5-bit
-# groups under other letters. Encoding through it is about five times faster
-# than a Python loop, which mattered: a 100-job batch makes 100 ids.
-_RFC4648_TO_CROCKFORD = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", _CROCKFORD)
+# Every pair of Crockford characters, by the 10 bits they stand for: an id
+# is 13 lookups. (Through base64.b32encode, which is Python on 3.11, and a
+# translation it was 3.6 us an id; a 100-job batch makes 100 ids, every
+# submit one.)
+_PAIRS = tuple(first + second for first in _CROCKFORD for second in _CROCKFORD)
+_PAIR_SHIFTS = tuple(range(120, -1, -10))
 
 
 def _base32_id(now_ms: int, random_bits: int) -> str:
     """26 Crockford characters: the low 50 bits of `now_ms`, then 80 bits."""
     value = ((now_ms & ((1 << 50) - 1)) << 80) | (random_bits & ((1 << 80) - 1))
-    # 20 bytes are 32 whole characters; the value is the last 26 of them.
-    text = base64.b32encode(value.to_bytes(20, "big")).decode("ascii")
-    return text[-26:].translate(_RFC4648_TO_CROCKFORD)
+    pairs = _PAIRS
+    return "".join([pairs[(value >> shift) & 1023] for shift in _PAIR_SHIFTS])
 
 
 class IdSource:

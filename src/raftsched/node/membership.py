@@ -115,6 +115,10 @@ class Directory:
         self.removed: dict[str, str] = {}  # removed id -> its Raft address
         self._changes_seen = -1
 
+    def moved(self, state: State) -> bool:
+        """Whether `refresh` of this (our own) state could find a change."""
+        return changes_applied(state) != self._changes_seen
+
     def refresh(self, state: State, *, ours: bool = True) -> bool:
         """Read the replicated directory (caller holds the state); whether it
         changed. `ours=False`: the state is a restored one that still names

@@ -150,8 +150,12 @@ class Proposer:
         queue_bytes_max: int = PROPOSAL_QUEUE_BYTES_MAX,
         on_entry: Callable[[int, float], None] | None = None,
         on_results: Callable[[list[Command], list[object]], None] | None = None,
+        from_raft: Callable[..., None] | None = None,
     ) -> None:
         self._loop = loop
+        # How the Raft thread's answer reaches the loop: the node's one
+        # hand-over per wake-up (Node.from_raft), else call_soon_threadsafe.
+        self._from_raft = from_raft or loop.call_soon_threadsafe
         self._raft = raft
         self._now_ms = now_ms
         self._commands_per_entry_max = commands_per_entry_max
@@ -331,7 +335,7 @@ class Proposer:
 
         def callback(result: object | None, error: str | None) -> None:
             # Runs on the Raft thread.
-            self._loop.call_soon_threadsafe(self._finish, batch_id, result, error)
+            self._from_raft(self._finish, batch_id, result, error)
 
         try:
             self._raft.propose(data, callback)

@@ -20,6 +20,7 @@ from raftsched import core
 from raftsched.core.kernel.commands import Command
 from raftsched.core.kernel.results import Lease, Rejected, Result
 from raftsched.node.backup import Backups
+from raftsched.node.change import Change
 from raftsched.node.membership import Directory, Driver
 from raftsched.node.metrics import NodeMetrics
 from raftsched.node.observability import Observer
@@ -46,8 +47,8 @@ class StateView(Protocol):
         """Hold the state still while the caller reads it."""
         ...
 
-    def changed(self) -> asyncio.Event:
-        """An event set at the next applied entry or leadership change."""
+    def changed(self) -> Change:
+        """Set at the next applied entry or leadership change (node.change)."""
         ...
 
     async def propose(

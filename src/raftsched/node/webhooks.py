@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import random
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,8 +171,7 @@ class WebhookDelivery:
                 for sub_id, target in wanted.items():
                     if sub_id not in self._workers:
                         self._workers[sub_id] = asyncio.create_task(self._serve(target))
-                with suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), IDLE_WAIT_S)
+                await changed.wait_s(IDLE_WAIT_S)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -199,8 +197,7 @@ class WebhookDelivery:
                     await self._deliver_batch(target, events, through_seq)
                     continue
                 if not retries:
-                    with suppress(TimeoutError):
-                        await asyncio.wait_for(changed.wait(), IDLE_WAIT_S)
+                    await changed.wait_s(IDLE_WAIT_S)
         except asyncio.CancelledError:
             raise
         except (NotLeader, NotCommitted, OutcomeUnknown) as error:
