@@ -20,7 +20,7 @@ from raftsched.testing import LocalCluster
 QUEUE_COMMANDS_MAX = 4
 BATCHES = 150  # batch submissions of JOBS_PER_BATCH jobs, each one command
 JOBS_PER_BATCH = 3
-LEASE_BATCHES = 20  # of OPS_PER_BATCH starts, each op one command
+LEASE_BATCHES = 20  # of OPS_PER_BATCH starts, each batch one LeaseBatch command (version 6)
 OPS_PER_BATCH = 3
 ROUNDS_MAX = 5
 
@@ -123,7 +123,7 @@ def test_a_full_proposal_queue_answers_503_and_commits_nothing_of_the_request(
                     else:
                         assert_refused_properly(status, body, headers)
                         not_started += job_ids
-                        refused_commands += len(group)
+                        refused_commands += 1  # the batch's ops are one command
                 if refused_keys and not_started and acknowledged and started:
                     break
             assert refused_keys, "the burst never filled the queue"

@@ -298,7 +298,7 @@ async def lease_batch(request: web.Request) -> web.Response:
     # the valid ones are queued together, so group commit puts them in one entry.
     # They are queued all or none: when the proposer's queue has no room for
     # them the whole request is answered 503 unavailable and nothing commits.
-    # The claim (`next`) is made after them, whatever their outcomes.
+    # The claim (`next`) is made after them, unless every one was refused.
     slots: list[tuple[str, ApiError | None]] = []
     commands: list[Command] = []
     for index, raw in enumerate(ops):

@@ -135,8 +135,10 @@ async def _propose_as_one_command(
     command = ops[0] if alone else LeaseBatch(tuple(ops), claim_now)
     node.metrics.lease_requests.labels("one_command").inc()
     try:
-        result = await node.propose(command, size_bytes)  # NotLeader, QueueFull: raised
-    except (NotCommitted, OutcomeUnknown) as error:
+        result = await node.propose(command, size_bytes)
+    except QueueFull:  # nothing was queued: the whole request is refused (503)
+        raise
+    except (NotCommitted, OutcomeUnknown) as error:  # queued, then lost or unknown
         return LeaseOpsOutcome([error] * len(ops), None if claim is None else error)
     claimed: Result | None = None
     if alone:
