@@ -209,7 +209,7 @@ class NsCluster(LocalCluster):
             preload.append(self.faketime)
             env += [
                 f"FAKETIME_TIMESTAMP_FILE={node.clock_file}",
-                "FAKETIME_NO_CACHE=1",
+                "FAKETIME_CACHE_DURATION=1",
                 "FAKETIME_DONT_FAKE_MONOTONIC=1",
             ]
         if preload:
@@ -308,7 +308,8 @@ class NsCluster(LocalCluster):
         return found
 
     def set_clock_offset(self, index: int, offset_s: float) -> None:
-        """libfaketime re-reads the file on every clock call (FAKETIME_NO_CACHE)."""
+        """libfaketime re-reads the file at most once a second
+        (FAKETIME_CACHE_DURATION=1; docs/chaos.md says why not on every call)."""
         path = self.node(index).clock_file
         tmp = path.with_suffix(".tmp")
         tmp.write_text(f"{offset_s:+.3f}\n")
