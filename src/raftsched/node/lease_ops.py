@@ -89,7 +89,7 @@ async def propose_lease_ops(
     queued; every later failure is in the outcome."""
     deadline = asyncio.get_running_loop().time() + (claim.wait_s if claim is not None else 0.0)
     if claim is not None or len(ops) > 1:
-        together = await _propose_as_one_command(node, ops, claim, size_bytes)
+        together = await _propose_as_one_command(node, ops, claim, deadline, size_bytes)
         if together is not None:
             return together
     if ops:
@@ -106,21 +106,26 @@ async def propose_lease_ops(
 
 
 async def _propose_as_one_command(
-    node: NodeView, ops: Sequence[Command], claim: ClaimRequest | None, size_bytes: int
+    node: NodeView,
+    ops: Sequence[Command],
+    claim: ClaimRequest | None,
+    deadline: float,
+    size_bytes: int,
 ) -> LeaseOpsOutcome | None:
     """On a cluster of version LEASE_BATCH_CLUSTER_VERSION or later: the ops
     and the claim as one core command (`LeaseBatch`), one future and one row
-    in the entry instead of one per op and one for the claim. None: the
-    cluster is older (or the claim names no holder), take the path in turn.
+    in the entry instead of one per op and one for the claim. None: take the
+    path in turn, because the cluster is older, the claim names no holder,
+    or there is one op and nothing to claim now (the op alone is the
+    cheaper command, and the long-poll follows it either way).
 
     The claim goes into the command only when a claim of its queues would be
-    granted a job now; otherwise it would only be refused nothing, and the
-    long-poll that follows (`claim_until`, for what is left of its wait) is
-    the same either way. The core skips the claim when every op was refused,
-    which for the single forms (one op) is `after_success_only`."""
+    granted a job now; otherwise the long-poll that follows (`claim_until`,
+    until `deadline`) is what finds it. The core skips the claim when every
+    op was refused, which for the single forms (one op) is
+    `after_success_only`."""
     if not ops or node.cluster_version() < LEASE_BATCH_CLUSTER_VERSION:
         return None
-    loop = asyncio.get_running_loop()
     worker_id: str | None = None
     claim_now: ClaimJobs | None = None
     if claim is not None:
@@ -129,33 +134,27 @@ async def _propose_as_one_command(
             return None
         if node.claim_wait_s(claim.queues) == 0:
             claim_now = ClaimJobs(worker_id, claim.queues, claim.max_jobs, claim.lease_ms)
-    deadline = loop.time() + (claim.wait_s if claim is not None else 0.0)
-    # One op and nothing to claim now: the op alone is the cheaper command.
-    alone = claim_now is None and len(ops) == 1
-    command = ops[0] if alone else LeaseBatch(tuple(ops), claim_now)
+    if claim_now is None and len(ops) == 1:
+        return None
     node.metrics.lease_requests.labels("one_command").inc()
     try:
-        result = await node.propose(command, size_bytes)
+        result = await node.propose(LeaseBatch(tuple(ops), claim_now), size_bytes)
     except QueueFull:  # nothing was queued: the whole request is refused (503)
         raise
     except (NotCommitted, OutcomeUnknown) as error:  # queued, then lost or unknown
         return LeaseOpsOutcome([error] * len(ops), None if claim is None else error)
-    claimed: Result | None = None
-    if alone:
-        results: list[OpOutcome] = [result]
-    elif isinstance(result, BatchApplied):
-        results, claimed = list(result.results), result.claimed
-    else:  # the batch refused as a whole (cannot happen for valid ops)
+    if not isinstance(result, BatchApplied):  # refused whole (cannot happen for valid ops)
         return LeaseOpsOutcome([result] * len(ops), None)
-    if claim is None or worker_id is None:
+    results: list[OpOutcome] = list(result.results)
+    if claim is None or all(isinstance(each, Rejected) for each in results):
         return LeaseOpsOutcome(results, None)
-    if all(isinstance(each, Rejected) for each in results):
-        return LeaseOpsOutcome(results, None)
+    assert worker_id is not None
+    claimed = result.claimed
     if isinstance(claimed, Rejected):
         return LeaseOpsOutcome(results, claimed)
     if isinstance(claimed, Claimed) and claimed.leases:
         return LeaseOpsOutcome(results, list(claimed.leases))
-    # Nothing to grant yet: long-poll like a claim for the rest of the wait.
+    # Nothing to grant yet: long-poll like a claim until the deadline.
     return LeaseOpsOutcome(results, await claim_until(node, claim, worker_id, deadline))
 
 
