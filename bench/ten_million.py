@@ -41,8 +41,10 @@ their data directories under one temporary directory under --dir (default
    (encode and write, in the forked child) and, if the node exports them,
    raftsched_snapshot_fork_pause_seconds, raftsched_snapshot_load_seconds
    and every other raftsched_snapshot_* / *_cow_* family (null when absent).
-   snapshot_bytes: each node's `raft.snapshot` file on disk; journal_bytes
-   the rest of its data directory.
+   disk: each node's `raft.snapshot` file on disk (snapshot_bytes) and the
+   rest of its data directory (other_bytes: the journal, mostly).
+   rss_after_snapshot_bytes and _growth_bytes_per_job: step 3's figures again
+   now that every node has compacted its log.
 7. leader SIGKILL: failover_s = from the SIGKILL until a surviving node
    accepts a write (POST /v1/jobs answered 201, a redirect followed by hand);
    restart_to_ready_s = from starting the killed node again until its
@@ -756,6 +758,12 @@ def run(cluster: LocalCluster, args: argparse.Namespace, guard: MemoryGuard) -> 
     out["snapshot_at_n"] = wait_for_snapshots(cluster, load_ended, args.snapshot_wait_s, guard)
     out["snapshots"] = {n: snapshot_metrics(node.http_url) for n, node in cluster.nodes.items()}
     out["disk"] = {n: disk_figures(node.data_dir) for n, node in cluster.nodes.items()}
+    # Again once every node has compacted its log (entries no longer held in memory).
+    later = {node_id: rss_bytes(pid) for node_id, pid in guard.nodes.items()}
+    out["rss_after_snapshot_bytes"] = later
+    out["rss_after_snapshot_growth_bytes_per_job"] = {
+        node_id: round((later[node_id] - baseline[node_id]) / args.jobs, 1) for node_id in later
+    }
     encode = [f["snapshot_encode_s"] for f in out["snapshots"].values()]
     out["snapshot_encode_s_max"] = max((e for e in encode if e is not None), default=None)
     pauses = [f["snapshot_fork_pause_s"] for f in out["snapshots"].values()]
