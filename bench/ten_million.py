@@ -19,7 +19,12 @@ their data directories under one temporary directory under --dir (default
    one of 16 tenants, a 30-character idempotency key, and a `run_at` spread
    uniformly over the next 30 days. A 503 or 504 answer is retried with the
    same request (the keys make it idempotent); `load_retries` counts them.
-   load_jobs_per_s = jobs / the load's wall time. Afterwards the benchmark
+   load_jobs_per_s = jobs / the load's wall time. load_cpu_ms_per_job: CPU
+   time (user + system, /proc, as bench/versus/measure.py counts it) per job
+   of the leader, the followers (a list's sum), the load processes, their
+   total, the whole machine and `other` (the rest of the machine);
+   load_cores_busy: the nodes' and the machine's CPU seconds per wall second
+   (ours excludes the load processes there). Afterwards the benchmark
    waits until every replica has applied the leader's commit index
    (settle_s).
 3. memory: every node's resident memory now, and its growth over the
@@ -87,6 +92,7 @@ from typing import Any
 
 import aiohttp
 from cluster import auth_headers, loadavg, ms, percentile, settle  # bench/cluster.py
+from versus import measure  # bench/versus/measure.py
 from versus.common import PAYLOAD, Control, payload_bytes  # bench/versus/common.py
 from versus_postgres import REFUSED_FILESYSTEMS, filesystem_of  # bench/versus_postgres.py
 
@@ -402,6 +408,11 @@ def load(
         }
         for first in range(0, args.jobs, per)
     ]
+    roles = {
+        "leader": [guard.nodes[leader]],
+        "followers": [pid for node_id, pid in sorted(guard.nodes.items()) if node_id != leader],
+    }
+    cpu_before, own_before = measure.snapshot(roles), sum(os.times()[:4])
     submitters = Submitters(home / "load", cfgs)
     guard.agents = submitters.pids
     guard.on_abort = submitters.kill
@@ -430,6 +441,13 @@ def load(
     finally:
         submitters.close()
         guard.agents = []
+    # The load processes have been reaped: their CPU time is in this process's
+    # children's time (os.times), beside this process's own.
+    cpu_after, own = measure.snapshot(roles), sum(os.times()[:4]) - own_before
+    cpu = measure.cpu_per_job(cpu_before, cpu_after, args.jobs)
+    cpu["load_processes"] = round(own * 1000 / args.jobs, 3)
+    cpu["total"] = round(cpu["total"] + cpu["load_processes"], 3)
+    cpu["other"] = round(cpu["other"] - cpu["load_processes"], 3)
     ids = [v for r in results for k, v in sorted(r["ids"].items(), key=lambda kv: int(kv[0]))]
     stored = sum(r["stored"] for r in results)
     if stored != args.jobs:
@@ -439,6 +457,8 @@ def load(
         "load_s": round(elapsed, 2),
         "load_jobs_per_s": round(stored / elapsed, 1),
         "load_retries": sum(r["retries"] for r in results),
+        "load_cpu_ms_per_job": cpu,
+        "load_cores_busy": measure.cores_busy(cpu_before, cpu_after),
         "sample_job_ids": [ids[0], ids[-1]] if ids else [],
     }
 
