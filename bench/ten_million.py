@@ -61,7 +61,11 @@ Memory guard: a thread samples every second the resident memory of every
 process of the run (the nodes, their forked snapshot writers, the load
 processes and this one). A snapshot writer shares its parent's pages until
 either writes them, so only its private pages (/proc/PID/smaps_rollup) are
-added. peak_total_bytes / machine_bytes is peak_fraction. Past --memory-limit
+added. peak_total_bytes / machine_bytes is peak_fraction.
+peak_writer_private_bytes_by_node: the largest private memory of one node's
+writer (its copy-on-write growth, plus the writer's own buffers), and
+peak_node_with_writer_bytes: the largest node RSS plus that at one sample,
+what one replica's machine must hold. Past --memory-limit
 (0.75 of the machine) the run aborts: the load processes are killed at once,
 the cluster is stopped and the JSON says `aborted`. machine_used_peak_fraction
 is the whole machine's (MemTotal - MemAvailable), other users included.
@@ -167,7 +171,8 @@ def private_bytes(pid: int) -> int:
     return total
 
 
-def children_of(parents: set[int]) -> list[int]:
+def children_of(parents: set[int]) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every process whose parent is in `parents`."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -176,8 +181,9 @@ def children_of(parents: set[int]) -> list[int]:
             stat = Path(entry.path, "stat").read_text()
         except OSError:
             continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) in parents:
-            found.append(int(entry.name))
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent in parents:
+            found.append((int(entry.name), parent))
     return found
 
 
@@ -201,6 +207,8 @@ class MemoryGuard(threading.Thread):
         self.agents: list[int] = []
         self.peak_total = 0
         self.peak_nodes: dict[str, int] = {}
+        self.peak_writer: dict[str, int] = {}  # a node's snapshot writer's private pages
+        self.peak_node_and_writer: dict[str, int] = {}
         self.peak_forks = 0
         self.peak_agents = 0
         self.peak_machine_used = 0
@@ -210,7 +218,11 @@ class MemoryGuard(threading.Thread):
 
     def sample(self) -> int:
         nodes = {node_id: rss_bytes(pid) for node_id, pid in self.nodes.items()}
-        forks = sum(private_bytes(pid) for pid in children_of(set(self.nodes.values())))
+        by_pid = {pid: node_id for node_id, pid in self.nodes.items()}
+        writers = dict.fromkeys(self.nodes, 0)
+        for child, parent in children_of(set(by_pid)):
+            writers[by_pid[parent]] += private_bytes(child)
+        forks = sum(writers.values())
         agents = sum(rss_bytes(pid) for pid in self.agents) + rss_bytes(os.getpid())
         total = sum(nodes.values()) + forks + agents
         info = meminfo()
@@ -219,6 +231,11 @@ class MemoryGuard(threading.Thread):
         )
         for node_id, value in nodes.items():
             self.peak_nodes[node_id] = max(self.peak_nodes.get(node_id, 0), value)
+            with_writer = value + writers[node_id]
+            self.peak_node_and_writer[node_id] = max(
+                self.peak_node_and_writer.get(node_id, 0), with_writer
+            )
+            self.peak_writer[node_id] = max(self.peak_writer.get(node_id, 0), writers[node_id])
         self.peak_forks = max(self.peak_forks, forks)
         self.peak_agents = max(self.peak_agents, agents)
         self.peak_total = max(self.peak_total, total)
@@ -251,6 +268,8 @@ class MemoryGuard(threading.Thread):
             "peak_fraction": round(self.peak_total / self.machine_bytes, 4),
             "peak_node_rss_bytes": dict(sorted(self.peak_nodes.items())),
             "peak_snapshot_writer_private_bytes": self.peak_forks,
+            "peak_writer_private_bytes_by_node": dict(sorted(self.peak_writer.items())),
+            "peak_node_with_writer_bytes": dict(sorted(self.peak_node_and_writer.items())),
             "peak_load_processes_bytes": self.peak_agents,
             "machine_used_peak_fraction": round(self.peak_machine_used / self.machine_bytes, 4),
             "memory_samples": self.samples,
