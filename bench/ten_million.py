@@ -17,8 +17,9 @@ their data directories under one temporary directory under --dir (default
    flight). Every job is shaped as bench/core.py and bench/versus make them:
    the ~200-byte JSON payload of bench/versus/common.py, one of 8 queues,
    one of 16 tenants, a 30-character idempotency key, and a `run_at` spread
-   uniformly over the next 30 days. A 503 or 504 answer is retried with the
-   same request (the keys make it idempotent); `load_retries` counts them.
+   uniformly over the next 30 days. A 503 or 504 answer, or no answer, is
+   retried with the same request (the keys make it idempotent), a 307 (the
+   leader changed) is followed; `load_retries` counts them.
    load_jobs_per_s = jobs / the load's wall time. load_cpu_ms_per_job: CPU
    time (user + system, /proc, as bench/versus/measure.py counts it) per job
    of the leader, the followers (a list's sum), the load processes, their
@@ -39,7 +40,7 @@ their data directories under one temporary directory under --dir (default
    starting `--due-ahead-s` after their submission, while `--due-workers`
    long-poll claims (max_jobs 100, wait_s 5) wait for them. Lag = the wall
    time the lease arrived minus the job's run_at (one machine, one clock).
-6. snapshots at N: waits (at most `--snapshot-wait-s`) until every node has
+6. snapshots at N: waits (at most `--snapshot-wait-s`, 900 s) until every node has
    written a snapshot that started after the load ended (pysyncobj takes one
    after `--log-compaction-entries` entries or 300 s, whichever first), then
    reads each node's /metrics: raftsched_raft_snapshot_duration_seconds
@@ -67,7 +68,8 @@ writer (its copy-on-write growth, plus the writer's own buffers), and
 peak_node_with_writer_bytes: the largest node RSS plus that at one sample,
 what one replica's machine must hold. Past --memory-limit
 (0.75 of the machine) the run aborts: the load processes are killed at once,
-the cluster is stopped and the JSON says `aborted`. machine_used_peak_fraction
+the nodes are stopped (SIGTERM), every step still running is cancelled,
+and the JSON says `aborted`, with the figures measured until then. machine_used_peak_fraction
 is the whole machine's (MemTotal - MemAvailable), other users included.
 
 Every wait is bounded; the cluster and the load processes are stopped at
@@ -90,9 +92,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from cluster import auth_headers, loadavg, ms, percentile, settle  # bench/cluster.py
@@ -105,6 +107,7 @@ from raftsched.testing import LocalCluster, metrics_text
 from raftsched.timefmt import format_ms
 
 BENCH_DIR = Path(__file__).resolve().parent
+T = TypeVar("T")
 BATCH = 1000
 QUEUES = 8
 TENANTS = 16
@@ -203,6 +206,7 @@ class MemoryGuard(threading.Thread):
         self.machine_bytes = meminfo()["MemTotal"]
         self.limit_bytes = int(limit_fraction * self.machine_bytes)
         self.on_abort = on_abort
+        self.stop_nodes: Callable[[], object] = lambda: None
         self.nodes: dict[str, int] = {}  # node id -> pid (updated on a restart)
         self.agents: list[int] = []
         self.peak_total = 0
@@ -251,7 +255,8 @@ class MemoryGuard(threading.Thread):
                     f"{self.limit_bytes / 2**30:.2f} GiB"
                 )
                 log(f"ABORT: {self.reason}")
-                self.on_abort()
+                self.on_abort()  # the load processes
+                self.stop_nodes()
 
     def check(self) -> None:
         if self.reason is not None:
@@ -321,8 +326,13 @@ async def _submit_range(cfg: dict[str, Any], control: Control, index: int) -> di
                         url + "/v1/jobs/batch", data=body, headers=headers, allow_redirects=False
                     ) as response:
                         status, raw = response.status, await response.read()
+                        location = response.headers.get("Location", "")
                 except (aiohttp.ClientError, TimeoutError):
-                    status, raw = 0, b""
+                    status, raw, location = 0, b"", ""
+                if status == 307 and "/v1/" in location:  # the leader changed: follow it
+                    cfg["url"] = location.split("/v1/", 1)[0]
+                    retries += 1
+                    continue
                 if status == 200:
                     results = orjson.loads(raw)["results"]
                     errors = [r for r in results if "error" in r]
@@ -754,8 +764,28 @@ def node_pids(cluster: LocalCluster) -> dict[str, int]:
 # -- main -----------------------------------------------------------------------------
 
 
-def run(cluster: LocalCluster, args: argparse.Namespace, guard: MemoryGuard) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def guarded(coroutine: Coroutine[Any, Any, T], guard: MemoryGuard) -> T:
+    """Run `coroutine`, cancelled as soon as the memory guard aborts the run."""
+
+    async def watch() -> T:
+        task = asyncio.ensure_future(coroutine)
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.5)
+            if guard.reason is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+                guard.check()
+        return task.result()
+
+    return asyncio.run(watch())
+
+
+def run(
+    cluster: LocalCluster, args: argparse.Namespace, guard: MemoryGuard, out: dict[str, Any]
+) -> None:
+    """The steps of the module doc; their figures go into `out` as they come,
+    so that a run that fails or aborts still reports the ones it has."""
     cluster.start()
     leader = cluster.wait_for_leader(timeout_s=60)
     guard.nodes = node_pids(cluster)
@@ -767,7 +797,7 @@ def run(cluster: LocalCluster, args: argparse.Namespace, guard: MemoryGuard) -> 
 
     out.update(load(cluster, leader, args, guard, Path(cluster.root)))
     load_ended = time.monotonic()
-    out["settle_s"] = asyncio.run(settle(cluster.urls, timeout_s=args.settle_time_limit_s))
+    out["settle_s"] = guarded(settle(cluster.urls, timeout_s=args.settle_time_limit_s), guard)
     guard.check()
     after = {node_id: rss_bytes(pid) for node_id, pid in guard.nodes.items()}
     out["rss_bytes"] = after
@@ -781,14 +811,15 @@ def run(cluster: LocalCluster, args: argparse.Namespace, guard: MemoryGuard) -> 
             for n in sorted(after)
         )
     )
+    leader = cluster.wait_for_leader(timeout_s=60)  # the same, unless it changed in the load
     leader_url = cluster.nodes[leader].http_url
 
-    out.update(asyncio.run(latencies(leader_url, args.latency_samples, args.jobs, guard)))
+    out.update(guarded(latencies(leader_url, args.latency_samples, args.jobs, guard), guard))
     log(
         f"latency at N: submit p50 {out['submit_p50_ms']} ms p99 {out['submit_p99_ms']} ms; "
         f"claim p50 {out['claim_p50_ms']} ms p99 {out['claim_p99_ms']} ms"
     )
-    out.update(asyncio.run(due_to_lease(leader_url, args, guard)))
+    out.update(guarded(due_to_lease(leader_url, args, guard), guard))
     log(
         f"due-to-lease at N: p50 {out['due_to_lease_p50_ms']} ms p99 "
         f"{out['due_to_lease_p99_ms']} ms ({out['due_leased']}/{out['due_expected']})"
@@ -814,13 +845,13 @@ def run(cluster: LocalCluster, args: argparse.Namespace, guard: MemoryGuard) -> 
     )
 
     if args.no_failover:
-        return out
+        return
     leader = cluster.wait_for_leader(timeout_s=60)
     survivors = [node.http_url for node_id, node in cluster.nodes.items() if node_id != leader]
     killed_at = time.monotonic()
     cluster.kill(leader)  # SIGKILL
     guard.nodes = node_pids(cluster)
-    wrote = asyncio.run(first_write(survivors, args.failover_time_limit_s))
+    wrote = guarded(first_write(survivors, args.failover_time_limit_s), guard)
     out["killed"] = leader
     out["failover_s"] = None if wrote is None else round(wrote - killed_at, 3)
     log(f"failover: killed leader {leader}; a write accepted after {out['failover_s']} s")
@@ -828,10 +859,11 @@ def run(cluster: LocalCluster, args: argparse.Namespace, guard: MemoryGuard) -> 
     restarted_at = time.monotonic()
     cluster.start(leader)
     guard.nodes = node_pids(cluster)
-    ready = asyncio.run(
+    ready = guarded(
         ready_with_reads(
             cluster.nodes[leader].http_url, out["sample_job_ids"], args.restart_time_limit_s
-        )
+        ),
+        guard,
     )
     out["restart_to_ready_s"] = None if ready is None else round(ready - restarted_at, 3)
     out["restart_load_s"] = snapshot_metrics(cluster.nodes[leader].http_url)["snapshot_load_s"]
@@ -840,7 +872,6 @@ def run(cluster: LocalCluster, args: argparse.Namespace, guard: MemoryGuard) -> 
         f"restart: {leader} ready and reading jobs after {out['restart_to_ready_s']} s "
         f"(snapshot load {out['restart_load_s']} s)"
     )
-    return out
 
 
 def _exit_on_signal(signum: int, _frame: Any) -> None:
@@ -859,7 +890,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--due-ahead-s", type=float, default=5.0)
     parser.add_argument("--due-spread-s", type=float, default=5.0)
     parser.add_argument("--due-workers", type=int, default=4)
-    parser.add_argument("--snapshot-wait-s", type=float, default=420.0)
+    parser.add_argument("--snapshot-wait-s", type=float, default=900.0)
     parser.add_argument(
         "--log-compaction-entries", type=int, help="the nodes' option (default: theirs)"
     )
@@ -926,14 +957,19 @@ def main() -> None:
     cluster = LocalCluster(root, size=3, durability="fsync", env=env, extra_args=extra)
     os.environ["RAFTSCHED_TOKEN"] = cluster.admin_token  # every call of the run carries it
     guard = MemoryGuard(args.memory_limit, lambda: None)
+    guard.stop_nodes = lambda: [
+        node.process.terminate()
+        for node in cluster.nodes.values()
+        if node.process is not None and node.process.poll() is None
+    ]
     code = 0
     try:
         fs = result["filesystem"] = filesystem_of(root)
         if fs["type"] in REFUSED_FILESYSTEMS:
-            raise SystemExit(f"{root} is on a {fs['type']}; give --dir on a disk")
+            raise RuntimeError(f"{root} is on a {fs['type']}; give --dir on a disk")
         log(f"data under {root} ({fs['type']} at {fs['mount']}); {args.jobs:,} jobs")
         guard.start()
-        result.update(run(cluster, args, guard))
+        run(cluster, args, guard, result)
     except Aborted as error:
         result["aborted"] = str(error)
         code = 2
@@ -941,6 +977,10 @@ def main() -> None:
         result["error"] = f"{type(error).__name__}: {error}"[:3000]
         log(f"ERROR {result['error']}")
         code = 1
+    except (KeyboardInterrupt, SystemExit) as error:  # Ctrl-C, SIGTERM, SIGHUP
+        result["error"] = f"interrupted ({type(error).__name__} {error})"
+        log(f"stopping: {result['error']}")
+        code = 130
     finally:
         guard.stop()
         cluster.stop()
