@@ -99,7 +99,7 @@ from typing import Any, TypeVar
 import aiohttp
 from cluster import auth_headers, loadavg, ms, percentile, settle  # bench/cluster.py
 from versus import measure  # bench/versus/measure.py
-from versus.common import PAYLOAD, Control, payload_bytes  # bench/versus/common.py
+from versus.common import GO, PAYLOAD, Control, payload_bytes  # bench/versus/common.py
 from versus_postgres import REFUSED_FILESYSTEMS, filesystem_of  # bench/versus_postgres.py
 
 from raftsched import child_processes, raft_journal
@@ -114,7 +114,7 @@ TENANTS = 16
 KEY_CHARS = 30
 SPREAD_MS = 30 * 86_400_000
 JSON_HEADERS = {"Content-Type": "application/json"}
-# Families read from each node's /metrics (exact names, or prefixes ending in "_").
+# Gauges read from each node's /metrics (null in the result when a node lacks one).
 SNAPSHOT_GAUGES = {
     "snapshot_encode_s": "raftsched_raft_snapshot_duration_seconds",
     "snapshot_age_s": "raftsched_raft_snapshot_age_seconds",
@@ -291,6 +291,11 @@ def submitter_main(cfg: dict[str, Any]) -> None:
     control = Control(Path(cfg["control"]), cfg["agents"])
     index = cfg["index"]
     control.set_ready(index)
+    deadline = time.monotonic() + 120
+    while control.state != GO:  # every load process starts at once
+        if time.monotonic() > deadline:
+            raise TimeoutError("no GO within 120 s")
+        time.sleep(0.01)
     out = asyncio.run(_submit_range(cfg, control, index))
     Path(cfg["result"]).write_text(json.dumps(out))
     control.close()
@@ -367,7 +372,8 @@ class Submitters:
         self.directory = directory
         self.control = Control(directory / "control", len(cfgs), create=True)
         self.processes: list[subprocess.Popen[bytes]] = []
-        env = {**os.environ, "PYTHONPATH": str(BENCH_DIR)}
+        paths = [str(BENCH_DIR), os.environ.get("PYTHONPATH", "")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
         for index, cfg in enumerate(cfgs):
             cfg |= {
                 "index": index,
@@ -386,6 +392,18 @@ class Submitters:
     @property
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes]
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        """Wait until every load process has started, then GO."""
+        deadline = time.monotonic() + timeout_s
+        while not all(self.control.ready(i) for i in range(len(self.processes))):
+            failure = self.failed()
+            if failure:
+                raise RuntimeError(failure)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"load processes not started in {timeout_s} s")
+            time.sleep(0.02)
+        self.control.set_state(GO)
 
     def stored(self) -> int:
         return self.control.total(list(range(len(self.processes))))
@@ -446,6 +464,7 @@ def load(
     guard.agents = submitters.pids
     guard.on_abort = submitters.kill
     try:
+        submitters.start()
         started = time.monotonic()
         last_report = started
         deadline = started + args.load_time_limit_s + 30
