@@ -118,6 +118,11 @@ PANELS: list[tuple[str, str, list[tuple[str, Figure]]]] = [
 TABLE: list[tuple[str, Figure, str]] = [
     ("load rate (jobs/s)", lambda r: _number(r.get("load_jobs_per_s")), "{:,.0f}"),
     (
+        "leader CPU per job during the load (ms)",
+        lambda r: _number(_get(r, "load_cpu_ms_per_job", "leader")),
+        "{:.3f}",
+    ),
+    (
         "RSS per node after the load, largest (GiB)",
         lambda r: _max_of(r, "rss_bytes", GIB),
         "{:.2f}",
@@ -126,6 +131,11 @@ TABLE: list[tuple[str, Figure, str]] = [
         "RSS growth per job, median of nodes (bytes)",
         lambda r: _median_of(r, "rss_growth_bytes_per_job"),
         "{:,.0f}",
+    ),
+    (
+        "snapshot writer's private memory, largest (GiB)",
+        lambda r: _max_of(r, "peak_writer_private_bytes_by_node", GIB),
+        "{:.2f}",
     ),
     (
         "peak memory, all processes (fraction of machine)",
