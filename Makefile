@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck diagrams check mutate bench bench-core bench-cluster bench-schedules bench-hot-minute bench-versus-postgres chaos chaos-long clean
+.PHONY: dev test lint typecheck diagrams check mutate bench bench-core bench-cluster bench-schedules bench-hot-minute bench-versus-postgres bench-ten-million bench-scale-plot chaos chaos-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,22 @@ bench-hot-minute: $(STAMP)
 ## Not part of `make bench`. E.g. BENCH_ARGS="--quick" or "--protocol next".
 bench-versus-postgres: $(STAMP)
 	$(PY) bench/versus_postgres.py $(BENCH_ARGS)
+
+## Ten million jobs in a 3-node cluster with fsync (issue 19; docs/scale.md): an hour or
+## more at the default 10,000,000. Not part of `make bench`. E.g. BENCH_ARGS="--jobs 1000000
+## --out bench-1m.json"; a smoke: BENCH_ARGS="--jobs 50000 --log-compaction-entries 200".
+bench-ten-million: $(STAMP)
+	$(PY) bench/ten_million.py $(BENCH_ARGS)
+
+## docs/scale.png from ten_million results (needs the bench extra: matplotlib).
+## E.g. PLOT_ARGS="bench-1m.json bench-3m.json bench-10m.json".
+BENCH_STAMP := $(VENV)/.bench-installed
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench-scale-plot: $(BENCH_STAMP)
+	$(PY) bench/scale_plot.py --out docs/scale.png $(PLOT_ARGS)
 
 ## Seeded chaos campaign (root: network namespaces, iptables, libfaketime). docs/chaos.md
 SEED     ?= 1
