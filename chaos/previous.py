@@ -15,8 +15,8 @@ from typing import Final
 
 from chaos.cluster import REPO_ROOT
 
-TAG: Final = "v0.5.0"
-COMMIT: Final = "ef9f73e2e90260555fc49bc7c2f8d797bb49bf90"
+TAG: Final = "v0.6.0"
+COMMIT: Final = "69005c568e851caf80b4bcc4616f11cb6c9afbc6"
 CACHE: Final = REPO_ROOT / "runs" / "chaos" / ".previous"
 
 
