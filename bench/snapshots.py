@@ -171,8 +171,11 @@ def main() -> None:
         result["load_jobs_per_s"] = round(args.jobs / load_s)
         c.wait_converged(timeout_s=120)
         # Each node writes the whole state within the (staggered) interval.
+        # (No digests meanwhile: each holds the state's lock for ~1 s.)
         time.sleep(INTERVAL_S * 1.5 + 10)
         result["after_load"] = {node_id: node_report(c, node_id) for node_id in c.nodes}
+        result["elections_during_load"] = sorted(terms(c)) != [1]
+        leader = c.wait_for_leader(timeout_s=60)
         term = terms(c)
         followers = [node_id for node_id in c.nodes if node_id != leader]
         if followers:
@@ -203,11 +206,25 @@ def main() -> None:
             server = threading.Thread(target=serve, daemon=True)
             server.start()
             c.start(follower)
+            peak_leader_rss = 0
+            leader_process = c.nodes[leader].process
+            assert leader_process is not None
+            leader_pid = leader_process.pid
+
+            def watch_leader() -> None:
+                nonlocal peak_leader_rss
+                while not stop.is_set():
+                    peak_leader_rss = max(peak_leader_rss, rss_bytes(leader_pid))
+                    time.sleep(0.1)
+
+            watcher = threading.Thread(target=watch_leader, daemon=True)
+            watcher.start()
             result["catch_up_ready_s"] = round(wait_ready(c, follower, ids[-1], 300), 2)
             stop.set()
             server.join(60)
             c.wait_converged(timeout_s=120)
             result["catch_up"] = node_report(c, follower)
+            result["catch_up_leader_peak_rss_bytes"] = peak_leader_rss
             ordered = sorted(latencies)
             result["serving_submits"] = len(ordered)
             result["serving_p50_ms"] = round(statistics.median(ordered) * 1000, 1)

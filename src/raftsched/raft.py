@@ -43,9 +43,10 @@ Guard rails
 5. Snapshots are the machine's own bytes (`StateMachine.snapshot`) behind a
    small msgpack header, through SyncObjConf's serializer/deserializer
    hooks. pysyncobj forks only for its own pickle serializer, so the adapter
-   forks itself (`snapshot_in_child`, on by default): the tick thread takes
-   the machine's lock (so no other thread holds it across the fork), forks,
-   and goes straight back to Raft; the child encodes its copy-on-write image
+   forks itself (`snapshot_in_child`, on by default): the tick thread forks
+   (taking the machine's lock only if it is free: a reader can hold it for
+   seconds, and waiting for it once cost an election; the child gets a new
+   lock) and goes straight back to Raft; the child encodes its copy-on-write image
    of the state as of exactly the last applied entry, writing each piece
    of the encoding as it comes (the whole encoding is never in memory),
    fsyncs the file, renames it into place and exits. pysyncobj's `serializeChecker` hook
@@ -61,6 +62,14 @@ Guard rails
    once on a shared machine. The child is SIGKILLed when the tick thread
    that forked it ends (`child_processes.die_with`): a node that stops or
    dies never leaves a writer behind; its journal still holds everything.
+   The fork's pause and the child's copy-on-write growth are measured
+   (`SnapshotStats`). Compaction is set off by entries or time (pysyncobj's
+   triggers) or by journal bytes (`log_compaction_bytes`, the adapter's),
+   each staggered across replicas. A snapshot load (at start, or one the
+   leader sent) restarts the follower's election timeout when it ends: a
+   load takes longer than the timeout at a million jobs, and pysyncobj,
+   which set the deadline before the load, would otherwise stand for
+   election at once and depose a healthy leader.
 6. Latency: `appendEntriesUseBatch=False` sends each entry at once (about a
    millisecond per commit instead of the 0.1 s append period).
    `leaderFallbackTimeout` is a parameter and must stay below the shortest
@@ -211,6 +220,12 @@ DISK_FULL_LOG_EVERY_S: Final = 30.0
 # fires at most every ~45 s; a 10M snapshot costs more than that to write,
 # and one at a time runs (a trigger met while the child runs waits for it).
 LOG_COMPACTION_BYTES: Final = 64 * 1024 * 1024
+# A follower being sent a snapshot is sent no more of it while this much is
+# waiting in its connection's buffer (see _limit_snapshot_sending): 64
+# chunks, ten times what loopback absorbs in a round.
+SNAPSHOT_SEND_BUFFERED_MAX: Final = 4 * 1024 * 1024
+# A follower receiving a snapshot tells the leader it is alive this often.
+SNAPSHOT_KEEPALIVE_S: Final = 0.5
 # A fork that stopped the tick thread longer than this is logged.
 FORK_PAUSE_LOG_S: Final = 0.05
 # What a snapshot child reports as it exits: its Private_Dirty bytes.
@@ -252,8 +267,9 @@ class SnapshotStats:
     read by /metrics; each field is replaced whole, so readers need no lock).
 
     `fork_pause_s` is how long the tick thread stopped to start the child:
-    waiting for the machine's lock plus `os.fork()` itself (the kernel
-    copies the page tables, about 2 ms per GB resident). `cow_bytes` is the
+    `os.fork()`, in which the kernel copies the page tables (it grows with
+    the resident memory: 15-50 ms at 430 MB on this VM); the machine's lock
+    is never waited for. `cow_bytes` is the
     child's Private_Dirty at its exit (/proc/self/smaps_rollup): the pages
     it copied from the parent's image plus its own buffers, which is the
     memory a snapshot adds to the node while it runs."""
@@ -261,7 +277,6 @@ class SnapshotStats:
     taken: int = 0  # snapshots written successfully
     encode_s: float | None = None  # fork (or start) to the file in place
     fork_pause_s: float | None = None
-    fork_lock_wait_s: float | None = None
     cow_bytes: int | None = None
     size_bytes: int | None = None  # of the last file written or loaded
     loads: int = 0  # snapshots loaded (at start or received from a leader)
@@ -280,9 +295,11 @@ class StateMachine(Protocol):
         before it asks for the next, so a piece may be a view of a buffer that
         the next one reuses. Runs in a forked
         child (or on the tick thread). A machine that other threads read must
-        expose the lock they take as `lock` (a `threading.RLock`): the adapter
-        holds it across the fork so the child never inherits it held by a
-        thread that does not exist there."""
+        expose the lock they take as `lock` (a `threading.RLock`), and they
+        must not change the state (only `apply` and `restore` do, on the
+        tick thread). The adapter forks whether or not a reader holds it,
+        and in the child replaces it with a new lock, so the child never
+        waits for a thread that does not exist there."""
         ...
 
     def restore(self, data: bytes | memoryview) -> None:
@@ -450,6 +467,9 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
         self._raftsched_gate = gate
         # node -> monotonic time until which nothing is sent to it (refused).
         self._raftsched_refused: dict[Any, float] = {}
+        # node -> monotonic time of the last keep-alive sent while receiving
+        # a snapshot from it.
+        self._raftsched_keepalive_at: dict[Any, float] = {}
         super().__init__(syncObj, selfNode, otherNodes)
 
     def send(self, node: Any, message: Any) -> bool:
@@ -469,6 +489,44 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
                 self._syncObj._raftsched_adapter._on_disk_full(full)
                 return False
         return bool(super().send(node, message))
+
+    def _onNodeDisconnected(self, node: Any) -> None:  # noqa: N802 - pysyncobj's name
+        # A snapshot being sent to this node lost whatever was still in the
+        # connection's buffer. pysyncobj would carry on from its place in
+        # the file on the next connection, and the follower would append the
+        # rest to what it has: a torn file, refused by its CRC, sent again
+        # and torn again for as long as the transfer outlasts a connection.
+        # It starts again from the beginning instead.
+        serializer = getattr(self._syncObj, "_SyncObj__serializer", None)
+        if serializer is not None:
+            serializer.cancelTransmisstion(node)
+        super()._onNodeDisconnected(node)
+
+    def _keep_alive_while_receiving(self, node: Any, message: dict[str, Any]) -> None:
+        """A follower receiving a snapshot answers nothing until the last
+        chunk, and the leader closes a connection it has read nothing from
+        for connectionTimeout (3.5 s): any transfer longer than that (a
+        10M-job snapshot is 1-3 GB) was cut, and started again, forever.
+        A chunk is answered with pysyncobj's own "not yet" (next_node_idx,
+        neither success nor reset: the leader only notes that the follower
+        is alive), at most every `SNAPSHOT_KEEPALIVE_S`."""
+        serialized = message.get("serialized")
+        if not isinstance(serialized, tuple) or len(serialized) != 3 or serialized[2]:
+            return
+        now = time.monotonic()
+        if now - self._raftsched_keepalive_at.get(node, 0.0) < SNAPSHOT_KEEPALIVE_S:
+            return
+        self._raftsched_keepalive_at[node] = now
+        last_index = int(self._syncObj._SyncObj__getCurrentLogIndex())
+        self.send(
+            node,
+            {
+                "type": "next_node_idx",
+                "next_node_idx": last_index + 1,
+                "reset": False,
+                "success": False,
+            },
+        )
 
     def _raftsched_holds(self, node: Any) -> bool:
         until = self._raftsched_refused.get(node)
@@ -526,6 +584,8 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
             return
         try:
             super()._onMessageReceived(node, message)
+            if isinstance(message, dict) and "serialized" in message:
+                self._keep_alive_while_receiving(node, message)
         except DiskFull as full:
             # A follower could not append an entry: the entries before it in
             # the message are in the log, this one and the rest are not, and
@@ -677,6 +737,35 @@ class _TransmissionLabels:
         return total_bytes
 
 
+def _limit_snapshot_sending(sync_obj: Any) -> None:
+    """Send a snapshot no faster than the follower takes it.
+
+    pysyncobj's leader sends a snapshot from its tick thread, a 64 KiB
+    chunk at a time, for up to appendEntriesPeriod (0.1 s) per round, and
+    each send appends to the connection's buffer in user space whatever the
+    socket could not take (`writeBuffer += data`, a copy of the whole
+    buffer each time). Where the follower or the network is slower than the
+    leader's pickling and compressing, that buffer grows every round: a
+    10M-job snapshot is 1-3 GB, all of which could end up in the leader's
+    memory, copied again with every chunk. While a follower's connection
+    has `SNAPSHOT_SEND_BUFFERED_MAX` bytes waiting, it is sent no chunk:
+    pysyncobj's serializer answers None, which sends an empty message (a
+    heartbeat) and resumes the transmission where it stopped next round.
+    """
+    serializer = sync_obj._SyncObj__serializer
+    transport = sync_obj._SyncObj__transport
+    original = serializer.getTransmissionData
+
+    def get_transmission_data(node: Any) -> Any:
+        connection = getattr(transport, "_connections", {}).get(node)
+        waiting = getattr(connection, "_TcpConnection__writeBuffer", b"")
+        if waiting is not None and len(waiting) >= SNAPSHOT_SEND_BUFFERED_MAX:
+            return None
+        return original(node)
+
+    serializer.getTransmissionData = get_transmission_data
+
+
 class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
     def __init__(
         self,
@@ -696,6 +785,7 @@ class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             conf=conf,
             transportClass=functools.partial(_SyncingTransport, journal=journal, gate=gate),
         )
+        _limit_snapshot_sending(self)
 
     def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 - pysyncobj's private name
         # pysyncobj tells the followers a new commit index only after the
@@ -856,6 +946,7 @@ class RaftNode:
         self._snapshot_child: int | None = None
         self._snapshot_started = 0.0
         self._snapshot_not_before = 0.0  # monotonic time; after a disk without room
+        self._snapshot_declined = False  # one was asked for before that time
         self._sync_obj: _ReplicatedLog | None = None
         self._journal: DurableJournal | None = None
         self._lock = threading.Lock()
@@ -1260,7 +1351,13 @@ class RaftNode:
             cluster=tuple(sorted(str(getattr(node, "address", node)) for node in cluster)),
         )
         if time.monotonic() < self._snapshot_not_before:
-            return  # the last one found no room; pysyncobj asks again later
+            # The last one found no room. pysyncobj now tries to rename a
+            # file that does not exist, marks its serializer failed and
+            # would never call this again, unless the checker reports an
+            # outcome: "serializing" until the wait is over, then "failed"
+            # once, which resets it (see _check_snapshot).
+            self._snapshot_declined = True
+            return
         if not self._snapshot_in_child:
             started = time.monotonic()
             self._write_snapshot(Path(file_name), header)
@@ -1274,36 +1371,46 @@ class RaftNode:
             return  # one at a time; pysyncobj asks again later
         # The child reports what it cost through this pipe as it exits.
         report_read, report_write = os.pipe()
-        # Hold the machine's lock across the fork so that no other thread owns
-        # it in the child, where that thread would not exist to release it.
+        # The machine's lock is taken if it is free, never waited for: a
+        # reader may hold it for a second or more (a digest of a million
+        # jobs), and the tick thread waiting on it stopped heartbeats long
+        # enough for an election (seen at 300,000 jobs). Readers do not
+        # change the state; only this thread does, by applying, so the
+        # child's image is the state as of the last applied entry either
+        # way. The child never uses the lock it inherits (a reader's thread
+        # does not exist there to release it): it gets a new one.
         lock = getattr(self._machine, "lock", None)
         stopped = time.perf_counter()
-        with lock if lock is not None else _NO_LOCK:
-            locked = time.perf_counter()
+        held = lock is not None and lock.acquire(blocking=False)
+        try:
             parent_pid = os.getpid()
             pid = os.fork()
             if pid == 0:
                 os.close(report_read)
+                if lock is not None:
+                    self._machine.lock = type(lock)()  # type: ignore[attr-defined]
                 self._snapshot_child_main(Path(file_name), header, parent_pid, report_write)
+        finally:
+            if held and lock is not None:
+                lock.release()
         resumed = time.perf_counter()
         os.close(report_write)
         self._snapshot_child = pid
         self._snapshot_pipe = report_read
         self._snapshot_started = time.monotonic()
-        self._record_fork_pause(resumed - stopped, locked - stopped)
+        self._record_fork_pause(resumed - stopped, held)
         # pysyncobj now renames `file_name` into place; it does not exist (the
         # child writes elsewhere and renames its own file), so that rename
         # fails harmlessly and `_check_snapshot` reports the real outcome.
 
-    def _record_fork_pause(self, pause_s: float, lock_wait_s: float) -> None:
+    def _record_fork_pause(self, pause_s: float, lock_held: bool) -> None:
         stats = self.snapshot_stats
         stats.fork_pause_s = pause_s
-        stats.fork_lock_wait_s = lock_wait_s
         if pause_s >= FORK_PAUSE_LOG_S:
             logger.info(
-                "snapshot fork stopped the tick thread for %.0f ms (%.0f ms waiting for the lock)",
+                "snapshot fork stopped the tick thread for %.0f ms (%s)",
                 pause_s * 1000,
-                lock_wait_s * 1000,
+                "the state's lock was free" if lock_held else "a reader held the state's lock",
             )
         if self._on_fork_pause is not None:
             try:
@@ -1359,7 +1466,12 @@ class RaftNode:
         """pysyncobj's serializeChecker: the state of the snapshot child."""
         pid = self._snapshot_child
         if pid is None:
-            return int(SERIALIZER_STATE.NOT_SERIALIZING)
+            if not self._snapshot_declined:
+                return int(SERIALIZER_STATE.NOT_SERIALIZING)
+            if time.monotonic() < self._snapshot_not_before:
+                return int(SERIALIZER_STATE.SERIALIZING)
+            self._snapshot_declined = False
+            return int(SERIALIZER_STATE.FAILED)
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
