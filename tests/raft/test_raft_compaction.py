@@ -7,9 +7,12 @@ test sets the other two triggers far out of reach.
 
 from __future__ import annotations
 
+import hashlib
+import os
 import time
 from collections.abc import Callable
 
+import msgpack
 import pytest
 from raft_support import Cluster, ToyNode
 
@@ -121,3 +124,37 @@ def test_a_restart_loads_its_snapshot_and_measures_it(
     cluster.wait_converged(lambda applied: applied == entries)
     # The restarted follower did not depose the leader.
     assert max(n.status()["term"] for n in cluster.nodes.values()) == term_before
+
+
+def test_a_snapshot_transfer_longer_than_the_connection_timeout_arrives_whole(
+    make_cluster: Callable[..., Cluster],
+) -> None:
+    # The leader closes a connection it has read nothing from for the
+    # connection timeout (1.2 s here). A follower receiving a snapshot used
+    # to answer nothing until the last chunk, so a longer transfer was cut;
+    # pysyncobj went on from its place in the file on the next connection
+    # and the follower's copy arrived torn ("failed to load full dump"),
+    # again and again. ~40 MB of random bytes take longer than that to send.
+    cluster = make_cluster(compaction=10, connection_timeout_s=1.2)
+    cluster.start()
+    cluster.wait_leader()
+    follower = next(node for node in cluster.nodes.values() if node is not cluster.wait_leader())
+    follower.kill()
+    entries = [os.urandom(1024 * 1024) for _ in range(40)]
+    _commit_all(cluster, entries)
+    leader = cluster.wait_leader()
+    assert raft_journal.read_journal_entries(leader.data_dir)[0][1] > 2, "no compaction"
+    term = leader.status()["term"]
+    started = time.monotonic()
+    follower.start()
+    expected = hashlib.sha256(msgpack.packb(entries)).hexdigest()
+    deadline = time.monotonic() + 90
+    while {node.request({"op": "digest"})["digest"] for node in cluster.nodes.values()} != {
+        expected
+    }:
+        assert time.monotonic() < deadline, "the follower did not catch up"
+        time.sleep(0.2)
+    took_s = time.monotonic() - started
+    assert follower.request({"op": "snapshot_stats"})["loads"] >= 1
+    assert "failed to load full dump" not in follower.log_path.read_text(), took_s
+    assert {node.status()["term"] for node in cluster.nodes.values()} == {term}
