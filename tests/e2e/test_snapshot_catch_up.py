@@ -97,7 +97,7 @@ def test_a_lagging_follower_catches_up_by_snapshot_without_an_election(tmp_path:
             restarted_at = time.monotonic()
             cluster.start(follower)
             url = cluster.nodes[follower].http_url
-            probe = ids[0]
+            probe = ids[-1]  # submitted while it was down: ready means caught up
             ready_s = None
             deadline = time.monotonic() + 60
             with Client([url], retry_budget_s=0) as reader:
