@@ -226,6 +226,9 @@ LOG_COMPACTION_BYTES: Final = 64 * 1024 * 1024
 SNAPSHOT_SEND_BUFFERED_MAX: Final = 4 * 1024 * 1024
 # A follower receiving a snapshot tells the leader it is alive this often.
 SNAPSHOT_KEEPALIVE_S: Final = 0.5
+# Compaction waits while a snapshot is being sent, for at most this long
+# (see RaftNode._holding_for_transfer).
+COMPACTION_HOLD_MAX_S: Final = 600.0
 # A fork that stopped the tick thread longer than this is logged.
 FORK_PAUSE_LOG_S: Final = 0.05
 # What a snapshot child reports as it exits: its Private_Dirty bytes.
@@ -947,6 +950,8 @@ class RaftNode:
         self._snapshot_started = 0.0
         self._snapshot_not_before = 0.0  # monotonic time; after a disk without room
         self._snapshot_declined = False  # one was asked for before that time
+        # Since when compaction waits for a snapshot being sent to a follower.
+        self._held_since: float | None = None
         self._sync_obj: _ReplicatedLog | None = None
         self._journal: DurableJournal | None = None
         self._lock = threading.Lock()
@@ -1466,6 +1471,8 @@ class RaftNode:
         """pysyncobj's serializeChecker: the state of the snapshot child."""
         pid = self._snapshot_child
         if pid is None:
+            if self._holding_for_transfer():
+                return int(SERIALIZER_STATE.SERIALIZING)
             if not self._snapshot_declined:
                 return int(SERIALIZER_STATE.NOT_SERIALIZING)
             if time.monotonic() < self._snapshot_not_before:
@@ -1515,6 +1522,30 @@ class RaftNode:
         with contextlib.suppress(OSError):
             stats.size_bytes = (self._data_dir / raft_journal.SNAPSHOT_NAME).stat().st_size
         return int(SERIALIZER_STATE.SUCCESS)
+
+    def _holding_for_transfer(self) -> bool:
+        """Whether compaction waits because a snapshot is being sent.
+
+        A follower sent snapshot S goes on from the entries after S, so
+        they must still be in the leader's log when it has loaded S. A
+        compaction during the transfer cut them, and the follower needed
+        the next snapshot, which took as long again: under a steady write
+        load, with a transfer longer than the time between compactions (a
+        10M-job snapshot takes minutes to send), a follower could chase
+        snapshots for ever (seen on three toy nodes compacting every 50
+        entries). So no snapshot starts while one is being sent, for up to
+        `COMPACTION_HOLD_MAX_S` (the journal grows meanwhile; the bound is
+        for a transfer that keeps starting over)."""
+        sync_obj = self._sync_obj
+        serializer = getattr(sync_obj, "_SyncObj__serializer", None)
+        transmissions = getattr(serializer, "_Serializer__transmissions", None)
+        if not transmissions:
+            self._held_since = None
+            return False
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        return now - self._held_since < COMPACTION_HOLD_MAX_S
 
     def _close_snapshot_pipe(self) -> bytes:
         """Close the report pipe of the child that has exited; what it wrote."""

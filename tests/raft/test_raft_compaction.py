@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -153,14 +154,38 @@ def test_a_snapshot_transfer_longer_than_the_connection_timeout_arrives_whole(
     leader = cluster.wait_leader()
     _wait_compacted(leader, past=2)
     term = leader.status()["term"]
+    # Writes go on during the catch-up, far more entries than a compaction
+    # takes (10): had the leader compacted while sending, the follower would
+    # have needed the next snapshot, and the next (RaftNode._holding_for_transfer).
+    stop = threading.Event()
+    written: list[bytes] = []
+
+    def write() -> None:
+        for index in range(5_000):
+            if stop.is_set():
+                return
+            data = b"during-%d" % index
+            if leader.propose(data)["ok"]:
+                written.append(data)
+
+    writer = threading.Thread(target=write, daemon=True)
     started = time.monotonic()
     follower.start()
-    expected = hashlib.sha256(msgpack.packb(entries)).hexdigest()
+    writer.start()
     deadline = time.monotonic() + 90
+    while follower.request({"op": "snapshot_stats"})["loads"] < 1 or (
+        follower.status()["applied_index"] < leader.status()["commit_index"] - 20
+    ):
+        assert time.monotonic() < deadline, "the follower did not catch up"
+        time.sleep(0.2)
+    stop.set()
+    writer.join(30)
+    assert len(written) > 20, "the leader served no writes during the catch-up"
+    expected = hashlib.sha256(msgpack.packb(entries + written)).hexdigest()
     while {node.request({"op": "digest"})["digest"] for node in cluster.nodes.values()} != {
         expected
     }:
-        assert time.monotonic() < deadline, "the follower did not catch up"
+        assert time.monotonic() < deadline, "the replicas did not converge"
         time.sleep(0.2)
     took_s = time.monotonic() - started
     assert follower.request({"op": "snapshot_stats"})["loads"] >= 1
