@@ -17,9 +17,10 @@ reports, from each node's /metrics and /proc:
 - restart: a follower is stopped (SIGTERM) and started; `restart_ready_s`
   runs until its /readyz is 200 and it answers a read of a job by id, with
   its own `raftsched_raft_snapshot_load_seconds` beside it;
-- catch-up: a follower is stopped, the cluster takes single submissions past
-  a compaction (`--log-compaction-entries 200`), and the follower is started
-  again, to be sent the snapshot; `catch_up_ready_s` runs until it is ready
+- catch-up: a follower is stopped, the cluster takes single submissions
+  until the leader has cut its journal past the follower's log
+  (`--log-compaction-entries 200`), and the follower is started again, to be
+  sent the snapshot; `catch_up_ready_s` runs until it is ready
   and serves the newest job; a client keeps submitting through the leader the
   whole time (`serving_*`: its latencies), and `term_changed` says whether any
   node saw an election.
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from raftsched.client import Client, job_request
+from raftsched.raft_journal import read_journal_entries
 from raftsched.testing import LocalCluster, http_json
 
 BATCH = 1000
@@ -187,9 +189,16 @@ def main() -> None:
 
             # Catch-up by snapshot transfer, the leader serving throughout.
             c.kill(follower, signal.SIGTERM)
+            follower_last = read_journal_entries(c.nodes[follower].data_dir / "raft")[-1][1]
+            leader_raft = c.nodes[leader].data_dir / "raft"
             with Client([c.nodes[leader].http_url], retry_budget_s=30) as client:
-                for index in range(COMPACTION_ENTRIES * 2):
+                # Until the leader has cut its journal past the follower's
+                # log: only a snapshot can bring the follower back.
+                for index in range(COMPACTION_ENTRIES * 10):
                     ids.append(client.submit("now", {"i": index})["id"])
+                    if index % 50 == 49 and read_journal_entries(leader_raft)[0][1] > follower_last:
+                        break
+            assert read_journal_entries(leader_raft)[0][1] > follower_last, "no compaction"
             latencies: list[float] = []
             stop = threading.Event()
 
