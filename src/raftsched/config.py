@@ -14,6 +14,7 @@ import ipaddress
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from raftsched.limits import (
     AUTH_FAILURES_PER_MINUTE,
@@ -22,6 +23,11 @@ from raftsched.limits import (
     PROPOSAL_QUEUE_COMMANDS_MAX,
 )
 from raftsched.node.webhook_targets import TargetPolicy
+
+# Log compaction defaults (NodeConfig); raftsched.raft has the same, and why.
+LOG_COMPACTION_BYTES: Final = 64 * 1024 * 1024
+LOG_COMPACTION_BYTES_MIN: Final = 64 * 1024
+LOG_COMPACTION_INTERVAL_S: Final = 300.0
 
 
 class ConfigError(ValueError):
@@ -78,8 +84,14 @@ class NodeConfig:
     # make a loaded machine hold needless elections (pysyncobj has no pre-vote).
     election_timeout_min_s: float = 0.8
     election_timeout_max_s: float = 1.6
-    # Raft entries between snapshots (each entry may carry many commands).
+    # A snapshot is taken (and the journal cut) when any of these is met,
+    # each staggered across the replicas (raftsched.raft): this many Raft
+    # entries since the last snapshot (each entry may carry many commands);
+    # this many journal bytes (raft.LOG_COMPACTION_BYTES says why 64 MiB);
+    # or this long since the last snapshot, with an entry applied since.
     log_compaction_entries: int = 5000
+    log_compaction_bytes: int = LOG_COMPACTION_BYTES
+    log_compaction_interval_s: float = LOG_COMPACTION_INTERVAL_S
     log_format: str = "auto"  # "json", "text" or "auto" (text on a terminal)
     # Commands and request bytes that may wait for the next Raft entries
     # (see limits.PROPOSAL_QUEUE_COMMANDS_MAX); more are answered 503 unavailable.
@@ -144,6 +156,12 @@ class NodeConfig:
             raise ConfigError("durability must be 'fsync' or 'none'")
         if self.log_compaction_entries < 10:
             raise ConfigError("log_compaction_entries must be at least 10")
+        if self.log_compaction_bytes < LOG_COMPACTION_BYTES_MIN:
+            raise ConfigError(
+                f"log_compaction_bytes must be at least {LOG_COMPACTION_BYTES_MIN} (64 KiB)"
+            )
+        if not 1 <= self.log_compaction_interval_s <= 86_400:
+            raise ConfigError("log_compaction_interval_s must be between 1 and 86400 seconds")
         if not 0.2 <= self.leader_fallback_timeout_s <= 60:
             raise ConfigError("leader_fallback_timeout_s must be between 0.2 and 60")
         if not 0.2 <= self.election_timeout_min_s < self.election_timeout_max_s <= 30:

@@ -43,9 +43,10 @@ Guard rails
 5. Snapshots are the machine's own bytes (`StateMachine.snapshot`) behind a
    small msgpack header, through SyncObjConf's serializer/deserializer
    hooks. pysyncobj forks only for its own pickle serializer, so the adapter
-   forks itself (`snapshot_in_child`, on by default): the tick thread takes
-   the machine's lock (so no other thread holds it across the fork), forks,
-   and goes straight back to Raft; the child encodes its copy-on-write image
+   forks itself (`snapshot_in_child`, on by default): the tick thread forks
+   (taking the machine's lock only if it is free: a reader can hold it for
+   seconds, and waiting for it once cost an election; the child gets a new
+   lock) and goes straight back to Raft; the child encodes its copy-on-write image
    of the state as of exactly the last applied entry, writing each piece
    of the encoding as it comes (the whole encoding is never in memory),
    fsyncs the file, renames it into place and exits. pysyncobj's `serializeChecker` hook
@@ -61,6 +62,14 @@ Guard rails
    once on a shared machine. The child is SIGKILLed when the tick thread
    that forked it ends (`child_processes.die_with`): a node that stops or
    dies never leaves a writer behind; its journal still holds everything.
+   The fork's pause and the child's copy-on-write growth are measured
+   (`SnapshotStats`). Compaction is set off by entries or time (pysyncobj's
+   triggers) or by journal bytes (`log_compaction_bytes`, the adapter's),
+   each staggered across replicas. A snapshot load (at start, or one the
+   leader sent) restarts the follower's election timeout when it ends: a
+   load takes longer than the timeout at a million jobs, and pysyncobj,
+   which set the deadline before the load, would otherwise stand for
+   election at once and depose a healthy leader.
 6. Latency: `appendEntriesUseBatch=False` sends each entry at once (about a
    millisecond per commit instead of the 0.1 s append period).
    `leaderFallbackTimeout` is a parameter and must stay below the shortest
@@ -153,10 +162,12 @@ import contextlib
 import enum
 import errno
 import functools
+import gc
 import logging
 import os
 import pickle
 import signal
+import struct
 import threading
 import time
 from collections import deque
@@ -198,6 +209,30 @@ SNAPSHOT_NO_ROOM_RETRY_S: Final = 10.0
 # A full disk is logged at most this often. statvfs does not see quotas, so
 # with EDQUOT the node may think there is room and find none, again and again.
 DISK_FULL_LOG_EVERY_S: Final = 30.0
+# Compact once the journal holds this many bytes, whatever the entry count
+# (staggered like it). Entries are not all alike: a bulk submission of 1,000
+# jobs is one entry of ~250 KB, so 5,000 of them are a journal of over a GB,
+# which a restart reads and applies again after loading the snapshot, and
+# which a lagging follower is sent entry by entry. 64 MiB keeps that replay
+# to about 200,000 jobs (a few seconds of applying), inside the restart
+# budget beside the snapshot itself, and the disk beyond the snapshot
+# bounded. At the cluster's peak ingest (~1.4 MB of journal a second) it
+# fires at most every ~45 s; a 10M snapshot costs more than that to write,
+# and one at a time runs (a trigger met while the child runs waits for it).
+LOG_COMPACTION_BYTES: Final = 64 * 1024 * 1024
+# A follower being sent a snapshot is sent no more of it while this much is
+# waiting in its connection's buffer (see _limit_snapshot_sending): 64
+# chunks, ten times what loopback absorbs in a round.
+SNAPSHOT_SEND_BUFFERED_MAX: Final = 4 * 1024 * 1024
+# A follower receiving a snapshot tells the leader it is alive this often.
+SNAPSHOT_KEEPALIVE_S: Final = 0.5
+# Compaction waits while a snapshot is being sent, for at most this long
+# (see RaftNode._holding_for_transfer).
+COMPACTION_HOLD_MAX_S: Final = 600.0
+# A fork that stopped the tick thread longer than this is logged.
+FORK_PAUSE_LOG_S: Final = 0.05
+# What a snapshot child reports as it exits: its Private_Dirty bytes.
+_CHILD_REPORT: Final = struct.Struct("<Q")
 # How often a node whose disk is full looks whether there is room again.
 DISK_ROOM_CHECK_S: Final = 0.5
 _NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -212,10 +247,44 @@ def staggered_compaction_entries(node_id: str, node_ids: Iterable[str], entries:
     """This replica's log-compaction threshold: `entries`, raised by up to half
     of it by the node's place in the sorted ids. Replicas with the same
     threshold compact at the same log index, so all of them would fork and
-    encode at the same moment, and a majority would be slow together."""
+    encode at the same moment, and a majority would be slow together. The
+    same staggering applies to the byte threshold and the interval."""
     ordered = sorted(set(node_ids) | {node_id})
     position = ordered.index(node_id)
     return entries + entries * position // (2 * len(ordered))
+
+
+def staggered_compaction_interval(
+    node_id: str, node_ids: Iterable[str], interval_s: float
+) -> float:
+    """`staggered_compaction_entries` for the time trigger: replicas started
+    together would otherwise all reach the interval in the same tick."""
+    ordered = sorted(set(node_ids) | {node_id})
+    position = ordered.index(node_id)
+    return interval_s + interval_s * position / (2 * len(ordered))
+
+
+@dataclass(slots=True)
+class SnapshotStats:
+    """What the last snapshots cost this node (written on the tick thread,
+    read by /metrics; each field is replaced whole, so readers need no lock).
+
+    `fork_pause_s` is how long the tick thread stopped to start the child:
+    `os.fork()`, in which the kernel copies the page tables (it grows with
+    the resident memory: 15-50 ms at 430 MB on this VM); the machine's lock
+    is never waited for. `cow_bytes` is the
+    child's Private_Dirty at its exit (/proc/self/smaps_rollup): the pages
+    it copied from the parent's image plus its own buffers, which is the
+    memory a snapshot adds to the node while it runs."""
+
+    taken: int = 0  # snapshots written successfully
+    encode_s: float | None = None  # fork (or start) to the file in place
+    fork_pause_s: float | None = None
+    cow_bytes: int | None = None
+    size_bytes: int | None = None  # of the last file written or loaded
+    loads: int = 0  # snapshots loaded (at start or received from a leader)
+    load_s: float | None = None  # the last load: sync, read, check, restore
+    load_restore_s: float | None = None  # of which the machine's restore
 
 
 class StateMachine(Protocol):
@@ -229,9 +298,11 @@ class StateMachine(Protocol):
         before it asks for the next, so a piece may be a view of a buffer that
         the next one reuses. Runs in a forked
         child (or on the tick thread). A machine that other threads read must
-        expose the lock they take as `lock` (a `threading.RLock`): the adapter
-        holds it across the fork so the child never inherits it held by a
-        thread that does not exist there."""
+        expose the lock they take as `lock` (a `threading.RLock`), and they
+        must not change the state (only `apply` and `restore` do, on the
+        tick thread). The adapter forks whether or not a reader holds it,
+        and in the child replaces it with a new lock, so the child never
+        waits for a thread that does not exist there."""
         ...
 
     def restore(self, data: bytes | memoryview) -> None:
@@ -326,6 +397,11 @@ class RaftStatus:
     # Whether this node is a voting member of its own configuration (False
     # once it was removed; pysyncobj never removes a node from its own).
     retired: bool = False
+    # The commit index the leader of this term last told this follower (its
+    # own on a leader; None before it heard one). Unlike `commit_index`, it
+    # is not capped at this node's log: a follower that is being sent a
+    # snapshot, or the entries after one, is behind it.
+    leader_commit_index: int | None = None
 
 
 MembershipCallback = Callable[[str | None], None]  # None, or a ProposeError
@@ -394,6 +470,9 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
         self._raftsched_gate = gate
         # node -> monotonic time until which nothing is sent to it (refused).
         self._raftsched_refused: dict[Any, float] = {}
+        # node -> monotonic time of the last keep-alive sent while receiving
+        # a snapshot from it.
+        self._raftsched_keepalive_at: dict[Any, float] = {}
         super().__init__(syncObj, selfNode, otherNodes)
 
     def send(self, node: Any, message: Any) -> bool:
@@ -413,6 +492,44 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
                 self._syncObj._raftsched_adapter._on_disk_full(full)
                 return False
         return bool(super().send(node, message))
+
+    def _onNodeDisconnected(self, node: Any) -> None:  # noqa: N802 - pysyncobj's name
+        # A snapshot being sent to this node lost whatever was still in the
+        # connection's buffer. pysyncobj would carry on from its place in
+        # the file on the next connection, and the follower would append the
+        # rest to what it has: a torn file, refused by its CRC, sent again
+        # and torn again for as long as the transfer outlasts a connection.
+        # It starts again from the beginning instead.
+        serializer = getattr(self._syncObj, "_SyncObj__serializer", None)
+        if serializer is not None:
+            serializer.cancelTransmisstion(node)
+        super()._onNodeDisconnected(node)
+
+    def _keep_alive_while_receiving(self, node: Any, message: dict[str, Any]) -> None:
+        """A follower receiving a snapshot answers nothing until the last
+        chunk, and the leader closes a connection it has read nothing from
+        for connectionTimeout (3.5 s): any transfer longer than that (a
+        10M-job snapshot is 1-3 GB) was cut, and started again, forever.
+        A chunk is answered with pysyncobj's own "not yet" (next_node_idx,
+        neither success nor reset: the leader only notes that the follower
+        is alive), at most every `SNAPSHOT_KEEPALIVE_S`."""
+        serialized = message.get("serialized")
+        if not isinstance(serialized, tuple) or len(serialized) != 3 or serialized[2]:
+            return
+        now = time.monotonic()
+        if now - self._raftsched_keepalive_at.get(node, 0.0) < SNAPSHOT_KEEPALIVE_S:
+            return
+        self._raftsched_keepalive_at[node] = now
+        last_index = int(self._syncObj._SyncObj__getCurrentLogIndex())
+        self.send(
+            node,
+            {
+                "type": "next_node_idx",
+                "next_node_idx": last_index + 1,
+                "reset": False,
+                "success": False,
+            },
+        )
 
     def _raftsched_holds(self, node: Any) -> bool:
         until = self._raftsched_refused.get(node)
@@ -451,6 +568,7 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
         ):
             before = next_index.get(node)
         if isinstance(message, dict) and message.get("type") == "append_entries":
+            self._syncObj._raftsched_adapter._heard_commit(message)
             if "prevLogIdx" not in message:
                 message = _without_commit_claim(self._syncObj, message)
             elif "transmission" not in message:
@@ -469,6 +587,8 @@ class _SyncingTransport(TCPTransport):  # type: ignore[misc]  # pysyncobj is unt
             return
         try:
             super()._onMessageReceived(node, message)
+            if isinstance(message, dict) and "serialized" in message:
+                self._keep_alive_while_receiving(node, message)
         except DiskFull as full:
             # A follower could not append an entry: the entries before it in
             # the message are in the log, this one and the rest are not, and
@@ -620,6 +740,35 @@ class _TransmissionLabels:
         return total_bytes
 
 
+def _limit_snapshot_sending(sync_obj: Any) -> None:
+    """Send a snapshot no faster than the follower takes it.
+
+    pysyncobj's leader sends a snapshot from its tick thread, a 64 KiB
+    chunk at a time, for up to appendEntriesPeriod (0.1 s) per round, and
+    each send appends to the connection's buffer in user space whatever the
+    socket could not take (`writeBuffer += data`, a copy of the whole
+    buffer each time). Where the follower or the network is slower than the
+    leader's pickling and compressing, that buffer grows every round: a
+    10M-job snapshot is 1-3 GB, all of which could end up in the leader's
+    memory, copied again with every chunk. While a follower's connection
+    has `SNAPSHOT_SEND_BUFFERED_MAX` bytes waiting, it is sent no chunk:
+    pysyncobj's serializer answers None, which sends an empty message (a
+    heartbeat) and resumes the transmission where it stopped next round.
+    """
+    serializer = sync_obj._SyncObj__serializer
+    transport = sync_obj._SyncObj__transport
+    original = serializer.getTransmissionData
+
+    def get_transmission_data(node: Any) -> Any:
+        connection = getattr(transport, "_connections", {}).get(node)
+        waiting = getattr(connection, "_TcpConnection__writeBuffer", b"")
+        if waiting is not None and len(waiting) >= SNAPSHOT_SEND_BUFFERED_MAX:
+            return None
+        return original(node)
+
+    serializer.getTransmissionData = get_transmission_data
+
+
 class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
     def __init__(
         self,
@@ -639,6 +788,7 @@ class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
             conf=conf,
             transportClass=functools.partial(_SyncingTransport, journal=journal, gate=gate),
         )
+        _limit_snapshot_sending(self)
 
     def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802 - pysyncobj's private name
         # pysyncobj tells the followers a new commit index only after the
@@ -680,6 +830,19 @@ class _ReplicatedLog(SyncObj):  # type: ignore[misc]  # pysyncobj is untyped
         except DiskFull as full:
             self._raftsched_adapter._on_disk_full(full)
             time.sleep(timeToWait)
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:  # noqa: N802, N803
+        # A load (at start, or of a snapshot the leader sent) takes as long
+        # as decoding the state: about a second at 1M jobs, ~10 s at 10M.
+        # pysyncobj set this follower's election deadline before it (when it
+        # started, or when the message with the last chunk arrived), so after
+        # a load longer than the election timeout it would stand for
+        # election on its next tick, with a higher term that deposes a
+        # healthy leader (pysyncobj has no pre-vote). The leader has been
+        # sending all along: the timeout counts from the end of the load.
+        super()._SyncObj__loadDumpFile(clearJournal)
+        if self._SyncObj__otherNodes:
+            self._raftsched_postpone_election(self._raftsched_adapter._timing["raftMaxTimeout"])
 
     def _raftsched_step_down(self) -> None:
         """Become a follower, as pysyncobj does when a leader loses its majority."""
@@ -732,8 +895,10 @@ class RaftNode:
         connection_retry_s: float = 1.0,
         log_compaction_entries: int = 5000,
         log_compaction_interval_s: float = 300.0,
+        log_compaction_bytes: int = LOG_COMPACTION_BYTES,
         snapshot_in_child: bool = True,
         gate: MessageGate | None = None,
+        on_fork_pause: Callable[[float], None] | None = None,
     ) -> None:
         accepted = tuple(accepted_secrets)
         if any(not item or len(item) < SECRET_CHARS_MIN for item in (secret, *accepted)):
@@ -768,16 +933,25 @@ class RaftNode:
             "appendEntriesPeriod": append_entries_period_s,
             "connectionTimeout": max(connection_timeout_s, election_timeout_max_s),
             "connectionRetryTime": connection_retry_s,
-            "logCompactionMinTime": log_compaction_interval_s,
+            "logCompactionMinTime": staggered_compaction_interval(
+                node_id, peers, log_compaction_interval_s
+            ),
         }
         self._log_compaction_entries = log_compaction_entries
+        self._log_compaction_bytes = int(
+            staggered_compaction_entries(node_id, peers, log_compaction_bytes)
+        )
+        self._on_fork_pause = on_fork_pause
+        self.snapshot_stats = SnapshotStats()
+        self._snapshot_pipe: int | None = None  # read end: the child's report
         self._gate = gate
         self._snapshot_in_child = snapshot_in_child and hasattr(os, "fork")
         self._snapshot_child: int | None = None
         self._snapshot_started = 0.0
         self._snapshot_not_before = 0.0  # monotonic time; after a disk without room
-        # How long the last successful snapshot took to encode and write.
-        self.last_snapshot_duration_s: float | None = None
+        self._snapshot_declined = False  # one was asked for before that time
+        # Since when compaction waits for a snapshot being sent to a follower.
+        self._held_since: float | None = None
         self._sync_obj: _ReplicatedLog | None = None
         self._journal: DurableJournal | None = None
         self._lock = threading.Lock()
@@ -799,6 +973,9 @@ class RaftNode:
         self._refused_voters: frozenset[str] = frozenset()
         self.retired = False
         self._handed_over_at = 0.0
+        # (term, commit index) of the last AppendEntries heard, as the leader
+        # sent it (tick thread; read by status()).
+        self._leader_commit: tuple[int, int] | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -858,6 +1035,9 @@ class RaftNode:
             if self.halted is not None:
                 # Its loop ended inside the apply, before it could do this.
                 sync_obj._doDestroy()
+        # A snapshot child still running dies with the tick thread
+        # (child_processes.die_with); its report is not wanted.
+        self._close_snapshot_pipe()
         # The tick thread is gone, so what is left is answered here.
         if proposal is not None and not proposal.done:
             proposal.done = True
@@ -1057,6 +1237,26 @@ class RaftNode:
         if self.retired and self._sync_obj is not None:
             self._retired_tick(self._sync_obj)
         self._check_leadership()
+        self._compact_by_bytes()
+
+    def _compact_by_bytes(self) -> None:
+        """Ask pysyncobj for a snapshot once the journal holds
+        `log_compaction_bytes` (staggered), whatever its entry count.
+
+        pysyncobj compacts when the log has more than logCompactionMinEntries
+        entries or when logCompactionMinTime has passed since the last
+        snapshot (and an entry was applied since); it knows nothing of
+        bytes. Its force flag starts one on its next tick. It is set only
+        while no snapshot runs: a flag left set during one would start
+        another as soon as it ended, whatever the journal then held."""
+        journal, sync_obj = self._journal, self._sync_obj
+        if journal is None or sync_obj is None or self._snapshot_child is not None:
+            return
+        if journal.size_bytes < self._log_compaction_bytes:
+            return
+        if time.monotonic() < self._snapshot_not_before or self.halted is not None:
+            return
+        sync_obj.forceLogCompaction()
 
     def _on_disk_full(self, full: DiskFull, *, proposal_failed: bool = False) -> None:
         """A write found no room (tick thread). Nothing unwritten is acknowledged:
@@ -1105,6 +1305,13 @@ class RaftNode:
             # It could not save a vote; it does not ask for one either.
             sync_obj._raftsched_postpone_election(self._timing["raftMaxTimeout"])
 
+    def _heard_commit(self, message: Mapping[str, Any]) -> None:
+        term, commit = message.get("term"), message.get("commit_index")
+        if isinstance(term, int) and isinstance(commit, int):
+            heard = self._leader_commit
+            if heard is None or (term, commit) > heard:
+                self._leader_commit = (term, commit)
+
     def _on_state_changed(self, old_state: int, new_state: int) -> None:
         self._tick_thread_id = threading.get_ident()
         self._check_leadership()
@@ -1149,30 +1356,81 @@ class RaftNode:
             cluster=tuple(sorted(str(getattr(node, "address", node)) for node in cluster)),
         )
         if time.monotonic() < self._snapshot_not_before:
-            return  # the last one found no room; pysyncobj asks again later
+            # The last one found no room. pysyncobj now tries to rename a
+            # file that does not exist, marks its serializer failed and
+            # would never call this again, unless the checker reports an
+            # outcome: "serializing" until the wait is over, then "failed"
+            # once, which resets it (see _check_snapshot).
+            self._snapshot_declined = True
+            return
         if not self._snapshot_in_child:
             started = time.monotonic()
             self._write_snapshot(Path(file_name), header)
-            self.last_snapshot_duration_s = time.monotonic() - started
+            stats = self.snapshot_stats
+            stats.encode_s = time.monotonic() - started
+            stats.taken += 1
+            with contextlib.suppress(OSError):
+                stats.size_bytes = os.stat(file_name).st_size
             return
         if self._snapshot_child is not None:
             return  # one at a time; pysyncobj asks again later
-        # Hold the machine's lock across the fork so that no other thread owns
-        # it in the child, where that thread would not exist to release it.
+        # The child reports what it cost through this pipe as it exits.
+        report_read, report_write = os.pipe()
+        # The machine's lock is taken if it is free, never waited for: a
+        # reader may hold it for a second or more (a digest of a million
+        # jobs), and the tick thread waiting on it stopped heartbeats long
+        # enough for an election (seen at 300,000 jobs). Readers do not
+        # change the state; only this thread does, by applying, so the
+        # child's image is the state as of the last applied entry either
+        # way. The child never uses the lock it inherits (a reader's thread
+        # does not exist there to release it): it gets a new one.
         lock = getattr(self._machine, "lock", None)
-        with lock if lock is not None else _NO_LOCK:
+        stopped = time.perf_counter()
+        held = lock is not None and lock.acquire(blocking=False)
+        try:
             parent_pid = os.getpid()
             pid = os.fork()
             if pid == 0:
-                self._snapshot_child_main(Path(file_name), header, parent_pid)
+                os.close(report_read)
+                if lock is not None:
+                    self._machine.lock = type(lock)()  # type: ignore[attr-defined]
+                self._snapshot_child_main(Path(file_name), header, parent_pid, report_write)
+        finally:
+            if held and lock is not None:
+                lock.release()
+        resumed = time.perf_counter()
+        os.close(report_write)
         self._snapshot_child = pid
+        self._snapshot_pipe = report_read
         self._snapshot_started = time.monotonic()
+        self._record_fork_pause(resumed - stopped, held)
         # pysyncobj now renames `file_name` into place; it does not exist (the
         # child writes elsewhere and renames its own file), so that rename
         # fails harmlessly and `_check_snapshot` reports the real outcome.
 
-    def _snapshot_child_main(self, tmp_path: Path, header: SnapshotHeader, parent_pid: int) -> None:
+    def _record_fork_pause(self, pause_s: float, lock_held: bool) -> None:
+        stats = self.snapshot_stats
+        stats.fork_pause_s = pause_s
+        if pause_s >= FORK_PAUSE_LOG_S:
+            logger.info(
+                "snapshot fork stopped the tick thread for %.0f ms (%s)",
+                pause_s * 1000,
+                "the state's lock was free" if lock_held else "a reader held the state's lock",
+            )
+        if self._on_fork_pause is not None:
+            try:
+                self._on_fork_pause(pause_s)
+            except Exception:
+                logger.exception("on_fork_pause callback raised")
+
+    def _snapshot_child_main(
+        self, tmp_path: Path, header: SnapshotHeader, parent_pid: int, report: int
+    ) -> None:
         """In the forked child: write the snapshot and exit. Never returns."""
+        # No collection in the child: one walks every object it tracks and
+        # writes to each header, which would copy the parent's whole heap,
+        # page by page. The child lives for one encoding and exits.
+        gc.disable()
         status = 1
         try:
             # Killed with the tick thread that forked us: never a writer left
@@ -1198,6 +1456,8 @@ class RaftNode:
                 # A failed directory sync is fatal (fail_stop, in this child;
                 # the parent then stops too, see _check_snapshot).
                 raft_journal.fsync_directory(final.parent)
+            with contextlib.suppress(OSError):
+                os.write(report, _CHILD_REPORT.pack(_private_dirty_bytes()))
             status = 0
         finally:
             os._exit(status)
@@ -1211,11 +1471,19 @@ class RaftNode:
         """pysyncobj's serializeChecker: the state of the snapshot child."""
         pid = self._snapshot_child
         if pid is None:
-            return int(SERIALIZER_STATE.NOT_SERIALIZING)
+            if self._holding_for_transfer():
+                return int(SERIALIZER_STATE.SERIALIZING)
+            if not self._snapshot_declined:
+                return int(SERIALIZER_STATE.NOT_SERIALIZING)
+            if time.monotonic() < self._snapshot_not_before:
+                return int(SERIALIZER_STATE.SERIALIZING)
+            self._snapshot_declined = False
+            return int(SERIALIZER_STATE.FAILED)
         try:
             done, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             self._snapshot_child = None
+            self._close_snapshot_pipe()
             return int(SERIALIZER_STATE.FAILED)
         if done == 0:
             if time.monotonic() - self._snapshot_started < SNAPSHOT_CHILD_TIMEOUT_S:
@@ -1224,8 +1492,10 @@ class RaftNode:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             self._snapshot_child = None
+            self._close_snapshot_pipe()
             return int(SERIALIZER_STATE.FAILED)
         self._snapshot_child = None
+        report = self._close_snapshot_pipe()
         if status != 0:
             code = os.waitstatus_to_exitcode(status)
             if code == raft_journal.EXIT_STORAGE_FAILED:
@@ -1244,10 +1514,56 @@ class RaftNode:
             else:
                 logger.error("snapshot child failed with exit status %d", code)
             return int(SERIALIZER_STATE.FAILED)
-        self.last_snapshot_duration_s = time.monotonic() - self._snapshot_started
+        stats = self.snapshot_stats
+        stats.encode_s = time.monotonic() - self._snapshot_started
+        stats.taken += 1
+        if len(report) == _CHILD_REPORT.size:
+            stats.cow_bytes = _CHILD_REPORT.unpack(report)[0]
+        with contextlib.suppress(OSError):
+            stats.size_bytes = (self._data_dir / raft_journal.SNAPSHOT_NAME).stat().st_size
         return int(SERIALIZER_STATE.SUCCESS)
 
+    def _holding_for_transfer(self) -> bool:
+        """Whether compaction waits because a snapshot is being sent.
+
+        A follower sent snapshot S goes on from the entries after S, so
+        they must still be in the leader's log when it has loaded S. A
+        compaction during the transfer cut them, and the follower needed
+        the next snapshot, which took as long again: under a steady write
+        load, with a transfer longer than the time between compactions (a
+        10M-job snapshot takes minutes to send), a follower could chase
+        snapshots for ever (seen on three toy nodes compacting every 50
+        entries). So no snapshot starts while one is being sent, for up to
+        `COMPACTION_HOLD_MAX_S` (the journal grows meanwhile; the bound is
+        for a transfer that keeps starting over)."""
+        sync_obj = self._sync_obj
+        serializer = getattr(sync_obj, "_SyncObj__serializer", None)
+        transmissions = getattr(serializer, "_Serializer__transmissions", None)
+        if not transmissions:
+            self._held_since = None
+            return False
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        return now - self._held_since < COMPACTION_HOLD_MAX_S
+
+    def _close_snapshot_pipe(self) -> bytes:
+        """Close the report pipe of the child that has exited; what it wrote."""
+        fd, self._snapshot_pipe = self._snapshot_pipe, None
+        if fd is None:
+            return b""
+        try:
+            # The child has exited: its end is closed, so this cannot block.
+            return os.read(fd, _CHILD_REPORT.size)
+        except OSError:
+            return b""
+        finally:
+            os.close(fd)
+
     def _deserialize_snapshot(self, file_name: str) -> tuple[Any, Any, Any]:
+        # At start (the node's own snapshot) or once the last chunk of one
+        # sent by the leader is in (`__loadDumpFile`), on the tick thread.
+        started = time.perf_counter()
         path = Path(file_name)
         if self.durability == "fsync":
             # A snapshot received from the leader was written by pysyncobj
@@ -1257,11 +1573,26 @@ class RaftNode:
                 raft_journal.sync_fd(handle.fileno(), path)
             raft_journal.fsync_directory(path.parent)
         header, body = raft_journal.decode_snapshot(path.read_bytes())
+        restore_started = time.perf_counter()
         self.applying_index = header.last_entry[1]
         try:
             self._machine.restore(body)
         finally:
             self.applying_index = None
+        finished = time.perf_counter()
+        stats = self.snapshot_stats
+        stats.loads += 1
+        stats.load_s = finished - started
+        stats.load_restore_s = finished - restore_started
+        stats.size_bytes = len(body)
+        logger.info(
+            "loaded a snapshot at index %d: %d bytes in %.2f s (restore %.2f s)",
+            header.last_entry[1],
+            len(body),
+            stats.load_s,
+            stats.load_restore_s,
+            extra={"snapshot_load_s": round(stats.load_s, 3)},
+        )
         # pysyncobj takes the members from here (dynamic membership) and
         # compares them with its own node, not its address: this node must
         # not be among them, or it would become its own peer.
@@ -1274,6 +1605,11 @@ class RaftNode:
         return header.last_entry, header.previous_entry, members
 
     # -- status (any thread) -------------------------------------------------
+
+    @property
+    def last_snapshot_duration_s(self) -> float | None:
+        """How long the last successful snapshot took to encode and write."""
+        return self.snapshot_stats.encode_s
 
     def is_leader(self) -> bool:
         # A halted leader's pysyncobj still says so: its tick thread no longer
@@ -1317,15 +1653,25 @@ class RaftNode:
                 key=lambda peer: peer.id,
             )
         )
+        term = int(raw["raft_term"])
+        commit_index = int(raw["commit_idx"])
+        heard = self._leader_commit
+        if role == "leader":
+            leader_commit: int | None = commit_index
+        elif heard is not None and heard[0] == term and leader_address is not None:
+            leader_commit = heard[1]
+        else:
+            leader_commit = None
         return RaftStatus(
             node_id=self.node_id,
             role=role,
-            term=int(raw["raft_term"]),
+            term=term,
             leader_id=None if leader_address is None else ids.get(leader_address),
-            commit_index=int(raw["commit_idx"]),
+            commit_index=commit_index,
             applied_index=int(raw["last_applied"]),
             peers=peers,
             retired=self.retired,
+            leader_commit_index=leader_commit,
         )
 
     def _raw_status(self) -> dict[str, Any]:
@@ -1377,3 +1723,17 @@ def decode_command(command: bytes) -> bytes | None:
         data = call[1][0]
         return data if isinstance(data, bytes) else None
     return None
+
+
+def _private_dirty_bytes() -> int:
+    """This process's Private_Dirty memory (Linux; 0 elsewhere). In a forked
+    child that is what it copied of its parent's pages plus what it allocated
+    itself: what the child adds to the machine's memory."""
+    try:
+        with open("/proc/self/smaps_rollup", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"Private_Dirty:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0

@@ -504,6 +504,12 @@ class DurableJournal:
     def fsync_count(self) -> int:
         return self._disk.fsync_count
 
+    @property
+    def size_bytes(self) -> int:
+        """The journal file's logical length: its header and every entry in
+        the log (those since the last snapshot, and the two it ends with)."""
+        return self._end
+
     def _align_with_snapshot(self, snapshot_path: Path) -> None:
         """Drop journal entries that a durable snapshot already covers.
 

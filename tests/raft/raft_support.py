@@ -31,6 +31,9 @@ class ToyNode:
         secret: str = SECRET,
         durability: str = "fsync",
         compaction: int = 5000,
+        compaction_bytes: int = 64 * 1024 * 1024,
+        compaction_interval_s: float = 300.0,
+        connection_timeout_s: float = 3.5,
         env: dict[str, str] | None = None,
     ) -> None:
         self.node_id = node_id
@@ -40,6 +43,9 @@ class ToyNode:
         self.secret = secret
         self.durability = durability
         self.compaction = compaction
+        self.compaction_bytes = compaction_bytes
+        self.compaction_interval_s = compaction_interval_s
+        self.connection_timeout_s = connection_timeout_s
         self.env = env or {}
         self.control_port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -56,6 +62,9 @@ class ToyNode:
             "--control-port", str(self.control_port),
             "--durability", self.durability,
             "--compaction", str(self.compaction),
+            "--compaction-bytes", str(self.compaction_bytes),
+            "--compaction-interval", str(self.compaction_interval_s),
+            "--connection-timeout", str(self.connection_timeout_s),
         ]  # fmt: skip
         for peer_id, address in self.peers.items():
             command += ["--peer", f"{peer_id}={address}"]

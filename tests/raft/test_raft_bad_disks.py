@@ -281,9 +281,15 @@ def test_a_snapshot_without_room_is_abandoned_and_its_part_file_removed(
     assert not list(small_disk.glob("raft.snapshot*")), "the part file must not keep the disk full"
     assert "trying again in 10 s" in caplog.text
     node._serialize_snapshot(str(small_disk / "raft.snapshot.tmp"), header_entries)
-    assert node._check_snapshot() == SERIALIZER_STATE.NOT_SERIALIZING, "no fork per tick"
+    # No fork per tick: pysyncobj is told a snapshot is under way until the
+    # wait is over, then that it failed, which lets it ask again (any other
+    # answer left its serializer marked failed, never to ask again).
+    assert node._snapshot_child is None
+    assert node._check_snapshot() == SERIALIZER_STATE.SERIALIZING
     filler.unlink()
     node._snapshot_not_before = 0.0  # ten seconds later
+    assert node._check_snapshot() == SERIALIZER_STATE.FAILED
+    assert node._check_snapshot() == SERIALIZER_STATE.NOT_SERIALIZING
     node._serialize_snapshot(str(small_disk / "raft.snapshot.tmp"), header_entries)
     while (state := node._check_snapshot()) == SERIALIZER_STATE.SERIALIZING:
         time.sleep(0.05)

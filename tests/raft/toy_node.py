@@ -8,6 +8,8 @@ Control requests (one JSON object per line on 127.0.0.1:--control-port):
                                                       | {"ok": false, "error": "..."}
     {"op": "state"}   -> {"entries": [HEX, ...], "digest": SHA256, "ever_applied": [HEX, ...]}
     {"op": "status"}  -> RaftStatus as a dict
+    {"op": "snapshot_stats"} -> raft.SnapshotStats as a dict
+    {"op": "digest"}  -> {"count": n, "digest": SHA256} (the state op without the entries)
     {"op": "bench", "count": n, "size": bytes} -> commit latencies in ms
 """
 
@@ -100,6 +102,9 @@ def main() -> None:
     parser.add_argument("--control-port", type=int, required=True)
     parser.add_argument("--durability", default="fsync")
     parser.add_argument("--compaction", type=int, default=5000)
+    parser.add_argument("--compaction-bytes", type=int, default=64 * 1024 * 1024)
+    parser.add_argument("--compaction-interval", type=float, default=300.0)
+    parser.add_argument("--connection-timeout", type=float, default=3.5)
     args = parser.parse_args()
     # The node's own JSON lines, so that tests check these logs as they check
     # a node's (`raftsched.testing.log_errors`).
@@ -117,6 +122,9 @@ def main() -> None:
         durability=args.durability,
         on_leadership=lambda leader, term: leadership_log.append((leader, term, time.time())),
         log_compaction_entries=args.compaction,
+        log_compaction_bytes=args.compaction_bytes,
+        log_compaction_interval_s=args.compaction_interval,
+        connection_timeout_s=args.connection_timeout,
         leader_fallback_timeout_s=2.0,
     )
     node.start()
@@ -137,6 +145,12 @@ def main() -> None:
             return {"entries": [e.hex() for e in entries], "digest": digest, "ever_applied": ever}
         if op == "status":
             return dataclasses.asdict(node.status())
+        if op == "digest":
+            entries = machine.view()
+            digest = hashlib.sha256(msgpack.packb(entries)).hexdigest()
+            return {"count": len(entries), "digest": digest}
+        if op == "snapshot_stats":
+            return dataclasses.asdict(node.snapshot_stats)
         if op == "leadership":
             return leadership_log
         if op == "bench":

@@ -30,6 +30,11 @@ ADDED = frozenset(
         "raftsched_unknown_outcomes_total",
         "raftsched_queue_reconciling",
         "raftsched_lease_requests_total",
+        "raftsched_raft_snapshot_fork_pause_seconds",
+        "raftsched_raft_snapshot_cow_bytes",
+        "raftsched_raft_snapshot_bytes",
+        "raftsched_raft_snapshot_load_seconds",
+        "raftsched_raft_snapshots_total",
     }
 )
 

@@ -79,7 +79,8 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/readyz")
 async def readyz(request: web.Request) -> web.Response:
     """Ready when a leader is known and this replica has applied everything
-    up to the commit index it knew of when the request arrived.
+    up to the commit index it knew of when the request arrived (the
+    leader's, as the leader last told it; see RaftStatus).
 
     Under a steady write load the applied index trails the known commit
     index by an entry for a few milliseconds at a time (the leader announces
@@ -114,7 +115,10 @@ async def readyz(request: web.Request) -> web.Response:
         }
         return json_response(body, status=503)
     status = node.status()
-    target = status.commit_index
+    # A follower's own commit index stops at the end of its log: one being
+    # sent a snapshot, or the entries after one, would look caught up by it.
+    # The leader's commit index, as the leader last said it, is the target.
+    target = max(status.commit_index, status.leader_commit_index or 0)
     deadline = asyncio.get_running_loop().time() + READY_CATCH_UP_S
     while status.leader_id is not None and status.applied_index < target:
         remaining_s = deadline - asyncio.get_running_loop().time()

@@ -17,6 +17,7 @@ TOML keys mirror the flags (relative paths are relative to the file):
     webhook_allow_private = false        # webhooks to private addresses
     webhook_allow_cidrs = []             # e.g. ["10.1.0.0/16"]; may include loopback
     # optional: max_body_bytes, log_format, log_compaction_entries,
+    # log_compaction_bytes, log_compaction_interval_s,
     # leader_fallback_timeout_s, proposal_queue_commands_max,
     # proposal_queue_bytes_max, auth_failures_per_minute, and an [extra] table
     # TLS (docs/security.md): tls_cert, tls_key, tls_client_ca, tls_ca
@@ -33,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from raftsched.cli._common import EXIT_USAGE
 from raftsched.config import (
+    LOG_COMPACTION_BYTES,
+    LOG_COMPACTION_INTERVAL_S,
     ConfigError,
     NodeConfig,
     Peer,
@@ -52,6 +55,7 @@ _FILE_KEYS = {
     "id", "data_dir", "http", "raft", "raft_bind", "http_url", "secret_file", "durability",
     "secret_accept_files", "webhook_allow_private", "webhook_allow_cidrs",
     "peers", "max_body_bytes", "log_format", "extra", "log_compaction_entries",
+    "log_compaction_bytes", "log_compaction_interval_s",
     "leader_fallback_timeout_s", "election_timeout_min_s", "election_timeout_max_s",
     "proposal_queue_commands_max", "proposal_queue_bytes_max", "admin_token_file",
     "tls_cert", "tls_key", "tls_client_ca", "tls_ca", "insecure_http",
@@ -116,6 +120,14 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     node.add_argument(
         "--log-compaction-entries", type=int, help="snapshot after this many Raft entries"
     )
+    node.add_argument(
+        "--log-compaction-bytes", type=int,
+        help="snapshot once the journal holds this many bytes (default 64 MiB)",
+    )  # fmt: skip
+    node.add_argument(
+        "--log-compaction-interval-s", type=float,
+        help="snapshot this long after the last one if anything was applied since (default 300)",
+    )  # fmt: skip
     node.add_argument(
         "--leader-fallback-timeout-s", type=float,
         help="a leader that has not heard from a majority this long steps down",
@@ -241,6 +253,8 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         "max_body_bytes": args.max_body_bytes,
         "log_format": args.log_format,
         "log_compaction_entries": args.log_compaction_entries,
+        "log_compaction_bytes": args.log_compaction_bytes,
+        "log_compaction_interval_s": args.log_compaction_interval_s,
         "leader_fallback_timeout_s": args.leader_fallback_timeout_s,
         "proposal_queue_commands_max": args.proposal_queue_commands_max,
         "proposal_queue_bytes_max": args.proposal_queue_bytes_max,
@@ -295,6 +309,10 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
         max_body_bytes=int(settings.get("max_body_bytes", 1024 * 1024)),
         log_format=str(settings.get("log_format", "auto")),
         log_compaction_entries=int(settings.get("log_compaction_entries", 5000)),
+        log_compaction_bytes=int(settings.get("log_compaction_bytes", LOG_COMPACTION_BYTES)),
+        log_compaction_interval_s=float(
+            settings.get("log_compaction_interval_s", LOG_COMPACTION_INTERVAL_S)
+        ),
         leader_fallback_timeout_s=float(settings.get("leader_fallback_timeout_s", 3.0)),
         election_timeout_min_s=float(settings.get("election_timeout_min_s", 0.8)),
         election_timeout_max_s=float(settings.get("election_timeout_max_s", 1.6)),

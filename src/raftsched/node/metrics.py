@@ -55,6 +55,7 @@ LATENCY_BUCKETS_S = (
 )  # fmt: skip
 CLAIM_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 RUN_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 14400)
+FORK_PAUSE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 ENTRY_COMMANDS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 4000)
 
 # Per-schedule series are exported for at most METRIC_SCHEDULES_MAX schedules
@@ -229,6 +230,14 @@ RAFT_MESSAGES_REFUSED = Family(
     ("reason",),
 )
 
+SNAPSHOT_FORK_PAUSE = Family(
+    "raftsched_raft_snapshot_fork_pause_seconds",
+    "histogram",
+    "How long starting a snapshot stopped the Raft thread: waiting for the state's lock "
+    "and fork() (page tables copied in the kernel), per snapshot.",
+    buckets=FORK_PAUSE_BUCKETS_S,
+)
+
 INSTRUMENTED = (
     LEADER_CHANGES, TICKS, LEASES_EXPIRED, LEASES_GRANTED, LEASE_LOST, LEASE_REQUESTS,
     ENTRIES_PROPOSED,
@@ -236,7 +245,7 @@ INSTRUMENTED = (
     EXECUTION_SECONDS, JOB_ATTEMPTS, JOB_RETRIES, JOB_FAILURES, JOBS_SUCCEEDED, DEAD_LETTERS,
     REPLAYS, CANCELS, LEASE_RENEWALS, LEASE_EXPIRATIONS, LEADER_OBSERVED, WEBHOOK_ATTEMPTS,
     WEBHOOK_FAILURES, WEBHOOK_PARKED, FLOW_REJECTED, HTTP_AUTH_FAILURES, RAFT_MESSAGES_REFUSED,
-    RECONCILE_DECISIONS, UNKNOWN_OUTCOMES,
+    RECONCILE_DECISIONS, UNKNOWN_OUTCOMES, SNAPSHOT_FORK_PAUSE,
 )  # fmt: skip
 
 # -- sampled: read at scrape time ---------------------------------------------------
@@ -285,6 +294,29 @@ SNAPSHOT_DURATION = Family(
     "raftsched_raft_snapshot_duration_seconds",
     "gauge",
     "How long this node's last snapshot took to encode and write (in a forked child).",
+)
+SNAPSHOT_COW_BYTES = Family(
+    "raftsched_raft_snapshot_cow_bytes",
+    "gauge",
+    "Memory the last snapshot child added: its private dirty pages at exit (pages it "
+    "copied from the node's, copy-on-write, and its own buffers).",
+)
+SNAPSHOT_BYTES = Family(
+    "raftsched_raft_snapshot_bytes",
+    "gauge",
+    "Size of the state in the last snapshot this node wrote or loaded.",
+)
+SNAPSHOT_LOAD_SECONDS = Family(
+    "raftsched_raft_snapshot_load_seconds",
+    "gauge",
+    "How long this node's last snapshot load took (at start, or one sent by the leader): "
+    "sync, read, check and restore.",
+)
+SNAPSHOTS = Family(
+    "raftsched_raft_snapshots_total",
+    "counter",
+    "Snapshots this node wrote (event=written) or loaded (event=loaded) since it started.",
+    ("event",),
 )
 QUEUE_DEPTH = Family("raftsched_queue_depth", "gauge", "Runnable jobs per queue.", ("queue",))
 QUEUE_RUNNING = Family(
@@ -427,7 +459,7 @@ SCHEDULES = Family("raftsched_schedules", "gauge", "Stored schedules.")
 SAMPLED = (
     GC_COLLECTIONS, GC_PAUSE_SECONDS, GC_PAUSE_MAX, RAFT_IS_LEADER, RAFT_TERM,
     RAFT_COMMIT_INDEX, RAFT_APPLIED_INDEX, APPLY_HALTED, RAFT_DISK_FULL, JOBS, SNAPSHOT_AGE,
-    SNAPSHOT_DURATION,
+    SNAPSHOT_DURATION, SNAPSHOT_COW_BYTES, SNAPSHOT_BYTES, SNAPSHOT_LOAD_SECONDS, SNAPSHOTS,
     QUEUE_DEPTH, QUEUE_RUNNING, QUEUE_RECONCILING, QUEUE_OLDEST_AGE, PROPOSER_QUEUED_COMMANDS,
     PROPOSER_QUEUED_BYTES, PROPOSER_REFUSED, JOBS_STUCK, STUCK_THRESHOLD, OUTBOX_LAG, FOLLOWER_LAG,
     CLOCK_SKEW, CLOCK_SKEW_UNCERTAINTY, OUTBOX_DEPTH, WEBHOOK_OLDEST_AGE, TENANT_QUEUED,
@@ -513,6 +545,7 @@ class NodeMetrics:
         self.flow_rejected = counter(FLOW_REJECTED)
         self.http_auth_failures = counter(HTTP_AUTH_FAILURES)
         self.raft_messages_refused = counter(RAFT_MESSAGES_REFUSED)
+        self.snapshot_fork_pause = histogram(SNAPSHOT_FORK_PAUSE)
         self.sample_together((GC_COLLECTIONS, GC_PAUSE_SECONDS, GC_PAUSE_MAX), _gc_samples)
 
     def series(self, family: Counter | Histogram, *labels: str) -> Any:

@@ -160,7 +160,10 @@ class Node:
             election_timeout_min_s=config.election_timeout_min_s,
             election_timeout_max_s=config.election_timeout_max_s,
             log_compaction_entries=config.log_compaction_entries,
+            log_compaction_bytes=config.log_compaction_bytes,
+            log_compaction_interval_s=config.log_compaction_interval_s,
             gate=self.gate,
+            on_fork_pause=self.metrics.snapshot_fork_pause.observe,
         )
         self._dispatch_task: asyncio.Task[None] | None = None
         self._leader_term: int | None = None
@@ -771,6 +774,14 @@ class Node:
         sample(families.JOBS, self._m_jobs)
         sample(families.SNAPSHOT_AGE, self._m_snapshot_age)
         sample(families.SNAPSHOT_DURATION, self._m_snapshot_duration)
+        stats = self.raft.snapshot_stats
+        sample(families.SNAPSHOT_COW_BYTES, lambda: _present(stats.cow_bytes))
+        sample(families.SNAPSHOT_BYTES, lambda: _present(stats.size_bytes))
+        sample(families.SNAPSHOT_LOAD_SECONDS, lambda: _present(stats.load_s))
+        sample(
+            families.SNAPSHOTS,
+            lambda: [(("loaded",), float(stats.loads)), (("written",), float(stats.taken))],
+        )
         self.metrics.sample_together(
             (
                 families.QUEUE_DEPTH,
@@ -826,3 +837,8 @@ class Node:
             families.QUEUE_RECONCILING.name: waiting,
             families.QUEUE_OLDEST_AGE.name: age,
         }
+
+
+def _present(value: float | None) -> Samples:
+    """One unlabelled sample, or none before there is a value."""
+    return [] if value is None else [((), float(value))]

@@ -94,6 +94,27 @@ def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) 
             "proposal queue bounds",
         ),  # fmt: skip
         (
+            "log_compaction_bytes = 1000\n",
+            ["--id", "n1", "--data-dir", "d", "--http", "127.0.0.1:1", "--raft", "h:1"],
+            "log_compaction_bytes must be at least 65536",
+        ),
+        (
+            "",
+            [
+                "--id",
+                "n1",
+                "--data-dir",
+                "d",
+                "--http",
+                "127.0.0.1:1",
+                "--raft",
+                "h:1",
+                "--log-compaction-interval-s",
+                "0",
+            ],
+            "log_compaction_interval_s must be between 1 and 86400",
+        ),  # fmt: skip
+        (
             "auth_failures_per_minute = 0\n",
             ["--id", "n1", "--data-dir", "d", "--http", "127.0.0.1:1", "--raft", "h:1"],
             "auth_failures_per_minute must be at least 1",
@@ -115,6 +136,32 @@ def test_mistakes_exit_2(
     assert main(args) == 2
     assert message in capsys.readouterr().err
     assert captured == []
+
+
+def test_log_compaction_triggers_from_flags_and_toml(
+    tmp_path: Path, captured: list[NodeConfig]
+) -> None:
+    secret_file(tmp_path)
+    base = 'id = "n1"\ndata_dir = "d"\nhttp = "127.0.0.1:8701"\nraft = "127.0.0.1:9701"\n'
+    (tmp_path / "n1.toml").write_text(
+        base + 'secret_file = "secret"\nlog_compaction_bytes = 1048576\n'
+        "log_compaction_interval_s = 60.0\nlog_compaction_entries = 300\n"
+    )
+    assert main(["node", "--config", str(tmp_path / "n1.toml")]) == 0
+    assert main([
+        "node", "--config", str(tmp_path / "n1.toml"), "--log-compaction-bytes", "131072",
+        "--log-compaction-interval-s", "7.5",
+    ]) == 0  # fmt: skip
+    (tmp_path / "n2.toml").write_text(base + 'secret_file = "secret"\n')
+    assert main(["node", "--config", str(tmp_path / "n2.toml")]) == 0
+    from_toml, from_flags, defaults = captured
+    assert (from_toml.log_compaction_bytes, from_toml.log_compaction_interval_s) == (1 << 20, 60)
+    assert from_toml.log_compaction_entries == 300
+    assert (from_flags.log_compaction_bytes, from_flags.log_compaction_interval_s) == (1 << 17, 7.5)
+    assert (defaults.log_compaction_bytes, defaults.log_compaction_interval_s) == (64 << 20, 300)
+    from raftsched import raft
+
+    assert defaults.log_compaction_bytes == raft.LOG_COMPACTION_BYTES  # one default, two places
 
 
 def test_short_secret_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
