@@ -601,6 +601,29 @@ def _decode_chunk(state: State, chunk: object, into: JobColumns) -> None:
         into.ordered += compress(jobs, map(_is_set, columns[_ORDERING_KEY]))
 
 
+_job_row_fields: Final = attrgetter(*JOB_FIELDS)
+
+
+def encode_job_row(job: Job) -> bytes:
+    """One job as a row of the row encoding (`_decode_rows` reads it): the
+    form the time wheel packs future jobs in (`kernel.wheel`)."""
+    packed: bytes = msgpack.packb(_job_row_fields(job), default=_pack_record)
+    return packed
+
+
+def decode_job_rows(state: State, data: bytes, count: int) -> list[Job]:
+    """`count` rows of `encode_job_row` back into jobs; names are interned
+    in `state.interned` (the only part of `state` this reads or writes)."""
+    unpacker = msgpack.Unpacker(use_list=False)
+    unpacker.feed(data)
+    try:
+        return list(_decode_rows(state, unpacker.unpack, count))
+    except CodecError:
+        raise
+    except Exception as error:
+        raise CodecError(f"not job rows: {type(error).__name__}") from error
+
+
 def _any_set(*values: object) -> bool:
     return any(value is not None for value in values)
 
