@@ -271,7 +271,7 @@ def test_hashes_are_stable_across_processes() -> None:
     assert wheel.id_hash("job_1") == wheel.id_hash("job_1") != wheel.id_hash("job_2")
     # Fixed values: never Python's per-process hash().
     assert wheel.id_hash("job_1") == int.from_bytes(
-        __import__("hashlib").blake2b(b"job_1", digest_size=8).digest(), "little"
+        __import__("hashlib").blake2b(b"job_1", digest_size=4).digest(), "little"
     )
     rng = random.Random(1)
     keys = {wheel.key_hash(f"t{rng.randrange(5)}", f"k{i}") for i in range(1000)}

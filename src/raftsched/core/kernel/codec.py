@@ -624,6 +624,26 @@ def decode_job_rows(state: State, data: bytes, count: int) -> list[Job]:
         raise CodecError(f"not job rows: {type(error).__name__}") from error
 
 
+def encode_job_chunk(jobs: list[Job]) -> bytes:
+    """Jobs as one chunk of columns, exactly as a snapshot stores them (see
+    `encode_state_pieces`): the form of the time wheel's sealed chunks."""
+    packed: bytes = msgpack.packb(_job_columns(jobs), default=_pack_record)
+    return packed
+
+
+def decode_job_chunk(state: State, data: bytes) -> list[Job]:
+    """`encode_job_chunk` bytes back into jobs (names interned in
+    `state.interned`, the only part of `state` this touches)."""
+    columns = JobColumns()
+    try:
+        _decode_chunk(state, msgpack.unpackb(data, use_list=False), columns)
+    except CodecError:
+        raise
+    except Exception as error:
+        raise CodecError(f"not a job chunk: {type(error).__name__}") from error
+    return columns.jobs
+
+
 def _any_set(*values: object) -> bool:
     return any(value is not None for value in values)
 

@@ -18,9 +18,10 @@ through other paths), never a job that ran (attempts, history, effects).
 Everything else stays live; so do jobs whose bucket is already within the
 horizon.
 
-Indexes without an object per job: `ids` maps the 64-bit blake2b hash of a
+Indexes without an object per job: `ids` maps the 32-bit blake2b hash of a
 job id, and `keys` the hash of (tenant, idempotency key), to locations, in an
-open-addressing table of two `array("Q")` (linear probing, backward-shift
+open-addressing table of an `array("I")` of 32-bit hashes and an
+`array("Q")` of locations (linear probing, backward-shift
 deletion, duplicates allowed). A hit is confirmed by decoding the located
 chunk. Python's `hash()` of a str differs per process and is never used.
 
@@ -67,7 +68,13 @@ from itertools import chain
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from raftsched.core.kernel.codec import CodecError, decode_job_rows, encode_job_row
+from raftsched.core.kernel.codec import (
+    CodecError,
+    decode_job_chunk,
+    decode_job_rows,
+    encode_job_chunk,
+    encode_job_row,
+)
 from raftsched.core.kernel.commands import Command, JobSpec
 from raftsched.core.kernel.model import SCHEDULED, Job
 from raftsched.core.kernel.sections import Section
@@ -81,14 +88,21 @@ WHEEL: Final = "wheel"
 WHEEL_VERSION: Final = 7
 """The cluster version from which submissions are packed."""
 HORIZON_MS_DEFAULT: Final = 10 * 60_000
-BUCKET_MS_DEFAULT: Final = 60_000
+BUCKET_MS_DEFAULT: Final = 3_600_000
+"""An hour: a bucket costs its own objects and an uncompressed tail of up
+to 31 jobs, so wide buckets are cheaper (bench/core.py --far, 200,000 jobs
+over 30 days: 571 bytes a packed job with 1-minute buckets, 242 with
+15-minute ones, 195 with an hour), and an hour's jobs made live 10 minutes
+before the hour cost little (10M jobs over 30 days: 14,000 an hour)."""
 BUCKET_MS_MIN: Final = 1_000
 BUCKET_MS_MAX: Final = 24 * 3600_000
 HORIZON_MS_MAX: Final = 7 * 24 * 3600_000
-CHUNK_JOBS: Final = 64
-"""Rows per sealed chunk: compression gains little beyond 32-64 rows of
-today's job shape (bench/core.py: 57 bytes a job at 64, 56 at 512), and
-every read of a packed job decodes one chunk."""
+CHUNK_JOBS: Final = 32
+"""Rows per sealed chunk: compression gains little beyond 32 rows of
+today's job shape (bench/core.py's payload with random ids and keys: 60
+bytes a job at 32 rows, 57 at 64, 56 at 512), every read of a packed job
+decodes one chunk, and a bucket's unsealed tail (up to 31 rows) is kept
+uncompressed."""
 ZLIB_LEVEL: Final = 6
 CHUNK_BITS: Final = 20
 _CHUNK_MASK: Final = (1 << CHUNK_BITS) - 1
@@ -99,26 +113,29 @@ Chunk = tuple[bytes, int, int, int]  # data, count, min_seq, max_seq
 
 
 def id_hash(job_id: str) -> int:
-    value = int.from_bytes(blake2b(job_id.encode(), digest_size=8).digest(), "little")
+    """32 bits of blake2b: the tables store them, and a hit is confirmed by
+    decoding its chunk, so a rare false hit costs one decode, never a wrong
+    answer (at 10M jobs about one lookup in 400)."""
+    value = int.from_bytes(blake2b(job_id.encode(), digest_size=4).digest(), "little")
     return value or 1  # 0 marks an empty slot
 
 
 def key_hash(tenant: str, key: str) -> int:
     name = tenant.encode()
     data = len(name).to_bytes(4, "little") + name + key.encode()
-    value = int.from_bytes(blake2b(data, digest_size=8).digest(), "little")
+    value = int.from_bytes(blake2b(data, digest_size=4).digest(), "little")
     return value or 1
 
 
 class HashIndex:
-    """64-bit hashes to 64-bit values; duplicates allowed. Linear probing
-    with backward-shift deletion; grows at 3/4 full by reinserting in slot
-    order, so its layout is a function of its operations."""
+    """32-bit hashes to 64-bit values (12 bytes a slot); duplicates allowed.
+    Linear probing with backward-shift deletion; grows at 4/5 full by
+    reinserting in slot order, so its layout is a function of its operations."""
 
     __slots__ = ("keys", "values", "size")
 
     def __init__(self) -> None:
-        self.keys = array("Q")
+        self.keys = array("I")
         self.values = array("Q")
         self.size = 0
 
@@ -138,7 +155,7 @@ class HashIndex:
             at = (at + 1) & mask
 
     def insert(self, hashed: int, value: int) -> None:
-        if (self.size + 1) * 4 > len(self.keys) * 3:
+        if (self.size + 1) * 5 > len(self.keys) * 4:
             self._grow()
         keys = self.keys
         mask = len(keys) - 1
@@ -178,13 +195,13 @@ class HashIndex:
         values[hole] = 0
         self.size -= 1
         if not self.size:
-            self.keys, self.values = array("Q"), array("Q")
+            self.keys, self.values = array("I"), array("Q")
         return True
 
     def _grow(self) -> None:
         old_keys, old_values = self.keys, self.values
         capacity = max(16, 2 * len(old_keys))
-        self.keys = array("Q", bytes(8 * capacity))
+        self.keys = array("I", bytes(4 * capacity))
         self.values = array("Q", bytes(8 * capacity))
         self.size = 0
         for key, value in zip(old_keys, old_values, strict=True):
@@ -201,13 +218,13 @@ class HashIndex:
         size, keys, values = data
         if type(size) is not int or type(keys) is not bytes or type(values) is not bytes:
             raise CodecError("a wheel table is [size, keys, values]")
-        if len(keys) != len(values) or len(keys) % 8:
+        if len(keys) * 2 != len(values) or len(keys) % 4:
             raise CodecError("a wheel table's arrays differ")
-        capacity = len(keys) // 8
-        if capacity & (capacity - 1) or size * 4 > capacity * 3:
+        capacity = len(keys) // 4
+        if capacity & (capacity - 1) or size * 5 > capacity * 4:
             raise CodecError("a wheel table's capacity is wrong")
         index = cls()
-        index.keys, index.values = _from_le(keys), _from_le(values)
+        index.keys, index.values = _from_le("I", keys), _from_le("Q", values)
         index.size = size
         return index
 
@@ -215,13 +232,13 @@ class HashIndex:
 def _le_bytes(values: array[int]) -> bytes:
     if sys.byteorder == "little":
         return values.tobytes()
-    swapped = array("Q", values)  # pragma: no cover - big-endian hosts
+    swapped = array(values.typecode, values)  # pragma: no cover - big-endian hosts
     swapped.byteswap()
     return swapped.tobytes()
 
 
-def _from_le(data: bytes) -> array[int]:
-    values = array("Q")
+def _from_le(typecode: str, data: bytes) -> array[int]:
+    values = array(typecode)
     values.frombytes(data)
     if sys.byteorder != "little":  # pragma: no cover
         values.byteswap()
@@ -297,7 +314,7 @@ def _chunk_jobs(names: object, bucket: Bucket, index: int) -> list[Job]:
         chunk = bucket.chunks[index]
         if chunk is None:
             return []
-        return _rows(names, zlib.decompress(chunk[0]), chunk[1])
+        return decode_job_chunk(cast(State, names), zlib.decompress(chunk[0]))
     if index == len(bucket.chunks):
         return _rows(names, bucket.tail, bucket.tail_count)
     return []
@@ -368,8 +385,11 @@ def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
 
 
 def _seal(bucket: Bucket) -> None:
+    """The tail's rows become a chunk in the snapshot's column encoding,
+    compressed (columns compress better than rows: ~60 bytes a job)."""
+    jobs = _rows(_Names(), bucket.tail, bucket.tail_count)
     chunk = (
-        zlib.compress(bucket.tail, ZLIB_LEVEL),
+        zlib.compress(encode_job_chunk(jobs), ZLIB_LEVEL),
         bucket.tail_count,
         bucket.tail_min_seq,
         bucket.tail_max_seq,
@@ -580,15 +600,19 @@ def hydrate_one(state: State, location: int, match: Job) -> None:
     jobs = _chunk_jobs(state, bucket, index)
     job = next(each for each in jobs if each.id == match.id)
     rest = [each for each in jobs if each is not job]
-    data = b"".join(map(encode_job_row, rest))
     if index < len(bucket.chunks):
         bucket.chunks[index] = (
-            (zlib.compress(data, ZLIB_LEVEL), len(rest), rest[0].seq, rest[-1].seq)
+            (
+                zlib.compress(encode_job_chunk(rest), ZLIB_LEVEL),
+                len(rest),
+                rest[0].seq,
+                rest[-1].seq,
+            )
             if rest
             else None
         )
     else:
-        bucket.tail, bucket.tail_count = data, len(rest)
+        bucket.tail, bucket.tail_count = b"".join(map(encode_job_row, rest)), len(rest)
         bucket.tail_min_seq = rest[0].seq if rest else 0
         bucket.tail_max_seq = rest[-1].seq if rest else 0
     _forget(wheel, [job], location)
