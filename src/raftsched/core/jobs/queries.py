@@ -172,6 +172,11 @@ def _oldest_runnable_ms(state: State, queue: str) -> int | None:
     return runnable_index.oldest_runnable_ms(state.runnable, queue)
 
 
+def packed_count(state: State) -> int:
+    """How many jobs the time wheel holds packed (`kernel.wheel`)."""
+    return wheel.wheel_of(state).size
+
+
 def status_counts(state: State) -> dict[str, int]:
     return dict(state.status_counts)
 
