@@ -18,8 +18,11 @@ Rules
 
 Theory of operation
 -------------------
-The authoritative data is `jobs` (in submission order), the scalar counters
-below, and each job's own attempts, history and effects. Everything else is
+The authoritative data is `jobs` (in submission order, except jobs hydrated
+from the time wheel, which join after the jobs already live), the scalar
+counters below, each job's own attempts, history and effects, and the jobs
+that the `wheel` section holds packed (far-future jobs, `kernel.wheel`): they
+have no `Job` object, yet every counter below counts them. Everything else is
 an index derived from the jobs and rebuilt by `rebuild_indexes` when a
 snapshot is decoded: status and per-queue counters, the idempotency map, the
 effects-ledger map, and five heaps that keep time-driven and claim work
