@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from core_support import T0, Cluster
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,6 +17,7 @@ from raftsched.core import (
     list_jobs,
     state_digest,
 )
+from raftsched.core.jobs import submit
 from raftsched.core.jobs.commands import (
     CancelJob,
     ConfigureWheel,
@@ -25,7 +27,7 @@ from raftsched.core.jobs.commands import (
 )
 from raftsched.core.jobs.queries import find_by_idempotency_key, job_history
 from raftsched.core.kernel import wheel
-from raftsched.core.kernel.commands import JobSpec, RaiseClusterVersion, Tick
+from raftsched.core.kernel.commands import Barrier, JobSpec, RaiseClusterVersion, Tick
 from raftsched.core.kernel.model import CANCELLED, PENDING, SCHEDULED
 from raftsched.core.kernel.results import (
     Ack,
@@ -276,3 +278,45 @@ def test_hashes_are_stable_across_processes() -> None:
     rng = random.Random(1)
     keys = {wheel.key_hash(f"t{rng.randrange(5)}", f"k{i}") for i in range(1000)}
     assert len(keys) == 1000
+
+
+def test_a_failing_submission_rolls_its_packed_jobs_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = wheel_cluster()
+    cluster.submit(far(cluster))  # the bucket exists already
+    before = cluster.digest()
+    calls = []
+
+    def admit_then_fail(state: object, spec: JobSpec) -> None:
+        calls.append(spec)
+        if len(calls) == 3:
+            raise RuntimeError("a bug")
+
+    monkeypatch.setattr(submit.flow, "admit", admit_then_fail)
+    specs = (far(cluster), far(cluster, 600), far(cluster))  # one in a new bucket
+    (result,) = cluster.run(SubmitJobs(specs, ("job_a", "job_b", "job_c")))
+    assert isinstance(result, Rejected) and result.code == "internal_error"
+    assert cluster.digest() == before
+    assert packed(cluster) == 1
+
+
+def test_a_failing_tick_rolls_its_hydration_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = wheel_cluster()
+    count = wheel.CHUNK_JOBS * 2 + 3
+    specs = tuple(far(cluster, 60) for _ in range(count))
+    cluster.run(SubmitJobs(specs, tuple(f"job_{i:04d}" for i in range(count))))
+    cluster.run(Barrier(), at=T0 + 58 * MIN)  # time moves on; the Tick comes next
+    before = cluster.digest()
+    calls = []
+    real = wheel.index_job
+
+    def index_then_fail(state: object, job: object) -> None:
+        calls.append(job)
+        if len(calls) == wheel.CHUNK_JOBS + 5:
+            raise RuntimeError("a bug")
+        real(state, job)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wheel, "index_job", index_then_fail)
+    (result,) = cluster.run(Tick(seed=1))
+    assert isinstance(result, Rejected) and result.code == "internal_error"
+    # The tables' layout too: their changes were journalled and rewound.
+    assert packed(cluster) == count and cluster.digest() == before

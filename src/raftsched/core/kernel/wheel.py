@@ -64,7 +64,6 @@ from array import array
 from bisect import insort
 from collections.abc import Iterator
 from hashlib import blake2b
-from itertools import chain
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, cast
 
@@ -107,7 +106,6 @@ ZLIB_LEVEL: Final = 6
 CHUNK_BITS: Final = 20
 _CHUNK_MASK: Final = (1 << CHUNK_BITS) - 1
 BUCKET_MAX: Final = (1 << (64 - CHUNK_BITS)) - 1
-RUNS_MAX: Final = 16
 
 Chunk = tuple[bytes, int, int, int]  # data, count, min_seq, max_seq
 
@@ -132,12 +130,16 @@ class HashIndex:
     Linear probing with backward-shift deletion; grows at 4/5 full by
     reinserting in slot order, so its layout is a function of its operations."""
 
-    __slots__ = ("keys", "values", "size")
+    __slots__ = ("keys", "values", "size", "journal")
 
     def __init__(self) -> None:
         self.keys = array("I")
         self.values = array("Q")
         self.size = 0
+        # While a command that may be rolled back changes the table: every
+        # slot's previous (slot, key, value), or (-1, keys, values) before
+        # the arrays are replaced, so that `rewind` restores the very layout.
+        self.journal: list[tuple[int, Any, Any]] | None = None
 
     def find(self, hashed: int) -> list[int]:
         keys = self.keys
@@ -162,6 +164,8 @@ class HashIndex:
         at = hashed & mask
         while keys[at]:
             at = (at + 1) & mask
+        if self.journal is not None:
+            self.journal.append((at, 0, 0))
         keys[at] = hashed
         self.values[at] = value
         self.size += 1
@@ -179,6 +183,12 @@ class HashIndex:
             if key == hashed and values[at] == value:
                 break
             at = (at + 1) & mask
+        journal = self.journal
+        if not self.size - 1:
+            if journal is not None:
+                journal.append((-1, keys, values))
+            self.keys, self.values, self.size = array("I"), array("Q"), 0
+            return True
         hole = at
         while True:
             at = (at + 1) & mask
@@ -189,17 +199,23 @@ class HashIndex:
             # The entry may move into the hole unless its home lies
             # cyclically in (hole, at].
             if (hole < at and (home <= hole or home > at)) or (hole > at and at < home <= hole):
+                if journal is not None:
+                    journal.append((hole, keys[hole], values[hole]))
                 keys[hole], values[hole] = key, values[at]
                 hole = at
+        if journal is not None:
+            journal.append((hole, keys[hole], values[hole]))
         keys[hole] = 0
         values[hole] = 0
         self.size -= 1
-        if not self.size:
-            self.keys, self.values = array("I"), array("Q")
         return True
 
     def _grow(self) -> None:
         old_keys, old_values = self.keys, self.values
+        journal = self.journal
+        if journal is not None:
+            journal.append((-1, old_keys, old_values))
+            self.journal = None  # the reinsertion below needs no record
         capacity = max(16, 2 * len(old_keys))
         self.keys = array("I", bytes(4 * capacity))
         self.values = array("Q", bytes(8 * capacity))
@@ -207,6 +223,23 @@ class HashIndex:
         for key, value in zip(old_keys, old_values, strict=True):
             if key:
                 self.insert(key, value)
+        self.journal = journal
+
+    def record(self) -> None:
+        """Start journalling afresh (a new command's first change)."""
+        self.journal = []
+
+    def rewind(self, size: int) -> None:
+        """Undo every change journalled since `record`, back to `size` entries."""
+        journal = self.journal
+        assert journal is not None
+        while journal:
+            at, key, value = journal.pop()
+            if at < 0:
+                self.keys, self.values = key, value
+            else:
+                self.keys[at], self.values[at] = key, value
+        self.size = size
 
     def encode(self) -> list[Any]:
         return [self.size, _le_bytes(self.keys), _le_bytes(self.values)]
@@ -246,7 +279,7 @@ def _from_le(typecode: str, data: bytes) -> array[int]:
 
 
 class Bucket:
-    __slots__ = ("chunks", "tail", "tail_count", "tail_min_seq", "tail_max_seq")
+    __slots__ = ("chunks", "tail", "tail_count", "tail_min_seq", "tail_max_seq", "first")
 
     def __init__(self) -> None:
         self.chunks: list[Chunk | None] = []
@@ -254,9 +287,23 @@ class Bucket:
         self.tail_count = 0
         self.tail_min_seq = 0
         self.tail_max_seq = 0
+        # Derived, not encoded: every chunk before it is None. Hydration
+        # takes chunks in order, so a bucket of a million jobs is not
+        # scanned from its start for every chunk.
+        self.first = 0
+
+    def first_chunk(self) -> int:
+        """The index of the first chunk still holding jobs (the number of
+        chunks when none does: the tail's index)."""
+        chunks = self.chunks
+        at = min(self.first, len(chunks))
+        while at < len(chunks) and chunks[at] is None:
+            at += 1
+        self.first = at
+        return at
 
     def empty(self) -> bool:
-        return not self.tail_count and all(chunk is None for chunk in self.chunks)
+        return not self.tail_count and self.first_chunk() == len(self.chunks)
 
 
 class Wheel:
@@ -337,6 +384,7 @@ def packable(state: State, job: Job, version: int) -> bool:
 def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
     """Store a new job (counted here, never put in `state.jobs`)."""
     wheel = wheel_of(state)
+    _journal(wheel, savepoint)
     assert job.next_run_at_ms is not None
     number = job.next_run_at_ms // wheel.bucket_ms
     bucket = wheel.buckets.get(number)
@@ -367,10 +415,7 @@ def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
     if savepoint is None:
         return
 
-    def undo() -> None:
-        wheel.ids.remove(hashed_id, location)
-        if hashed_key is not None:
-            wheel.keys.remove(hashed_key, location)
+    def undo() -> None:  # the tables are rewound by `_journal`'s action
         _uncount(wheel, pair, 1)
         wheel.size -= 1
         assert bucket is not None
@@ -382,6 +427,29 @@ def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
             wheel.order.remove(number)
 
     savepoint.on_rollback(undo)
+
+
+def _journal(wheel: Wheel, savepoint: Savepoint | None) -> None:
+    """Before a command's first change to the tables: journal them so that a
+    rollback restores their exact layout (re-inserting what was removed
+    would lay colliding entries out differently, and the tables are
+    encoded). Changes made outside a savepoint are not journalled."""
+    if savepoint is None:
+        wheel.ids.journal = wheel.keys.journal = None
+        return
+    if savepoint.memo.get(WHEEL) is wheel:
+        return
+    savepoint.memo[WHEEL] = wheel
+    ids, keys = wheel.ids, wheel.keys
+    sizes = (ids.size, keys.size)
+    ids.record()
+    keys.record()
+
+    def rewind() -> None:
+        ids.rewind(sizes[0])
+        keys.rewind(sizes[1])
+
+    savepoint.on_rollback(rewind)
 
 
 def _seal(bucket: Bucket) -> None:
@@ -492,12 +560,19 @@ def _make_live(state: State, jobs: list[Job]) -> None:
     for job in jobs:
         state.jobs[job.id] = job
         index_job(state, job)
-    if jobs:
-        wheel.runs.append(sorted(jobs, key=_by_seq))
-        if len(wheel.runs) > RUNS_MAX:
-            live = state.jobs
-            merged = sorted(chain.from_iterable(wheel.runs), key=_by_seq)
-            wheel.runs = [[job for job in merged if live.get(job.id) is job]]
+    if not jobs:
+        return
+    runs = wheel.runs
+    runs.append(sorted(jobs, key=_by_seq))
+    # Runs merge as a binary counter does (a run merges into the one before
+    # while that one is not more than twice as long), so there are
+    # O(log jobs) of them and each job is merged O(log jobs) times; jobs
+    # purged since drop out.
+    live = state.jobs
+    while len(runs) > 1 and len(runs[-2]) <= 2 * len(runs[-1]):
+        newer = runs.pop()
+        merged = sorted(runs.pop() + newer, key=_by_seq)  # two sorted runs: linear
+        runs.append([job for job in merged if live.get(job.id) is job])
 
 
 def _forget(wheel: Wheel, jobs: list[Job], location: int) -> None:
@@ -531,9 +606,8 @@ def hydrate(state: State, budget: int, savepoint: Savepoint | None) -> int:
         if number * wheel.bucket_ms > limit_ms:
             break
         bucket = wheel.buckets[number]
-        index = next((i for i, chunk in enumerate(bucket.chunks) if chunk is not None), None)
-        if index is None:
-            index = len(bucket.chunks)
+        index = bucket.first_chunk()
+        if index == len(bucket.chunks):
             count = bucket.tail_count
         else:
             chunk = bucket.chunks[index]
@@ -556,6 +630,7 @@ def _take(
     savepoint: Savepoint | None,
 ) -> None:
     """Move the jobs of one whole location out of the wheel and make them live."""
+    _journal(wheel, savepoint)
     bucket = wheel.buckets[number]
     location = (number << CHUNK_BITS) | index
     if index < len(bucket.chunks):
@@ -566,9 +641,6 @@ def _take(
         bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = b"", 0, 0, 0
     _forget(wheel, jobs, location)
     dropped = _drop_if_empty(wheel, number)
-    _make_live(state, jobs)
-    if savepoint is None:
-        return
 
     def undo() -> None:
         for job in jobs:
@@ -578,23 +650,26 @@ def _take(
             insort(wheel.order, number)
         if index < len(bucket.chunks):
             bucket.chunks[index] = before_chunk
+            bucket.first = min(bucket.first, index)
         else:
             bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = before_tail
-        for job in jobs:
-            wheel.ids.insert(id_hash(job.id), location)
-            if job.idempotency_key is not None:
-                wheel.keys.insert(key_hash(job.tenant, job.idempotency_key), location)
+        for job in jobs:  # the tables are rewound by `_journal`'s action
             pair = (job.queue, job.tenant)
             wheel.counts[pair] = wheel.counts.get(pair, 0) + 1
         wheel.size += len(jobs)
 
-    savepoint.on_rollback(undo)
+    # Registered before the jobs go live, which is what could fail; the
+    # derived indexes are rebuilt by the rollback anyway.
+    if savepoint is not None:
+        savepoint.on_rollback(undo)
+    _make_live(state, jobs)
 
 
 def hydrate_one(state: State, location: int, match: Job) -> None:
     """Make one packed job live (a command names it); the rest of its chunk
     stays packed, re-encoded without it."""
     wheel = wheel_of(state)
+    _journal(wheel, None)
     number, index = location >> CHUNK_BITS, location & _CHUNK_MASK
     bucket = wheel.buckets[number]
     jobs = _chunk_jobs(state, bucket, index)
