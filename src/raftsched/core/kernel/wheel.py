@@ -377,8 +377,12 @@ def packable(state: State, job: Job, version: int) -> bool:
     if job.deadline_at_ms is not None or job.next_run_at_ms is None:
         return False
     wheel = wheel_of(state)
-    bucket = job.next_run_at_ms // wheel.bucket_ms
-    return bucket <= BUCKET_MAX and bucket * wheel.bucket_ms > state.now_ms + wheel.horizon_ms
+    number = job.next_run_at_ms // wheel.bucket_ms
+    if number > BUCKET_MAX or number * wheel.bucket_ms <= state.now_ms + wheel.horizon_ms:
+        return False
+    bucket = wheel.buckets.get(number)
+    # A location has CHUNK_BITS for the chunk: a bucket of 33M jobs is full.
+    return bucket is None or len(bucket.chunks) < _CHUNK_MASK
 
 
 def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
