@@ -104,6 +104,16 @@ def test_far_future_jobs_are_packed_read_cancelled_and_run_when_due(
     # The cancelled jobs and the two named by key were made live.
     assert packed_per_node(cluster) == dict.fromkeys(cluster.nodes, JOBS - CANCELLED - 2)
 
+    # The settings: the width cannot change while jobs are packed.
+    wheel = client.request("GET", "/v1/wheel").json()["wheel"]
+    assert wheel == {"horizon_s": 600, "bucket_s": 3600, "packed_jobs": JOBS - CANCELLED - 2,
+                     "buckets": wheel["buckets"]}  # fmt: skip
+    with pytest.raises(ApiError) as busy:
+        client.request("PUT", "/v1/wheel", body={"horizon_s": 600, "bucket_s": 60})
+    assert busy.value.status == 409 and busy.value.code == "invalid_state"
+    changed = client.request("PUT", "/v1/wheel", body={"horizon_s": 900, "bucket_s": 3600})
+    assert changed.json()["wheel"]["horizon_s"] == 900
+
     # Four hours later: every replica rebuilt from its log, the Tick
     # hydrates the bucket and the jobs come due.
     cluster.stop()

@@ -164,7 +164,12 @@ FEATURE: Final = Feature(
         CommandKind(LeaseBatch, 110, ("commands", "command?"), apply_lease_batch, since=6),
         # The time wheel of packed future jobs (kernel.wheel): 120-129.
         CommandKind(
-            ConfigureWheel, 120, ("int", "int"), apply_configure_wheel, since=wheel.WHEEL_VERSION
+            ConfigureWheel,
+            120,
+            ("int", "int"),
+            apply_configure_wheel,
+            since=wheel.WHEEL_VERSION,
+            audit=audit.CONFIGURE_WHEEL,
         ),
     ),
     field_kinds=(FieldKind("effect_results", _encode_effects, _decode_effects),),
