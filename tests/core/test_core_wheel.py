@@ -320,3 +320,47 @@ def test_a_failing_tick_rolls_its_hydration_back(monkeypatch: pytest.MonkeyPatch
     assert isinstance(result, Rejected) and result.code == "internal_error"
     # The tables' layout too: their changes were journalled and rewound.
     assert packed(cluster) == count and cluster.digest() == before
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["near", "far", "farther", "cancel", "tick"]), st.integers(0, 99)
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.integers(1, 9),
+)
+def test_paging_through_any_mix_lists_every_job_once_newest_first(
+    steps: list[tuple[str, int]], limit: int
+) -> None:
+    cluster = wheel_cluster()
+    ids: list[str] = []
+    for kind, n in steps:
+        if kind in ("near", "far", "farther"):
+            minutes = {"near": 2, "far": 60 + n % 7, "farther": 180 + n}[kind]
+            specs = tuple(far(cluster, minutes, tenant=f"t{n % 2}") for _ in range(1 + n % 40))
+            new = tuple(f"job_{len(ids) + i:05d}" for i in range(len(specs)))
+            cluster.run(SubmitJobs(specs, new))
+            ids += new
+        elif kind == "cancel" and ids:
+            cluster.run(CancelJob(ids[n % len(ids)]))
+        elif kind == "tick":
+            cluster.run(Tick(seed=n), at=cluster.now_ms + n * MIN)
+    for tenant in (None, "t1"):
+        expected = [
+            job_id
+            for job_id in reversed(ids)
+            if tenant is None or get_job(cluster.state, job_id).tenant == tenant  # type: ignore[union-attr]
+        ]
+        seen: list[str] = []
+        jobs, cursor = list_jobs(cluster.state, tenant=tenant, limit=limit)
+        seen += [job.id for job in jobs]
+        for _ in range(len(ids) + 2):
+            if cursor is None:
+                break
+            jobs, cursor = list_jobs(cluster.state, tenant=tenant, limit=limit, cursor=cursor)
+            seen += [job.id for job in jobs]
+        assert seen == expected
