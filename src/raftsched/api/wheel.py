@@ -7,6 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
+from raftsched.api import scope
 from raftsched.api.errors import invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.requests import node_of, prepare_read, propose_audited, read_json
@@ -34,6 +35,7 @@ def _wheel_json(state: State) -> dict[str, Any]:
 @routes.get("/v1/wheel")
 async def get_wheel(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"consistency"}))
+    scope.require_all_tenants(request, "the time wheel")  # it counts every tenant's jobs
     headers = await prepare_read(request)
     with node_of(request).reading() as state:
         body = _wheel_json(state)
@@ -42,6 +44,7 @@ async def get_wheel(request: web.Request) -> web.Response:
 
 @routes.put("/v1/wheel")
 async def put_wheel(request: web.Request) -> web.Response:
+    scope.require_all_tenants(request, "the time wheel")
     body = require_object(await read_json(request))
     reject_unknown(body, _FIELDS)
     horizon_ms = seconds_ms(body, "horizon_s", 0, wheel.HORIZON_MS_MAX / 1000)
