@@ -41,6 +41,16 @@ Figures:
   jobs; tick_s_100k the same among 100,000, to show the cost does not grow
   with the stored jobs.
 
+    .venv/bin/python bench/core.py --far [--jobs 200000]
+
+`--far` measures the time wheel (cluster version 7, default 10-minute
+horizon in 60 s buckets): `--jobs` jobs shaped as issue 19 says (this
+bench's ~200-byte payload, a tenant, a random 26-character id and a random
+30-character idempotency key) due uniformly over the next 30 days, stored
+packed, against the same jobs stored pending (live), each in a fresh
+interpreter: bytes_per_packed_job and bytes_per_pending_shaped_job (RSS
+growth / jobs), snapshot bytes per job and the encode time of each state.
+
     .venv/bin/python bench/core.py --lease-only [--lease-jobs 20000] [--batch 100]
 
 `--lease-only` measures only the worker protocol's core cost per job, each
@@ -64,6 +74,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import random
 import subprocess
 import sys
 import tempfile
@@ -84,11 +95,20 @@ from raftsched.core import (
 from raftsched.core.jobs.commands import (
     ClaimJobs,
     CompleteJob,
+    ConfigureWheel,
     LeaseBatch,
     StartJob,
     SubmitJobs,
 )
-from raftsched.core.kernel.commands import Command, Entry, JobSpec, TakeOver, Tick
+from raftsched.core.kernel import wheel
+from raftsched.core.kernel.commands import (
+    Command,
+    Entry,
+    JobSpec,
+    RaiseClusterVersion,
+    TakeOver,
+    Tick,
+)
 from raftsched.core.kernel.results import BatchApplied, Claimed, Completed, Lease
 from raftsched.core.kernel.state import State
 from raftsched.node.machine import ReplicatedState
@@ -216,6 +236,77 @@ def run_child(*arguments: str) -> dict[str, float | int]:
     ).stdout
     figures: dict[str, float | int] = json.loads(output.splitlines()[-1])
     return figures
+
+
+FAR_DAYS = 30
+
+
+def shaped_spec(i: int, rng: random.Random, run_at_ms: int | None) -> JobSpec:
+    """A job as the issue shapes them: bench payload, a tenant and a random
+    30-character idempotency key."""
+    return JobSpec(
+        "bulk",
+        tenant=f"tenant_{i % 10}",
+        payload=payload(i),
+        run_at_ms=run_at_ms,
+        idempotency_key=f"{rng.getrandbits(150):038x}"[:30],
+    )
+
+
+def far_child(args: argparse.Namespace) -> None:
+    """One figure in a fresh interpreter: RSS growth per job of `--jobs`
+    shaped jobs, either all far in the future (packed by the time wheel,
+    spread over FAR_DAYS days) or all pending (live)."""
+    packed = args.far_child == "packed"
+    rng = random.Random(19)
+    state = new_state()
+    setup: tuple[Command, ...] = (TakeOver(), RaiseClusterVersion(7))
+    if args.bucket_ms is not None:
+        setup += (ConfigureWheel(wheel.HORIZON_MS_DEFAULT, args.bucket_ms),)
+    apply_entry(state, Entry(1, T0, setup))
+    gc.collect()
+    before = rss_bytes()
+    started = time.perf_counter()
+    day_ms = 86_400_000
+    for base in range(0, args.jobs, BATCH):
+        n = min(BATCH, args.jobs - base)
+        specs = tuple(
+            shaped_spec(
+                i, rng, T0 + 3_600_000 + rng.randrange(FAR_DAYS * day_ms) if packed else None
+            )
+            for i in range(base, base + n)
+        )
+        ids = tuple(f"{rng.getrandbits(130):033x}"[:26] for _ in range(n))
+        apply_entry(state, Entry(1, state.now_ms, (SubmitJobs(specs, ids),)))
+    fill_s = time.perf_counter() - started
+    gc.collect()
+    grown = rss_bytes() - before
+    record = wheel.wheel_of(state)
+    assert record.size == (args.jobs if packed else 0), record.size
+    started = time.perf_counter()
+    size = sum(len(piece) for piece in encode_state_pieces(state))
+    encode_s = time.perf_counter() - started
+    name = "packed" if packed else "pending_shaped"
+    print(
+        json.dumps(
+            {
+                f"bytes_per_{name}_job": round(grown / args.jobs),
+                f"fill_{name}_s": round(fill_s, 2),
+                f"snapshot_bytes_per_{name}_job": round(size / args.jobs),
+                f"snapshot_encode_{name}_s": round(encode_s, 3),
+            }
+        )
+    )
+
+
+def far(args: argparse.Namespace) -> None:
+    """`--far`: memory per packed future job beside a live pending one of
+    the same shape, each in its own interpreter."""
+    figures: dict[str, float | int] = {"jobs": args.jobs, "far_days": FAR_DAYS}
+    for kind in ("packed", "pending"):
+        more = [] if args.bucket_ms is None else ["--bucket-ms", str(args.bucket_ms)]
+        figures.update(run_child("--jobs", str(args.jobs), "--far-child", kind, *more))
+    print(json.dumps(figures))
 
 
 def decode_only(path: Path) -> None:
@@ -394,7 +485,18 @@ def main() -> None:
     )
     parser.add_argument("--lease-jobs", type=int, default=20_000, help="jobs per lease form")
     parser.add_argument("--batch", type=int, default=100, help="N of the batch_n forms")
+    parser.add_argument(
+        "--far", action="store_true", help="memory per packed future job (the time wheel)"
+    )
+    parser.add_argument("--bucket-ms", type=int, help="--far: the wheel's bucket width")
+    parser.add_argument("--far-child", choices=("packed", "pending"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.far_child is not None:
+        far_child(args)
+        return
+    if args.far:
+        far(args)
+        return
     if args.lease_only:
         lease_only(args)
         return

@@ -28,6 +28,7 @@ from typing import Any, Final
 
 from raftsched import core
 from raftsched.backup import open_backup
+from raftsched.core.jobs.queries import packed_count
 from raftsched.core.kernel.identity import valid_name
 from raftsched.identity import NodeIdentity, new_id, write_identity
 from raftsched.raft_journal import (
@@ -95,7 +96,7 @@ def restore(
         header = backup.header
         # This release must read the state, or the node would not start.
         state = core.decode_state(backup.body)
-        jobs = len(state.jobs)
+        jobs = len(state.jobs) + packed_count(state)  # packed: kernel.wheel
         del state
         index = max(header.index, 2)
         snapshot = SnapshotHeader(

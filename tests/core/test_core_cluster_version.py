@@ -22,6 +22,7 @@ from raftsched.core.jobs.commands import (
     ClaimJobs,
     CompleteJob,
     Configure,
+    ConfigureWheel,
     LeaseBatch,
     ReconcileJob,
     ReplayReconciled,
@@ -64,8 +65,9 @@ def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> N
         ReplayReconciled: 5,
         RequestReconcile: 5,
         LeaseBatch: 6,
+        ConfigureWheel: 7,
     }
-    assert COMMAND_VERSION_MAX == 6
+    assert COMMAND_VERSION_MAX == 7
 
 
 def test_raise_moves_the_version_up_and_never_down() -> None:

@@ -39,6 +39,7 @@ from raftsched.core.jobs.commands import (
     ClaimJobs,
     CompleteJob,
     Configure,
+    ConfigureWheel,
     FailJob,
     HeartbeatJob,
     LeaseBatch,
@@ -109,6 +110,7 @@ EVERY_COMMAND: tuple[Command, ...] = (
     Barrier(),
     Configure(60_000),
     Configure(),
+    ConfigureWheel(120_000, 10_000),
     RaiseClusterVersion(2),
     # Recurring schedules (issue 5).
     CreateSchedule(
@@ -205,6 +207,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         SetUnknownPolicy: 100, ReconcileJob: 101, ReplayReconciled: 102,
         RequestReconcile: 103,
         LeaseBatch: 110,
+        ConfigureWheel: 120,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

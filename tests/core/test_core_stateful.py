@@ -14,11 +14,19 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from raftsched.core import apply_entry, check_invariants, new_state
+from raftsched.core import (
+    apply_entry,
+    check_invariants,
+    decode_state,
+    encode_state,
+    get_job,
+    new_state,
+)
 from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
     CompleteJob,
+    ConfigureWheel,
     FailJob,
     HeartbeatJob,
     RecordEffect,
@@ -33,6 +41,7 @@ from raftsched.core.kernel.commands import (
     Entry,
     FailureKind,
     JobSpec,
+    RaiseClusterVersion,
     TakeOver,
     Tick,
 )
@@ -356,7 +365,8 @@ class CoreMachine(RuleBasedStateMachine):
     def agrees_with_the_model(self) -> None:
         assert check_invariants(self.state) == []
         for job_id, model in self.jobs.items():
-            job = self.state.jobs[job_id]
+            job = get_job(self.state, job_id)  # live, or packed in the time wheel
+            assert job is not None, job_id
             assert job.status == model.status, job_id
             assert (job.lease.fencing_token if job.lease else None) == model.token
             assert job.attempts_made == model.attempts_made
@@ -374,3 +384,41 @@ CoreMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestCoreMachine = CoreMachine.TestCase
+
+
+class WheelMachine(CoreMachine):
+    """The same model with the time wheel on (cluster version 7, a 2 s
+    horizon in 1 s buckets): far submissions are packed, and operator
+    commands, repeats by key, Ticks and snapshots meet packed jobs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert self.apply(RaiseClusterVersion(7)) is not None
+        assert not isinstance(self.apply(ConfigureWheel(2_000, 1_000)), Rejected)
+
+    @rule(
+        delay_ms=st.sampled_from([4_000, 6_500, 20_000]),
+        key=st.sampled_from([None, "a", "c"]),
+        payload=st.sampled_from([b"\x01", b"\x02"]),
+    )
+    def submit_far(self, delay_ms: int, key: str | None, payload: bytes) -> None:
+        self.submit(0, delay_ms, 2, key, payload, 1_000)
+
+    @rule(step_ms=st.integers(1_000, 8_000))
+    def much_time_passes(self, step_ms: int) -> None:
+        self.time_passes(step_ms)
+
+    @rule()
+    def a_replica_restarts_from_a_snapshot(self) -> None:
+        data = encode_state(self.state)
+        self.state = decode_state(data)
+        assert encode_state(self.state) == data
+
+
+WheelMachine.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestWheelMachine = WheelMachine.TestCase

@@ -544,6 +544,7 @@ def _bases(live: Live) -> dict[tuple[str, str], list[tuple[dict[str, str], Any]]
                 {"weight": 2, "concurrency_limit": 10, "max_queued": 99, "on_unknown": "retry"},
             )
         ],
+        ("PUT", "/v1/wheel"): [({}, {"horizon_s": 600, "bucket_s": 3600})],
         ("POST", "/v1/tokens"): [
             (
                 {},

@@ -151,6 +151,7 @@ ACCEPTED_BODIES: dict[str, Any] = {
                            "secret": "s3cret-s3cret-s3cret"},
     "setQueue": {"paused": False, "rate_limit_per_s": 100, "burst": 200, "concurrency_limit": 50},
     "setTenant": {"weight": 1, "concurrency_limit": 100, "max_queued": 100000},
+    "setWheel": {"horizon_s": 600, "bucket_s": 3600},
     "createSchedule": _SCHEDULE,
     "createSchedules": {"schedules": [_SCHEDULE, {**_SCHEDULE, "id": "hourly"}]},
     "updateSchedule": _SCHEDULE,

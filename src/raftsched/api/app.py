@@ -36,6 +36,7 @@ from raftsched.api import (
     reconciliation,
     schedules,
     tokens,
+    wheel,
     workflows,
 )
 from raftsched.api.auth import LIMITER, FailureLimiter, authorize
@@ -209,6 +210,7 @@ def create_app(
     app.add_routes(audit.routes)
     app.add_routes(reconciliation.routes)
     app.add_routes(tokens.routes)
+    app.add_routes(wheel.routes)
     dashboard.setup(app)
     app.on_response_prepare.append(_on_response_prepare)
     schedules.setup(app, node)

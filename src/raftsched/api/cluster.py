@@ -12,6 +12,7 @@ from raftsched.api import scope
 from raftsched.api.jsonbody import json_response
 from raftsched.api.membership import cluster_membership, peer_statuses, pending_nodes
 from raftsched.api.requests import node_of
+from raftsched.core.jobs.queries import packed_count
 from raftsched.node.metrics import CONTENT_TYPE
 from raftsched.node.versions import THIS_NODE
 
@@ -164,4 +165,8 @@ async def digest(request: web.Request) -> web.Response:
     """The state digest and applied index of this replica, for convergence checks."""
     node = node_of(request)
     value, applied = node.digest()
-    return json_response({"node_id": node.node_id, "digest": value, "applied_index": applied})
+    with node.reading() as state:
+        packed = packed_count(state)
+    return json_response(
+        {"node_id": node.node_id, "digest": value, "applied_index": applied, "packed_jobs": packed}
+    )

@@ -155,6 +155,9 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     ("GET", "/v1/tenants"): P.READ,
     ("GET", "/v1/tenants/{name}"): P.READ,
     ("PUT", "/v1/tenants/{name}"): P.OPERATE,
+    # The time wheel's settings (cluster version 7).
+    ("GET", "/v1/wheel"): P.CLUSTER,
+    ("PUT", "/v1/wheel"): P.OPERATE,
     # Cluster-wide views.
     ("GET", "/v1/cluster"): P.CLUSTER,
     ("GET", "/v1/overview"): P.CLUSTER,

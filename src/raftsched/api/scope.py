@@ -33,6 +33,7 @@ from raftsched.api.errors import ApiError, from_rejection
 from raftsched.api.principal import Principal, principal_of
 from raftsched.api.requests import node_of
 from raftsched.core.jobs.leases import not_found as job_not_found
+from raftsched.core.jobs.queries import get_job
 from raftsched.core.jobs.reconcile_book import open_reconcile_queue as reconcile_queue_of
 from raftsched.core.kernel.model import Job
 from raftsched.core.kernel.outbox import OutboxEvent, decode_data
@@ -132,7 +133,7 @@ def require_job(request: web.Request, job_id: str, error: ApiError | None = None
     if unrestricted(principal):
         return
     with node_of(request).reading() as state:
-        job = state.jobs.get(job_id)
+        job = get_job(state, job_id)  # a packed one too (kernel.wheel)
         if job is not None and not visible_job(principal, job):
             raise error or from_rejection(job_not_found(job_id))
 
@@ -145,7 +146,7 @@ def require_lease_job(request: web.Request, job_id: str) -> None:
     if unrestricted(principal):
         return
     with node_of(request).reading() as state:
-        job = state.jobs.get(job_id)
+        job = get_job(state, job_id)
         if job is None or visible_job(principal, job):
             return
         queue = reconcile_queue_of(state, job)

@@ -261,12 +261,13 @@ class Observer:
         if isinstance(command, Audited):  # an operator command and its actor
             command = command.command
         match command, result:
-            case SubmitJobs(), Submitted(items=items):
+            case SubmitJobs(specs=specs), Submitted(items=items):
                 created: dict[str, int] = {}  # one increment per queue, not per job
-                for item in items:
+                # The spec names the queue: a far-future job has no live
+                # object to ask (it is packed in the time wheel).
+                for spec, item in zip(specs, items, strict=False):
                     if isinstance(item, SubmitItem) and item.created:
-                        job = state.jobs.get(item.job_id)
-                        queue = job.queue if job else "unknown"
+                        queue = spec.queue
                         created[queue] = created.get(queue, 0) + 1
                 for queue, count in created.items():
                     self.metrics.series(self.metrics.jobs_submitted, queue).inc(count)

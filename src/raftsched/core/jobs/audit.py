@@ -7,6 +7,7 @@ from typing import Final
 
 from raftsched.core.jobs.commands import (
     CancelJob,
+    ConfigureWheel,
     PauseQueue,
     ReplayJob,
     ReplayReconciled,
@@ -75,6 +76,11 @@ def _set_unknown_policy(state: State, command: SetUnknownPolicy) -> AuditSubject
     return AuditSubject(command.name, tenant, f"{command.scope} on_unknown={command.on_unknown}")
 
 
+def _configure_wheel(state: State, command: ConfigureWheel) -> AuditSubject:
+    detail = f"horizon_ms={command.horizon_ms} bucket_ms={command.bucket_ms}"
+    return AuditSubject("wheel", None, detail)
+
+
 CANCEL: Final = Audit("job.cancel", _cancel)
 REPLAY: Final = Audit("job.replay", _replay)
 SET_QUEUE: Final = Audit("queue.set", _set_queue)
@@ -83,3 +89,4 @@ SET_TENANT: Final = Audit("tenant.set", _set_tenant)
 SET_UNKNOWN_POLICY: Final = Audit("on_unknown.set", _set_unknown_policy)
 REPLAY_RECONCILED: Final = Audit("job.replay_reconciled", _replay_reconciled)
 REQUEST_RECONCILE: Final = Audit("job.reconcile", _request_reconcile)
+CONFIGURE_WHEEL: Final = Audit("wheel.configure", _configure_wheel)

@@ -107,6 +107,15 @@ class Configure(Command):
     retention_ms: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ConfigureWheel(Command):
+    """The time wheel's settings (`kernel.wheel`): jobs due beyond now +
+    `horizon_ms` are packed in buckets `bucket_ms` wide. Since version 7."""
+
+    horizon_ms: int
+    bucket_ms: int
+
+
 # -- Workflows, the outbox and webhook subscriptions (issue 6) -----------------
 
 

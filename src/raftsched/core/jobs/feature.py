@@ -15,6 +15,7 @@ from raftsched.core.jobs.commands import (
     ClaimJobs,
     CompleteJob,
     Configure,
+    ConfigureWheel,
     FailJob,
     HeartbeatJob,
     LeaseBatch,
@@ -42,11 +43,13 @@ from raftsched.core.jobs.leases import (
 from raftsched.core.jobs.operator_commands import (
     apply_cancel,
     apply_configure,
+    apply_configure_wheel,
     apply_record_effect,
     apply_replay,
     apply_replay_reconciled,
 )
 from raftsched.core.jobs.submit import apply_submit
+from raftsched.core.kernel import wheel
 from raftsched.core.kernel.codec import CodecError, expect
 from raftsched.core.kernel.feature import (
     CommandKind,
@@ -85,12 +88,17 @@ def _decode_effects(value: object) -> tuple[tuple[str, bytes], ...]:
 
 
 def _check(state: State) -> list[str]:
-    return flow.check_flow(state) + reconcile_book.check(state) + reconcile_log.check(state)
+    return (
+        flow.check_flow(state)
+        + reconcile_book.check(state)
+        + reconcile_log.check(state)
+        + wheel.check(state)
+    )
 
 
 FEATURE: Final = Feature(
     name="jobs",
-    sections=(flow.SECTION, reconcile_book.SECTION),
+    sections=(flow.SECTION, reconcile_book.SECTION, wheel.SECTION),
     commands=(
         CommandKind(SubmitJobs, 1, ("specs", "strs"), apply_submit),
         CommandKind(ClaimJobs, 2, ("str", "strs", "int", "int?"), apply_claim),
@@ -154,12 +162,22 @@ FEATURE: Final = Feature(
         ),
         # Lease batches (jobs.lease_batch): 110-119.
         CommandKind(LeaseBatch, 110, ("commands", "command?"), apply_lease_batch, since=6),
+        # The time wheel of packed future jobs (kernel.wheel): 120-129.
+        CommandKind(
+            ConfigureWheel,
+            120,
+            ("int", "int"),
+            apply_configure_wheel,
+            since=wheel.WHEEL_VERSION,
+            audit=audit.CONFIGURE_WHEEL,
+        ),
     ),
     field_kinds=(FieldKind("effect_results", _encode_effects, _decode_effects),),
     tick=(
         TickWork(10, tick.expire_leases, reports="leases_expired"),
         TickWork(15, reconcile.expire_reconciliations),
         TickWork(20, tick.enforce_deadlines, reports="dead_lettered"),
+        TickWork(25, tick.hydrate_wheel),
         TickWork(30, tick.make_due_runnable, reports="made_runnable"),
         # 40: schedules fire (they may submit jobs that are due at once).
         TickWork(50, tick.purge_finished, reports="purged"),

@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetTenant
-from raftsched.core.kernel import runnable_index
+from raftsched.core.kernel import runnable_index, wheel
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
@@ -395,6 +395,8 @@ def _check_index(state: State, problems: list[str]) -> None:
         runnable_index.add_new(fresh, job)
         if job.status == "pending":
             pending.append(job)
+    for job in wheel.packed_jobs(state):
+        runnable_index.add_new(fresh, job)
     runnable_index.rebuild(fresh, pending)
     for queue, lanes in live.queues.items():
         if lanes.ring != sorted(lanes.counts) or any(n <= 0 for n in lanes.counts.values()):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from raftsched.core.jobs.commands import (
     CancelJob,
     Configure,
+    ConfigureWheel,
     RecordEffect,
     ReplayJob,
     ReplayReconciled,
@@ -12,6 +13,7 @@ from raftsched.core.jobs.commands import (
 from raftsched.core.jobs.leases import current_lease, not_found
 from raftsched.core.jobs.lifecycle import allowed, invalid_state, transition
 from raftsched.core.jobs.reconcile_book import awaits_reconciliation
+from raftsched.core.kernel import wheel
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
     CANCEL,
@@ -37,6 +39,7 @@ from raftsched.core.kernel.validate import (
     KEY_CHARS_MAX,
     TIME_MS_MAX,
     check_bytes,
+    check_int,
     check_name,
     check_optional_int,
     check_text,
@@ -188,4 +191,31 @@ def apply_configure(state: State, command: Configure, context: Context) -> Ack |
         return rejected
     if command.retention_ms is not None:
         state.retention_ms = command.retention_ms
+    return Ack()
+
+
+def apply_configure_wheel(
+    state: State, command: ConfigureWheel, context: Context
+) -> Ack | Rejected:
+    """Set the time wheel's horizon and bucket width. The width can change
+    only while nothing is packed (buckets are numbered by it)."""
+    rejected = check_int(command.horizon_ms, "horizon_ms", 0, wheel.HORIZON_MS_MAX) or check_int(
+        command.bucket_ms, "bucket_ms", wheel.BUCKET_MS_MIN, wheel.BUCKET_MS_MAX
+    )
+    if rejected is not None:
+        return rejected
+    record = wheel.wheel_of(state)
+    if command.bucket_ms != record.bucket_ms and record.buckets:
+        return Rejected(
+            INVALID_STATE,
+            "the bucket width can change only while no job is packed",
+            {"field": "bucket_ms"},
+        )
+    before = (record.horizon_ms, record.bucket_ms)
+
+    def undo() -> None:
+        record.horizon_ms, record.bucket_ms = before
+
+    context.savepoint.on_rollback(undo)
+    record.horizon_ms, record.bucket_ms = command.horizon_ms, command.bucket_ms
     return Ack()

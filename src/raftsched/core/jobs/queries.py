@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Iterator
 from dataclasses import dataclass
+from heapq import merge
+from operator import attrgetter
 from typing import NamedTuple
 
 from raftsched.core.jobs.operator_commands import public_effect
-from raftsched.core.kernel import runnable_index
+from raftsched.core.kernel import runnable_index, wheel
 from raftsched.core.kernel.model import INITIAL_STATUSES, SCHEDULED, SUBMIT, Job
 from raftsched.core.kernel.results import Effect
 from raftsched.core.kernel.state import State
@@ -35,11 +38,18 @@ class QueueStats(NamedTuple):
 
 
 def get_job(state: State, job_id: str) -> Job | None:
-    return state.jobs.get(job_id)
+    """A live job, or a transient copy of a packed one (`kernel.wheel`)."""
+    job = state.jobs.get(job_id)
+    if job is None and type(job_id) is str:
+        return wheel.find_packed(state, job_id)
+    return job
 
 
 def find_by_idempotency_key(state: State, tenant: str, idempotency_key: str) -> Job | None:
-    return state.idempotency.get((tenant, idempotency_key))
+    job = state.idempotency.get((tenant, idempotency_key))
+    if job is None:
+        return wheel.find_packed_key(state, tenant, idempotency_key)
+    return job
 
 
 def list_jobs(
@@ -75,6 +85,28 @@ def list_jobs(
         position = bisect_left(order, int(cursor), key=lambda job: job.seq)
     jobs = state.jobs
     found: list[Job] = []
+    record = wheel.wheel_of(state)
+    if record.size or record.runs:
+        below = None if cursor is None else int(cursor)
+        candidates = _merged_newest_first(state, order, position, record.runs, below)
+        matches = (
+            job
+            for job in candidates
+            if not (
+                (queue_in is not None and job.queue not in queue_in)
+                or (status is not None and job.status != status)
+                or (tenant_in is not None and job.tenant not in tenant_in)
+                or (schedule_id is not None and job.schedule_id != schedule_id)
+                or (workflow_id is not None and job.workflow_id != workflow_id)
+                or (correlation_id is not None and job.correlation_id != correlation_id)
+            )
+        )
+        for job in matches:
+            found.append(job)
+            if len(found) == limit:
+                more = next(candidates, None) is not None
+                return found, str(job.seq) if more else None
+        return found, None
     for index in range(position - 1, -1, -1):
         job = order[index]
         if jobs.get(job.id) is not job:
@@ -92,6 +124,27 @@ def list_jobs(
         if len(found) == limit:
             return found, str(job.seq) if index > 0 else None
     return found, None
+
+
+def _merged_newest_first(
+    state: State, order: list[Job], position: int, runs: list[list[Job]], below: int | None
+) -> Iterator[Job]:
+    """Live jobs (the submission-ordered `order` and the hydrated runs, both
+    skipping purged ones) and packed jobs, newest first, seq below `below`."""
+    jobs = state.jobs
+    streams = [_backwards(order, position)]
+    for run in runs:
+        end = len(run) if below is None else bisect_left(run, below, key=_seq)
+        streams.append(_backwards(run, end))
+    live = (job for job in merge(*streams, key=_seq, reverse=True) if jobs.get(job.id) is job)
+    return merge(live, wheel.packed_newest_first(state, below), key=_seq, reverse=True)
+
+
+_seq = attrgetter("seq")
+
+
+def _backwards(jobs: list[Job], end: int) -> Iterator[Job]:
+    return (jobs[index] for index in range(end - 1, -1, -1))
 
 
 def within(asked: str | None, allowed: frozenset[str] | None) -> frozenset[str] | None:
@@ -119,6 +172,11 @@ def _oldest_runnable_ms(state: State, queue: str) -> int | None:
     return runnable_index.oldest_runnable_ms(state.runnable, queue)
 
 
+def packed_count(state: State) -> int:
+    """How many jobs the time wheel holds packed (`kernel.wheel`)."""
+    return wheel.wheel_of(state).size
+
+
 def status_counts(state: State) -> dict[str, int]:
     return dict(state.status_counts)
 
@@ -130,7 +188,7 @@ def get_effect(state: State, key: str) -> Effect | None:
 
 def job_history(state: State, job_id: str) -> list[HistoryEvent] | None:
     """Every transition of the job, oldest first, starting with its submission."""
-    job = state.jobs.get(job_id)
+    job = get_job(state, job_id)
     if job is None:
         return None
     initial = SCHEDULED if job.run_at_ms > job.created_at_ms else INITIAL_STATUSES[1]

@@ -10,6 +10,8 @@ import msgpack
 from raftsched.core.jobs import flow
 from raftsched.core.jobs.commands import SubmitJobs
 from raftsched.core.jobs.reconcile_book import remember_policy
+from raftsched.core.kernel import wheel
+from raftsched.core.kernel.cluster_version import cluster_version
 from raftsched.core.kernel.codec import spec_row
 from raftsched.core.kernel.commands import Backoff, JobSpec
 from raftsched.core.kernel.feature import Context
@@ -26,18 +28,23 @@ from raftsched.core.kernel.validate import BATCH_MAX, check_name, check_spec, in
 
 
 def apply_submit(state: State, command: SubmitJobs, context: Context) -> Submitted | Rejected:
-    return submit_jobs(state, command, context.savepoint)
+    return submit_jobs(state, command, context.savepoint, pack=True)
 
 
-def submit_jobs(state: State, command: SubmitJobs, savepoint: Savepoint) -> Submitted | Rejected:
-    """SubmitJobs, also for schedules firing an occurrence."""
+def submit_jobs(
+    state: State, command: SubmitJobs, savepoint: Savepoint, *, pack: bool = False
+) -> Submitted | Rejected:
+    """SubmitJobs, also for schedules firing an occurrence. With `pack`
+    (a client's submission, not a schedule's occurrence, which its schedule
+    reads back at once) far-future jobs go into the time wheel."""
     specs, job_ids = command.specs, command.job_ids
     if type(specs) is not tuple or not 1 <= len(specs) <= BATCH_MAX:
         return invalid("specs", f"a submission carries 1 to {BATCH_MAX} specs")
     if type(job_ids) is not tuple or len(job_ids) != len(specs):
         return invalid("job_ids", "one job id per spec")
+    version = cluster_version(state) if pack else 0
     items = [
-        _submit_one(state, spec, job_id, savepoint)
+        _submit_one(state, spec, job_id, savepoint, version)
         for spec, job_id in zip(specs, job_ids, strict=True)
     ]
     return Submitted(tuple(items))
@@ -57,7 +64,7 @@ def _canonical(spec: JobSpec) -> JobSpec:
 
 
 def _submit_one(
-    state: State, spec: JobSpec, job_id: str, savepoint: Savepoint
+    state: State, spec: JobSpec, job_id: str, savepoint: Savepoint, version: int = 0
 ) -> SubmitItem | Rejected:
     rejected = check_spec(spec) or check_name(job_id, "job_ids")
     if rejected is not None:
@@ -89,7 +96,7 @@ def _submit_one(
     rejected = flow.admit(state, spec)  # backpressure: the tenant's max_queued
     if rejected is not None:
         return rejected
-    _create(state, spec, job_id, fingerprint, savepoint)
+    _create(state, spec, job_id, fingerprint, savepoint, version)
     savepoint.created.append(job_id)
     return SubmitItem(job_id, created=True)
 
@@ -114,7 +121,10 @@ def _create(
     job_id: str,
     fingerprint: bytes | None,
     savepoint: Savepoint | None,
+    version: int = 0,
 ) -> Job:
+    """Create a job; from cluster `version` 7 on (0: never) a plain
+    far-future one is packed into the time wheel instead (`kernel.wheel`)."""
     now_ms = state.now_ms
     if spec.run_at_ms is not None:
         run_at_ms = spec.run_at_ms
@@ -159,6 +169,14 @@ def _create(
         None,
         None,
     )
+    if (
+        version
+        and spec.on_unknown is None
+        and spec.reconcile_queue is None
+        and wheel.packable(state, job, version)
+    ):
+        wheel.pack(state, job, savepoint)
+        return job
     state.jobs[job_id] = job
     state.order.append(job)
     count_new_job(state, job)

@@ -21,6 +21,7 @@ from raftsched.core.jobs.lifecycle import (
 )
 from raftsched.core.jobs.reconcile_book import forget_job, reconciles
 from raftsched.core.jobs.retry import seeded_u32
+from raftsched.core.kernel import wheel
 from raftsched.core.kernel.commands import Tick
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
@@ -62,6 +63,11 @@ def enforce_deadlines(state: State, budget: int, command: Tick, context: Context
 
 def make_due_runnable(state: State, budget: int, command: Tick, context: Context) -> int:
     return _make_due_runnable(state, budget, context.savepoint)
+
+
+def hydrate_wheel(state: State, budget: int, command: Tick, context: Context) -> int:
+    """Packed jobs whose bucket came within the horizon become live (`kernel.wheel`)."""
+    return wheel.hydrate(state, budget, context.savepoint)
 
 
 def purge_finished(state: State, budget: int, command: Tick, context: Context) -> int:
@@ -223,6 +229,9 @@ def next_due_ms(state: State) -> int | None:
     retention_top = _settle(state.retention, lambda job, key: _purgeable(state, job, key))
     if retention_top is not None:
         candidates.append(retention_top[0] + state.retention_ms)
+    wheel_ms = wheel.next_due_ms(state)
+    if wheel_ms is not None:
+        candidates.append(wheel_ms)
     reconcile_ms = reconcile.next_due_ms(state)
     if reconcile_ms is not None:
         candidates.append(reconcile_ms)

@@ -22,6 +22,7 @@ from raftsched.core.kernel.results import INTERNAL_ERROR, INVALID_REQUEST, Rejec
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import TIME_MS_MAX, TOKEN_MAX
+from raftsched.core.kernel.wheel import hydrate_for_command
 
 COMMANDS_PER_ENTRY_MAX = 100_000
 
@@ -114,6 +115,12 @@ def _apply_command(
     if handler is None:
         return Rejected(INVALID_REQUEST, "unknown command type", {"field": "command"})
     savepoint = context.savepoint
+    try:
+        # Packed jobs the command names become live first (kernel.wheel);
+        # this is part of applying the entry, not undone by a rejection.
+        hydrate_for_command(state, command, context.registry)
+    except Exception as error:  # a bug; every replica meets it here
+        return Rejected(INTERNAL_ERROR, f"hydrating failed: {error}"[:1000], {})
     savepoint.reset()
     try:
         return handler(state, command, context)

@@ -601,6 +601,49 @@ def _decode_chunk(state: State, chunk: object, into: JobColumns) -> None:
         into.ordered += compress(jobs, map(_is_set, columns[_ORDERING_KEY]))
 
 
+_job_row_fields: Final = attrgetter(*JOB_FIELDS)
+
+
+def encode_job_row(job: Job) -> bytes:
+    """One job as a row of the row encoding (`_decode_rows` reads it): the
+    form the time wheel packs future jobs in (`kernel.wheel`)."""
+    packed: bytes = msgpack.packb(_job_row_fields(job), default=_pack_record)
+    return packed
+
+
+def decode_job_rows(state: State, data: bytes, count: int) -> list[Job]:
+    """`count` rows of `encode_job_row` back into jobs; names are interned
+    in `state.interned` (the only part of `state` this reads or writes)."""
+    unpacker = msgpack.Unpacker(use_list=False)
+    unpacker.feed(data)
+    try:
+        return list(_decode_rows(state, unpacker.unpack, count))
+    except CodecError:
+        raise
+    except Exception as error:
+        raise CodecError(f"not job rows: {type(error).__name__}") from error
+
+
+def encode_job_chunk(jobs: list[Job]) -> bytes:
+    """Jobs as one chunk of columns, exactly as a snapshot stores them (see
+    `encode_state_pieces`): the form of the time wheel's sealed chunks."""
+    packed: bytes = msgpack.packb(_job_columns(jobs), default=_pack_record)
+    return packed
+
+
+def decode_job_chunk(state: State, data: bytes) -> list[Job]:
+    """`encode_job_chunk` bytes back into jobs (names interned in
+    `state.interned`, the only part of `state` this touches)."""
+    columns = JobColumns()
+    try:
+        _decode_chunk(state, msgpack.unpackb(data, use_list=False), columns)
+    except CodecError:
+        raise
+    except Exception as error:
+        raise CodecError(f"not a job chunk: {type(error).__name__}") from error
+    return columns.jobs
+
+
 def _any_set(*values: object) -> bool:
     return any(value is not None for value in values)
 

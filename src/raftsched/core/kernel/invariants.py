@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from raftsched.core.kernel import cluster_version, outbox
+from raftsched.core.kernel import cluster_version, outbox, wheel
 from raftsched.core.kernel.model import (
     FINAL_STATUSES,
     JOB_STATUSES,
@@ -38,15 +38,17 @@ def check_kernel(state: State) -> list[str]:
     problems: list[str] = []
     _check_scalars(state, problems)
     tokens: set[int] = set()
-    previous_seq = 0
+    # Jobs are stored in submission order, except those hydrated from the
+    # time wheel (kernel.wheel), which join after the jobs already live.
+    seqs: set[int] = set()
     for job_id, job in state.jobs.items():
         if job.id != job_id:
             problems.append(f"job stored under {job_id} has id {job.id}")
-        if job.seq <= previous_seq:
-            problems.append(f"{job_id}: jobs out of submission order")
-        previous_seq = job.seq
+        if job.seq in seqs:
+            problems.append(f"{job_id}: seq {job.seq} used twice")
+        seqs.add(job.seq)
         _check_job(state, job, tokens, problems)
-    if previous_seq >= state.next_seq:
+    if max(seqs, default=0) >= state.next_seq:
         problems.append("next_seq is not above every job's seq")
     _check_counters(state, problems)
     _check_maps(state, problems)
@@ -101,12 +103,14 @@ def _check_job(state: State, job: Job, tokens: set[int], problems: list[str]) ->
 
 
 def _check_counters(state: State, problems: list[str]) -> None:
-    by_status = Counter(job.status for job in state.jobs.values())
+    packed = list(wheel.packed_jobs(state)) if wheel.WHEEL in state.sections else []
+    everyone = [*state.jobs.values(), *packed]
+    by_status = Counter(job.status for job in everyone)
     for status in JOB_STATUSES:
         if state.status_counts.get(status, 0) != by_status.get(status, 0):
             problems.append(f"status count for {status} is {state.status_counts.get(status)}")
     expected: dict[str, list[int]] = {}
-    for job in state.jobs.values():
+    for job in everyone:
         counts = expected.setdefault(job.queue, [0, 0, 0])
         counts[0] += job.status == PENDING
         counts[1] += job.status in LEASED_STATUSES

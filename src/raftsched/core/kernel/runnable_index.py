@@ -162,6 +162,14 @@ def add_new(index: RunnableIndex, job: Job) -> None:
             chain.append(job)
 
 
+def add_queued(index: RunnableIndex, tenant: str, count: int) -> None:
+    """`count` queued jobs of `tenant` that have no job object (`kernel.wheel`)."""
+    counts = index.tenants.get(tenant)
+    if counts is None:
+        counts = index.tenants[tenant] = [0, 0]
+    counts[0] += count
+
+
 def status_changed(index: RunnableIndex, job: Job, old_status: str, new_status: str) -> None:
     if old_status == DEAD_LETTER and job.ordering_key is not None:
         # Reconciled again (jobs.reconcile): the head holds its key while it

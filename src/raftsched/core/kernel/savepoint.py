@@ -24,7 +24,7 @@ _Capture = tuple[tuple[object, ...], int | None, tuple[object, ...] | None, int,
 
 
 class Savepoint:
-    __slots__ = ("state", "scalars", "touched", "created", "purged", "undo")
+    __slots__ = ("state", "scalars", "touched", "created", "purged", "undo", "memo")
 
     def __init__(self, state: State) -> None:
         self.state = state
@@ -35,6 +35,9 @@ class Savepoint:
         # Undo actions for records outside the jobs (state sections), run in
         # reverse order on rollback.
         self.undo: list[Callable[[], None]] = []
+        # What a section noted for the command being applied (e.g. that its
+        # undo is registered already); cleared with the rest.
+        self.memo: dict[str, object] = {}
 
     def reset(self) -> None:
         state = self.state
@@ -53,6 +56,8 @@ class Savepoint:
             self.purged = []
         if self.undo:
             self.undo = []
+        if self.memo:
+            self.memo = {}
 
     def on_rollback(self, action: Callable[[], None]) -> None:
         """Register how to undo a change to a section record, before making it."""

@@ -18,8 +18,11 @@ Rules
 
 Theory of operation
 -------------------
-The authoritative data is `jobs` (in submission order), the scalar counters
-below, and each job's own attempts, history and effects. Everything else is
+The authoritative data is `jobs` (in submission order, except jobs hydrated
+from the time wheel, which join after the jobs already live), the scalar
+counters below, each job's own attempts, history and effects, and the jobs
+that the `wheel` section holds packed (far-future jobs, `kernel.wheel`): they
+have no `Job` object, yet every counter below counts them. Everything else is
 an index derived from the jobs and rebuilt by `rebuild_indexes` when a
 snapshot is decoded: status and per-queue counters, the idempotency map, the
 effects-ledger map, and five heaps that keep time-driven and claim work
@@ -46,7 +49,8 @@ that decoded a snapshot, never change what a command does.
 from __future__ import annotations
 
 import heapq
-from itertools import compress
+from itertools import compress, islice
+from operator import attrgetter, gt
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from raftsched.core.kernel import runnable_index
@@ -55,6 +59,7 @@ from raftsched.core.kernel.model import (
     JOB_STATUSES,
     LEASED_STATUSES,
     PENDING,
+    SCHEDULED,
     WAITING_STATUSES,
     HistoryRecord,
     Job,
@@ -183,6 +188,17 @@ def count_new_job(state: State, job: Job) -> None:
     runnable_index.add_new(state.runnable, job)
 
 
+def count_packed(state: State, queue: str, tenant: str, count: int) -> None:
+    """`count` scheduled jobs of `queue` and `tenant` that the time wheel
+    holds packed (`kernel.wheel`): counted as `count_new_job` counts live ones."""
+    state.status_counts[SCHEDULED] += count
+    queue_counts = state.queue_counts.get(queue)
+    if queue_counts is None:
+        queue_counts = state.queue_counts[queue] = [0, 0, 0]
+    queue_counts[2] += count
+    runnable_index.add_queued(state.runnable, tenant, count)
+
+
 def add_history(job: Job, record: HistoryRecord) -> None:
     history = job.history
     if history is None:
@@ -251,6 +267,11 @@ def rebuild_indexes(state: State, decoded: JobColumns | None = None) -> None:
         columns = decoded
         state.jobs = dict(zip(columns.ids, columns.jobs, strict=True))
     jobs, statuses = columns.jobs, columns.statuses
+    seqs = columns.seqs
+    if any(map(gt, seqs, islice(seqs, 1, None))):
+        # Jobs hydrated from the time wheel joined the dict after later ones.
+        columns = JobColumns.from_jobs(sorted(jobs, key=attrgetter("seq")))
+        jobs, statuses = columns.jobs, columns.statuses
     state.order, state.order_purged = jobs, 0
     status_counts = state.status_counts = dict.fromkeys(JOB_STATUSES, 0)
     for status, count in count_values(statuses).items():
@@ -276,6 +297,12 @@ def rebuild_indexes(state: State, decoded: JobColumns | None = None) -> None:
     for timed in (state.due, state.leases, state.deadlines, state.retention):
         heapq.heapify(timed)
     state.runnable = runnable_index.rebuild_from_jobs(columns)
+    wheel = state.sections.get("wheel")
+    if wheel is not None:
+        # The jobs the time wheel holds packed (`kernel.wheel.restore_counts`).
+        wheel.runs = []
+        for (queue, tenant), count in wheel.counts.items():
+            count_packed(state, queue, tenant, count)
 
 
 def _index_unsorted(state: State, job: Job) -> None:

@@ -1,0 +1,968 @@
+"""The time wheel: far-future jobs kept packed instead of as a `Job` each.
+
+Theory of operation
+-------------------
+Since cluster version 7 (`WHEEL_VERSION`), a submitted job that is
+`scheduled` for a time beyond `now_ms + horizon_ms` is stored *packed*
+(`pack`): its row in the snapshot codec's row encoding (`codec.job_row`) is
+appended to the *tail* of its time bucket, `bucket = next_run_at_ms //
+bucket_ms`. A tail that reaches `CHUNK_JOBS` rows is sealed: its bytes are
+zlib-compressed into a chunk and a new tail begins. A chunk is
+`(data, count, min_seq, max_seq)`; a chunk whose jobs all left is None, so
+that every job keeps its location `(bucket << CHUNK_BITS) | chunk index`
+(the tail's index is the number of chunks) until it leaves the wheel.
+
+Only plain future jobs are packed: no ordering key, no deadline, no
+reconcile policy, not a schedule's occurrence or a workflow's step (those go
+through other paths), never a job that ran (attempts, history, effects).
+Everything else stays live; so do jobs whose bucket is already within the
+horizon.
+
+Indexes without an object per job: `ids` maps the 32-bit blake2b hash of a
+job id, and `keys` the hash of (tenant, idempotency key), to locations, in an
+open-addressing table (256 shards by the hash's top bits, each an
+`array("I")` of 32-bit hashes beside an `array("Q")` of locations; linear
+probing, backward-shift deletion, duplicates allowed). A hit is confirmed by decoding the located
+chunk. Python's `hash()` of a str differs per process and is never used.
+
+Counters: a packed job is counted in `status_counts`, `queue_counts` and
+the runnable index's tenant counts exactly as a live scheduled job is
+(`state.count_new_job` at packing; nothing changes when it is hydrated). The
+wheel keeps `counts[(queue, tenant)]` of its jobs and encodes them, so that
+a decoded state adds them back (`restore_counts`) without opening a chunk.
+
+Hydration: the Tick (`hydrate`, a step before due jobs are made runnable)
+turns the earliest bucket's chunks into live jobs once `bucket * bucket_ms
+<= now_ms + horizon_ms`, whole chunks within the Tick's budget. A command
+that names a packed job (a `job_id` or `job_ids` field, a submission's
+idempotency key, the commands inside an `Audited` or a `LeaseBatch`)
+hydrates it first (`hydrate_for_command`, called by `apply` before the
+command's savepoint), so every handler sees a live job as before. That
+hydration is part of applying the entry: a command that is then rejected
+leaves its job live, identically on every replica. Reads never hydrate:
+`find_packed`, `find_packed_key` and `packed_jobs` decode transient jobs.
+
+Hydrated jobs join `state.jobs` after the jobs already there, so the jobs
+dict is no longer strictly in submission order; listings, which are, merge
+`state.order` with the hydrated `runs` (derived, sorted by seq) and the
+packed jobs (`jobs.queries.list_jobs`).
+
+Determinism: everything above is a function of the applied entries; the
+section encodes the settings, the buckets (their bytes as they are), the two
+tables as they are laid out and the counts, so a replica that decoded a
+snapshot holds the very bytes of one that applied the log. A table that
+becomes empty is reset to capacity 0 on both. Caveat: sealed chunk bytes
+come from the process's zlib; replicas must run the same zlib (a different
+zlib changes digests, never decoded jobs).
+"""
+
+from __future__ import annotations
+
+import sys
+import zlib
+from array import array
+from bisect import insort
+from collections.abc import Iterator
+from hashlib import blake2b
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from raftsched.core.kernel.codec import (
+    CodecError,
+    decode_job_chunk,
+    decode_job_rows,
+    encode_job_chunk,
+    encode_job_row,
+)
+from raftsched.core.kernel.commands import Command, JobSpec
+from raftsched.core.kernel.model import SCHEDULED, Job
+from raftsched.core.kernel.sections import Section
+from raftsched.core.kernel.state import State, count_new_job, count_packed, index_job
+
+if TYPE_CHECKING:
+    from raftsched.core.kernel.feature import Registry
+    from raftsched.core.kernel.savepoint import Savepoint
+
+WHEEL: Final = "wheel"
+WHEEL_VERSION: Final = 7
+"""The cluster version from which submissions are packed."""
+HORIZON_MS_DEFAULT: Final = 10 * 60_000
+BUCKET_MS_DEFAULT: Final = 3_600_000
+"""An hour: a bucket costs its own objects and an uncompressed tail of up
+to 31 jobs, so wide buckets are cheaper (bench/core.py --far, 200,000 jobs
+over 30 days: 571 bytes a packed job with 1-minute buckets, 242 with
+15-minute ones, 195 with an hour), and an hour's jobs made live 10 minutes
+before the hour cost little (10M jobs over 30 days: 14,000 an hour)."""
+BUCKET_MS_MIN: Final = 1_000
+BUCKET_MS_MAX: Final = 24 * 3600_000
+HORIZON_MS_MAX: Final = 7 * 24 * 3600_000
+CHUNK_JOBS: Final = 32
+"""Rows per sealed chunk: compression gains little beyond 32 rows of
+today's job shape (bench/core.py's payload with random ids and keys: 60
+bytes a job at 32 rows, 57 at 64, 56 at 512), every read of a packed job
+decodes one chunk, and a bucket's unsealed tail (up to 31 rows) is kept
+uncompressed."""
+ZLIB_LEVEL: Final = 6
+CHUNK_BITS: Final = 20
+_CHUNK_MASK: Final = (1 << CHUNK_BITS) - 1
+BUCKET_MAX: Final = (1 << (64 - CHUNK_BITS)) - 1
+
+Chunk = tuple[bytes, int, int, int]  # data, count, min_seq, max_seq
+
+
+def id_hash(job_id: str) -> int:
+    """32 bits of blake2b: the tables store them, and a hit is confirmed by
+    decoding its chunk, so a rare false hit costs one decode, never a wrong
+    answer (at 10M jobs about one lookup in 400)."""
+    value = int.from_bytes(blake2b(job_id.encode(), digest_size=4).digest(), "little")
+    return value or 1  # 0 marks an empty slot
+
+
+def key_hash(tenant: str, key: str) -> int:
+    name = tenant.encode()
+    data = len(name).to_bytes(4, "little") + name + key.encode()
+    value = int.from_bytes(blake2b(data, digest_size=4).digest(), "little")
+    return value or 1
+
+
+SHARDS: Final = 256
+"""A table is this many shards, chosen by a hash's top 8 bits, each growing
+on its own: growing reinserts one shard's entries (at 10M jobs ~26,000, tens
+of milliseconds) rather than every entry in one command (seconds, on the
+apply path of every replica)."""
+
+
+class _Shard:
+    """32-bit hashes to 64-bit values (12 bytes a slot); duplicates allowed.
+    Linear probing with backward-shift deletion; grows at 4/5 full by
+    reinserting in slot order, so its layout is a function of its operations.
+    Every write is journalled while `journal` is set (see `HashIndex`)."""
+
+    __slots__ = ("keys", "values", "size", "journal")
+
+    def __init__(self) -> None:
+        self.keys = array("I")
+        self.values = array("Q")
+        self.size = 0
+        self.journal: list[tuple[_Shard, int, Any, Any]] | None = None
+
+    def find(self, hashed: int) -> list[int]:
+        keys = self.keys
+        if not self.size:
+            return []
+        mask = len(keys) - 1
+        at = hashed & mask
+        found: list[int] = []
+        while True:
+            key = keys[at]
+            if key == 0:
+                return found
+            if key == hashed:
+                found.append(self.values[at])
+            at = (at + 1) & mask
+
+    def insert(self, hashed: int, value: int) -> None:
+        if (self.size + 1) * 5 > len(self.keys) * 4:
+            self._grow()
+        keys = self.keys
+        mask = len(keys) - 1
+        at = hashed & mask
+        while keys[at]:
+            at = (at + 1) & mask
+        journal = self.journal
+        if journal is not None:
+            journal.append((self, -2, self.size, 0))
+            journal.append((self, at, 0, 0))
+        keys[at] = hashed
+        self.values[at] = value
+        self.size += 1
+
+    def remove(self, hashed: int, value: int) -> bool:
+        keys, values = self.keys, self.values
+        if not self.size:
+            return False
+        mask = len(keys) - 1
+        at = hashed & mask
+        while True:
+            key = keys[at]
+            if key == 0:
+                return False
+            if key == hashed and values[at] == value:
+                break
+            at = (at + 1) & mask
+        journal = self.journal
+        if journal is not None:
+            journal.append((self, -2, self.size, 0))
+        if self.size == 1:
+            if journal is not None:
+                journal.append((self, -1, keys, values))
+            self.keys, self.values, self.size = array("I"), array("Q"), 0
+            return True
+        hole = at
+        while True:
+            at = (at + 1) & mask
+            key = keys[at]
+            if key == 0:
+                break
+            home = key & mask
+            # The entry may move into the hole unless its home lies
+            # cyclically in (hole, at].
+            if (hole < at and (home <= hole or home > at)) or (hole > at and at < home <= hole):
+                if journal is not None:
+                    journal.append((self, hole, keys[hole], values[hole]))
+                keys[hole], values[hole] = key, values[at]
+                hole = at
+        if journal is not None:
+            journal.append((self, hole, keys[hole], values[hole]))
+        keys[hole] = 0
+        values[hole] = 0
+        self.size -= 1
+        return True
+
+    def _grow(self) -> None:
+        old_keys, old_values = self.keys, self.values
+        journal = self.journal
+        if journal is not None:
+            journal.append((self, -2, self.size, 0))
+            journal.append((self, -1, old_keys, old_values))
+            self.journal = None  # the reinsertion below needs no record
+        capacity = max(16, 2 * len(old_keys))
+        self.keys = array("I", bytes(4 * capacity))
+        self.values = array("Q", bytes(8 * capacity))
+        self.size = 0
+        for key, value in zip(old_keys, old_values, strict=True):
+            if key:
+                self.insert(key, value)
+        self.journal = journal
+
+    def encode(self) -> list[Any]:
+        return [self.size, _le_bytes(self.keys), _le_bytes(self.values)]
+
+    @classmethod
+    def decode(cls, data: object) -> _Shard:
+        if type(data) is not tuple or len(data) != 3:
+            raise CodecError("a wheel table shard is [size, keys, values]")
+        size, keys, values = data
+        if type(size) is not int or type(keys) is not bytes or type(values) is not bytes:
+            raise CodecError("a wheel table shard is [size, keys, values]")
+        if len(keys) * 2 != len(values) or len(keys) % 4:
+            raise CodecError("a wheel table's arrays differ")
+        capacity = len(keys) // 4
+        if capacity & (capacity - 1) or size * 5 > capacity * 4 or (size == 0) != (capacity == 0):
+            raise CodecError("a wheel table's capacity is wrong")
+        shard = cls()
+        shard.keys, shard.values = _from_le("I", keys), _from_le("Q", values)
+        shard.size = size
+        return shard
+
+
+class HashIndex:
+    """32-bit hashes to 64-bit locations in `SHARDS` shards (`_Shard`).
+
+    While a command that may be rolled back changes it (`record`), every
+    write of every shard is journalled, and `rewind` puts back the very
+    layout: re-inserting what was removed would lay colliding entries out
+    differently, and the tables are encoded."""
+
+    __slots__ = ("shards", "size", "journal")
+
+    def __init__(self) -> None:
+        self.shards = [_Shard() for _ in range(SHARDS)]
+        self.size = 0
+        self.journal: list[tuple[_Shard, int, Any, Any]] | None = None
+
+    def find(self, hashed: int) -> list[int]:
+        if not self.size:
+            return []
+        return self.shards[hashed >> 24].find(hashed)
+
+    def insert(self, hashed: int, value: int) -> None:
+        self.shards[hashed >> 24].insert(hashed, value)
+        self.size += 1
+
+    def remove(self, hashed: int, value: int) -> bool:
+        removed = self.shards[hashed >> 24].remove(hashed, value)
+        if removed:
+            self.size -= 1
+        return removed
+
+    def record(self) -> None:
+        """Journal every change from here on (a new command's first change)."""
+        journal: list[tuple[_Shard, int, Any, Any]] = []
+        self.journal = journal
+        for shard in self.shards:
+            shard.journal = journal
+
+    def stop(self) -> None:
+        """Journal nothing (changes outside a savepoint)."""
+        if self.journal is not None:
+            self.journal = None
+            for shard in self.shards:
+                shard.journal = None
+
+    def rewind(self, size: int) -> None:
+        """Undo every change journalled since `record`; `size` as it was then."""
+        journal = self.journal
+        assert journal is not None
+        while journal:
+            shard, at, key, value = journal.pop()
+            if at == -2:
+                shard.size = key
+            elif at == -1:
+                shard.keys, shard.values = key, value
+            else:
+                shard.keys[at], shard.values[at] = key, value
+        self.size = size
+
+    def encode(self) -> list[Any]:
+        return [self.size, [shard.encode() for shard in self.shards]]
+
+    @classmethod
+    def decode(cls, data: object) -> HashIndex:
+        if type(data) is not tuple or len(data) != 2 or type(data[1]) is not tuple:
+            raise CodecError("a wheel table is [size, shards]")
+        size, shards = data
+        if len(shards) != SHARDS:
+            raise CodecError(f"a wheel table has {SHARDS} shards")
+        index = cls()
+        index.shards = [_Shard.decode(shard) for shard in shards]
+        index.size = sum(shard.size for shard in index.shards)
+        if index.size != size:
+            raise CodecError("a wheel table's size disagrees with its shards")
+        return index
+
+
+def _le_bytes(values: array[int]) -> bytes:
+    if sys.byteorder == "little":
+        return values.tobytes()
+    swapped = array(values.typecode, values)  # pragma: no cover - big-endian hosts
+    swapped.byteswap()
+    return swapped.tobytes()
+
+
+def _from_le(typecode: str, data: bytes) -> array[int]:
+    values = array(typecode)
+    values.frombytes(data)
+    if sys.byteorder != "little":  # pragma: no cover
+        values.byteswap()
+    return values
+
+
+class Bucket:
+    __slots__ = ("chunks", "tail", "tail_count", "tail_min_seq", "tail_max_seq", "first")
+
+    def __init__(self) -> None:
+        self.chunks: list[Chunk | None] = []
+        self.tail = b""
+        self.tail_count = 0
+        self.tail_min_seq = 0
+        self.tail_max_seq = 0
+        # Derived, not encoded: every chunk before it is None. Hydration
+        # takes chunks in order, so a bucket of a million jobs is not
+        # scanned from its start for every chunk.
+        self.first = 0
+
+    def first_chunk(self) -> int:
+        """The index of the first chunk still holding jobs (the number of
+        chunks when none does: the tail's index)."""
+        chunks = self.chunks
+        at = min(self.first, len(chunks))
+        while at < len(chunks) and chunks[at] is None:
+            at += 1
+        self.first = at
+        return at
+
+    def empty(self) -> bool:
+        return not self.tail_count and self.first_chunk() == len(self.chunks)
+
+
+class Wheel:
+    """The `wheel` section."""
+
+    __slots__ = (
+        "horizon_ms",
+        "bucket_ms",
+        "buckets",
+        "order",
+        "ids",
+        "keys",
+        "counts",
+        "size",
+        "runs",
+    )
+
+    def __init__(
+        self, horizon_ms: int = HORIZON_MS_DEFAULT, bucket_ms: int = BUCKET_MS_DEFAULT
+    ) -> None:
+        self.horizon_ms = horizon_ms
+        self.bucket_ms = bucket_ms
+        self.buckets: dict[int, Bucket] = {}
+        self.order: list[int] = []  # bucket numbers, ascending
+        self.ids = HashIndex()
+        self.keys = HashIndex()
+        self.counts: dict[tuple[str, str], int] = {}
+        self.size = 0
+        # Derived: hydrated jobs as runs sorted by seq, for listings.
+        self.runs: list[list[Job]] = []
+
+
+def wheel_of(state: State) -> Wheel:
+    wheel: Wheel = state.sections[WHEEL]
+    return wheel
+
+
+class _Names:
+    """Interning for transient jobs a read decodes: the state's own map is
+    never touched by a read."""
+
+    __slots__ = ("interned",)
+
+    def __init__(self) -> None:
+        self.interned: dict[object, object] = {}
+
+
+def _rows(names: object, data: bytes, count: int) -> list[Job]:
+    return decode_job_rows(cast(State, names), data, count)
+
+
+def _chunk_jobs(names: object, bucket: Bucket, index: int) -> list[Job]:
+    """The jobs at one location (a sealed chunk or the tail)."""
+    if index < len(bucket.chunks):
+        chunk = bucket.chunks[index]
+        if chunk is None:
+            return []
+        return decode_job_chunk(cast(State, names), zlib.decompress(chunk[0]))
+    if index == len(bucket.chunks):
+        return _rows(names, bucket.tail, bucket.tail_count)
+    return []
+
+
+# Packing (SubmitJobs).
+
+
+def packable(state: State, job: Job, version: int) -> bool:
+    """Whether a new job goes into the wheel (see the module docstring)."""
+    if version < WHEEL_VERSION or job.status != SCHEDULED or job.ordering_key is not None:
+        return False
+    if job.deadline_at_ms is not None or job.next_run_at_ms is None:
+        return False
+    wheel = wheel_of(state)
+    number = job.next_run_at_ms // wheel.bucket_ms
+    if number > BUCKET_MAX or number * wheel.bucket_ms <= state.now_ms + wheel.horizon_ms:
+        return False
+    bucket = wheel.buckets.get(number)
+    # A location has CHUNK_BITS for the chunk: a bucket of 33M jobs is full.
+    return bucket is None or len(bucket.chunks) < _CHUNK_MASK
+
+
+def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
+    """Store a new job (counted here, never put in `state.jobs`)."""
+    wheel = wheel_of(state)
+    _journal(wheel, savepoint)
+    assert job.next_run_at_ms is not None
+    number = job.next_run_at_ms // wheel.bucket_ms
+    bucket = wheel.buckets.get(number)
+    created = bucket is None
+    if bucket is None:
+        bucket = wheel.buckets[number] = Bucket()
+        insort(wheel.order, number)
+    before = (bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq)
+    location = (number << CHUNK_BITS) | len(bucket.chunks)
+    bucket.tail += encode_job_row(job)
+    if not bucket.tail_count:
+        bucket.tail_min_seq = job.seq
+    bucket.tail_count += 1
+    bucket.tail_max_seq = job.seq
+    sealed = bucket.tail_count >= CHUNK_JOBS
+    if sealed:
+        _seal(bucket)
+    hashed_id = id_hash(job.id)
+    wheel.ids.insert(hashed_id, location)
+    key = job.idempotency_key
+    hashed_key = None if key is None else key_hash(job.tenant, key)
+    if hashed_key is not None:
+        wheel.keys.insert(hashed_key, location)
+    pair = (job.queue, job.tenant)
+    wheel.counts[pair] = wheel.counts.get(pair, 0) + 1
+    wheel.size += 1
+    count_new_job(state, job)
+    if savepoint is None:
+        return
+
+    def undo() -> None:  # the tables are rewound by `_journal`'s action
+        _uncount(wheel, pair, 1)
+        wheel.size -= 1
+        assert bucket is not None
+        if sealed:
+            bucket.chunks.pop()
+        bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = before
+        if created:
+            del wheel.buckets[number]
+            wheel.order.remove(number)
+
+    savepoint.on_rollback(undo)
+
+
+def _journal(wheel: Wheel, savepoint: Savepoint | None) -> None:
+    """Before a command's first change to the tables: journal them so that a
+    rollback restores their exact layout (re-inserting what was removed
+    would lay colliding entries out differently, and the tables are
+    encoded). Changes made outside a savepoint are not journalled."""
+    if savepoint is None:
+        wheel.ids.stop()
+        wheel.keys.stop()
+        return
+    if savepoint.memo.get(WHEEL) is wheel:
+        return
+    savepoint.memo[WHEEL] = wheel
+    ids, keys = wheel.ids, wheel.keys
+    sizes = (ids.size, keys.size)
+    ids.record()
+    keys.record()
+
+    def rewind() -> None:
+        ids.rewind(sizes[0])
+        keys.rewind(sizes[1])
+
+    savepoint.on_rollback(rewind)
+
+
+def _seal(bucket: Bucket) -> None:
+    """The tail's rows become a chunk in the snapshot's column encoding,
+    compressed (columns compress better than rows: ~60 bytes a job)."""
+    jobs = _rows(_Names(), bucket.tail, bucket.tail_count)
+    chunk = (
+        zlib.compress(encode_job_chunk(jobs), ZLIB_LEVEL),
+        bucket.tail_count,
+        bucket.tail_min_seq,
+        bucket.tail_max_seq,
+    )
+    bucket.chunks.append(chunk)
+    bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = b"", 0, 0, 0
+
+
+def _uncount(wheel: Wheel, pair: tuple[str, str], count: int) -> None:
+    left = wheel.counts[pair] - count
+    if left:
+        wheel.counts[pair] = left
+    else:
+        del wheel.counts[pair]
+
+
+# Reads: transient jobs, the state untouched.
+
+
+def find_packed(state: State, job_id: str) -> Job | None:
+    wheel = wheel_of(state)
+    if not wheel.size:
+        return None
+    names = _Names()
+    for location in wheel.ids.find(id_hash(job_id)):
+        for job in _located(wheel, names, location):
+            if job.id == job_id:
+                return job
+    return None
+
+
+def find_packed_key(state: State, tenant: str, key: str) -> Job | None:
+    wheel = wheel_of(state)
+    if not wheel.keys.size:
+        return None
+    names = _Names()
+    for location in wheel.keys.find(key_hash(tenant, key)):
+        for job in _located(wheel, names, location):
+            if job.tenant == tenant and job.idempotency_key == key:
+                return job
+    return None
+
+
+def _located(wheel: Wheel, names: object, location: int) -> list[Job]:
+    bucket = wheel.buckets.get(location >> CHUNK_BITS)
+    if bucket is None:
+        return []
+    return _chunk_jobs(names, bucket, location & _CHUNK_MASK)
+
+
+def packed_jobs(state: State) -> Iterator[Job]:
+    """Every packed job (transient), bucket by bucket: for checks and tests."""
+    wheel = wheel_of(state)
+    names = _Names()
+    for number in wheel.order:
+        bucket = wheel.buckets[number]
+        for index in range(len(bucket.chunks) + 1):
+            yield from _chunk_jobs(names, bucket, index)
+
+
+_by_seq: Final = attrgetter("seq")
+
+
+def packed_newest_first(state: State, below_seq: int | None) -> Iterator[Job]:
+    """Packed jobs with seq below `below_seq` (all when None), newest first,
+    as transient jobs; a chunk is decoded only once no unopened chunk could
+    hold a newer job."""
+    import heapq
+
+    wheel = wheel_of(state)
+    if not wheel.size:
+        return
+    limit = below_seq if below_seq is not None else 1 << 62
+    names = _Names()
+    places: list[tuple[int, int, int]] = []  # (-max_seq, bucket, index)
+    for number in wheel.order:
+        bucket = wheel.buckets[number]
+        for index, chunk in enumerate(bucket.chunks):
+            if chunk is not None and chunk[2] < limit:
+                places.append((-chunk[3], number, index))
+        if bucket.tail_count and bucket.tail_min_seq < limit:
+            places.append((-bucket.tail_max_seq, number, len(bucket.chunks)))
+    heapq.heapify(places)
+    ready: list[tuple[int, Job]] = []
+    while places or ready:
+        while places and (not ready or -places[0][0] > -ready[0][0]):
+            _, number, index = heapq.heappop(places)
+            for job in _chunk_jobs(names, wheel.buckets[number], index):
+                if job.seq < limit:
+                    heapq.heappush(ready, (-job.seq, job))
+        if ready:
+            yield heapq.heappop(ready)[1]
+
+
+# Hydration.
+
+
+def _make_live(state: State, jobs: list[Job]) -> None:
+    wheel = wheel_of(state)
+    for job in jobs:
+        state.jobs[job.id] = job
+        index_job(state, job)
+    if not jobs:
+        return
+    runs = wheel.runs
+    runs.append(sorted(jobs, key=_by_seq))
+    # Runs merge as a binary counter does (a run merges into the one before
+    # while that one is not more than twice as long), so there are
+    # O(log jobs) of them and each job is merged O(log jobs) times; jobs
+    # purged since drop out.
+    live = state.jobs
+    while len(runs) > 1 and len(runs[-2]) <= 2 * len(runs[-1]):
+        newer = runs.pop()
+        merged = sorted(runs.pop() + newer, key=_by_seq)  # two sorted runs: linear
+        runs.append([job for job in merged if live.get(job.id) is job])
+
+
+def _forget(wheel: Wheel, jobs: list[Job], location: int) -> None:
+    for job in jobs:
+        wheel.ids.remove(id_hash(job.id), location)
+        if job.idempotency_key is not None:
+            wheel.keys.remove(key_hash(job.tenant, job.idempotency_key), location)
+        _uncount(wheel, (job.queue, job.tenant), 1)
+    wheel.size -= len(jobs)
+
+
+def _drop_if_empty(wheel: Wheel, number: int) -> bool:
+    bucket = wheel.buckets[number]
+    if not bucket.empty():
+        return False
+    del wheel.buckets[number]
+    wheel.order.remove(number)
+    return True
+
+
+def hydrate(state: State, budget: int, savepoint: Savepoint | None) -> int:
+    """Tick: make the chunks of buckets within the horizon live, earliest
+    bucket first, whole chunks, within `budget` jobs (at least one chunk)."""
+    wheel = wheel_of(state)
+    if not wheel.size:
+        return 0
+    limit_ms = state.now_ms + wheel.horizon_ms
+    done = 0
+    while wheel.order and done < budget:
+        number = wheel.order[0]
+        if number * wheel.bucket_ms > limit_ms:
+            break
+        bucket = wheel.buckets[number]
+        index = bucket.first_chunk()
+        if index == len(bucket.chunks):
+            count = bucket.tail_count
+        else:
+            chunk = bucket.chunks[index]
+            assert chunk is not None
+            count = chunk[1]
+        if done and done + count > budget:
+            break
+        jobs = _chunk_jobs(state, bucket, index)
+        _take(state, wheel, number, index, jobs, savepoint)
+        done += len(jobs)
+    return done
+
+
+def _take(
+    state: State,
+    wheel: Wheel,
+    number: int,
+    index: int,
+    jobs: list[Job],
+    savepoint: Savepoint | None,
+) -> None:
+    """Move the jobs of one whole location out of the wheel and make them live."""
+    _journal(wheel, savepoint)
+    bucket = wheel.buckets[number]
+    location = (number << CHUNK_BITS) | index
+    if index < len(bucket.chunks):
+        before_chunk = bucket.chunks[index]
+        bucket.chunks[index] = None
+    else:
+        before_tail = (bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq)
+        bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = b"", 0, 0, 0
+    _forget(wheel, jobs, location)
+    dropped = _drop_if_empty(wheel, number)
+
+    def undo() -> None:
+        for job in jobs:
+            state.jobs.pop(job.id, None)
+        if dropped:
+            wheel.buckets[number] = bucket
+            insort(wheel.order, number)
+        if index < len(bucket.chunks):
+            bucket.chunks[index] = before_chunk
+            bucket.first = min(bucket.first, index)
+        else:
+            bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = before_tail
+        for job in jobs:  # the tables are rewound by `_journal`'s action
+            pair = (job.queue, job.tenant)
+            wheel.counts[pair] = wheel.counts.get(pair, 0) + 1
+        wheel.size += len(jobs)
+
+    # Registered before the jobs go live, which is what could fail; the
+    # derived indexes are rebuilt by the rollback anyway.
+    if savepoint is not None:
+        savepoint.on_rollback(undo)
+    _make_live(state, jobs)
+
+
+def hydrate_one(state: State, location: int, match: Job) -> None:
+    """Make one packed job live (a command names it); the rest of its chunk
+    stays packed, re-encoded without it."""
+    wheel = wheel_of(state)
+    _journal(wheel, None)
+    number, index = location >> CHUNK_BITS, location & _CHUNK_MASK
+    bucket = wheel.buckets[number]
+    jobs = _chunk_jobs(state, bucket, index)
+    job = next(each for each in jobs if each.id == match.id)
+    rest = [each for each in jobs if each is not job]
+    if index < len(bucket.chunks):
+        bucket.chunks[index] = (
+            (
+                zlib.compress(encode_job_chunk(rest), ZLIB_LEVEL),
+                len(rest),
+                rest[0].seq,
+                rest[-1].seq,
+            )
+            if rest
+            else None
+        )
+    else:
+        bucket.tail, bucket.tail_count = b"".join(map(encode_job_row, rest)), len(rest)
+        bucket.tail_min_seq = rest[0].seq if rest else 0
+        bucket.tail_max_seq = rest[-1].seq if rest else 0
+    _forget(wheel, [job], location)
+    _drop_if_empty(wheel, number)
+    _make_live(state, [job])
+
+
+def hydrate_id(state: State, job_id: str) -> None:
+    wheel = wheel_of(state)
+    if not wheel.size or job_id in state.jobs:
+        return
+    names = _Names()
+    for location in wheel.ids.find(id_hash(job_id)):
+        for job in _located(wheel, names, location):
+            if job.id == job_id:
+                hydrate_one(state, location, job)
+                return
+
+
+def hydrate_key(state: State, tenant: str, key: str) -> None:
+    wheel = wheel_of(state)
+    if not wheel.keys.size or (tenant, key) in state.idempotency:
+        return
+    names = _Names()
+    for location in wheel.keys.find(key_hash(tenant, key)):
+        for job in _located(wheel, names, location):
+            if job.tenant == tenant and job.idempotency_key == key:
+                hydrate_one(state, location, job)
+                return
+
+
+def hydrate_for_command(state: State, command: Command, registry: Registry) -> None:
+    """Make live every packed job `command` names, before it is applied:
+    a `job_id` or `job_ids` field, an idempotency key of a spec in `specs`,
+    and the same in the commands it holds (`Audited`, `LeaseBatch`)."""
+    wheel: Wheel | None = state.sections.get(WHEEL)
+    if wheel is None or not wheel.size:
+        return
+    _hydrate_named(state, command)
+    for inner in registry.inner_commands(command):
+        _hydrate_named(state, inner)
+
+
+def _hydrate_named(state: State, command: object) -> None:
+    job_id = getattr(command, "job_id", None)
+    if type(job_id) is str:
+        hydrate_id(state, job_id)
+    job_ids = getattr(command, "job_ids", None)
+    if type(job_ids) is tuple:
+        for each in job_ids:
+            if type(each) is str:
+                hydrate_id(state, each)
+    specs = getattr(command, "specs", None)
+    if type(specs) is tuple:
+        for spec in specs:
+            if (
+                isinstance(spec, JobSpec)
+                and type(spec.tenant) is str
+                and type(spec.idempotency_key) is str
+            ):
+                hydrate_key(state, spec.tenant, spec.idempotency_key)
+
+
+def next_due_ms(state: State) -> int | None:
+    wheel = wheel_of(state)
+    if not wheel.order:
+        return None
+    return max(0, wheel.order[0] * wheel.bucket_ms - wheel.horizon_ms)
+
+
+# Counters and derived data after a rebuild or a decode.
+
+
+def restore_counts(state: State) -> None:
+    """Add the packed jobs to the counters rebuilt from the live jobs, and
+    start the hydrated runs afresh (`state.order` holds every live job in
+    seq order again)."""
+    wheel = wheel_of(state)
+    wheel.runs = []
+    for (queue, tenant), count in wheel.counts.items():
+        count_packed(state, queue, tenant, count)
+
+
+# The section.
+
+
+def _at_default(state: State) -> bool:
+    wheel = wheel_of(state)
+    return (
+        not wheel.buckets
+        and wheel.horizon_ms == HORIZON_MS_DEFAULT
+        and wheel.bucket_ms == BUCKET_MS_DEFAULT
+    )
+
+
+def _encode(state: State) -> Any:
+    wheel = wheel_of(state)
+    buckets = []
+    for number in wheel.order:
+        bucket = wheel.buckets[number]
+        buckets.append(
+            [
+                number,
+                [None if chunk is None else list(chunk) for chunk in bucket.chunks],
+                bucket.tail,
+                bucket.tail_count,
+                bucket.tail_min_seq,
+                bucket.tail_max_seq,
+            ]
+        )
+    counts = [[queue, tenant, count] for (queue, tenant), count in sorted(wheel.counts.items())]
+    return [
+        wheel.horizon_ms,
+        wheel.bucket_ms,
+        wheel.size,
+        buckets,
+        wheel.ids.encode(),
+        wheel.keys.encode(),
+        counts,
+    ]
+
+
+def _int(value: object) -> int:
+    if type(value) is not int or value < 0:
+        raise CodecError("the wheel holds non-negative integers")
+    return value
+
+
+def _decode(state: State, data: Any) -> None:
+    if type(data) is not tuple or len(data) != 7:
+        raise CodecError("the wheel is [horizon, bucket, size, buckets, ids, keys, counts]")
+    horizon_ms, bucket_ms, size, buckets, ids, keys, counts = data
+    wheel = Wheel(_int(horizon_ms), _int(bucket_ms))
+    wheel.size = _int(size)
+    if type(buckets) is not tuple or type(counts) is not tuple:
+        raise CodecError("the wheel's buckets and counts are arrays")
+    for row in buckets:
+        if type(row) is not tuple or len(row) != 6 or type(row[1]) is not tuple:
+            raise CodecError("a wheel bucket is [number, chunks, tail, count, min, max]")
+        bucket = Bucket()
+        for chunk in row[1]:
+            if chunk is None:
+                bucket.chunks.append(None)
+                continue
+            if type(chunk) is not tuple or len(chunk) != 4 or type(chunk[0]) is not bytes:
+                raise CodecError("a wheel chunk is [data, count, min_seq, max_seq]")
+            bucket.chunks.append((chunk[0], _int(chunk[1]), _int(chunk[2]), _int(chunk[3])))
+        if type(row[2]) is not bytes:
+            raise CodecError("a wheel tail is bytes")
+        bucket.tail = row[2]
+        bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = map(_int, row[3:])
+        number = _int(row[0])
+        if wheel.order and number <= wheel.order[-1]:
+            raise CodecError("wheel buckets out of order")
+        wheel.buckets[number] = bucket
+        wheel.order.append(number)
+    wheel.ids, wheel.keys = HashIndex.decode(ids), HashIndex.decode(keys)
+    for row in counts:
+        if type(row) is not tuple or len(row) != 3:
+            raise CodecError("a wheel count is [queue, tenant, count]")
+        queue, tenant, count = row
+        if type(queue) is not str or type(tenant) is not str or _int(count) == 0:
+            raise CodecError("a wheel count is [queue, tenant, count]")
+        wheel.counts[queue, tenant] = count
+    if sum(wheel.counts.values()) != wheel.size or wheel.ids.size != wheel.size:
+        raise CodecError("the wheel's counts disagree with its size")
+    state.sections[WHEEL] = wheel
+    restore_counts(state)
+
+
+SECTION: Final = Section(WHEEL, Wheel, _encode, _decode, at_default=_at_default)
+
+
+def check(state: State) -> list[str]:
+    """Every packed job is located by its hashes and counted; for tests."""
+    wheel = wheel_of(state)
+    problems: list[str] = []
+    counts: dict[tuple[str, str], int] = {}
+    total = 0
+    for number in wheel.order:
+        bucket = wheel.buckets[number]
+        if bucket.empty():
+            problems.append(f"wheel: bucket {number} is empty")
+        for index in range(len(bucket.chunks) + 1):
+            location = (number << CHUNK_BITS) | index
+            for job in _chunk_jobs(_Names(), bucket, index):
+                total += 1
+                pair = (job.queue, job.tenant)
+                counts[pair] = counts.get(pair, 0) + 1
+                if job.id in state.jobs:
+                    problems.append(f"wheel: {job.id} is both packed and live")
+                if location not in wheel.ids.find(id_hash(job.id)):
+                    problems.append(f"wheel: {job.id} missing from the id table")
+                key = job.idempotency_key
+                if key is not None and location not in wheel.keys.find(key_hash(job.tenant, key)):
+                    problems.append(f"wheel: {job.id} missing from the key table")
+                if job.status != SCHEDULED or job.next_run_at_ms is None:
+                    problems.append(f"wheel: {job.id} is not a scheduled job")
+                elif job.next_run_at_ms // wheel.bucket_ms != number:
+                    problems.append(f"wheel: {job.id} in the wrong bucket")
+    if counts != wheel.counts or total != wheel.size or wheel.ids.size != total:
+        problems.append(f"wheel: counts {wheel.counts} (size {wheel.size}) != {counts}")
+    return problems

@@ -1,0 +1,400 @@
+"""The time wheel of packed future jobs (kernel.wheel, issue 19)."""
+
+from __future__ import annotations
+
+import random
+
+import msgpack
+import pytest
+from core_support import T0, Cluster
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raftsched.core import (
+    check_invariants,
+    decode_state,
+    encode_state,
+    get_job,
+    list_jobs,
+    state_digest,
+)
+from raftsched.core.jobs import submit
+from raftsched.core.jobs.commands import (
+    CancelJob,
+    ConfigureWheel,
+    ReplayJob,
+    SetTenant,
+    SubmitJobs,
+)
+from raftsched.core.jobs.queries import find_by_idempotency_key, job_history
+from raftsched.core.kernel import wheel
+from raftsched.core.kernel.commands import Barrier, JobSpec, RaiseClusterVersion, Tick
+from raftsched.core.kernel.model import CANCELLED, PENDING, SCHEDULED
+from raftsched.core.kernel.results import (
+    Ack,
+    CancelAccepted,
+    Rejected,
+    SubmitItem,
+    Submitted,
+)
+
+MIN = 60_000
+HORIZON = 5 * MIN
+BUCKET = MIN
+
+
+def wheel_cluster() -> Cluster:
+    cluster = Cluster()
+    assert cluster.run(RaiseClusterVersion(7), ConfigureWheel(HORIZON, BUCKET)) == [Ack(), Ack()]
+    return cluster
+
+
+def far(cluster: Cluster, minutes: int = 60, **fields: object) -> JobSpec:
+    return JobSpec(
+        **{"queue": "q", "run_at_ms": cluster.now_ms + minutes * MIN, "payload": b"\x01", **fields}
+    )  # type: ignore[arg-type]
+
+
+def packed(cluster: Cluster) -> int:
+    return wheel.wheel_of(cluster.state).size
+
+
+def test_a_far_future_job_is_packed_and_reads_as_a_scheduled_job() -> None:
+    cluster = wheel_cluster()
+    job_id = cluster.submit(far(cluster, tenant="acme", idempotency_key="k1"))
+    near = cluster.submit(far(cluster, 3))  # within the horizon: live
+    assert job_id not in cluster.state.jobs and near in cluster.state.jobs
+    assert packed(cluster) == 1
+    before = cluster.digest()
+    job = get_job(cluster.state, job_id)
+    assert job is not None and job.status == SCHEDULED and job.tenant == "acme"
+    assert job.run_at_ms == T0 + 60 * MIN and job.payload == b"\x01"
+    assert find_by_idempotency_key(cluster.state, "acme", "k1") is not None
+    history = job_history(cluster.state, job_id)
+    assert history is not None and history[0].to_status == SCHEDULED
+    assert get_job(cluster.state, "job_nope") is None
+    # Reads never change the state.
+    assert cluster.digest() == before
+    assert cluster.state.status_counts[SCHEDULED] == 2
+    assert cluster.state.queue_counts["q"] == [0, 0, 2]
+    assert cluster.state.runnable.tenants["acme"] == [1, 0]
+
+
+def test_below_version_7_nothing_is_packed() -> None:
+    cluster = Cluster()
+    job_id = cluster.submit(far(cluster, 600))
+    assert job_id in cluster.state.jobs and packed(cluster) == 0
+    cluster.run(RaiseClusterVersion(6))
+    assert cluster.submit(far(cluster, 600)) in cluster.state.jobs
+
+
+def test_jobs_hard_to_pack_stay_live() -> None:
+    cluster = wheel_cluster()
+    ids = [
+        cluster.submit(far(cluster, ordering_key="o")),
+        cluster.submit(far(cluster, deadline_ms=100 * MIN)),
+        cluster.submit(far(cluster, on_unknown="reconcile", reconcile_queue="audit")),
+    ]
+    assert all(job_id in cluster.state.jobs for job_id in ids)
+    assert packed(cluster) == 0
+
+
+def test_idempotent_resubmit_and_conflict_of_a_packed_job() -> None:
+    cluster = wheel_cluster()
+    spec = far(cluster, idempotency_key="pay-1")
+    job_id = cluster.submit(spec)
+    assert packed(cluster) == 1
+    result = cluster.one(SubmitJobs((spec,), ("job_again",)))
+    assert result == Submitted((SubmitItem(job_id, created=False),))
+    other = far(cluster, idempotency_key="pay-1", payload=b"\x02")
+    (rejected,) = cluster.one(SubmitJobs((other,), ("job_other",))).items
+    assert isinstance(rejected, Rejected) and rejected.code == "idempotency_conflict"
+    assert rejected.details["job_id"] == job_id
+    # The repeat made it live; it is still the one job, counted once.
+    assert job_id in cluster.state.jobs and packed(cluster) == 0
+    assert cluster.state.status_counts[SCHEDULED] == 1
+
+
+def test_cancel_and_other_commands_on_a_packed_job() -> None:
+    cluster = wheel_cluster()
+    first, second = cluster.submit(far(cluster)), cluster.submit(far(cluster))
+    assert packed(cluster) == 2
+    assert isinstance(cluster.one(CancelJob(first, "no longer needed")), CancelAccepted)
+    assert cluster.state.jobs[first].status == CANCELLED
+    refused = cluster.one(ReplayJob(second, "not a dead letter"))
+    assert isinstance(refused, Rejected) and refused.code == "invalid_state"
+    # The refused replay still hydrated its job (before the command, on
+    # every replica alike), and a missing job is still not found.
+    assert second in cluster.state.jobs and packed(cluster) == 0
+    missing = cluster.one(CancelJob("job_missing"))
+    assert isinstance(missing, Rejected) and missing.code == "not_found"
+    assert cluster.state.status_counts[SCHEDULED] == 1
+    assert cluster.state.status_counts[CANCELLED] == 1
+
+
+def test_max_queued_counts_packed_jobs() -> None:
+    cluster = wheel_cluster()
+    cluster.run(SetTenant("acme", max_queued=2))
+    cluster.submit(far(cluster, tenant="acme"))
+    cluster.submit(far(cluster, tenant="acme"))
+    assert packed(cluster) == 2
+    (item,) = cluster.one(SubmitJobs((far(cluster, tenant="acme"),), ("job_x",))).items
+    assert isinstance(item, Rejected) and item.code == "queue_full"
+    # After a snapshot the count is the same without opening a bucket.
+    decoded = decode_state(encode_state(cluster.state))
+    assert decoded.runnable.tenants["acme"] == [2, 0]
+
+
+def test_the_tick_hydrates_a_bucket_on_time_and_the_job_comes_due() -> None:
+    cluster = wheel_cluster()
+    job_id = cluster.submit(far(cluster, 60))
+    due_ms = T0 + 60 * MIN
+    bucket_ms = due_ms // BUCKET * BUCKET  # when the job's bucket begins
+    cluster.run(Tick(seed=1), at=bucket_ms - HORIZON - 1)
+    assert packed(cluster) == 1
+    assert wheel.next_due_ms(cluster.state) == bucket_ms - HORIZON
+    cluster.run(Tick(seed=2), at=bucket_ms - HORIZON)
+    assert packed(cluster) == 0 and cluster.state.jobs[job_id].status == SCHEDULED
+    cluster.run(Tick(seed=3), at=due_ms)
+    assert cluster.state.jobs[job_id].status == PENDING
+    (lease,) = cluster.claim()
+    assert lease.job_id == job_id
+
+
+def test_the_tick_hydrates_whole_chunks_within_its_budget() -> None:
+    cluster = wheel_cluster()
+    count = wheel.CHUNK_JOBS * 3 + 5
+    specs = tuple(far(cluster, 60, payload=bytes([i % 7])) for i in range(count))
+    ids = tuple(f"job_{i:04d}" for i in range(count))
+    cluster.run(SubmitJobs(specs, ids))
+    bucket = wheel.wheel_of(cluster.state).buckets[(T0 + 60 * MIN) // BUCKET]
+    assert len(bucket.chunks) == 3 and bucket.tail_count == 5
+    # A job in a sealed chunk is found, cancelled, and its chunk re-encoded.
+    assert get_job(cluster.state, "job_0070") is not None
+    cluster.run(CancelJob("job_0070"))
+    assert packed(cluster) == count - 1
+    cluster.run(Tick(seed=1, max_items=10), at=T0 + 55 * MIN)
+    assert packed(cluster) == count - 1 - wheel.CHUNK_JOBS  # one whole chunk, at least
+    cluster.run(Tick(seed=2, max_items=1_000))
+    assert packed(cluster) == 0 and len(cluster.state.jobs) == count
+    assert wheel.wheel_of(cluster.state).buckets == {}
+
+
+def test_listing_merges_live_hydrated_and_packed_jobs_with_stable_paging() -> None:
+    cluster = wheel_cluster()
+    ids = []
+    for i in range(30):
+        minutes = [2, 60, 120][i % 3]  # live, packed, packed
+        ids.append(cluster.submit(far(cluster, minutes)))
+    cluster.run(CancelJob(ids[4]))  # a packed one made live by a command
+    cluster.run(Tick(seed=1), at=T0 + 57 * MIN)  # the 60-minute bucket is hydrated
+    assert 0 < packed(cluster) < 20
+    newest_first = list(reversed(ids))
+    jobs, cursor = list_jobs(cluster.state, limit=7)
+    seen = [job.id for job in jobs]
+    while cursor is not None:
+        jobs, cursor = list_jobs(cluster.state, limit=7, cursor=cursor)
+        seen += [job.id for job in jobs]
+    assert seen == newest_first
+    scheduled, _ = list_jobs(cluster.state, status=SCHEDULED, limit=1_000)
+    assert len(scheduled) == cluster.state.status_counts[SCHEDULED]
+    assert [job.id for job in list_jobs(cluster.state, status=CANCELLED)[0]] == [ids[4]]
+
+
+def test_a_snapshot_mid_wheel_decodes_to_the_same_bytes_and_goes_on_alike() -> None:
+    cluster = wheel_cluster()
+    specs = tuple(
+        far(cluster, 10 + i % 50, tenant=f"t{i % 3}", idempotency_key=f"k{i}") for i in range(300)
+    )
+    cluster.run(SubmitJobs(specs, tuple(f"job_{i:04d}" for i in range(300))))
+    cluster.run(CancelJob("job_0007"), Tick(seed=1), at=T0 + 20 * MIN)
+    data = encode_state(cluster.state)
+    decoded = decode_state(data)
+    assert encode_state(decoded) == data
+    assert check_invariants(decoded) == []
+    assert decoded.status_counts == cluster.state.status_counts
+    assert decoded.queue_counts == cluster.state.queue_counts
+    later = (
+        [CancelJob("job_0100"), SubmitJobs((specs[200],), ("job_z",))],
+        [Tick(seed=2, max_items=50)],
+        [Tick(seed=3, max_items=5_000)],
+    )
+    for step, commands in enumerate(later):
+        at = T0 + (40 + 20 * step) * MIN
+        cluster.run(*commands, at=at)
+        from raftsched.core import apply_entry
+        from raftsched.core.kernel.commands import Entry
+
+        apply_entry(decoded, Entry(cluster.epoch, at, tuple(commands)))
+        assert state_digest(decoded) == state_digest(cluster.state)
+    assert packed(cluster) == 0
+
+
+def test_configure_wheel_checks_its_settings() -> None:
+    cluster = wheel_cluster()
+    bad = cluster.one(ConfigureWheel(HORIZON, 10))
+    assert isinstance(bad, Rejected) and bad.code == "invalid_request"
+    cluster.submit(far(cluster))
+    busy = cluster.one(ConfigureWheel(HORIZON, 2 * BUCKET))
+    assert isinstance(busy, Rejected) and busy.code == "invalid_state"
+    assert cluster.one(ConfigureWheel(2 * HORIZON, BUCKET)) == Ack()
+
+
+def test_the_default_wheel_is_not_encoded() -> None:
+    """A state that never used the wheel keeps the bytes earlier releases gave it."""
+    cluster = Cluster()
+    cluster.run(RaiseClusterVersion(7))
+    cluster.submit()
+    assert b"wheel" not in encode_state(cluster.state)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 40)), max_size=300))
+def test_the_hash_index_agrees_with_a_dict(operations: list[tuple[bool, int]]) -> None:
+    index = wheel.HashIndex()
+    model: dict[tuple[int, int], int] = {}
+    for insert, n in operations:
+        hashed, value = (n % 9) * 16 + 1, n  # few distinct hashes: collisions
+        if insert:
+            index.insert(hashed, value)
+            model[hashed, value] = model.get((hashed, value), 0) + 1
+        else:
+            removed = index.remove(hashed, value)
+            assert removed == (model.get((hashed, value), 0) > 0)
+            if removed:
+                model[hashed, value] -= 1
+        assert index.size == sum(model.values())
+    for n in range(9):
+        hashed = n * 16 + 1
+        expected = sorted(v for (h, v), c in model.items() if h == hashed for _ in range(c))
+        assert sorted(index.find(hashed)) == expected
+
+
+def test_hashes_are_stable_across_processes() -> None:
+    assert wheel.id_hash("job_1") == wheel.id_hash("job_1") != wheel.id_hash("job_2")
+    # Fixed values: never Python's per-process hash().
+    assert wheel.id_hash("job_1") == int.from_bytes(
+        __import__("hashlib").blake2b(b"job_1", digest_size=4).digest(), "little"
+    )
+    rng = random.Random(1)
+    keys = {wheel.key_hash(f"t{rng.randrange(5)}", f"k{i}") for i in range(1000)}
+    assert len(keys) == 1000
+
+
+def test_a_failing_submission_rolls_its_packed_jobs_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = wheel_cluster()
+    cluster.submit(far(cluster))  # the bucket exists already
+    before = cluster.digest()
+    calls = []
+
+    def admit_then_fail(state: object, spec: JobSpec) -> None:
+        calls.append(spec)
+        if len(calls) == 3:
+            raise RuntimeError("a bug")
+
+    monkeypatch.setattr(submit.flow, "admit", admit_then_fail)
+    specs = (far(cluster), far(cluster, 600), far(cluster))  # one in a new bucket
+    (result,) = cluster.run(SubmitJobs(specs, ("job_a", "job_b", "job_c")))
+    assert isinstance(result, Rejected) and result.code == "internal_error"
+    assert cluster.digest() == before
+    assert packed(cluster) == 1
+
+
+def test_a_failing_tick_rolls_its_hydration_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    cluster = wheel_cluster()
+    count = wheel.CHUNK_JOBS * 2 + 3
+    specs = tuple(far(cluster, 60) for _ in range(count))
+    cluster.run(SubmitJobs(specs, tuple(f"job_{i:04d}" for i in range(count))))
+    cluster.run(Barrier(), at=T0 + 58 * MIN)  # time moves on; the Tick comes next
+    before = cluster.digest()
+    calls = []
+    real = wheel.index_job
+
+    def index_then_fail(state: object, job: object) -> None:
+        calls.append(job)
+        if len(calls) == wheel.CHUNK_JOBS + 5:
+            raise RuntimeError("a bug")
+        real(state, job)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(wheel, "index_job", index_then_fail)
+    (result,) = cluster.run(Tick(seed=1))
+    assert isinstance(result, Rejected) and result.code == "internal_error"
+    # The tables' layout too: their changes were journalled and rewound.
+    assert packed(cluster) == count and cluster.digest() == before
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["near", "far", "farther", "cancel", "tick"]), st.integers(0, 99)
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.integers(1, 9),
+)
+def test_paging_through_any_mix_lists_every_job_once_newest_first(
+    steps: list[tuple[str, int]], limit: int
+) -> None:
+    cluster = wheel_cluster()
+    ids: list[str] = []
+    for kind, n in steps:
+        if kind in ("near", "far", "farther"):
+            minutes = {"near": 2, "far": 60 + n % 7, "farther": 180 + n}[kind]
+            specs = tuple(far(cluster, minutes, tenant=f"t{n % 2}") for _ in range(1 + n % 40))
+            new = tuple(f"job_{len(ids) + i:05d}" for i in range(len(specs)))
+            cluster.run(SubmitJobs(specs, new))
+            ids += new
+        elif kind == "cancel" and ids:
+            cluster.run(CancelJob(ids[n % len(ids)]))
+        elif kind == "tick":
+            cluster.run(Tick(seed=n), at=cluster.now_ms + n * MIN)
+    for tenant in (None, "t1"):
+        expected = [
+            job_id
+            for job_id in reversed(ids)
+            if tenant is None or get_job(cluster.state, job_id).tenant == tenant  # type: ignore[union-attr]
+        ]
+        seen: list[str] = []
+        jobs, cursor = list_jobs(cluster.state, tenant=tenant, limit=limit)
+        seen += [job.id for job in jobs]
+        for _ in range(len(ids) + 2):
+            if cursor is None:
+                break
+            jobs, cursor = list_jobs(cluster.state, tenant=tenant, limit=limit, cursor=cursor)
+            seen += [job.id for job in jobs]
+        assert seen == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.booleans(), st.integers(0, 60)), max_size=150),
+    st.lists(st.tuples(st.booleans(), st.integers(0, 60)), max_size=150),
+)
+def test_a_journalled_table_rewinds_to_its_very_layout(
+    before: list[tuple[bool, int]], during: list[tuple[bool, int]]
+) -> None:
+    """Shards by the top bits, collisions in the low ones; whatever a command
+    did (grows and empties included), `rewind` gives back the same bytes."""
+    index = wheel.HashIndex()
+
+    def hashed(n: int) -> int:
+        return ((n % 3) << 24) | ((n % 5) * 16 + 1)
+
+    def apply(operations: list[tuple[bool, int]]) -> None:
+        for insert, n in operations:
+            if insert:
+                index.insert(hashed(n), n)
+            else:
+                index.remove(hashed(n), n)
+
+    apply(before)
+    encoded, size = index.encode(), index.size
+    index.record()
+    apply(during)
+    index.rewind(size)
+    assert index.encode() == encoded
+    index.stop()
+    decoded = wheel.HashIndex.decode(msgpack.unpackb(msgpack.packb(encoded), use_list=False))
+    assert decoded.encode() == encoded
