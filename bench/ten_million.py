@@ -45,8 +45,9 @@ their data directories under one temporary directory under --dir (default
    after `--log-compaction-entries` entries or 300 s, whichever first), then
    reads each node's /metrics: raftsched_raft_snapshot_duration_seconds
    (encode and write, in the forked child) and, if the node exports them,
-   raftsched_snapshot_fork_pause_seconds, raftsched_snapshot_load_seconds
-   and every other raftsched_snapshot_* / *_cow_* family (null when absent).
+   raftsched_raft_snapshot_fork_pause_seconds (its mean), _load_seconds,
+   _cow_bytes, _bytes and every other raftsched_raft_snapshot* family
+   (null when absent).
    disk: each node's `raft.snapshot` file on disk (snapshot_bytes) and the
    rest of its data directory (other_bytes: the journal, mostly).
    rss_after_snapshot_bytes and _growth_bytes_per_job: step 3's figures again
@@ -56,7 +57,7 @@ their data directories under one temporary directory under --dir (default
    restart_to_ready_s = from starting the killed node again until its
    /readyz answers 200 and it answers GET /v1/jobs/{id}?consistency=stale
    for the first and the last job of the load (its catch-up at N);
-   restart_load_s: its raftsched_snapshot_load_seconds, if exported.
+   restart_load_s: its raftsched_raft_snapshot_load_seconds.
 
 Memory guard: a thread samples every second the resident memory of every
 process of the run (the nodes, their forked snapshot writers, the load
@@ -118,9 +119,12 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 SNAPSHOT_GAUGES = {
     "snapshot_encode_s": "raftsched_raft_snapshot_duration_seconds",
     "snapshot_age_s": "raftsched_raft_snapshot_age_seconds",
-    "snapshot_fork_pause_s": "raftsched_snapshot_fork_pause_seconds",
-    "snapshot_load_s": "raftsched_snapshot_load_seconds",
+    "snapshot_load_s": "raftsched_raft_snapshot_load_seconds",
+    "snapshot_cow_bytes": "raftsched_raft_snapshot_cow_bytes",
+    "snapshot_state_bytes": "raftsched_raft_snapshot_bytes",
 }
+# The fork pause is a histogram: its mean over the node's snapshots so far.
+FORK_PAUSE = "raftsched_raft_snapshot_fork_pause_seconds"
 
 
 def log(message: str) -> None:
@@ -722,12 +726,14 @@ def snapshot_metrics(url: str) -> dict[str, Any]:
         key: (round(values[name], 4) if name in values else None)
         for key, name in SNAPSHOT_GAUGES.items()
     }
+    forks = values.get(f"{FORK_PAUSE}_count")
+    out["snapshot_fork_pause_s"] = round(values[f"{FORK_PAUSE}_sum"] / forks, 4) if forks else None
     # Whatever else the node says about its snapshots (copy-on-write growth, ...).
     out["other"] = {
         name: round(value, 4)
         for name, value in values.items()
-        if (name.startswith("raftsched_snapshot_") or "_cow_" in name)
-        and not name.startswith(tuple(SNAPSHOT_GAUGES.values()))
+        if name.startswith("raftsched_raft_snapshot")
+        and not name.startswith((*SNAPSHOT_GAUGES.values(), FORK_PAUSE))
     }
     return out
 
