@@ -20,6 +20,7 @@ from raftsched.core.jobs.commands import (
     ClaimJobs,
     CompleteJob,
     Configure,
+    ConfigureWheel,
     LeaseBatch,
     SetQueue,
     StartJob,
@@ -191,6 +192,26 @@ def test_a_lease_batch_is_gated_until_the_cluster_is_at_6_and_answered_409() -> 
     assert body["details"]["command"] == "LeaseBatch"
     core.apply_entry(state, Entry(1, 6, (RaiseClusterVersion(6),)))
     check_allowed(state, [batch])
+
+
+def test_an_audited_configure_wheel_is_refused_at_6_naming_configure_wheel() -> None:
+    """`PUT /v1/wheel` proposes `Audited(ConfigureWheel)`: while the cluster
+    version is 6 (a member still on 0.6.0) it is refused, and the answer
+    names the kind that needs version 7, not the audit wrapper."""
+    command = Audited("admin", ConfigureWheel(900_000, 3_600_000))
+    state = core.new_state()
+    core.apply_entry(state, Entry(1, 5, (TakeOver(), RaiseClusterVersion(6))))
+    with pytest.raises(UpgradeRequired) as refused:
+        check_allowed(state, [command])
+    assert (refused.value.command_kind, refused.value.needed, refused.value.in_force) == (
+        "ConfigureWheel",
+        7,
+        6,
+    )
+    assert core.newest_kind(Audited("admin", SetQueue("q"))) == "Audited"
+    assert core.newest_kind(LeaseBatch((CompleteJob("j", 1),), None)) == "LeaseBatch"
+    core.apply_entry(state, Entry(1, 6, (RaiseClusterVersion(7),)))
+    check_allowed(state, [command])
 
 
 def test_the_gate_skips_the_walk_only_for_kinds_that_cannot_hold_a_job_spec() -> None:

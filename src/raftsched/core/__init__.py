@@ -105,6 +105,10 @@ def needs_upgrade(state: State, command: Command) -> bool:
     return _cluster_version.needs_upgrade(state, command, REGISTRY)
 
 
+def newest_kind(command: Command) -> str:
+    return _cluster_version.newest_kind(command, REGISTRY)
+
+
 __all__ = [
     "COMMAND_TAGS",
     "COMMAND_VERSIONS",
@@ -138,6 +142,7 @@ __all__ = [
     "list_jobs",
     "needs_upgrade",
     "new_state",
+    "newest_kind",
     "next_due_ms",
     "queue_stats",
     "state_digest",

@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import raftsched
-from raftsched.core import COMMAND_VERSION_MAX, COMMAND_VERSIONS, command_version, needs_upgrade
+from raftsched.core import (
+    COMMAND_VERSION_MAX,
+    COMMAND_VERSIONS,
+    command_version,
+    needs_upgrade,
+    newest_kind,
+)
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION_DEFAULT, cluster_version
 from raftsched.core.kernel.commands import Command, JobSpec
 from raftsched.core.kernel.state import State
@@ -70,11 +76,12 @@ def from_answer(body: object) -> NodeVersion:
 
 class UpgradeRequired(Exception):
     """A command needs a newer cluster version than the one in force;
-    nothing was proposed."""
+    nothing was proposed. `command_kind` names the kind that needs it (the
+    inner one of an `Audited` operator command)."""
 
     def __init__(self, command: Command, needed: int, in_force: int) -> None:
         super().__init__(UPGRADE_FIRST)
-        self.command_kind = type(command).__name__
+        self.command_kind = newest_kind(command)
         self.needed = needed
         self.in_force = in_force
 

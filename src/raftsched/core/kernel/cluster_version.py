@@ -66,6 +66,19 @@ def command_version(command: Command, registry: Registry) -> int:
     return version
 
 
+def newest_kind(command: Command, registry: Registry) -> str:
+    """The name of the kind that gives `command` its version, for the
+    gate's answer: an inner command's kind when it is newer than the
+    holder's (an audited `ConfigureWheel` names `ConfigureWheel`, not
+    `Audited`), else the command's own."""
+    versions = registry.command_versions
+    kind = type(command)
+    for inner in registry.inner_commands(command):
+        if versions.get(type(inner), 0) > versions[kind]:
+            kind = type(inner)
+    return kind.__name__
+
+
 SPEC_RECONCILE_VERSION: Final = 5
 """The version that added `JobSpec.on_unknown` and `reconcile_queue`."""
 
