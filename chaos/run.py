@@ -3,8 +3,10 @@
 Order of events: build the network and start the cluster; start the sink,
 the webhook receiver and the payment provider; set the features up
 (subscription, tenant limit, schedules: chaos/features.py); start the
-workers, the clients, the workflow submitter and the payments (which wait
-for cluster version 5: chaos/payments.py); let the nemesis run its schedule
+workers, the clients, the workflow submitter, the payments (which wait
+for cluster version 5: chaos/payments.py) and the wheel watch (which gives
+the time wheel a short horizon at cluster version 7, so that the clients'
+far jobs are packed, and notes how many are: chaos/wheel.py); let the nemesis run its schedule
 for `--duration` seconds; then heal everything (partitions, pauses, dead
 nodes, clocks), stop the clients and payments, pause the schedules, give
 the cluster `--recovery-bound-s` to finish every job (payments and their
@@ -50,6 +52,7 @@ from chaos.provider import Provider, read_provider_log
 from chaos.receiver import WebhookReceiver, read_receiver_log
 from chaos.sink import FencedSink, read_sink_log
 from chaos.summary import render_text, summarize
+from chaos.wheel import WheelWatch
 from chaos.worker import QUEUE
 from chaos.workload import Client
 from raftsched import child_processes
@@ -72,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--client-rate", type=float, default=2.0, help="ops/s per client")
     parser.add_argument(
         "--flow-p", type=float, default=0.15, help="share of submits under the limited tenant"
+    )
+    parser.add_argument(
+        "--far-p",
+        type=float,
+        default=0.25,
+        help="share of the other submits due 10-30 s later, packed by the time wheel",
     )
     parser.add_argument(
         "--webhook-refuse-p", type=float, default=0.1, help="receiver answers 503 on purpose"
@@ -376,6 +385,7 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
     provider: Provider | None = None
     workers: WorkerPool | None = None
     stop_clients = threading.Event()
+    stop_wheel = threading.Event()
     try:
         cluster = NsCluster(
             out / "cluster", args.nodes, net, faketime_library(), env=env,
@@ -434,9 +444,14 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
                 stop_clients,
                 args.client_rate,
                 args.flow_p,
+                args.far_p,
             )
             for i in range(args.clients)
         ]
+        wheel_watch = WheelWatch(
+            cluster, Recorder(out / "history-wheel.jsonl", "wheel"), stop_wheel
+        )
+        wheel_watch.start()
         for client in clients:
             client.start()
         features.start()
@@ -466,6 +481,8 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         workers.stop()
         monitor.stop_event.set()
         monitor.join(timeout=5)
+        stop_wheel.set()
+        wheel_watch.join(timeout=10)
         wait_converged(cluster, 30)
         final = read_final(cluster, features, payments)
         final["unfinished_after_bound"] = unfinished
@@ -495,6 +512,7 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         )  # fmt: skip
     finally:
         stop_clients.set()
+        stop_wheel.set()
         if workers is not None:
             workers.stop()
         if sink is not None:

@@ -6,6 +6,7 @@ import argparse
 from collections import Counter, defaultdict
 from typing import Any
 
+from chaos import wheel
 from chaos.checkers import Check
 from chaos.features import LIMITED_TENANT
 from chaos.history import Event
@@ -75,6 +76,7 @@ def summarize(
         "unfinished_after_bound": unfinished[:20],
         "features": features(final, deliveries or []),
         "payments": payments(ops, events, final, provider_log or []),
+        "wheel": wheel.summary(ops, events),
         "operations": operations_summary(faults, events, final),
         "anomalies": anomalies,
         # Error-level node log lines the faults explain (reason -> count);
@@ -220,6 +222,7 @@ def render_text(summary: dict[str, Any]) -> str:
         f" {summary['stale_token_rejections_by_source']}",
         f"features: {summary.get('features', {})}",
         f"payments: {summary.get('payments', {})}",
+        f"time wheel: {summary.get('wheel', {})}",
         f"operations: {summary.get('operations', {})}",
         f"time to recover after healing: {summary['time_to_recover_s']} s"
         f" (bound {summary['recovery_bound_s']} s)",

@@ -5,7 +5,11 @@ A share of the submits (`flow_p`) go to the tenant with a concurrency limit
 (chaos/features.py), half of them with one of a few ordering keys shared by
 all clients, so checker 12 can see whether the limit and the keys'
 one-at-a-time order held (the unkeyed half keeps the limit binding: three
-keys alone would rarely have more than two jobs runnable)."""
+keys alone would rarely have more than two jobs runnable).
+
+Another share (`far_p`) of the other submits is due later, `delay_s` in
+`chaos.wheel.FAR_DELAY_S`: beyond the short horizon the harness gives the
+time wheel, so they are stored packed until the Tick hydrates them."""
 
 from __future__ import annotations
 
@@ -17,13 +21,18 @@ from typing import Any
 from chaos.features import LIMITED_TENANT, ORDERING_KEYS
 from chaos.history import Recorder
 from chaos.httpops import Outcome, Session, recorded_call
+from chaos.wheel import FAR_DELAY_S
 from chaos.worker import QUEUE
 
 SUBMIT_RETRIES_MAX = 5
 
 
 def job_request(
-    key: str, number: int, limited: bool = False, ordering_key: str | None = None
+    key: str,
+    number: int,
+    limited: bool = False,
+    ordering_key: str | None = None,
+    delay_s: float | None = None,
 ) -> dict[str, Any]:
     request: dict[str, Any] = {
         "queue": QUEUE,
@@ -36,6 +45,8 @@ def job_request(
         request["tenant"] = LIMITED_TENANT
     if ordering_key is not None:
         request["ordering_key"] = ordering_key
+    if delay_s is not None:
+        request["delay_s"] = delay_s
     return request
 
 
@@ -50,6 +61,7 @@ class Client(threading.Thread):
         stop: threading.Event,
         rate_per_s: float = 4.0,
         flow_p: float = 0.0,
+        far_p: float = 0.0,
     ) -> None:
         super().__init__(name=name, daemon=True)
         self.rng = random.Random(seed)
@@ -59,6 +71,7 @@ class Client(threading.Thread):
         self.stop_event = stop
         self.pause_s = 1.0 / rate_per_s
         self.flow_p = flow_p
+        self.far_p = far_p
         self.count = 0
 
     def run(self) -> None:
@@ -79,7 +92,10 @@ class Client(threading.Thread):
         ordering_key = None
         if limited and self.rng.random() < 0.5:
             ordering_key = self.rng.choice(ORDERING_KEYS)
-        request = job_request(key, self.count, limited, ordering_key)
+        delay_s = None
+        if not limited and self.rng.random() < self.far_p:
+            delay_s = round(self.rng.uniform(*FAR_DELAY_S), 1)
+        request = job_request(key, self.count, limited, ordering_key, delay_s)
         for _ in range(SUBMIT_RETRIES_MAX):
             outcome = self.op("submit", "POST", "/v1/jobs", request, idempotent=True)
             if outcome.kind == "ok":

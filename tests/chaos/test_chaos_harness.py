@@ -13,8 +13,9 @@ from chaos.history import Recorder, operations, read_events
 from chaos.httpops import send
 from chaos.sink import FencedSink, read_sink_log
 from chaos.summary import summarize
+from chaos.workload import job_request
 
-from chaos import nemesis
+from chaos import nemesis, wheel
 
 
 def test_same_seed_same_schedule_and_different_seed_differs() -> None:
@@ -78,3 +79,28 @@ def test_summary_json_has_the_documented_keys(tmp_path: Path) -> None:
     assert required <= set(summary)
     assert summary["anomalies"] == {"1_x": 0, "2_y": 1}
     assert summary["valid"] is False
+
+
+def test_far_jobs_and_the_wheel_in_the_summary(tmp_path: Path) -> None:
+    """A far submit carries `delay_s`; the summary counts the acknowledged
+    ones, whether the wheel was configured and the most packed jobs noted."""
+    far = job_request("c0-1", 1, delay_s=12.5)
+    near = job_request("c0-2", 2)
+    assert far["delay_s"] == 12.5 and "delay_s" not in near
+    history = Recorder(tmp_path / "history-wheel.jsonl", "wheel")
+    client = Recorder(tmp_path / "history-c0.jsonl", "c0")
+    for request in (far, near):
+        op = client.invoke("submit", {"path": "/v1/jobs", "body": request})
+        client.complete(op, "ok", "submit", {"status": 201, "body": {"job": {"id": "j"}}})
+    op = history.invoke("configure_wheel", {"path": "/v1/wheel", "body": {}})
+    history.complete(op, "ok", "configure_wheel", {"status": 200, "body": {}})
+    history.note("packed", {"url": "u", "packed_jobs": 3, "t": 0})
+    history.note("packed", {"url": "u", "packed_jobs": 7, "t": 1})
+    client.close()
+    history.close()
+    events = read_events(sorted(tmp_path.glob("history-*.jsonl")))
+    assert wheel.summary(operations(events), events) == {
+        "configured": True,
+        "far_jobs_acked": 1,
+        "packed_jobs_max": 7,
+    }

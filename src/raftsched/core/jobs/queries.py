@@ -86,9 +86,12 @@ def list_jobs(
     jobs = state.jobs
     found: list[Job] = []
     record = wheel.wheel_of(state)
-    if record.size or record.runs:
+    packed = record.size > 0 and _packed_may_match(
+        record, queue_in, tenant_in, status, schedule_id, workflow_id
+    )
+    if packed or record.runs:
         below = None if cursor is None else int(cursor)
-        candidates = _merged_newest_first(state, order, position, record.runs, below)
+        candidates = _merged_newest_first(state, order, position, record.runs, below, packed)
         matches = (
             job
             for job in candidates
@@ -126,17 +129,50 @@ def list_jobs(
     return found, None
 
 
+def _packed_may_match(
+    record: wheel.Wheel,
+    queue_in: frozenset[str] | None,
+    tenant_in: frozenset[str] | None,
+    status: str | None,
+    schedule_id: str | None,
+    workflow_id: str | None,
+) -> bool:
+    """Whether a packed job can pass the filters, from the wheel's per
+    (queue, tenant) counts alone: packed jobs are all scheduled, none is a
+    schedule's occurrence or a workflow's step (`wheel.check`), so such a
+    listing, or one for a queue or tenant with nothing packed, does not
+    visit the wheel at all."""
+    if (status is not None and status != SCHEDULED) or schedule_id is not None:
+        return False
+    if workflow_id is not None:
+        return False
+    if queue_in is None and tenant_in is None:
+        return True
+    return any(
+        (queue_in is None or queue in queue_in) and (tenant_in is None or tenant in tenant_in)
+        for queue, tenant in record.counts
+    )
+
+
 def _merged_newest_first(
-    state: State, order: list[Job], position: int, runs: list[list[Job]], below: int | None
+    state: State,
+    order: list[Job],
+    position: int,
+    runs: list[list[Job]],
+    below: int | None,
+    packed: bool,
 ) -> Iterator[Job]:
     """Live jobs (the submission-ordered `order` and the hydrated runs, both
-    skipping purged ones) and packed jobs, newest first, seq below `below`."""
+    skipping purged ones) and, with `packed`, packed jobs, newest first, seq
+    below `below`."""
     jobs = state.jobs
     streams = [_backwards(order, position)]
     for run in runs:
         end = len(run) if below is None else bisect_left(run, below, key=_seq)
         streams.append(_backwards(run, end))
     live = (job for job in merge(*streams, key=_seq, reverse=True) if jobs.get(job.id) is job)
+    if not packed:
+        return live
     return merge(live, wheel.packed_newest_first(state, below), key=_seq, reverse=True)
 
 

@@ -644,6 +644,50 @@ def decode_job_chunk(state: State, data: bytes) -> list[Job]:
     return columns.jobs
 
 
+def encode_wheel_chunk(jobs: list[Job]) -> bytes:
+    """A time wheel's sealed chunk before compression: the jobs' seqs, then
+    the jobs as `encode_job_chunk` writes them. A listing orders a chunk by
+    its seqs, read from the first bytes alone (`wheel_chunk_seqs`)."""
+    seqs: bytes = msgpack.packb([job.seq for job in jobs])
+    return seqs + encode_job_chunk(jobs)
+
+
+def wheel_chunk_seqs(head: bytes) -> tuple[int, ...]:
+    """The seqs of an `encode_wheel_chunk`, from its first bytes (at least
+    `3 + 9 * count`; the rest is not read)."""
+    unpacker = msgpack.Unpacker(use_list=False)
+    unpacker.feed(head)
+    try:
+        seqs = unpacker.unpack()
+    except Exception as error:
+        raise CodecError(f"not a wheel chunk: {type(error).__name__}") from error
+    if type(seqs) is not tuple:
+        raise CodecError("not a wheel chunk: no seqs")
+    return seqs
+
+
+def decode_wheel_chunk(state: State, data: bytes) -> list[Job]:
+    """`encode_wheel_chunk` bytes back into jobs (names interned in
+    `state.interned`, the only part of `state` this touches)."""
+    unpacker = msgpack.Unpacker(use_list=False)
+    unpacker.feed(data)
+    try:
+        unpacker.skip()
+    except Exception as error:
+        raise CodecError(f"not a wheel chunk: {type(error).__name__}") from error
+    return decode_job_chunk(state, data[unpacker.tell() :])
+
+
+def job_row_seqs(data: bytes, count: int) -> tuple[int, ...]:
+    """The seqs of `count` rows of `encode_job_row`, no job built."""
+    unpacker = msgpack.Unpacker(use_list=False)
+    unpacker.feed(data)
+    try:
+        return tuple(unpacker.unpack()[_SEQ] for _ in range(count))
+    except Exception as error:
+        raise CodecError(f"not job rows: {type(error).__name__}") from error
+
+
 def _any_set(*values: object) -> bool:
     return any(value is not None for value in values)
 

@@ -45,7 +45,9 @@ leaves its job live, identically on every replica. Reads never hydrate:
 Hydrated jobs join `state.jobs` after the jobs already there, so the jobs
 dict is no longer strictly in submission order; listings, which are, merge
 `state.order` with the hydrated `runs` (derived, sorted by seq) and the
-packed jobs (`jobs.queries.list_jobs`).
+packed jobs (`jobs.queries.list_jobs`), one newest-first stream per bucket
+(`packed_newest_first`): a bucket's chunks, then its tail, hold its jobs in
+seq order, and `Bucket.mins` (derived) finds the chunk a cursor falls in.
 
 Determinism: everything above is a function of the applied entries; the
 section encodes the settings, the buckets (their bytes as they are), the two
@@ -61,18 +63,21 @@ from __future__ import annotations
 import sys
 import zlib
 from array import array
-from bisect import insort
+from bisect import bisect_left, insort
 from collections.abc import Iterator
 from hashlib import blake2b
+from heapq import heappop, heappush
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from raftsched.core.kernel.codec import (
     CodecError,
-    decode_job_chunk,
     decode_job_rows,
-    encode_job_chunk,
+    decode_wheel_chunk,
     encode_job_row,
+    encode_wheel_chunk,
+    job_row_seqs,
+    wheel_chunk_seqs,
 )
 from raftsched.core.kernel.commands import Command, JobSpec
 from raftsched.core.kernel.model import SCHEDULED, Job
@@ -349,7 +354,7 @@ def _from_le(typecode: str, data: bytes) -> array[int]:
 
 
 class Bucket:
-    __slots__ = ("chunks", "tail", "tail_count", "tail_min_seq", "tail_max_seq", "first")
+    __slots__ = ("chunks", "tail", "tail_count", "tail_min_seq", "tail_max_seq", "first", "mins")
 
     def __init__(self) -> None:
         self.chunks: list[Chunk | None] = []
@@ -361,6 +366,12 @@ class Bucket:
         # takes chunks in order, so a bucket of a million jobs is not
         # scanned from its start for every chunk.
         self.first = 0
+        # Derived, not encoded: per chunk, a lower bound of its jobs' seqs
+        # (its first seq when sealed; a chunk that emptied keeps the one
+        # before it after a decode), non-decreasing because a bucket's jobs
+        # are appended in seq order. A listing from a cursor bisects it to
+        # find the one chunk of the bucket that holds seqs on both sides.
+        self.mins = array("Q")
 
     def first_chunk(self) -> int:
         """The index of the first chunk still holding jobs (the number of
@@ -431,7 +442,7 @@ def _chunk_jobs(names: object, bucket: Bucket, index: int) -> list[Job]:
         chunk = bucket.chunks[index]
         if chunk is None:
             return []
-        return decode_job_chunk(cast(State, names), zlib.decompress(chunk[0]))
+        return decode_wheel_chunk(cast(State, names), zlib.decompress(chunk[0]))
     if index == len(bucket.chunks):
         return _rows(names, bucket.tail, bucket.tail_count)
     return []
@@ -495,6 +506,7 @@ def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
         assert bucket is not None
         if sealed:
             bucket.chunks.pop()
+            bucket.mins.pop()
         bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = before
         if created:
             del wheel.buckets[number]
@@ -528,16 +540,19 @@ def _journal(wheel: Wheel, savepoint: Savepoint | None) -> None:
 
 
 def _seal(bucket: Bucket) -> None:
-    """The tail's rows become a chunk in the snapshot's column encoding,
-    compressed (columns compress better than rows: ~60 bytes a job)."""
+    """The tail's rows become a chunk in the snapshot's column encoding
+    behind their seqs (`encode_wheel_chunk`: a listing decompresses only
+    the seqs), compressed (columns compress better than rows: ~60 bytes a
+    job)."""
     jobs = _rows(_Names(), bucket.tail, bucket.tail_count)
     chunk = (
-        zlib.compress(encode_job_chunk(jobs), ZLIB_LEVEL),
+        zlib.compress(encode_wheel_chunk(jobs), ZLIB_LEVEL),
         bucket.tail_count,
         bucket.tail_min_seq,
         bucket.tail_max_seq,
     )
     bucket.chunks.append(chunk)
+    bucket.mins.append(bucket.tail_min_seq)
     bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = b"", 0, 0, 0
 
 
@@ -598,33 +613,90 @@ _by_seq: Final = attrgetter("seq")
 
 def packed_newest_first(state: State, below_seq: int | None) -> Iterator[Job]:
     """Packed jobs with seq below `below_seq` (all when None), newest first,
-    as transient jobs; a chunk is decoded only once no unopened chunk could
-    hold a newer job."""
-    import heapq
+    as transient jobs.
 
+    A bucket's chunks and tail hold its jobs in seq order, so each bucket is
+    a stream, newest first, and the buckets are merged: a heap holds one
+    location per bucket, keyed by the newest seq below the cursor it can
+    hold. A location is decoded only once no other could hold a newer job,
+    and then the bucket's next older location takes its place. Where the
+    cursor falls inside a location (found by bisecting the bucket's `mins`),
+    its key is read from the chunk's seq column (decompressed, no job
+    built) when it reaches the top. So a call costs the buckets (a bisect
+    each), at most one such peek per bucket, and the locations that hold the
+    jobs it yields, never every chunk: O(buckets + page), not O(jobs)."""
     wheel = wheel_of(state)
     if not wheel.size:
         return
     limit = below_seq if below_seq is not None else 1 << 62
     names = _Names()
-    places: list[tuple[int, int, int]] = []  # (-max_seq, bucket, index)
+    buckets = wheel.buckets
+    # (-key, exact, bucket number, location index): `exact` is False while
+    # the key is only `limit - 1`, a bound.
+    places: list[tuple[int, bool, int, int]] = []
     for number in wheel.order:
-        bucket = wheel.buckets[number]
-        for index, chunk in enumerate(bucket.chunks):
-            if chunk is not None and chunk[2] < limit:
-                places.append((-chunk[3], number, index))
+        bucket = buckets[number]
         if bucket.tail_count and bucket.tail_min_seq < limit:
-            places.append((-bucket.tail_max_seq, number, len(bucket.chunks)))
-    heapq.heapify(places)
+            _push_place(places, bucket, number, len(bucket.chunks), limit)
+        else:
+            _push_place(places, bucket, number, bisect_left(bucket.mins, limit) - 1, limit)
     ready: list[tuple[int, Job]] = []
     while places or ready:
         while places and (not ready or -places[0][0] > -ready[0][0]):
-            _, number, index = heapq.heappop(places)
-            for job in _chunk_jobs(names, wheel.buckets[number], index):
-                if job.seq < limit:
-                    heapq.heappush(ready, (-job.seq, job))
+            _, exact, number, index = heappop(places)
+            bucket = buckets[number]
+            if not exact:
+                below = [seq for seq in _location_seqs(bucket, index) if seq < limit]
+                if below:
+                    heappush(places, (-below[-1], True, number, index))
+                    continue
+            else:
+                for job in _chunk_jobs(names, bucket, index):
+                    if job.seq < limit:
+                        heappush(ready, (-job.seq, job))
+            _push_place(places, bucket, number, index - 1, limit)
         if ready:
-            yield heapq.heappop(ready)[1]
+            yield heappop(ready)[1]
+
+
+def _push_place(
+    places: list[tuple[int, bool, int, int]],
+    bucket: Bucket,
+    number: int,
+    index: int,
+    limit: int,
+) -> None:
+    """Add the bucket's newest location at or before `index` that may hold
+    a job below `limit` (nothing when none does). Reads only."""
+    chunks = bucket.chunks
+    if index == len(chunks):
+        top = bucket.tail_max_seq
+    else:
+        first = bucket.first  # every chunk before it is None
+        while index >= first:
+            chunk = chunks[index]
+            if chunk is not None and chunk[2] < limit:
+                break
+            index -= 1
+        else:
+            return
+        top = chunks[index][3]  # type: ignore[index]
+    if top < limit:
+        heappush(places, (-top, True, number, index))
+    else:
+        heappush(places, (1 - limit, False, number, index))
+
+
+def _location_seqs(bucket: Bucket, index: int) -> tuple[int, ...]:
+    """The seqs at one location, ascending, without building its jobs."""
+    if index == len(bucket.chunks):
+        return job_row_seqs(bucket.tail, bucket.tail_count)
+    chunk = bucket.chunks[index]
+    assert chunk is not None
+    # The seqs come first in a chunk (`encode_wheel_chunk`): only their
+    # bytes are decompressed.
+    head = zlib.decompressobj().decompress(chunk[0], 3 + 9 * chunk[1])
+    return wheel_chunk_seqs(head)
 
 
 # Hydration.
@@ -753,7 +825,7 @@ def hydrate_one(state: State, location: int, match: Job) -> None:
     if index < len(bucket.chunks):
         bucket.chunks[index] = (
             (
-                zlib.compress(encode_job_chunk(rest), ZLIB_LEVEL),
+                zlib.compress(encode_wheel_chunk(rest), ZLIB_LEVEL),
                 len(rest),
                 rest[0].seq,
                 rest[-1].seq,
@@ -903,13 +975,19 @@ def _decode(state: State, data: Any) -> None:
         if type(row) is not tuple or len(row) != 6 or type(row[1]) is not tuple:
             raise CodecError("a wheel bucket is [number, chunks, tail, count, min, max]")
         bucket = Bucket()
+        low = 0
         for chunk in row[1]:
             if chunk is None:
                 bucket.chunks.append(None)
+                bucket.mins.append(low)
                 continue
             if type(chunk) is not tuple or len(chunk) != 4 or type(chunk[0]) is not bytes:
                 raise CodecError("a wheel chunk is [data, count, min_seq, max_seq]")
             bucket.chunks.append((chunk[0], _int(chunk[1]), _int(chunk[2]), _int(chunk[3])))
+            if chunk[2] < low:
+                raise CodecError("a wheel bucket's chunks are out of seq order")
+            low = chunk[2]
+            bucket.mins.append(low)
         if type(row[2]) is not bytes:
             raise CodecError("a wheel tail is bytes")
         bucket.tail = row[2]
@@ -946,9 +1024,41 @@ def check(state: State) -> list[str]:
         bucket = wheel.buckets[number]
         if bucket.empty():
             problems.append(f"wheel: bucket {number} is empty")
+        mins = bucket.mins
+        if len(mins) != len(bucket.chunks) or any(
+            a > b for a, b in zip(mins, mins[1:], strict=False)
+        ):
+            problems.append(f"wheel: bucket {number}'s seq bounds are wrong")
+        for low, chunk in zip(mins, bucket.chunks, strict=False):
+            if chunk is not None and chunk[2] < low:
+                problems.append(f"wheel: bucket {number}'s chunk below its seq bound")
+        newest = -1
+        for chunk in bucket.chunks:
+            if chunk is not None:
+                if chunk[2] <= newest or chunk[3] < chunk[2]:
+                    problems.append(f"wheel: bucket {number}'s chunks out of seq order")
+                newest = chunk[3]
+        if bucket.tail_count and bucket.tail_min_seq <= newest:
+            problems.append(f"wheel: bucket {number}'s tail out of seq order")
         for index in range(len(bucket.chunks) + 1):
             location = (number << CHUNK_BITS) | index
-            for job in _chunk_jobs(_Names(), bucket, index):
+            located = _chunk_jobs(_Names(), bucket, index)
+            seqs = [job.seq for job in located]
+            if seqs != sorted(seqs):
+                problems.append(f"wheel: location {location} out of seq order")
+            if located:
+                header = (
+                    (bucket.tail_min_seq, bucket.tail_max_seq)
+                    if index == len(bucket.chunks)
+                    else cast(Chunk, bucket.chunks[index])[2:]
+                )
+                if header != (seqs[0], seqs[-1]):
+                    problems.append(f"wheel: location {location}'s seq range is wrong")
+                if seqs != list(_location_seqs(bucket, index)):
+                    problems.append(f"wheel: location {location}'s seq column is wrong")
+            for job in located:
+                if job.schedule_id is not None or job.workflow_id is not None:
+                    problems.append(f"wheel: {job.id} is a schedule's or a workflow's")
                 total += 1
                 pair = (job.queue, job.tenant)
                 counts[pair] = counts.get(pair, 0) + 1
