@@ -70,6 +70,9 @@ NEEDS_ALL_TENANTS = {
     ("GET", "/v1/subscriptions/{subscription_id}"),
     ("DELETE", "/v1/subscriptions/{subscription_id}"),
     ("POST", "/v1/subscriptions/{subscription_id}/retry"),
+    # The time wheel's settings and counts cover every tenant's jobs.
+    ("GET", "/v1/wheel"),
+    ("PUT", "/v1/wheel"),
 }
 # Routes whose request addresses or writes for tenant acme / queue qa: an
 # "out" token is refused (404 for an object it may not see, 403 for a write
