@@ -20,6 +20,29 @@ def cluster_env() -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
 
 
+_SHIFT_CLOCK = """\
+import os
+import time
+
+_offset_s = float(os.environ.get("RAFTSCHED_TEST_WALL_OFFSET_S", "0"))
+if _offset_s:
+    _time, _time_ns = time.time, time.time_ns
+    time.time = lambda: _time() + _offset_s
+    time.time_ns = lambda: _time_ns() + int(_offset_s * 1e9)
+"""
+
+
+def shift_wall_clock(cluster: LocalCluster, offset_s: float, into: Path) -> None:
+    """Make the (stopped) cluster's nodes read a wall clock `offset_s` ahead
+    when they next start: a `sitecustomize` module in `into`, put first on
+    their PYTHONPATH, moves `time.time` and `time.time_ns`; monotonic time
+    is left alone."""
+    into.mkdir()
+    (into / "sitecustomize.py").write_text(_SHIFT_CLOCK)
+    cluster.env["PYTHONPATH"] = os.pathsep.join([str(into), cluster.env["PYTHONPATH"]])
+    cluster.env["RAFTSCHED_TEST_WALL_OFFSET_S"] = str(offset_s)
+
+
 def lead_on(cluster: LocalCluster, node_ids: set[str]) -> None:
     """Restart leaders (on the code they run) until one of `node_ids` leads."""
     for _ in range(10):

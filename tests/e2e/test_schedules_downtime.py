@@ -15,29 +15,18 @@ libfaketime was tried first and rejected: on this machine it makes Python's
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import cluster_env
+from e2e_support import cluster_env, shift_wall_clock
 
 from raftsched.client import Client
 from raftsched.testing import LocalCluster
 from raftsched.timefmt import parse_ms
 
-SHIFT_CLOCK = """\
-import os
-import time
-
-_offset_s = float(os.environ.get("RAFTSCHED_TEST_WALL_OFFSET_S", "0"))
-if _offset_s:
-    _time, _time_ns = time.time, time.time_ns
-    time.time = lambda: _time() + _offset_s
-    time.time_ns = lambda: _time_ns() + int(_offset_s * 1e9)
-"""
 HALF_HOUR_MS = 30 * 60 * 1000
 
 pytestmark = pytest.mark.slow
@@ -83,11 +72,7 @@ def test_six_hours_of_downtime_catch_up_follows_the_policy(cluster: LocalCluster
             for name in ("all", "latest", "skip")
         }
         cluster.stop()
-        shift = cluster.root / "shift_clock"
-        shift.mkdir()
-        (shift / "sitecustomize.py").write_text(SHIFT_CLOCK)
-        cluster.env["PYTHONPATH"] = os.pathsep.join([str(shift), cluster.env["PYTHONPATH"]])
-        cluster.env["RAFTSCHED_TEST_WALL_OFFSET_S"] = str(6 * 3600)
+        shift_wall_clock(cluster, 6 * 3600, cluster.root / "shift_clock")
         cluster.start()
         cluster.wait_for_leader(timeout_s=60)
         deadline = time.monotonic() + 30

@@ -11,26 +11,16 @@ from their logs and snapshots, and the leader's Tick hydrates it.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 import pytest
+from e2e_support import shift_wall_clock
 
 from raftsched.client import ApiError, Client, job_request
 from raftsched.core import COMMAND_VERSION_MAX
 from raftsched.testing import LocalCluster, http_json, wait_for
 
-SHIFT_CLOCK = """\
-import os
-import time
-
-_offset_s = float(os.environ.get("RAFTSCHED_TEST_WALL_OFFSET_S", "0"))
-if _offset_s:
-    _time, _time_ns = time.time, time.time_ns
-    time.time = lambda: _time() + _offset_s
-    time.time_ns = lambda: _time_ns() + int(_offset_s * 1e9)
-"""
 JOBS = 60
 CANCELLED = 10
 
@@ -117,11 +107,7 @@ def test_far_future_jobs_are_packed_read_cancelled_and_run_when_due(
     # Four hours later: every replica rebuilt from its log, the Tick
     # hydrates the bucket and the jobs come due.
     cluster.stop()
-    shift = tmp_path / "shift_clock"
-    shift.mkdir()
-    (shift / "sitecustomize.py").write_text(SHIFT_CLOCK)
-    cluster.env["PYTHONPATH"] = os.pathsep.join([str(shift), cluster.env["PYTHONPATH"]])
-    cluster.env["RAFTSCHED_TEST_WALL_OFFSET_S"] = str(4 * 3600)
+    shift_wall_clock(cluster, 4 * 3600, tmp_path / "shift_clock")
     cluster.start()
     cluster.wait_for_leader(timeout_s=60)
     claimed: list[str] = []

@@ -85,6 +85,17 @@ def list_jobs(
         position = bisect_left(order, int(cursor), key=lambda job: job.seq)
     jobs = state.jobs
     found: list[Job] = []
+
+    def excluded(job: Job) -> bool:
+        return (
+            (queue_in is not None and job.queue not in queue_in)
+            or (status is not None and job.status != status)
+            or (tenant_in is not None and job.tenant not in tenant_in)
+            or (schedule_id is not None and job.schedule_id != schedule_id)
+            or (workflow_id is not None and job.workflow_id != workflow_id)
+            or (correlation_id is not None and job.correlation_id != correlation_id)
+        )
+
     record = wheel.wheel_of(state)
     packed = record.size > 0 and _packed_may_match(
         record, queue_in, tenant_in, status, schedule_id, workflow_id
@@ -92,18 +103,7 @@ def list_jobs(
     if packed or record.runs:
         below = None if cursor is None else int(cursor)
         candidates = _merged_newest_first(state, order, position, record.runs, below, packed)
-        matches = (
-            job
-            for job in candidates
-            if not (
-                (queue_in is not None and job.queue not in queue_in)
-                or (status is not None and job.status != status)
-                or (tenant_in is not None and job.tenant not in tenant_in)
-                or (schedule_id is not None and job.schedule_id != schedule_id)
-                or (workflow_id is not None and job.workflow_id != workflow_id)
-                or (correlation_id is not None and job.correlation_id != correlation_id)
-            )
-        )
+        matches = (job for job in candidates if not excluded(job))
         for job in matches:
             found.append(job)
             if len(found) == limit:
@@ -114,14 +114,7 @@ def list_jobs(
         job = order[index]
         if jobs.get(job.id) is not job:
             continue  # purged
-        if (
-            (queue_in is not None and job.queue not in queue_in)
-            or (status is not None and job.status != status)
-            or (tenant_in is not None and job.tenant not in tenant_in)
-            or (schedule_id is not None and job.schedule_id != schedule_id)
-            or (workflow_id is not None and job.workflow_id != workflow_id)
-            or (correlation_id is not None and job.correlation_id != correlation_id)
-        ):
+        if excluded(job):
             continue
         found.append(job)
         if len(found) == limit:
