@@ -62,7 +62,9 @@ class NsNode(NodeProcess):
     # and the exit status an injected fault makes expected.
     stopped_by_harness: bool = False
     expected_exit_code: int | None = None
-    reported_pid: int | None = None
+    # The process whose exit was reported (the same object, not its pid:
+    # a restart must never make the old exit look unreported).
+    reported: subprocess.Popen[bytes] | None = None
     extra_logs: list[Path] = field(default_factory=list)
 
     @property
@@ -245,16 +247,19 @@ class NsCluster(LocalCluster):
             assert isinstance(node, NsNode)
             if node.alive:
                 continue
-            self.reap_exits()
-            node.stopped_by_harness = False
-            node.reported_pid = None
-            super().start(target)
+            # Under the lock: another thread's reap must see either the old
+            # process with the harness's flag or the new one without it.
+            with self._exit_lock:
+                self._reap_locked()
+                node.stopped_by_harness = False
+                super().start(target)
 
     def kill(self, node_id: str, signum: int = signal.SIGKILL) -> None:
         node = self.nodes[node_id]
         if signum in (signal.SIGKILL, signal.SIGTERM) and isinstance(node, NsNode):
-            self.reap_exits()  # an exit before this kill is not the harness's doing
-            node.stopped_by_harness = True
+            with self._exit_lock:
+                self._reap_locked()  # an exit before this kill is not the harness's doing
+                node.stopped_by_harness = True
         super().kill(node_id, signum)
 
     def stop(self) -> None:
@@ -266,26 +271,29 @@ class NsCluster(LocalCluster):
         """Exits not reported yet: {node, code, expected, release}; each
         process is reported once. Expected: the harness killed or stopped
         it, or it exited with the status its injected fault calls for."""
-        found: list[dict[str, Any]] = []
         with self._exit_lock:
-            for node in self.ns_nodes():
-                process = node.process
-                if process is None or node.reported_pid == process.pid:
-                    continue
-                code = process.poll()
-                if code is None:
-                    continue
-                node.reported_pid = process.pid
-                expected = node.stopped_by_harness or (
-                    node.expected_exit_code is not None and code == node.expected_exit_code
-                )
-                record = {"node": node.id, "code": code, "expected": expected,
-                          "release": node.release, "t": time.time()}  # fmt: skip
-                if node.expected_exit_code is not None and not node.stopped_by_harness:
-                    record["injected_fault_exit"] = node.expected_exit_code
-                found.append(record)
-            self.exits.extend(found)
-            self._undrained.extend(found)
+            return self._reap_locked()
+
+    def _reap_locked(self) -> list[dict[str, Any]]:
+        found: list[dict[str, Any]] = []
+        for node in self.ns_nodes():
+            process = node.process
+            if process is None or node.reported is process:
+                continue
+            code = process.poll()
+            if code is None:
+                continue
+            node.reported = process
+            expected = node.stopped_by_harness or (
+                node.expected_exit_code is not None and code == node.expected_exit_code
+            )
+            record = {"node": node.id, "code": code, "expected": expected,
+                      "release": node.release, "t": time.time()}  # fmt: skip
+            if node.expected_exit_code is not None and not node.stopped_by_harness:
+                record["injected_fault_exit"] = node.expected_exit_code
+            found.append(record)
+        self.exits.extend(found)
+        self._undrained.extend(found)
         return found
 
     def drain_exits(self) -> list[dict[str, Any]]:

@@ -279,3 +279,42 @@ def test_node_command_lines_follow_membership_release_and_faults(tmp_path: Any) 
     assert "/old/venv/bin/python" in line
     assert any(arg.startswith("PYTHONPATH=") and "/old/tree/src" in arg for arg in line)
     assert cluster.free_slot() == 5
+
+
+def test_a_killed_node_restarted_while_another_thread_reaps_is_reported_once(
+    tmp_path: Any,
+) -> None:
+    """The harness's restart of a node it killed races the monitor's reaping:
+    the old exit is reported once, as expected, however the reap falls."""
+    import sys
+    import threading
+
+    from chaos.cluster import NsCluster
+    from chaos.net import Network
+
+    cluster = NsCluster(tmp_path, 3, Network(index=201, size=3), None)
+    reapers: list[threading.Thread] = []
+
+    def command(node: Any) -> list[str]:
+        # While the new process is being started, the monitor reaps.
+        reaper = threading.Thread(target=cluster.reap_exits)
+        reaper.start()
+        reaper.join(timeout=0.3)
+        reapers.append(reaper)
+        return [sys.executable, "-c", "import time; time.sleep(30)"]
+
+    cluster.command = command  # type: ignore[method-assign]
+    try:
+        cluster.start("n1")
+        cluster.kill("n1")
+        cluster.start("n1")
+        for reaper in reapers:
+            reaper.join(timeout=5)
+        cluster.kill("n1")
+        exits = cluster.drain_exits()
+        assert [(x["node"], x["code"], x["expected"]) for x in exits] == [
+            ("n1", -9, True),
+            ("n1", -9, True),
+        ]
+    finally:
+        cluster.stop()
