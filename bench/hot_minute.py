@@ -18,6 +18,16 @@ then, from that instant, measures:
     .venv/bin/python bench/hot_minute.py                 # 1,000,000 jobs
     .venv/bin/python bench/hot_minute.py --jobs 100000
 
+`--packed-horizon-s H` first sets the time wheel (PUT /v1/wheel) to a
+horizon of H seconds in buckets of `--packed-bucket-s`, and picks `run_at`
+far enough ahead that every hot job is stored packed when submitted
+(issue 19: the hot minute when its jobs were packed beforehand, an hour in
+production; here the horizon is scaled down so the run takes minutes). The
+output adds packed_max (GET /v1/wheel polled during the submissions),
+packed_at_run_at (still packed when they came due: 0 means every job was
+hydrated ahead of time) and hydrated_s (from the first hydration until none
+was packed).
+
 Prints progress on stderr and one JSON object as its last line.
 """
 
@@ -150,21 +160,58 @@ async def unrelated_worker(http: Http, latencies_s: list[float], stop: asyncio.E
         await asyncio.sleep(0.02)
 
 
+async def watch_wheel(http: Http, stop: asyncio.Event, figures: dict[str, Any]) -> None:
+    """How many jobs the wheel holds packed, polled until `stop`: the most,
+    and when the count last fell from its peak to zero (hydration)."""
+    hydrating_since: float | None = None
+    while not stop.is_set():
+        # Less the probe's batch, which is due in an hour and stays packed.
+        packed = (await http.ok("GET", "/v1/wheel"))["wheel"]["packed_jobs"] - figures["baseline"]
+        now = time.time()
+        if packed > figures["packed_max"]:
+            figures["packed_max"] = packed
+        elif packed < figures["packed_max"] and hydrating_since is None:
+            hydrating_since = now
+        if hydrating_since is not None and packed == 0 and "hydrated_at" not in figures:
+            figures["hydration_started_at"] = hydrating_since
+            figures["hydrated_at"] = now
+        figures["packed_now"] = packed
+        await asyncio.sleep(0.5)
+
+
 async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
     http = Http(leader_url, args.workers + args.submitters + 4)
+    wheel: dict[str, Any] = {"packed_max": 0, "baseline": 0}
+    wheel_stop = asyncio.Event()
+    watcher: asyncio.Future[None] | None = None
     try:
+        if args.packed_horizon_s is not None:
+            setting = {"horizon_s": args.packed_horizon_s, "bucket_s": args.packed_bucket_s}
+            await http.ok("PUT", "/v1/wheel", setting)
         await http.ok("POST", "/v1/jobs/batch", {"jobs": [{"queue": OTHER}] * 1000})
         # Pace: submit one batch to estimate the rate, then pick run_at.
         probe_started = time.monotonic()
         await submit_all(http, BATCH, int(time.time() * 1000) + 3_600_000, 1)
         per_job_s = (time.monotonic() - probe_started) / BATCH
         lead_s = args.lead_s or max(10.0, 3.0 * per_job_s * args.jobs + 10)
+        if args.packed_horizon_s is not None:
+            # Packed only if the bucket starts beyond now + horizon until the
+            # last submission: the submissions' time, then the horizon and a
+            # bucket more.
+            lead_s = max(
+                lead_s,
+                2.0 * per_job_s * args.jobs + args.packed_horizon_s + 2 * args.packed_bucket_s,
+            )
         run_at_ms = int((time.time() + lead_s) * 1000)
+        if args.packed_horizon_s is not None:
+            wheel["baseline"] = (await http.ok("GET", "/v1/wheel"))["wheel"]["packed_jobs"]
+            watcher = asyncio.ensure_future(watch_wheel(http, wheel_stop, wheel))
         log(f"submitting {args.jobs} jobs due in {lead_s:.0f} s")
         submit_s = await submit_all(http, args.jobs, run_at_ms, args.submitters)
         late = time.time() * 1000 > run_at_ms
         log(f"submitted in {submit_s:.1f} s ({args.jobs / submit_s:.0f}/s); late={late}")
         await asyncio.sleep(max(0.0, run_at_ms / 1000 - time.time()))
+        packed_at_run_at = wheel.get("packed_now")
         stop = asyncio.Event()
         counts = {"leased": 0, "errors": 0}
         latencies_s: list[float] = []
@@ -187,7 +234,24 @@ async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(*workers, unrelated, return_exceptions=True)
         run_at_s = run_at_ms / 1000
         leased_s = leased_at - run_at_s
+        packed: dict[str, Any] = {}
+        if watcher is not None:
+            wheel_stop.set()
+            await watcher
+            packed = {
+                "packed_horizon_s": args.packed_horizon_s,
+                "packed_bucket_s": args.packed_bucket_s,
+                "packed_max": wheel["packed_max"],
+                "packed_at_run_at": packed_at_run_at,
+                "hydrated_s": round(wheel["hydrated_at"] - wheel["hydration_started_at"], 2)
+                if "hydrated_at" in wheel
+                else None,
+                "hydrated_before_run_at_s": round(run_at_s - wheel["hydrated_at"], 2)
+                if "hydrated_at" in wheel
+                else None,
+            }
         return {
+            **packed,
             "jobs": args.jobs,
             "leased": counts["leased"],
             "claim_errors": counts["errors"],
@@ -202,6 +266,10 @@ async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
             "unrelated_count": len(latencies_s),
         }
     finally:
+        wheel_stop.set()
+        if watcher is not None and not watcher.done():
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
         await http.close()
 
 
@@ -237,6 +305,10 @@ def main() -> None:
     parser.add_argument("--submitters", type=int, default=4, help="submit connections")
     parser.add_argument("--lead-s", type=float, help="run_at this far ahead (default: estimated)")
     parser.add_argument("--time-limit-s", type=float, default=1800)
+    parser.add_argument(
+        "--packed-horizon-s", type=float, help="pack the hot jobs first (time wheel horizon)"
+    )
+    parser.add_argument("--packed-bucket-s", type=float, default=10.0)
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory")
     parser.add_argument("--src", type=Path, help="run the nodes from this source tree")
     args = parser.parse_args()
