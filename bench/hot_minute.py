@@ -165,8 +165,14 @@ async def watch_wheel(http: Http, stop: asyncio.Event, figures: dict[str, Any]) 
     and when the count last fell from its peak to zero (hydration)."""
     hydrating_since: float | None = None
     while not stop.is_set():
-        # Less the probe's batch, which is due in an hour and stays packed.
-        packed = (await http.ok("GET", "/v1/wheel"))["wheel"]["packed_jobs"] - figures["baseline"]
+        # A stale read of the node that answers: a linearizable one waits
+        # for the leader's confirmation, which a loaded leader may refuse
+        # (503) for a moment. Less the probe's batch, due in an hour.
+        status, answer = await http.call("GET", "/v1/wheel?consistency=stale")
+        if status != 200:
+            await asyncio.sleep(0.5)
+            continue
+        packed = answer["wheel"]["packed_jobs"] - figures["baseline"]
         now = time.time()
         if packed > figures["packed_max"]:
             figures["packed_max"] = packed
