@@ -71,7 +71,7 @@ def test_a_replay_keeps_the_idempotency_key_and_records_the_reason() -> None:
     assert result == Replayed(job_id)
     job = cluster.job(job_id)
     assert (job.status, job.idempotency_key) == ("pending", "charge:1")
-    assert cluster.state.idempotency[("acme", "charge:1")] is job
+    assert cluster.state.idempotency.get("acme", "charge:1") is job
     assert entries(cluster)[-1] == AuditEntry(
         1, T0 + 5, "ops", "job.replay", job_id, "acme", "fixed the bug"
     )

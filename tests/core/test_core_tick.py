@@ -92,6 +92,29 @@ def test_retention_purge_frees_the_idempotency_key() -> None:
     assert result.items == (SubmitItem("b", created=True),)
 
 
+def test_a_tenants_key_map_goes_with_its_last_key() -> None:
+    """The idempotency index keeps one map per tenant; purging the tenant's
+    last keyed job drops the map, as a rebuild from the jobs would."""
+    cluster = Cluster()
+    cluster.run(Configure(retention_ms=10_000))
+    cluster.submit(JobSpec("q", tenant="acme", idempotency_key="k1"), "a")
+    cluster.submit(JobSpec("q", tenant="acme", idempotency_key="k2", delay_ms=1_000), "b")
+    cluster.submit(JobSpec("q", idempotency_key="k1", delay_ms=1_000), "c")
+    lease = cluster.claim_one()
+    assert lease.job_id == "a"
+    cluster.run(CompleteJob("a", lease.fencing_token), at=T0 + 100)
+    assert cluster.one(Tick(), at=T0 + 10_100).purged == 1
+    index = cluster.state.idempotency
+    assert index.get("acme", "k1") is None
+    assert index.get("acme", "k2") is cluster.state.jobs["b"]
+    assert index.get("default", "k1") is cluster.state.jobs["c"]
+    assert sorted(index) == [("acme", "k2"), ("default", "k1")]
+    for lease in cluster.claim(n=2):
+        cluster.run(CompleteJob(lease.job_id, lease.fencing_token))
+    assert cluster.one(Tick(), at=cluster.now_ms + 10_000).purged == 2
+    assert (len(index), index.by_tenant) == (0, {})
+
+
 def test_tick_is_bounded_by_max_items() -> None:
     cluster = Cluster()
     specs = tuple(JobSpec("q", delay_ms=10) for _ in range(25))

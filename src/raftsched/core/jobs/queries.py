@@ -13,7 +13,7 @@ from raftsched.core.jobs.operator_commands import public_effect
 from raftsched.core.kernel import runnable_index, wheel
 from raftsched.core.kernel.model import INITIAL_STATUSES, SCHEDULED, SUBMIT, Job
 from raftsched.core.kernel.results import Effect
-from raftsched.core.kernel.state import State
+from raftsched.core.kernel.state import NO_KEYS, State
 
 LIST_LIMIT_MAX = 1_000
 SUBMIT_ACTOR = "client"
@@ -46,7 +46,7 @@ def get_job(state: State, job_id: str) -> Job | None:
 
 
 def find_by_idempotency_key(state: State, tenant: str, idempotency_key: str) -> Job | None:
-    job = state.idempotency.get((tenant, idempotency_key))
+    job = state.idempotency.by_tenant.get(tenant, NO_KEYS).get(idempotency_key)
     if job is None:
         return wheel.find_packed_key(state, tenant, idempotency_key)
     return job

@@ -23,7 +23,7 @@ from raftsched.core.kernel.results import (
     Submitted,
 )
 from raftsched.core.kernel.savepoint import Savepoint
-from raftsched.core.kernel.state import State, count_new_job, index_job, intern
+from raftsched.core.kernel.state import NO_KEYS, State, count_new_job, index_job, intern
 from raftsched.core.kernel.validate import BATCH_MAX, check_name, check_spec, invalid
 
 
@@ -73,7 +73,8 @@ def _submit_one(
     fingerprint = None
     if spec.idempotency_key is not None:
         fingerprint = spec_fingerprint(spec)
-        original = state.idempotency.get((spec.tenant, spec.idempotency_key))
+        keys = state.idempotency.by_tenant.get(spec.tenant, NO_KEYS)
+        original = keys.get(spec.idempotency_key)
         if original is not None:
             if original.fingerprint == fingerprint:
                 return SubmitItem(original.id, created=False)

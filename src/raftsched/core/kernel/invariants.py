@@ -125,10 +125,11 @@ def _check_maps(state: State, problems: list[str]) -> None:
         for job in state.jobs.values()
         if job.idempotency_key is not None
     }
-    if keyed.keys() != state.idempotency.keys() or any(
-        state.idempotency[key] is not job for key, job in keyed.items()
-    ):
+    indexed = dict(state.idempotency.items())
+    if indexed.keys() != keyed.keys() or any(indexed[key] is not job for key, job in keyed.items()):
         problems.append("idempotency map disagrees with the jobs")
+    if not all(state.idempotency.by_tenant.values()):
+        problems.append("idempotency map keeps a tenant without keys")
     for job in keyed.values():
         if job.fingerprint is None:
             problems.append(f"job {job.id}: idempotency key without fingerprint")

@@ -49,6 +49,7 @@ that decoded a snapshot, never change what a command does.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterator, Mapping
 from itertools import compress, islice
 from operator import attrgetter, gt
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -79,6 +80,71 @@ DEFAULT_RETENTION_MS: Final = 7 * 24 * 3600 * 1000
 T = TypeVar("T")
 
 TimedEntry = tuple[int, int, Job]
+
+
+# The keys of a tenant without any: a default for `by_tenant.get`, never written.
+NO_KEYS: Final[Mapping[str, Job]] = {}
+
+
+class KeyIndex:
+    """The live jobs by tenant and idempotency key: tenant -> {key -> job}.
+
+    It exists for memory: a million live jobs with keys are a million
+    entries. A flat map keyed by (tenant, key) paid a 56-byte tuple per job on
+    top of the map's entry (108 bytes a job, measured with tracemalloc). Here
+    a job costs one entry of its tenant's map, keyed by the key string the job
+    already holds; the tenant name, interned, is shared by all its jobs (21
+    bytes a job, 50,000 jobs over 10 tenants). A
+    tenant's map is dropped with its last key, so the live index equals the
+    one `rebuild_indexes` makes.
+
+    Submit and lookup use `by_tenant` directly: a method call there would
+    cost more than the tuple did. They read with
+    `by_tenant.get(tenant, NO_KEYS).get(key)`; `index_job` adds as `add` does
+    (measured: both a little faster than the flat map's tuple).
+    """
+
+    __slots__ = ("by_tenant",)
+
+    def __init__(self) -> None:
+        self.by_tenant: dict[str, dict[str, Job]] = {}
+
+    def get(self, tenant: str, key: str) -> Job | None:
+        return self.by_tenant.get(tenant, NO_KEYS).get(key)
+
+    def add(self, job: Job) -> None:
+        """Index `job` under its tenant and key (it must have a key)."""
+        key = job.idempotency_key
+        assert key is not None
+        try:
+            self.by_tenant[job.tenant][key] = job
+        except KeyError:  # the tenant's first key
+            self.by_tenant[job.tenant] = {key: job}
+
+    def discard(self, job: Job) -> None:
+        """Forget `job`'s key, if the key still names this very job."""
+        key = job.idempotency_key
+        if key is None:
+            return
+        keys = self.by_tenant.get(job.tenant)
+        if keys is not None and keys.get(key) is job:
+            del keys[key]
+            if not keys:
+                del self.by_tenant[job.tenant]
+
+    def __len__(self) -> int:
+        return sum(map(len, self.by_tenant.values()))
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        """The (tenant, key) pairs."""
+        for tenant, keys in self.by_tenant.items():
+            for key in keys:
+                yield tenant, key
+
+    def items(self) -> Iterator[tuple[tuple[str, str], Job]]:
+        for tenant, keys in self.by_tenant.items():
+            for key, job in keys.items():
+                yield (tenant, key), job
 
 
 class State:
@@ -124,7 +190,7 @@ class State:
         # queue -> [pending, leased, stored]; a queue with no stored job is
         # dropped, so that the live map equals the one rebuilt on decode.
         self.queue_counts: dict[str, list[int]] = {}
-        self.idempotency: dict[tuple[str, str], Job] = {}
+        self.idempotency = KeyIndex()
         self.effects: dict[str, tuple[Job, StoredEffect]] = {}
         self.runnable = RunnableIndex()
         self.due: list[TimedEntry] = []
@@ -243,8 +309,12 @@ def index_job(state: State, job: Job) -> None:
         push_retention(state, job)
     if job.deadline_at_ms is not None and status not in FINAL_STATUSES:
         push_deadline(state, job, job.deadline_at_ms)
-    if job.idempotency_key is not None:
-        state.idempotency[job.tenant, job.idempotency_key] = job
+    key = job.idempotency_key
+    if key is not None:  # KeyIndex.add, inlined: this runs for every new job
+        try:
+            state.idempotency.by_tenant[job.tenant][key] = job
+        except KeyError:  # the tenant's first key
+            state.idempotency.by_tenant[job.tenant] = {key: job}
     if job.effects is not None:
         for effect in job.effects:
             state.effects[effect.key] = (job, effect)
@@ -287,7 +357,7 @@ def rebuild_indexes(state: State, decoded: JobColumns | None = None) -> None:
         elif status in LEASED_STATUSES:
             counts[1] += count
     state.queue_counts = queue_counts
-    state.idempotency, state.effects = {}, {}
+    state.idempotency, state.effects = KeyIndex(), {}
     state.due, state.leases, state.deadlines, state.retention = [], [], [], []
     if status_counts[PENDING] != len(jobs):
         for job in compress(jobs, map(PENDING.__ne__, statuses)):
@@ -325,7 +395,7 @@ def _index_keys_unsorted(state: State, job: Job) -> None:
     if job.deadline_at_ms is not None and job.status not in FINAL_STATUSES:
         state.deadlines.append((job.deadline_at_ms, job.seq, job))
     if job.idempotency_key is not None:
-        state.idempotency[job.tenant, job.idempotency_key] = job
+        state.idempotency.add(job)
     if job.effects is not None:
         for effect in job.effects:
             state.effects[effect.key] = (job, effect)
@@ -340,9 +410,7 @@ def remove_job(state: State, job: Job) -> None:
     if queue_counts[2] == 0:
         del state.queue_counts[job.queue]
     runnable_index.purged(state.runnable, job, state.jobs)
-    key = job.idempotency_key
-    if key is not None and state.idempotency.get((job.tenant, key)) is job:
-        del state.idempotency[job.tenant, key]
+    state.idempotency.discard(job)
     if job.effects is not None:
         for effect in job.effects:
             owner = state.effects.get(effect.key)

@@ -856,7 +856,7 @@ def hydrate_id(state: State, job_id: str) -> None:
 
 def hydrate_key(state: State, tenant: str, key: str) -> None:
     wheel = wheel_of(state)
-    if not wheel.keys.size or (tenant, key) in state.idempotency:
+    if not wheel.keys.size or state.idempotency.get(tenant, key) is not None:
         return
     names = _Names()
     for location in wheel.keys.find(key_hash(tenant, key)):
