@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raftsched.client import ApiError, FailureKind, JsonObject, LeaseLost, RaftschedError
-from raftsched.worker._batcher import LeaseBatcher
+from raftsched.worker._batcher import LeaseOps
 from raftsched.worker._context import (
     CancelReason,
     JobCancelled,
@@ -75,7 +75,7 @@ class JobRun:
         self,
         ctx: JobContext,
         handler: Handler,
-        batcher: LeaseBatcher,
+        batcher: LeaseOps,
         *,
         claim_sent_at: float,
         clock: Callable[[], float] = time.monotonic,
@@ -88,6 +88,8 @@ class JobRun:
         self._lease_s = ctx.lease.lease_s
         self.deadline = claim_sent_at + self._lease_s - safety_margin_s(self._lease_s)
         self._handler_task: asyncio.Task[Outcome] | None = None
+        # How the handler ended, once it has (what `_report` reports).
+        self.outcome: Outcome | None = None
         self._abandoned: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Structured log fields (see raftsched.logs): every line names its lease.
         self._fields: dict[str, Any] = log_fields(ctx.lease)
@@ -124,6 +126,7 @@ class JobRun:
             outcome = self._handler_task.result()
         else:
             outcome = Raised(JobCancelled("shutdown"))
+        self.outcome = outcome
         await self._report(outcome, self._clock() - started_at)
 
     async def _start(self) -> bool:
