@@ -7,7 +7,8 @@ the report that classifies how it ended. Only the two seams that lead to the
 cluster are replaced, by one in-process `_TestLease`:
 
 - the lease operations (`LeaseOps`: start, heartbeat, complete, fail,
-  reconcile) are answered in process, and the report is kept;
+  reconcile) are answered in process, and the report is kept; a lease that
+  is not renewed in time lapses, and every operation after is `lease_lost`;
 - the effects ledger (`EffectsLedger`) is a dict with the cluster's rules:
   first writer wins, a record is fenced by the lease's token (LeaseLost once
   the lease is lost), keys of 1 to 256 characters, results that survive JSON.
@@ -124,6 +125,9 @@ class _TestLease:
         self.ledger: dict[str, Any] = {key: _through_json(v) for key, v in effects.items()}
         self.seen = Seen()
         self.lost = False
+        # The cluster's expiry: from the claim, then from each heartbeat. A
+        # lease that lapses is lost (the cluster gives the job to others).
+        self.expires_at = time.monotonic() + lease.lease_s
         self.cancel_requested = False
         self.report: JsonObject | None = None
         self.on_change: Callable[[], None] = lambda: None
@@ -134,6 +138,7 @@ class _TestLease:
         self._fenced(sent["job_id"], sent["fencing_token"])
         name = sent["op"]
         if name == "heartbeat":
+            self.expires_at = time.monotonic() + float(sent.get("extend_s") or self.lease.lease_s)
             return {"status": "running", "cancel_requested": self.cancel_requested}
         if name in _REPORTS:
             if self.report is None:
@@ -175,6 +180,8 @@ class _TestLease:
         self.on_change()
 
     def _fenced(self, job_id: str, fencing_token: int) -> None:
+        if time.monotonic() > self.expires_at:
+            self.lost = True
         if self.lost or job_id != self.lease.job_id or fencing_token != self.lease.fencing_token:
             raise LeaseLost(409, "lease_lost", f"{fencing_token} is not the current lease")
 
