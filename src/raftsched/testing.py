@@ -1,4 +1,8 @@
-"""Real clusters for tests, benchmarks and chaos runs.
+"""Real clusters for tests, benchmarks and chaos runs, and the handler test kit.
+
+`run_handler` and `run_reconciler` (from `raftsched.worker._testkit`, see
+docs/testing-handlers.md) run one job or reconcile handler through the
+worker's own code on an in-process lease, with no cluster.
 
 `LocalCluster` starts each node as its own `raftsched node` process on
 loopback, with its own data directory and a generated secret, and can kill,
@@ -30,6 +34,15 @@ from typing import Any, Final
 from raftsched import child_processes
 from raftsched.client._calls import token_from_env
 from raftsched.node.auth import looks_like_secret, new_secret
+
+# The handler test kit, re-exported (`as`) for tests to import from here.
+from raftsched.worker._testkit import HandlerOutcome as HandlerOutcome
+from raftsched.worker._testkit import ReconcileOutcome as ReconcileOutcome
+from raftsched.worker._testkit import Seen as Seen
+from raftsched.worker._testkit import arun_handler as arun_handler
+from raftsched.worker._testkit import arun_reconciler as arun_reconciler
+from raftsched.worker._testkit import run_handler as run_handler
+from raftsched.worker._testkit import run_reconciler as run_reconciler
 
 # The loopback networks, which test clusters allow as webhook targets.
 WEBHOOK_ALLOW_LOOPBACK: Final = ("127.0.0.0/8", "::1/128")

@@ -18,6 +18,9 @@ Jobs with `on_unknown: reconcile` need a reconcile handler on their
 reconcile queue (`@worker.reconciler("payments")`, see `_reconcile`): it
 answers `Happened(result)`, `DidNotHappen()` or `CannotTell(reason)` about
 an attempt whose outcome is unknown.
+
+Test a handler without a cluster with `raftsched.testing.run_handler` (and
+`run_reconciler`): docs/testing-handlers.md.
 """
 
 from raftsched.worker._agent import (

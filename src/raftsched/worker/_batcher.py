@@ -60,6 +60,15 @@ class NextClaims(Protocol):
         ...
 
 
+class LeaseOps(Protocol):
+    """Where a job's lease operations go: `LeaseBatcher` (the cluster), or the
+    handler test kit's in-process lease (`raftsched.testing.run_handler`)."""
+
+    async def op(self, op: Mapping[str, Any]) -> JsonObject:
+        """Run one operation; its result, or its ApiError (LeaseLost...)."""
+        ...
+
+
 class LeaseBatcher:
     def __init__(
         self,

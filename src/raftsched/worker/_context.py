@@ -16,7 +16,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from raftsched.client import AsyncClient, NotFound
 
@@ -108,6 +108,41 @@ def log_fields(lease: Lease) -> dict[str, Any]:
     return fields
 
 
+class EffectsLedger(Protocol):
+    """Where `JobContext.effect` looks effects up and records them: the
+    cluster's ledger (`ClusterLedger`), or the handler test kit's in-process
+    one (`raftsched.testing.run_handler`)."""
+
+    async def lookup(self, key: str) -> tuple[bool, Any]:
+        """(True, the recorded result) or (False, None)."""
+        ...
+
+    async def record(self, key: str, job_id: str, fencing_token: int, result: Any) -> Any:
+        """Record `result` under `key`, fenced by the lease's token (LeaseLost
+        if it is not the job's current one); first writer wins: returns what
+        the ledger holds for `key` afterwards."""
+        ...
+
+
+class ClusterLedger:
+    """The effects ledger of the cluster (`POST`/`GET /v1/effects`)."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def lookup(self, key: str) -> tuple[bool, Any]:
+        try:
+            effect = await self._client.get_effect(key)
+        except NotFound:
+            return False, None
+        return True, effect.get("result")
+
+    async def record(self, key: str, job_id: str, fencing_token: int, result: Any) -> Any:
+        answer = await self._client.record_effect(key, job_id, fencing_token, result)
+        effect = answer.get("effect")
+        return effect.get("result") if isinstance(effect, dict) else result
+
+
 class JobContext:
     """Passed to the handler. Read the lease fields, call `effect` around side
     effects, report `progress`, and honour cancellation (see module doc)."""
@@ -117,15 +152,21 @@ class JobContext:
         lease: Lease,
         *,
         worker_id: str,
-        client: AsyncClient,
         loop: asyncio.AbstractEventLoop,
+        client: AsyncClient | None = None,
+        ledger: EffectsLedger | None = None,
     ) -> None:
+        """`ledger`: where effects go; by default the cluster's, through `client`."""
+        if ledger is None:
+            if client is None:
+                raise TypeError("JobContext needs a client or a ledger")
+            ledger = ClusterLedger(client)
         self.lease = lease
         self.worker_id = worker_id
         self.cancelled = threading.Event()
         self.cancel_reason: CancelReason | None = None
         self.log = logging.LoggerAdapter(logging.getLogger("raftsched.handler"), log_fields(lease))
-        self._client = client
+        self._ledger = ledger
         self._loop = loop
         # Contexts are made on the loop's thread; a sync `effect` called from
         # it would block the loop it waits for.
@@ -220,15 +261,7 @@ class JobContext:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
 
     async def _lookup(self, key: str) -> tuple[bool, Any]:
-        try:
-            effect = await self._client.get_effect(key)
-        except NotFound:
-            return False, None
-        return True, effect.get("result")
+        return await self._ledger.lookup(key)
 
     async def _record(self, key: str, result: Any) -> Any:
-        answer = await self._client.record_effect(
-            key, self.lease.job_id, self.lease.fencing_token, result
-        )
-        effect = answer.get("effect")
-        return effect.get("result") if isinstance(effect, dict) else result
+        return await self._ledger.record(key, self.lease.job_id, self.lease.fencing_token, result)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raftsched.client import ApiError, FailureKind, JsonObject, LeaseLost, RaftschedError
-from raftsched.worker._batcher import LeaseBatcher
+from raftsched.worker._batcher import LeaseOps
 from raftsched.worker._context import (
     CancelReason,
     JobCancelled,
@@ -75,7 +75,7 @@ class JobRun:
         self,
         ctx: JobContext,
         handler: Handler,
-        batcher: LeaseBatcher,
+        batcher: LeaseOps,
         *,
         claim_sent_at: float,
         clock: Callable[[], float] = time.monotonic,
@@ -88,6 +88,11 @@ class JobRun:
         self._lease_s = ctx.lease.lease_s
         self.deadline = claim_sent_at + self._lease_s - safety_margin_s(self._lease_s)
         self._handler_task: asyncio.Task[Outcome] | None = None
+        # Set when the handler has ended: the keeper stops at its next turn
+        # even if the cancel that stops it was swallowed (see `run`).
+        self._keeper_done = False
+        # How the handler ended, once it has (what `_report` reports).
+        self.outcome: Outcome | None = None
         self._abandoned: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # Structured log fields (see raftsched.logs): every line names its lease.
         self._fields: dict[str, Any] = log_fields(ctx.lease)
@@ -118,12 +123,18 @@ class JobRun:
             ending: set[asyncio.Future[Any]] = {self._handler_task, self._abandoned}
             await asyncio.wait(ending, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            # On Python 3.11 `asyncio.wait_for` swallows a cancel that arrives
+            # when the operation it waits for has just finished (gh-86296): a
+            # heartbeat answered in the same loop turn would keep the keeper
+            # renewing forever, and this run would never report. The flag ends it.
+            self._keeper_done = True
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
         if self._handler_task.done():
             outcome = self._handler_task.result()
         else:
             outcome = Raised(JobCancelled("shutdown"))
+        self.outcome = outcome
         await self._report(outcome, self._clock() - started_at)
 
     async def _start(self) -> bool:
@@ -149,7 +160,7 @@ class JobRun:
     async def _keep_lease(self) -> None:
         interval_s = self._lease_s / 3
         cancel_requested_at: float | None = None
-        while True:
+        while not self._keeper_done:
             if (
                 cancel_requested_at is not None
                 and self._clock() - cancel_requested_at > CANCEL_GRACE_LEASES * self._lease_s

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raftsched.client import RaftschedError
-from raftsched.worker._batcher import LeaseBatcher
+from raftsched.worker._batcher import LeaseOps
 from raftsched.worker._context import CancelReason, Lease, log_fields
 
 log = logging.getLogger("raftsched.worker")
@@ -137,11 +137,14 @@ class ReconcileRun:
     thinks, answer. Has `cancel` and `abandon` like a `JobRun`, so that the
     worker drains it the same way."""
 
-    def __init__(self, ctx: ReconcileContext, handler: Reconciler, batcher: LeaseBatcher) -> None:
+    def __init__(self, ctx: ReconcileContext, handler: Reconciler, batcher: LeaseOps) -> None:
         self.ctx = ctx
         self._handler = handler
         self._batcher = batcher
         self._task: asyncio.Task[Any] | None = None
+        # What the handler answered, or why it gave no answer.
+        self.decision: Decision | None = None
+        self.error: BaseException | None = None
         self._fields = {**log_fields(ctx.lease), "reconcile_attempt": ctx.attempt.number}
 
     def cancel(self, reason: CancelReason) -> None:
@@ -159,11 +162,13 @@ class ReconcileRun:
         self._task = loop.create_task(self._ask())
         keeper = loop.create_task(self._keep_lease())
         try:
-            decision = await self._task
-        except asyncio.CancelledError:
+            decision = self.decision = await self._task
+        except asyncio.CancelledError as cancelled:
+            self.error = cancelled
             log.info("reconciliation abandoned", extra=self._fields)
             return
         except Exception as error:  # noqa: BLE001 - no answer: asked again later
+            self.error = error
             log.warning(
                 "reconcile handler failed; the question will be asked again",
                 extra={**self._fields, "error": f"{type(error).__name__}: {error}"},
