@@ -141,7 +141,10 @@ class _Shard:
     """32-bit hashes to 64-bit values (12 bytes a slot); duplicates allowed.
     Linear probing with backward-shift deletion; grows at 4/5 full by
     reinserting in slot order, so its layout is a function of its operations.
-    Every write is journalled while `journal` is set (see `HashIndex`)."""
+    Every write is journalled while `journal` is set (see `HashIndex`) as
+    `(shard, at, key, value)`: slot `at` held `key` and `value`; or, with
+    `at` -1, the shard's arrays were `key` and `value`; -2, its size was
+    `key`; -3, slot `key` was empty and the size `value` (an insert)."""
 
     __slots__ = ("keys", "values", "size", "journal")
 
@@ -167,7 +170,8 @@ class _Shard:
             at = (at + 1) & mask
 
     def insert(self, hashed: int, value: int) -> None:
-        if (self.size + 1) * 5 > len(self.keys) * 4:
+        size = self.size
+        if (size + 1) * 5 > len(self.keys) * 4:
             self._grow()
         keys = self.keys
         mask = len(keys) - 1
@@ -176,11 +180,10 @@ class _Shard:
             at = (at + 1) & mask
         journal = self.journal
         if journal is not None:
-            journal.append((self, -2, self.size, 0))
-            journal.append((self, at, 0, 0))
+            journal.append((self, -3, at, size))  # the slot was empty
         keys[at] = hashed
         self.values[at] = value
-        self.size += 1
+        self.size = size + 1
 
     def remove(self, hashed: int, value: int) -> bool:
         keys, values = self.keys, self.values
@@ -225,20 +228,23 @@ class _Shard:
         return True
 
     def _grow(self) -> None:
+        """Twice the slots, the entries reinserted in slot order (as
+        `insert` would place them); the size is unchanged."""
         old_keys, old_values = self.keys, self.values
-        journal = self.journal
-        if journal is not None:
-            journal.append((self, -2, self.size, 0))
-            journal.append((self, -1, old_keys, old_values))
-            self.journal = None  # the reinsertion below needs no record
+        if self.journal is not None:
+            self.journal.append((self, -1, old_keys, old_values))
         capacity = max(16, 2 * len(old_keys))
-        self.keys = array("I", bytes(4 * capacity))
-        self.values = array("Q", bytes(8 * capacity))
-        self.size = 0
+        keys = array("I", bytes(4 * capacity))
+        values = array("Q", bytes(8 * capacity))
+        mask = capacity - 1
         for key, value in zip(old_keys, old_values, strict=True):
             if key:
-                self.insert(key, value)
-        self.journal = journal
+                at = key & mask
+                while keys[at]:
+                    at = (at + 1) & mask
+                keys[at] = key
+                values[at] = value
+        self.keys, self.values = keys, values
 
     def encode(self) -> list[Any]:
         return [self.size, _le_bytes(self.keys), _le_bytes(self.values)]
@@ -311,7 +317,11 @@ class HashIndex:
         assert journal is not None
         while journal:
             shard, at, key, value = journal.pop()
-            if at == -2:
+            if at == -3:  # an insert into the empty slot `key`
+                shard.keys[key] = 0
+                shard.values[key] = 0
+                shard.size = value
+            elif at == -2:
                 shard.size = key
             elif at == -1:
                 shard.keys, shard.values = key, value
