@@ -433,6 +433,7 @@ class Wheel:
         "counts",
         "size",
         "runs",
+        "hashes",
     )
 
     def __init__(
@@ -448,6 +449,11 @@ class Wheel:
         self.size = 0
         # Derived: hydrated jobs as runs sorted by seq, for listings.
         self.runs: list[list[Job]] = []
+        # Not state: the hashes of the job ids (`id_hash`) and (tenant, key)
+        # pairs (`key_hash`) that `hydrate_for_command` looked up for the
+        # command being applied, so that packing its new jobs does not hash
+        # them again. Pure values, emptied before every command.
+        self.hashes: dict[object, int] = {}
 
 
 def wheel_of(state: State) -> Wheel:
@@ -537,12 +543,13 @@ def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
     sealed = before + 1 >= CHUNK_JOBS
     if sealed:
         _seal(bucket)
-    hashed_id = id_hash(job.id)
-    wheel.ids.insert(hashed_id, location)
+    hashes = wheel.hashes
+    hashed = hashes.pop(job.id, None)
+    wheel.ids.insert(id_hash(job.id) if hashed is None else hashed, location)
     key = job.idempotency_key
-    hashed_key = None if key is None else key_hash(job.tenant, key)
-    if hashed_key is not None:
-        wheel.keys.insert(hashed_key, location)
+    if key is not None:
+        hashed = hashes.pop((job.tenant, key), None)
+        wheel.keys.insert(key_hash(job.tenant, key) if hashed is None else hashed, location)
     pair = (job.queue, job.tenant)
     wheel.counts[pair] = wheel.counts.get(pair, 0) + 1
     wheel.size += 1
@@ -903,8 +910,9 @@ def hydrate_id(state: State, job_id: str) -> None:
     wheel = wheel_of(state)
     if not wheel.size or job_id in state.jobs:
         return
+    hashed = wheel.hashes[job_id] = id_hash(job_id)
     names = _Names()
-    for location in wheel.ids.find(id_hash(job_id)):
+    for location in wheel.ids.find(hashed):
         for job in _located(wheel, names, location):
             if job.id == job_id:
                 hydrate_one(state, location, job)
@@ -915,8 +923,9 @@ def hydrate_key(state: State, tenant: str, key: str) -> None:
     wheel = wheel_of(state)
     if not wheel.keys.size or state.idempotency.get(tenant, key) is not None:
         return
+    hashed = wheel.hashes[tenant, key] = key_hash(tenant, key)
     names = _Names()
-    for location in wheel.keys.find(key_hash(tenant, key)):
+    for location in wheel.keys.find(hashed):
         for job in _located(wheel, names, location):
             if job.tenant == tenant and job.idempotency_key == key:
                 hydrate_one(state, location, job)
@@ -928,7 +937,11 @@ def hydrate_for_command(state: State, command: Command, registry: Registry) -> N
     a `job_id` or `job_ids` field, an idempotency key of a spec in `specs`,
     and the same in the commands it holds (`Audited`, `LeaseBatch`)."""
     wheel: Wheel | None = state.sections.get(WHEEL)
-    if wheel is None or not wheel.size:
+    if wheel is None:
+        return
+    if wheel.hashes:
+        wheel.hashes = {}
+    if not wheel.size:
         return
     _hydrate_named(state, command)
     for inner in registry.inner_commands(command):
