@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import zlib
 
 import msgpack
 import pytest
@@ -11,11 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raftsched.core import (
+    State,
+    apply_entry,
     check_invariants,
     decode_state,
     encode_state,
     get_job,
     list_jobs,
+    new_state,
     state_digest,
 )
 from raftsched.core.jobs import submit
@@ -28,8 +32,16 @@ from raftsched.core.jobs.commands import (
 )
 from raftsched.core.jobs.queries import find_by_idempotency_key, job_history
 from raftsched.core.kernel import wheel
-from raftsched.core.kernel.commands import Barrier, JobSpec, RaiseClusterVersion, Tick
-from raftsched.core.kernel.model import CANCELLED, PENDING, SCHEDULED
+from raftsched.core.kernel.codec import decode_job_rows, encode_job_row, encode_wheel_chunk
+from raftsched.core.kernel.commands import (
+    Barrier,
+    Command,
+    Entry,
+    JobSpec,
+    RaiseClusterVersion,
+    Tick,
+)
+from raftsched.core.kernel.model import CANCELLED, PENDING, SCHEDULED, Job
 from raftsched.core.kernel.results import (
     Ack,
     CancelAccepted,
@@ -73,8 +85,15 @@ def test_a_far_future_job_is_packed_and_reads_as_a_scheduled_job() -> None:
     history = job_history(cluster.state, job_id)
     assert history is not None and history[0].to_status == SCHEDULED
     assert get_job(cluster.state, "job_nope") is None
-    # Reads never change the state.
+    # Reads never change the state, nor does changing what they handed out.
+    (listed,) = [each for each in list_jobs(cluster.state)[0] if each.id == job_id]
+    found = find_by_idempotency_key(cluster.state, "acme", "k1")
+    packed_job = next(wheel.packed_jobs(cluster.state))
+    for each in (job, found, packed_job, listed):
+        each.status, each.payload, each.priority = CANCELLED, b"changed", 7  # type: ignore[union-attr]
     assert cluster.digest() == before
+    again = get_job(cluster.state, job_id)
+    assert again is not None and again.payload == b"\x01" and again.status == SCHEDULED
     assert cluster.state.status_counts[SCHEDULED] == 2
     assert cluster.state.queue_counts["q"] == [0, 0, 2]
     assert cluster.state.runnable.tenants["acme"] == [1, 0]
@@ -219,15 +238,139 @@ def test_a_snapshot_mid_wheel_decodes_to_the_same_bytes_and_goes_on_alike() -> N
         [Tick(seed=2, max_items=50)],
         [Tick(seed=3, max_items=5_000)],
     )
-    for step, commands in enumerate(later):
-        at = T0 + (40 + 20 * step) * MIN
-        cluster.run(*commands, at=at)
-        from raftsched.core import apply_entry
-        from raftsched.core.kernel.commands import Entry
-
-        apply_entry(decoded, Entry(cluster.epoch, at, tuple(commands)))
-        assert state_digest(decoded) == state_digest(cluster.state)
+    steps = [(T0 + (40 + 20 * step) * MIN, commands) for step, commands in enumerate(later)]
+    goes_on_alike(cluster, decoded, steps)
     assert packed(cluster) == 0
+
+
+def goes_on_alike(cluster: Cluster, decoded: State, steps: list[tuple[int, list[Command]]]) -> None:
+    """Apply each step (its time, its commands) to the cluster's state and to
+    one decoded from its snapshot: the same bytes after every step."""
+    for at, commands in steps:
+        cluster.run(*commands, at=at)
+        apply_entry(decoded, Entry(cluster.epoch, at, tuple(commands)))
+        assert check_invariants(decoded) == []
+        assert state_digest(decoded) == state_digest(cluster.state)
+        assert wheel_section(decoded) == wheel_section(cluster.state)
+
+
+def wheel_section(state: State) -> bytes:
+    return msgpack.packb(wheel.SECTION.encode(state))
+
+
+def test_packing_sealing_and_rollbacks_give_the_bytes_a_replay_from_the_snapshot_gives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tail is kept as its jobs: sealing them gives the chunk that sealing
+    their rows (encoded, decoded) gave; the section encodes them as their
+    rows; a rolled-back seal, hydration of a tail or submission leaves the
+    very bytes; and a state decoded from a snapshot goes on alike."""
+    real_seal = wheel._seal
+
+    def seal_as_rows_would(bucket: wheel.Bucket) -> None:
+        rows = b"".join(map(encode_job_row, bucket.tail))
+        jobs = decode_job_rows(new_state(), rows, len(bucket.tail))
+        from_rows = zlib.compress(encode_wheel_chunk(jobs), wheel.ZLIB_LEVEL)
+        real_seal(bucket)
+        assert bucket.chunks[-1] is not None and bucket.chunks[-1][0] == from_rows
+        sealed.append(bucket)
+
+    sealed: list[wheel.Bucket] = []
+    monkeypatch.setattr(wheel, "_seal", seal_as_rows_would)
+    real_admit = submit.flow.admit
+
+    def admit_unless_boom(state: State, spec: JobSpec) -> Rejected | None:
+        if spec.payload == b"boom":
+            raise RuntimeError("a bug")
+        return real_admit(state, spec)
+
+    monkeypatch.setattr(submit.flow, "admit", admit_unless_boom)
+    cluster = wheel_cluster()
+    number = (T0 + 60 * MIN) // BUCKET
+
+    def spec(i: int, minutes: int = 60, payload: bytes = b"\x01") -> JobSpec:
+        return far(
+            cluster,
+            minutes,
+            tenant=f"t{i % 3}",
+            idempotency_key=f"k{i}" if i % 2 else None,
+            labels=(("team", f"l{i % 4}"),) if i % 5 == 0 else (),
+            priority=i % 3,
+            payload=payload,
+        )
+
+    def submission(first: int, count: int, minutes: int = 60, boom: bool = False) -> SubmitJobs:
+        specs = [spec(i, minutes) for i in range(first, first + count)]
+        if boom:
+            specs.append(spec(first + count, minutes, payload=b"boom"))
+        ids = tuple(f"job_{i:04d}" for i in range(first, first + len(specs)))
+        return SubmitJobs(tuple(specs), ids)
+
+    cluster.run(submission(0, wheel.CHUNK_JOBS - 1))
+    bucket = wheel.wheel_of(cluster.state).buckets[number]
+    assert bucket.tail_count == wheel.CHUNK_JOBS - 1 and not bucket.chunks
+    # The next job seals the tail, one more starts the next, another opens a
+    # new bucket; then the submission fails: all of it is rolled back.
+    before, section = cluster.digest(), wheel_section(cluster.state)
+    (failed,) = cluster.run(
+        SubmitJobs(
+            (spec(100), spec(101), spec(102, 120), spec(103, payload=b"boom")),
+            ("job_0100", "job_0101", "job_0102", "job_0103"),
+        )
+    )
+    assert isinstance(failed, Rejected) and failed.code == "internal_error"
+    assert len(sealed) == 1 and not bucket.chunks and bucket.tail_count == wheel.CHUNK_JOBS - 1
+    assert cluster.digest() == before and wheel_section(cluster.state) == section
+    # For real: two chunks and a tail here, a tail in a later bucket; a
+    # command hydrates a job from a tail and one from a chunk.
+    cluster.run(submission(200, 41), submission(300, 5, 120))
+    assert len(bucket.chunks) == 2 and bucket.tail_count == 8
+    cluster.run(CancelJob("job_0240"), CancelJob("job_0003"))
+    assert len(sealed) == 3 and bucket.tail_count == 7
+    # The section holds each tail as its jobs' rows, as a read gives them.
+    (encoded,) = (row for row in wheel.SECTION.encode(cluster.state)[3] if row[0] == number)
+    tail = [get_job(cluster.state, f"job_{i:04d}") for i in range(233, 240)]
+    assert encoded[2:] == [
+        b"".join(encode_job_row(job) for job in tail),  # type: ignore[arg-type]
+        7,
+        tail[0].seq,  # type: ignore[union-attr]
+        tail[-1].seq,  # type: ignore[union-attr]
+    ]
+    # A Tick that hydrates the chunks and the tail fails on the tail's last
+    # job: the tail comes back as it was.
+    real_index = wheel.index_job
+
+    def index_unless_last(state: State, job: Job) -> None:
+        if job.id == "job_0239":
+            raise RuntimeError("a bug")
+        real_index(state, job)
+
+    monkeypatch.setattr(wheel, "index_job", index_unless_last)
+    cluster.run(Barrier(), at=T0 + 56 * MIN)  # time moves on; the Tick comes next
+    before, section = cluster.digest(), wheel_section(cluster.state)
+    (failed,) = cluster.run(Tick(seed=1))
+    assert isinstance(failed, Rejected) and failed.code == "internal_error"
+    assert cluster.digest() == before and wheel_section(cluster.state) == section
+    monkeypatch.setattr(wheel, "index_job", real_index)
+    # A snapshot, and a replica that decoded it goes on as this one does:
+    # more seals, a failing one, hydration of whole tails and of one job.
+    data = encode_state(cluster.state)
+    decoded = decode_state(data)
+    assert encode_state(decoded) == data and check_invariants(decoded) == []
+    goes_on_alike(
+        cluster,
+        decoded,
+        [  # the specs' times are from now, T0 + 56 minutes
+            (T0 + 57 * MIN, [submission(400, 30, 70), submission(500, 30, 70, boom=True)]),
+            (T0 + 58 * MIN, [submission(600, 30, 70), CancelJob("job_0620")]),
+            (T0 + 59 * MIN, [submission(700, 3), CancelJob("job_0238"), CancelJob("job_0302")]),
+            (T0 + 60 * MIN, [Tick(seed=2)]),  # the 60-minute bucket: chunks and tail
+            (T0 + 121 * MIN, [Tick(seed=3, max_items=40)]),  # whole tails, one chunk
+            (T0 + 122 * MIN, [Tick(seed=4)]),
+        ],
+    )
+    # Each of the two states sealed twice more, one seal rolled back.
+    assert packed(cluster) == 0 and len(sealed) == 3 + 2 * 2
 
 
 def test_configure_wheel_checks_its_settings() -> None:

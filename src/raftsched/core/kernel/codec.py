@@ -612,16 +612,20 @@ def encode_job_row(job: Job) -> bytes:
 
 
 def decode_job_rows(state: State, data: bytes, count: int) -> list[Job]:
-    """`count` rows of `encode_job_row` back into jobs; names are interned
-    in `state.interned` (the only part of `state` this reads or writes)."""
+    """Exactly `count` rows of `encode_job_row` (all of `data`) back into
+    jobs; names are interned in `state.interned` (the only part of `state`
+    this reads or writes)."""
     unpacker = msgpack.Unpacker(use_list=False)
     unpacker.feed(data)
     try:
-        return list(_decode_rows(state, unpacker.unpack, count))
+        jobs = list(_decode_rows(state, unpacker.unpack, count))
     except CodecError:
         raise
     except Exception as error:
         raise CodecError(f"not job rows: {type(error).__name__}") from error
+    if unpacker.tell() != len(data):
+        raise CodecError(f"more than {count} job rows")
+    return jobs
 
 
 def encode_job_chunk(jobs: list[Job]) -> bytes:
@@ -676,16 +680,6 @@ def decode_wheel_chunk(state: State, data: bytes) -> list[Job]:
     except Exception as error:
         raise CodecError(f"not a wheel chunk: {type(error).__name__}") from error
     return decode_job_chunk(state, data[unpacker.tell() :])
-
-
-def job_row_seqs(data: bytes, count: int) -> tuple[int, ...]:
-    """The seqs of `count` rows of `encode_job_row`, no job built."""
-    unpacker = msgpack.Unpacker(use_list=False)
-    unpacker.feed(data)
-    try:
-        return tuple(unpacker.unpack()[_SEQ] for _ in range(count))
-    except Exception as error:
-        raise CodecError(f"not job rows: {type(error).__name__}") from error
 
 
 def _any_set(*values: object) -> bool:

@@ -4,10 +4,15 @@ Theory of operation
 -------------------
 Since cluster version 7 (`WHEEL_VERSION`), a submitted job that is
 `scheduled` for a time beyond `now_ms + horizon_ms` is stored *packed*
-(`pack`): its row in the snapshot codec's row encoding (`codec.job_row`) is
-appended to the *tail* of its time bucket, `bucket = next_run_at_ms //
-bucket_ms`. A tail that reaches `CHUNK_JOBS` rows is sealed: its bytes are
-zlib-compressed into a chunk and a new tail begins. A chunk is
+(`pack`): the `Job` is appended to the *tail* of its time bucket, `bucket =
+next_run_at_ms // bucket_ms`. A tail that reaches `CHUNK_JOBS` jobs is
+sealed: its jobs are encoded in the snapshot's column encoding and
+zlib-compressed into a chunk, and a new tail begins. A tail (at most
+`CHUNK_JOBS - 1` jobs a bucket) is kept as its `Job` objects, so that
+packing a job encodes nothing and sealing decodes nothing; it is encoded
+only where bytes are needed (the section: each job's row in the snapshot
+codec's row encoding, `codec.encode_job_row`, concatenated), and a read
+hands out copies, never the stored objects. A chunk is
 `(data, count, min_seq, max_seq)`; a chunk whose jobs all left is None, so
 that every job keeps its location `(bucket << CHUNK_BITS) | chunk index`
 (the tail's index is the number of chunks) until it leaves the wheel.
@@ -40,7 +45,8 @@ hydrates it first (`hydrate_for_command`, called by `apply` before the
 command's savepoint), so every handler sees a live job as before. That
 hydration is part of applying the entry: a command that is then rejected
 leaves its job live, identically on every replica. Reads never hydrate:
-`find_packed`, `find_packed_key` and `packed_jobs` decode transient jobs.
+`find_packed`, `find_packed_key` and `packed_jobs` hand out transient jobs
+(a chunk's decoded, a tail's copied).
 
 Hydrated jobs join `state.jobs` after the jobs already there, so the jobs
 dict is no longer strictly in submission order; listings, which are, merge
@@ -50,9 +56,10 @@ packed jobs (`jobs.queries.list_jobs`), one newest-first stream per bucket
 seq order, and `Bucket.mins` (derived) finds the chunk a cursor falls in.
 
 Determinism: everything above is a function of the applied entries; the
-section encodes the settings, the buckets (their bytes as they are), the two
-tables as they are laid out and the counts, so a replica that decoded a
-snapshot holds the very bytes of one that applied the log. A table that
+section encodes the settings, the buckets (chunks as they are, a tail as
+its jobs' rows), the two tables as they are laid out and the counts, so a
+replica that decoded a snapshot (a tail's rows decoded back into jobs)
+holds the very bytes of one that applied the log. A table that
 becomes empty is reset to capacity 0 on both. Caveat: sealed chunk bytes
 come from the process's zlib; replicas must run the same zlib (a different
 zlib changes digests, never decoded jobs).
@@ -76,11 +83,10 @@ from raftsched.core.kernel.codec import (
     decode_wheel_chunk,
     encode_job_row,
     encode_wheel_chunk,
-    job_row_seqs,
     wheel_chunk_seqs,
 )
 from raftsched.core.kernel.commands import Command, JobSpec
-from raftsched.core.kernel.model import SCHEDULED, Job
+from raftsched.core.kernel.model import JOB_FIELDS, SCHEDULED, Job
 from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State, count_new_job, count_packed, index_job
 
@@ -141,7 +147,10 @@ class _Shard:
     """32-bit hashes to 64-bit values (12 bytes a slot); duplicates allowed.
     Linear probing with backward-shift deletion; grows at 4/5 full by
     reinserting in slot order, so its layout is a function of its operations.
-    Every write is journalled while `journal` is set (see `HashIndex`)."""
+    Every write is journalled while `journal` is set (see `HashIndex`) as
+    `(shard, at, key, value)`: slot `at` held `key` and `value`; or, with
+    `at` -1, the shard's arrays were `key` and `value`; -2, its size was
+    `key`; -3, slot `key` was empty and the size `value` (an insert)."""
 
     __slots__ = ("keys", "values", "size", "journal")
 
@@ -167,7 +176,8 @@ class _Shard:
             at = (at + 1) & mask
 
     def insert(self, hashed: int, value: int) -> None:
-        if (self.size + 1) * 5 > len(self.keys) * 4:
+        size = self.size
+        if (size + 1) * 5 > len(self.keys) * 4:
             self._grow()
         keys = self.keys
         mask = len(keys) - 1
@@ -176,11 +186,10 @@ class _Shard:
             at = (at + 1) & mask
         journal = self.journal
         if journal is not None:
-            journal.append((self, -2, self.size, 0))
-            journal.append((self, at, 0, 0))
+            journal.append((self, -3, at, size))  # the slot was empty
         keys[at] = hashed
         self.values[at] = value
-        self.size += 1
+        self.size = size + 1
 
     def remove(self, hashed: int, value: int) -> bool:
         keys, values = self.keys, self.values
@@ -225,20 +234,23 @@ class _Shard:
         return True
 
     def _grow(self) -> None:
+        """Twice the slots, the entries reinserted in slot order (as
+        `insert` would place them); the size is unchanged."""
         old_keys, old_values = self.keys, self.values
-        journal = self.journal
-        if journal is not None:
-            journal.append((self, -2, self.size, 0))
-            journal.append((self, -1, old_keys, old_values))
-            self.journal = None  # the reinsertion below needs no record
+        if self.journal is not None:
+            self.journal.append((self, -1, old_keys, old_values))
         capacity = max(16, 2 * len(old_keys))
-        self.keys = array("I", bytes(4 * capacity))
-        self.values = array("Q", bytes(8 * capacity))
-        self.size = 0
+        keys = array("I", bytes(4 * capacity))
+        values = array("Q", bytes(8 * capacity))
+        mask = capacity - 1
         for key, value in zip(old_keys, old_values, strict=True):
             if key:
-                self.insert(key, value)
-        self.journal = journal
+                at = key & mask
+                while keys[at]:
+                    at = (at + 1) & mask
+                keys[at] = key
+                values[at] = value
+        self.keys, self.values = keys, values
 
     def encode(self) -> list[Any]:
         return [self.size, _le_bytes(self.keys), _le_bytes(self.values)]
@@ -311,7 +323,11 @@ class HashIndex:
         assert journal is not None
         while journal:
             shard, at, key, value = journal.pop()
-            if at == -2:
+            if at == -3:  # an insert into the empty slot `key`
+                shard.keys[key] = 0
+                shard.values[key] = 0
+                shard.size = value
+            elif at == -2:
                 shard.size = key
             elif at == -1:
                 shard.keys, shard.values = key, value
@@ -354,14 +370,15 @@ def _from_le(typecode: str, data: bytes) -> array[int]:
 
 
 class Bucket:
-    __slots__ = ("chunks", "tail", "tail_count", "tail_min_seq", "tail_max_seq", "first", "mins")
+    __slots__ = ("chunks", "tail", "first", "mins")
 
     def __init__(self) -> None:
         self.chunks: list[Chunk | None] = []
-        self.tail = b""
-        self.tail_count = 0
-        self.tail_min_seq = 0
-        self.tail_max_seq = 0
+        # The unsealed jobs, in seq order: the stored objects, never handed
+        # to a reader (`_transient`). Only appended to in place; every other
+        # change puts a new list here, so a rollback that kept the list and
+        # its length restores it (`pack`, `_take`).
+        self.tail: list[Job] = []
         # Derived, not encoded: every chunk before it is None. Hydration
         # takes chunks in order, so a bucket of a million jobs is not
         # scanned from its start for every chunk.
@@ -384,7 +401,23 @@ class Bucket:
         return at
 
     def empty(self) -> bool:
-        return not self.tail_count and self.first_chunk() == len(self.chunks)
+        return not self.tail and self.first_chunk() == len(self.chunks)
+
+    @property
+    def tail_count(self) -> int:
+        return len(self.tail)
+
+    @property
+    def tail_min_seq(self) -> int:
+        return self.tail[0].seq if self.tail else 0
+
+    @property
+    def tail_max_seq(self) -> int:
+        return self.tail[-1].seq if self.tail else 0
+
+    def tail_bytes(self) -> bytes:
+        """The tail as the section encodes it: its jobs' rows, concatenated."""
+        return b"".join(map(encode_job_row, self.tail))
 
 
 class Wheel:
@@ -400,6 +433,7 @@ class Wheel:
         "counts",
         "size",
         "runs",
+        "hashes",
     )
 
     def __init__(
@@ -415,6 +449,11 @@ class Wheel:
         self.size = 0
         # Derived: hydrated jobs as runs sorted by seq, for listings.
         self.runs: list[list[Job]] = []
+        # Not state: the hashes of the job ids (`id_hash`) and (tenant, key)
+        # pairs (`key_hash`) that `hydrate_for_command` looked up for the
+        # command being applied, so that packing its new jobs does not hash
+        # them again. Pure values, emptied before every command.
+        self.hashes: dict[object, int] = {}
 
 
 def wheel_of(state: State) -> Wheel:
@@ -432,20 +471,39 @@ class _Names:
         self.interned: dict[object, object] = {}
 
 
-def _rows(names: object, data: bytes, count: int) -> list[Job]:
-    return decode_job_rows(cast(State, names), data, count)
-
-
 def _chunk_jobs(names: object, bucket: Bucket, index: int) -> list[Job]:
-    """The jobs at one location (a sealed chunk or the tail)."""
+    """The jobs at one location: a sealed chunk's decoded, or the tail's
+    stored objects themselves (a new list). Only for the wheel's own use;
+    a read hands out `_read_jobs`."""
     if index < len(bucket.chunks):
         chunk = bucket.chunks[index]
         if chunk is None:
             return []
         return decode_wheel_chunk(cast(State, names), zlib.decompress(chunk[0]))
     if index == len(bucket.chunks):
-        return _rows(names, bucket.tail, bucket.tail_count)
+        return list(bucket.tail)
     return []
+
+
+def _read_jobs(names: object, bucket: Bucket, index: int) -> list[Job]:
+    """The jobs at one location as a read may hand them out: transient."""
+    if index == len(bucket.chunks):
+        return list(map(_transient, bucket.tail))
+    return _chunk_jobs(names, bucket, index)
+
+
+_row_fields: Final = attrgetter(*JOB_FIELDS)
+
+
+def _transient(job: Job) -> Job:
+    """A copy of a tail's job that shares nothing a caller could change. A
+    packed job never ran (`check` verifies it): it holds no lease, attempts,
+    history or effects, only immutable values, so a shallow copy is one;
+    anything else is copied through its row."""
+    if job.lease is None and not job.attempts and job.history is None and job.effects is None:
+        return Job(*_row_fields(job))
+    (copy,) = decode_job_rows(cast(State, _Names()), encode_job_row(job), 1)
+    return copy
 
 
 # Packing (SubmitJobs).
@@ -467,7 +525,8 @@ def packable(state: State, job: Job, version: int) -> bool:
 
 
 def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
-    """Store a new job (counted here, never put in `state.jobs`)."""
+    """Store a new job (counted here, never put in `state.jobs`). The wheel
+    keeps `job` itself: the caller hands it over and must not change it."""
     wheel = wheel_of(state)
     _journal(wheel, savepoint)
     assert job.next_run_at_ms is not None
@@ -477,22 +536,20 @@ def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
     if bucket is None:
         bucket = wheel.buckets[number] = Bucket()
         insort(wheel.order, number)
-    before = (bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq)
+    tail = bucket.tail
+    before = len(tail)
     location = (number << CHUNK_BITS) | len(bucket.chunks)
-    bucket.tail += encode_job_row(job)
-    if not bucket.tail_count:
-        bucket.tail_min_seq = job.seq
-    bucket.tail_count += 1
-    bucket.tail_max_seq = job.seq
-    sealed = bucket.tail_count >= CHUNK_JOBS
+    tail.append(job)
+    sealed = before + 1 >= CHUNK_JOBS
     if sealed:
         _seal(bucket)
-    hashed_id = id_hash(job.id)
-    wheel.ids.insert(hashed_id, location)
+    hashes = wheel.hashes
+    hashed = hashes.pop(job.id, None)
+    wheel.ids.insert(id_hash(job.id) if hashed is None else hashed, location)
     key = job.idempotency_key
-    hashed_key = None if key is None else key_hash(job.tenant, key)
-    if hashed_key is not None:
-        wheel.keys.insert(hashed_key, location)
+    if key is not None:
+        hashed = hashes.pop((job.tenant, key), None)
+        wheel.keys.insert(key_hash(job.tenant, key) if hashed is None else hashed, location)
     pair = (job.queue, job.tenant)
     wheel.counts[pair] = wheel.counts.get(pair, 0) + 1
     wheel.size += 1
@@ -507,7 +564,8 @@ def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
         if sealed:
             bucket.chunks.pop()
             bucket.mins.pop()
-        bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = before
+        del tail[before:]  # the tail as it was (later changes are undone already)
+        bucket.tail = tail
         if created:
             del wheel.buckets[number]
             wheel.order.remove(number)
@@ -540,20 +598,21 @@ def _journal(wheel: Wheel, savepoint: Savepoint | None) -> None:
 
 
 def _seal(bucket: Bucket) -> None:
-    """The tail's rows become a chunk in the snapshot's column encoding
+    """The tail's jobs become a chunk in the snapshot's column encoding
     behind their seqs (`encode_wheel_chunk`: a listing decompresses only
     the seqs), compressed (columns compress better than rows: ~60 bytes a
-    job)."""
-    jobs = _rows(_Names(), bucket.tail, bucket.tail_count)
+    job). The tail's list is left as it was (a rollback puts it back) and a
+    new one begins."""
+    jobs = bucket.tail
     chunk = (
         zlib.compress(encode_wheel_chunk(jobs), ZLIB_LEVEL),
-        bucket.tail_count,
-        bucket.tail_min_seq,
-        bucket.tail_max_seq,
+        len(jobs),
+        jobs[0].seq,
+        jobs[-1].seq,
     )
     bucket.chunks.append(chunk)
-    bucket.mins.append(bucket.tail_min_seq)
-    bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = b"", 0, 0, 0
+    bucket.mins.append(jobs[0].seq)
+    bucket.tail = []
 
 
 def _uncount(wheel: Wheel, pair: tuple[str, str], count: int) -> None:
@@ -575,7 +634,7 @@ def find_packed(state: State, job_id: str) -> Job | None:
     for location in wheel.ids.find(id_hash(job_id)):
         for job in _located(wheel, names, location):
             if job.id == job_id:
-                return job
+                return _own(wheel, location, job)
     return None
 
 
@@ -587,15 +646,22 @@ def find_packed_key(state: State, tenant: str, key: str) -> Job | None:
     for location in wheel.keys.find(key_hash(tenant, key)):
         for job in _located(wheel, names, location):
             if job.tenant == tenant and job.idempotency_key == key:
-                return job
+                return _own(wheel, location, job)
     return None
 
 
 def _located(wheel: Wheel, names: object, location: int) -> list[Job]:
+    """The jobs at `location` as `_chunk_jobs` has them (a tail's stored)."""
     bucket = wheel.buckets.get(location >> CHUNK_BITS)
     if bucket is None:
         return []
     return _chunk_jobs(names, bucket, location & _CHUNK_MASK)
+
+
+def _own(wheel: Wheel, location: int, job: Job) -> Job:
+    """`job`, found at `location`, as a read hands it out: a tail's copied."""
+    bucket = wheel.buckets[location >> CHUNK_BITS]
+    return _transient(job) if location & _CHUNK_MASK == len(bucket.chunks) else job
 
 
 def packed_jobs(state: State) -> Iterator[Job]:
@@ -605,7 +671,7 @@ def packed_jobs(state: State) -> Iterator[Job]:
     for number in wheel.order:
         bucket = wheel.buckets[number]
         for index in range(len(bucket.chunks) + 1):
-            yield from _chunk_jobs(names, bucket, index)
+            yield from _read_jobs(names, bucket, index)
 
 
 _by_seq: Final = attrgetter("seq")
@@ -651,7 +717,7 @@ def packed_newest_first(state: State, below_seq: int | None) -> Iterator[Job]:
                     heappush(places, (-below[-1], True, number, index))
                     continue
             else:
-                for job in _chunk_jobs(names, bucket, index):
+                for job in _read_jobs(names, bucket, index):
                     if job.seq < limit:
                         heappush(ready, (-job.seq, job))
             _push_place(places, bucket, number, index - 1, limit)
@@ -690,7 +756,7 @@ def _push_place(
 def _location_seqs(bucket: Bucket, index: int) -> tuple[int, ...]:
     """The seqs at one location, ascending, without building its jobs."""
     if index == len(bucket.chunks):
-        return job_row_seqs(bucket.tail, bucket.tail_count)
+        return tuple(job.seq for job in bucket.tail)
     chunk = bucket.chunks[index]
     assert chunk is not None
     # The seqs come first in a chunk (`encode_wheel_chunk`): only their
@@ -784,8 +850,8 @@ def _take(
         before_chunk = bucket.chunks[index]
         bucket.chunks[index] = None
     else:
-        before_tail = (bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq)
-        bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = b"", 0, 0, 0
+        before_tail = bucket.tail  # not changed below: the jobs are handed on
+        bucket.tail = []
     _forget(wheel, jobs, location)
     dropped = _drop_if_empty(wheel, number)
 
@@ -799,7 +865,7 @@ def _take(
             bucket.chunks[index] = before_chunk
             bucket.first = min(bucket.first, index)
         else:
-            bucket.tail, bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = before_tail
+            bucket.tail = before_tail
         for job in jobs:  # the tables are rewound by `_journal`'s action
             pair = (job.queue, job.tenant)
             wheel.counts[pair] = wheel.counts.get(pair, 0) + 1
@@ -814,7 +880,7 @@ def _take(
 
 def hydrate_one(state: State, location: int, match: Job) -> None:
     """Make one packed job live (a command names it); the rest of its chunk
-    stays packed, re-encoded without it."""
+    stays packed, re-encoded without it (a tail keeps the others' objects)."""
     wheel = wheel_of(state)
     _journal(wheel, None)
     number, index = location >> CHUNK_BITS, location & _CHUNK_MASK
@@ -834,9 +900,7 @@ def hydrate_one(state: State, location: int, match: Job) -> None:
             else None
         )
     else:
-        bucket.tail, bucket.tail_count = b"".join(map(encode_job_row, rest)), len(rest)
-        bucket.tail_min_seq = rest[0].seq if rest else 0
-        bucket.tail_max_seq = rest[-1].seq if rest else 0
+        bucket.tail = rest
     _forget(wheel, [job], location)
     _drop_if_empty(wheel, number)
     _make_live(state, [job])
@@ -846,8 +910,9 @@ def hydrate_id(state: State, job_id: str) -> None:
     wheel = wheel_of(state)
     if not wheel.size or job_id in state.jobs:
         return
+    hashed = wheel.hashes[job_id] = id_hash(job_id)
     names = _Names()
-    for location in wheel.ids.find(id_hash(job_id)):
+    for location in wheel.ids.find(hashed):
         for job in _located(wheel, names, location):
             if job.id == job_id:
                 hydrate_one(state, location, job)
@@ -858,8 +923,9 @@ def hydrate_key(state: State, tenant: str, key: str) -> None:
     wheel = wheel_of(state)
     if not wheel.keys.size or state.idempotency.get(tenant, key) is not None:
         return
+    hashed = wheel.hashes[tenant, key] = key_hash(tenant, key)
     names = _Names()
-    for location in wheel.keys.find(key_hash(tenant, key)):
+    for location in wheel.keys.find(hashed):
         for job in _located(wheel, names, location):
             if job.tenant == tenant and job.idempotency_key == key:
                 hydrate_one(state, location, job)
@@ -871,7 +937,11 @@ def hydrate_for_command(state: State, command: Command, registry: Registry) -> N
     a `job_id` or `job_ids` field, an idempotency key of a spec in `specs`,
     and the same in the commands it holds (`Audited`, `LeaseBatch`)."""
     wheel: Wheel | None = state.sections.get(WHEEL)
-    if wheel is None or not wheel.size:
+    if wheel is None:
+        return
+    if wheel.hashes:
+        wheel.hashes = {}
+    if not wheel.size:
         return
     _hydrate_named(state, command)
     for inner in registry.inner_commands(command):
@@ -939,7 +1009,7 @@ def _encode(state: State) -> Any:
             [
                 number,
                 [None if chunk is None else list(chunk) for chunk in bucket.chunks],
-                bucket.tail,
+                bucket.tail_bytes(),
                 bucket.tail_count,
                 bucket.tail_min_seq,
                 bucket.tail_max_seq,
@@ -990,8 +1060,10 @@ def _decode(state: State, data: Any) -> None:
             bucket.mins.append(low)
         if type(row[2]) is not bytes:
             raise CodecError("a wheel tail is bytes")
-        bucket.tail = row[2]
-        bucket.tail_count, bucket.tail_min_seq, bucket.tail_max_seq = map(_int, row[3:])
+        count, min_seq, max_seq = map(_int, row[3:])
+        bucket.tail = decode_job_rows(state, row[2], count)
+        if (bucket.tail_min_seq, bucket.tail_max_seq) != (min_seq, max_seq):
+            raise CodecError("a wheel tail's seq range is wrong")
         number = _int(row[0])
         if wheel.order and number <= wheel.order[-1]:
             raise CodecError("wheel buckets out of order")
@@ -1069,6 +1141,8 @@ def check(state: State) -> list[str]:
                 key = job.idempotency_key
                 if key is not None and location not in wheel.keys.find(key_hash(job.tenant, key)):
                     problems.append(f"wheel: {job.id} missing from the key table")
+                if job.lease or job.attempts or job.history is not None or job.effects is not None:
+                    problems.append(f"wheel: {job.id} ran")
                 if job.status != SCHEDULED or job.next_run_at_ms is None:
                     problems.append(f"wheel: {job.id} is not a scheduled job")
                 elif job.next_run_at_ms // wheel.bucket_ms != number:
