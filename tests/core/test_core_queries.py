@@ -8,14 +8,17 @@ from raftsched.core import (
     JOB_STATUSES,
     TRANSITIONS,
     get_job,
+    job_effects,
     job_history,
     list_jobs,
     queue_stats,
     status_counts,
 )
-from raftsched.core.jobs.commands import CancelJob
+from raftsched.core.jobs.commands import CancelJob, ConfigureWheel, RecordEffect
 from raftsched.core.jobs.queries import QueueStats
-from raftsched.core.kernel.commands import Tick
+from raftsched.core.kernel import wheel
+from raftsched.core.kernel.commands import RaiseClusterVersion, Tick
+from raftsched.core.kernel.results import Ack
 
 
 def test_list_jobs_newest_first_with_filters_and_cursor() -> None:
@@ -72,3 +75,30 @@ def test_every_transition_leads_to_a_known_status() -> None:
     for (status, _event), target in TRANSITIONS.items():
         assert status in JOB_STATUSES and target in JOB_STATUSES
     assert not any(status in ("succeeded", "cancelled") for status, _ in TRANSITIONS)
+
+
+def test_job_effects_in_the_order_recorded_first_writer_wins() -> None:
+    cluster = Cluster()
+    lease = cluster.start()
+    other = cluster.start()
+    cluster.run(
+        RecordEffect("charge:1", lease.job_id, lease.fencing_token, b"\x01"),
+        RecordEffect("mail:1", lease.job_id, lease.fencing_token, b"\x02"),
+        # The same key again: the ledger keeps the first, the job no second entry.
+        RecordEffect("charge:1", lease.job_id, lease.fencing_token, b"\x03"),
+        # Another job's record of the key is not this job's effect.
+        RecordEffect("charge:1", other.job_id, other.fencing_token, b"\x04"),
+    )
+    effects = job_effects(cluster.state, lease.job_id)
+    assert effects is not None
+    assert [(e.key, e.job_id, e.fencing_token, e.result) for e in effects] == [
+        ("charge:1", lease.job_id, lease.fencing_token, b"\x01"),
+        ("mail:1", lease.job_id, lease.fencing_token, b"\x02"),
+    ]
+    assert job_effects(cluster.state, other.job_id) == []
+    assert job_effects(cluster.state, "job_nope") is None
+    # A packed job (far future, kernel.wheel) has never run: no effects.
+    assert cluster.run(RaiseClusterVersion(7), ConfigureWheel(60_000, 60_000)) == [Ack(), Ack()]
+    packed = cluster.submit(run_at_ms=cluster.now_ms + 3600_000)
+    assert packed not in cluster.state.jobs and wheel.wheel_of(cluster.state).size == 1
+    assert job_effects(cluster.state, packed) == []

@@ -60,6 +60,8 @@ SCOPES: dict[str, tuple[list[str], list[str]]] = {
 NEEDS_ALL_TENANTS = {
     ("GET", "/metrics"),
     ("GET", "/v1/overview"),
+    # The dashboard's charts: a queue's figures mix every tenant's jobs.
+    ("GET", "/v1/stats/series"),
     ("GET", "/v1/queues"),
     ("GET", "/v1/queues/{name}"),
     ("PUT", "/v1/queues/{name}"),
@@ -201,7 +203,9 @@ class Fixture:
         path = canonical
         if canonical.startswith("/v1/queues/"):
             path = path.replace("{name}", "qa")
-        if canonical.startswith("/static/"):
+        if canonical.startswith("/static/vendor/"):
+            path = path.replace("{name}", "uPlot.iife.min.js")
+        elif canonical.startswith("/static/"):
             path = path.replace("{name}", "app.js")
         for parameter, value in self.ids.items():
             path = path.replace(parameter, value)

@@ -143,7 +143,7 @@ def _seed(client: Client, webhook_url: str) -> dict[str, list[str]]:
         "workflow_ids": [workflow["id"]],
         "schedule_ids": ["nightly-settlement"],
         "effect_keys": ["charge:pay_1"],
-        "names": ["payments", "acme", "app.js"],
+        "names": ["payments", "acme", "app.js", "uPlot.iife.min.js"],
         "subscription_ids": [subscription["id"]],
     }
 

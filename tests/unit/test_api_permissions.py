@@ -53,6 +53,7 @@ def test_the_public_routes_are_exactly_the_documented_ones() -> None:
         ("GET", "/openapi.json"),
         ("GET", "/"),
         ("GET", "/static/{name}"),
+        ("GET", "/static/vendor/{name}"),
         ("GET", "/v1/time"),
     }
     assert permission_for("HEAD", "/healthz") is Permission.PUBLIC

@@ -35,6 +35,7 @@ from raftsched.api import (
     queues,
     reconciliation,
     schedules,
+    stats,
     tokens,
     wheel,
     workflows,
@@ -211,6 +212,7 @@ def create_app(
     app.add_routes(reconciliation.routes)
     app.add_routes(tokens.routes)
     app.add_routes(wheel.routes)
+    app.add_routes(stats.routes)
     dashboard.setup(app)
     app.on_response_prepare.append(_on_response_prepare)
     schedules.setup(app, node)

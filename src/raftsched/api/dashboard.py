@@ -3,7 +3,8 @@ cross-origin rules that let a page served by one node talk to the leader.
 
 Routes:
 - `GET /` and `GET /static/{name}`: the single-page app (no build step; the
-  files ship in the package).
+  files ship in the package); `GET /static/vendor/{name}`: the charting
+  library it draws with (uPlot, static/vendor/README.md says which version).
 - `GET /v1/overview`: everything the on-call view shows, from this node's
   replica and memory (so it answers on any node, with or without a leader).
 - `GET /v1/time`: this node's wall clock and version; the leader uses it to
@@ -59,6 +60,9 @@ log = logging.getLogger("raftsched.audit")
 routes = web.RouteTableDef()
 
 STATIC_NAME = re.compile(r"^[A-Za-z0-9_-]+\.(html|js|css|svg)$")
+# Vendored files keep their own names (`uPlot.iife.min.js`): dots inside, never
+# a leading one, never a slash.
+VENDOR_NAME = re.compile(r"^[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.(js|css)$")
 CONTENT_TYPES = {
     "html": "text/html",
     "js": "text/javascript",
@@ -71,16 +75,16 @@ CORS_ALLOWED_HEADERS = "Content-Type, Raftsched-Actor, X-Request-Id, Authorizati
 CORS_EXPOSED_HEADERS = "X-Request-Id, Raftsched-Leader, Raftsched-Applied-Index, Retry-After"
 
 
-def _static_text(name: str) -> str:
-    return resources.files("raftsched").joinpath("static", name).read_text("utf-8")
+def _static_text(*parts: str) -> str:
+    return resources.files("raftsched").joinpath("static", *parts).read_text("utf-8")
 
 
-def _static_response(name: str) -> web.Response:
-    match = STATIC_NAME.match(name)
+def _static_response(name: str, folder: str | None = None) -> web.Response:
+    match = (STATIC_NAME if folder is None else VENDOR_NAME).match(name)
     if match is None:
         raise ApiError("not_found", f"no file {name}")
     try:
-        text = _static_text(name)
+        text = _static_text(name) if folder is None else _static_text(folder, name)
     except (FileNotFoundError, IsADirectoryError):
         raise ApiError("not_found", f"no file {name}") from None
     return web.Response(
@@ -101,6 +105,11 @@ async def index(request: web.Request) -> web.Response:
 @routes.get("/static/{name}")
 async def static_file(request: web.Request) -> web.Response:
     return _static_response(request.match_info["name"])
+
+
+@routes.get("/static/vendor/{name}")
+async def vendor_file(request: web.Request) -> web.Response:
+    return _static_response(request.match_info["name"], "vendor")
 
 
 @routes.get("/v1/time")

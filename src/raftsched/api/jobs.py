@@ -1,4 +1,5 @@
-"""`/v1/jobs`: submit (one or a batch), read, list, cancel, replay, history."""
+"""`/v1/jobs`: submit (one or a batch), read, list, cancel, replay, history,
+and the effects a job recorded."""
 
 from __future__ import annotations
 
@@ -267,4 +268,32 @@ async def job_history(request: web.Request) -> web.Response:
         if events is None or job is None or not scope.visible_job(principal, job):
             raise ApiError("not_found", f"no job {job_id}")
         body = {"events": [render.history_event(event) for event in events]}
+    return json_response(body, headers=headers)
+
+
+# Effects one job recorded, at most this many per page (a job rarely records
+# more than a handful: one per external action).
+EFFECTS_LIMIT_MAX = LIST_LIMIT_MAX
+
+
+@routes.get("/v1/jobs/{job_id}/effects")
+async def job_effects(request: web.Request) -> web.Response:
+    """The job's entries in the effects ledger, oldest first. Scoped as
+    `GET /v1/effects/{key}` is: an effect belongs to the job that recorded
+    it, so a job outside the caller's tenants or queues is `404`."""
+    reject_unknown(request.query, frozenset({"limit", "consistency"}))
+    limit = query_integer(request.query, "limit", 1, EFFECTS_LIMIT_MAX, default=100)
+    assert limit is not None
+    headers = await prepare_read(request)
+    job_id = request.match_info["job_id"]
+    principal = principal_of(request)
+    with node_of(request).reading() as state:
+        job = core.get_job(state, job_id)
+        effects = core.job_effects(state, job_id)
+        if effects is None or job is None or not scope.visible_job(principal, job):
+            raise ApiError("not_found", f"no job {job_id}")
+        body = {
+            "effects": [render.effect(effect) for effect in effects[:limit]],
+            "total": len(effects),
+        }
     return json_response(body, headers=headers)

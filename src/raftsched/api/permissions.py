@@ -39,7 +39,7 @@ class Permission(enum.StrEnum):
     # GET /v1/jobs/{id}: READ, or a worker's job on its queues that holds a lease.
     READ_JOB = "read.job"
     READ_EFFECTS = "effects.read"
-    # Cluster-wide views: /v1/cluster, /metrics, queues, overview, events, digest.
+    # Cluster-wide views: /v1/cluster, /metrics, queues, overview, series, events, digest.
     CLUSTER = "cluster"
     SUBMIT = "submit"
     CANCEL = "cancel"
@@ -99,6 +99,7 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     ("GET", "/openapi.json"): P.PUBLIC,
     ("GET", "/"): P.PUBLIC,
     ("GET", "/static/{name}"): P.PUBLIC,
+    ("GET", "/static/vendor/{name}"): P.PUBLIC,
     ("GET", "/v1/time"): P.PUBLIC,
     # Jobs.
     ("POST", "/v1/jobs"): P.SUBMIT,
@@ -109,6 +110,8 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     ("POST", "/v1/jobs/{job_id}/replay"): P.OPERATE,
     ("POST", "/v1/jobs/{job_id}/reconcile"): P.OPERATE,
     ("GET", "/v1/jobs/{job_id}/history"): P.READ,
+    # A job's effects: whoever may read effects (a worker on the job's queues too).
+    ("GET", "/v1/jobs/{job_id}/effects"): P.READ_EFFECTS,
     # The reconciliation report: tenant-scoped like the job lists.
     ("GET", "/v1/reconciliation"): P.READ,
     # The worker protocol and effects.
@@ -161,6 +164,8 @@ ROUTE_PERMISSIONS: Final[dict[tuple[str, str], Permission]] = {
     # Cluster-wide views.
     ("GET", "/v1/cluster"): P.CLUSTER,
     ("GET", "/v1/overview"): P.CLUSTER,
+    # The dashboard's charts: a queue's figures mix every tenant's jobs.
+    ("GET", "/v1/stats/series"): P.CLUSTER,
     ("GET", "/metrics"): P.CLUSTER,
     ("GET", "/v1/debug/digest"): P.CLUSTER,
     # Membership.

@@ -6,6 +6,11 @@ it for one entry, a read holds it while it renders its answer. After every
 entry the node is told (coalesced) so that long-polls and the dispatch loop
 re-check the state.
 
+Observers of what is applied (`on_results`, `on_restored`: node.series
+counts failed attempts and lease lags on every replica) run under the lock
+on the Raft thread; they must be quick, and an exception in one is logged
+and never reaches pysyncobj (it would wedge the replica on the entry).
+
 An entry this code cannot decode (a newer release proposed a command it does
 not know) is not applied, skipped or rejected: every replica that could
 decode it has applied it, so this one stops applying at it
@@ -15,13 +20,16 @@ decode it has applied it, so this one stops applying at it
 from __future__ import annotations
 
 import gc
+import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 
 from raftsched import core
 from raftsched.core.membership.members import members
 from raftsched.raft import StopApplying
+
+log = logging.getLogger("raftsched.machine")
 
 
 class ReplicatedState:
@@ -30,6 +38,9 @@ class ReplicatedState:
         on_applied: Callable[[], None],
         applying_index: Callable[[], int | None] = lambda: None,
         directory_is_ours: Callable[[core.State], bool] = lambda state: True,
+        *,
+        on_results: Callable[[core.State, Sequence[object]], None] | None = None,
+        on_restored: Callable[[int, int], None] | None = None,
     ) -> None:
         self.state = core.new_state()
         self.lock = threading.RLock()
@@ -44,6 +55,8 @@ class ReplicatedState:
         # member directory is the old cluster's machines (node.membership).
         self._directory_is_ours = directory_is_ours
         self._on_applied = on_applied
+        self._on_results = on_results
+        self._on_restored = on_restored
         self._reading = _Reading(self)
 
     def reading(self) -> AbstractContextManager[core.State]:
@@ -56,10 +69,19 @@ class ReplicatedState:
                 results = core.apply_encoded(self.state, data)
                 self.entries_applied += 1
                 self.applied_index = self._applying_index() or self.applied_index + 1
+                if self._on_results is not None:
+                    self._observe(results)
         except core.CodecError as error:
             raise StopApplying(f"this release cannot decode the entry ({error})") from error
         self._on_applied()
         return results
+
+    def _observe(self, results: Sequence[object]) -> None:
+        assert self._on_results is not None
+        try:
+            self._on_results(self.state, results)
+        except Exception:  # a bug in an observer; the entry is applied all the same
+            log.exception("observing an applied entry failed")
 
     def snapshot(self) -> Iterator[memoryview]:
         # Called in the snapshot child, whose copy of the state nothing else
@@ -82,8 +104,14 @@ class ReplicatedState:
             if was_enabled:
                 gc.enable()
         with self.lock:
+            before_ms = self.state.now_ms
             self.state = restored
             self.applied_index = self._applying_index() or 0
+            if self._on_restored is not None:
+                try:
+                    self._on_restored(before_ms, restored.now_ms)
+                except Exception:
+                    log.exception("observing a restored snapshot failed")
         gc.collect()
         self._on_applied()
 

@@ -68,6 +68,8 @@ from raftsched.node.membership import Directory, Driver
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, Proposer
+from raftsched.node.series import SeriesRing
+from raftsched.node.series import sample_forever as sample_series
 from raftsched.node.versions import (
     POLL_PERIOD_S,
     NodeVersion,
@@ -115,8 +117,14 @@ class Node:
         self.metrics = NodeMetrics()
         self.clock = LeaderClock()
         self.draws = Draws(self.clock.now_ms)  # every id and random number proposed
+        # The dashboard's charts (node.series): every replica counts what it applies.
+        self.series = SeriesRing()
         self.replica = ReplicatedState(
-            self._applied_threadsafe, lambda: self.raft.applying_index, self._directory_is_ours
+            self._applied_threadsafe,
+            lambda: self.raft.applying_index,
+            self._directory_is_ours,
+            on_results=self.series.count_applied,
+            on_restored=self.series.note_restored,
         )
         # Who this data directory belongs to (raftsched.identity); raises
         # ForeignDataDirectory if it is another node's.
@@ -184,6 +192,7 @@ class Node:
         )
         self._init_metrics()
         self._sampler_task: asyncio.Task[None] | None = None
+        self._series_task: asyncio.Task[None] | None = None
         self._http_session: aiohttp.ClientSession | None = None
         # Peers' /v1/time over HTTPS: verified against the node's CA, with the
         # node's certificate for peers that require one (raftsched.tls).
@@ -206,6 +215,7 @@ class Node:
         """Start Raft. Must run on the main thread (see raftsched.raft)."""
         self.raft.start()
         self._sampler_task = self.loop.create_task(sample_forever(self.observer, self._sample))
+        self._series_task = self.loop.create_task(sample_series(self.series, self.reading))
 
     async def close(self) -> None:
         self.proposer.step_down()
@@ -215,6 +225,8 @@ class Node:
             self._dispatch_task.cancel()
         if self._sampler_task is not None:
             self._sampler_task.cancel()
+        if self._series_task is not None:
+            self._series_task.cancel()
         if self._http_session is not None:
             await self._http_session.close()
         self.raft.close()

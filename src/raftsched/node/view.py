@@ -24,6 +24,7 @@ from raftsched.node.change import Change
 from raftsched.node.membership import Directory, Driver
 from raftsched.node.metrics import NodeMetrics
 from raftsched.node.observability import Observer
+from raftsched.node.series import SeriesRing
 from raftsched.node.versions import NodeVersion
 from raftsched.raft import Halt, RaftStatus
 
@@ -77,6 +78,11 @@ class NodeView(StateView, Protocol):
 
     @property
     def observer(self) -> Observer: ...
+
+    @property
+    def series(self) -> SeriesRing:
+        """This node's hour of per-queue figures for the dashboard's charts."""
+        ...
 
     def status(self) -> RaftStatus: ...
 

@@ -7,6 +7,10 @@
 // URL, because a browser will not follow a follower's redirect to another
 // origin. Endpoints that this node does not serve (404 "no route", 405) are
 // shown as "not available", so the page works on builds without them.
+// Charts (the Charts view, and the last hour on the on-call view) are drawn
+// by uPlot, vendored under /static/vendor/ (its README names the version),
+// from `GET /v1/stats/series`; a chart is made once and given new data on
+// every poll, so it does not flicker.
 // Actions ask for confirmation and a reason, and send `Raftsched-Actor:
 // dashboard`; the job history and the audit log line name the caller's token
 // (`name (tok_...)`) once authentication is on, the header only while it is off.
@@ -195,6 +199,136 @@ function failed(answer, what) {
   return `<p class="na">${esc(errorText(answer))}</p>`;
 }
 
+// -- charts -----------------------------------------------------------------
+
+// Made once per key and kept across polls: {plot, signature, width}.
+const charts = new Map();
+const CHART_HEIGHT = 170;
+const SERIES_WINDOWS = [[900, "15 min"], [3600, "1 h"]];
+const COLORS = { succeeded: "#1f8a4c", failed: "#b7791f", dead: "#c53030", depth: "#2b6cb0", age: "#6b46c1", lag: "#2c7a7b" };
+
+function shortNumber(value) {
+  if (value === null || value === undefined) return "–";
+  const size = Math.abs(value);
+  if (size >= 1e6) return `${(value / 1e6).toFixed(1)}M`;
+  if (size >= 1e4) return `${(value / 1e3).toFixed(0)}k`;
+  if (size >= 100 || Number.isInteger(value)) return value.toFixed(0);
+  return value.toFixed(size >= 10 ? 1 : 2);
+}
+
+// One chart's description: the line series and their values over `at`.
+// `data` is uPlot's: seconds since the epoch, then one array per series.
+function chartSpec(key, title, body, lines) {
+  const xs = body.at.map((iso) => Date.parse(iso) / 1000);
+  return {
+    key,
+    title,
+    series: lines.map(([label, , color]) => ({ label, stroke: color })),
+    data: [xs, ...lines.map(([, values]) => values)],
+  };
+}
+
+const chartHolder = (spec) =>
+  `<figure class="chart"><figcaption>${esc(spec.title)}</figcaption><div data-chart="${esc(spec.key)}"></div></figure>`;
+
+// The dashboard shows UTC everywhere, as 24-hour times.
+const utcTime = (ts, seconds = false) => new Date(ts * 1000).toISOString().slice(11, seconds ? 19 : 16);
+
+// A value with no value on either side (a lone claim's lag, a sample after a
+// gap) makes no line: draw it as a dot.
+function lonePoints(u, seriesIdx) {
+  const values = u.data[seriesIdx];
+  const lone = [];
+  for (let i = 0; i < values.length; i++) {
+    if (values[i] != null && values[i - 1] == null && values[i + 1] == null) lone.push(i);
+  }
+  return lone;
+}
+
+function chartOptions(spec, width) {
+  return {
+    width,
+    height: CHART_HEIGHT,
+    scales: { x: { time: true }, y: { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
+    series: [
+      { label: "UTC", value: (u, ts) => (ts == null ? "–" : utcTime(ts, true)) },
+      ...spec.series.map((s) => ({
+        label: s.label, stroke: s.stroke, width: 1.5, spanGaps: false, value: (u, v) => shortNumber(v),
+        points: { show: true, size: 5, fill: s.stroke, filter: lonePoints },
+      })),
+    ],
+    axes: [{ values: (u, splits) => splits.map((ts) => utcTime(ts)) }, { size: 52, values: (u, splits) => splits.map(shortNumber) }],
+    cursor: { drag: { x: false, y: false } },
+  };
+}
+
+// After the view's HTML is in place: draw its charts into their holders,
+// reusing the plot of the same key (uPlot's root moves into the new holder),
+// and drop the plots the view no longer shows.
+function mountCharts(specs) {
+  const shown = new Set();
+  for (const spec of specs) {
+    const holder = view.querySelector(`[data-chart="${CSS.escape(spec.key)}"]`);
+    if (!holder || typeof uPlot === "undefined") continue;
+    shown.add(spec.key);
+    const width = Math.max(320, holder.clientWidth || 480);
+    const signature = spec.series.map((s) => s.label).join("|");
+    let entry = charts.get(spec.key);
+    if (!entry || entry.signature !== signature) {
+      entry?.plot.destroy();
+      entry = { plot: new uPlot(chartOptions(spec, width), spec.data, holder), signature, width };
+      charts.set(spec.key, entry);
+    } else {
+      holder.appendChild(entry.plot.root);
+      entry.plot.setData(spec.data);
+      if (entry.width !== width) {
+        entry.plot.setSize({ width, height: CHART_HEIGHT });
+        entry.width = width;
+      }
+      entry.plot.syncRect();
+    }
+    // For people and tests: how many values there are, their largest and their sum.
+    const values = spec.data.slice(1).flat().filter((v) => v !== null && v !== undefined);
+    holder.dataset.points = String(values.length);
+    holder.dataset.max = String(values.reduce((a, b) => Math.max(a, b), 0));
+    holder.dataset.sum = String(values.reduce((a, b) => a + b, 0));
+  }
+  for (const [key, entry] of charts) {
+    if (!shown.has(key)) {
+      entry.plot.destroy();
+      charts.delete(key);
+    }
+  }
+}
+
+window.addEventListener("resize", () => {
+  for (const entry of charts.values()) {
+    const width = Math.max(320, entry.plot.root.parentElement?.clientWidth || entry.width);
+    if (width !== entry.width) {
+      entry.plot.setSize({ width, height: CHART_HEIGHT });
+      entry.width = width;
+    }
+  }
+});
+
+// The figures of one series answer, as chart descriptions.
+function seriesCharts(prefix, body) {
+  const ms = (values) => values.map((v) => (v === null ? null : v * 1000));
+  return [
+    chartSpec(`${prefix}-rates`, "Jobs per second", body, [
+      ["succeeded/s", body.succeeded_per_s, COLORS.succeeded],
+      ["failed/s", body.failed_per_s, COLORS.failed],
+      ["dead-lettered/s", body.dead_lettered_per_s, COLORS.dead],
+    ]),
+    chartSpec(`${prefix}-depth`, "Queue depth (runnable jobs)", body, [["depth", body.depth, COLORS.depth]]),
+    chartSpec(`${prefix}-age`, "Oldest runnable job, age (s)", body, [["age s", body.oldest_runnable_age_s, COLORS.age]]),
+    chartSpec(`${prefix}-lag`, "Due-to-lease lag, p99 (ms)", body, [["p99 ms", ms(body.due_to_lease_p99_s), COLORS.lag]]),
+  ];
+}
+
+const chartsMissing = () =>
+  typeof uPlot === "undefined" ? notAvailable("the charting library, /static/vendor/uPlot.iife.min.js") : "";
+
 // -- confirmation and actions -----------------------------------------------
 
 function confirmAction(title, text) {
@@ -326,7 +460,9 @@ async function onCallView() {
   // The overview names the leader: until it is known, ask it first, or the
   // other reads would go through a follower's redirect (see api).
   const first = leaderBase ? null : await overview();
-  const [over, queues, events] = await Promise.all([first ?? overview(), api("/v1/queues"), api("/v1/events?after=0")]);
+  const [over, queues, events, lastHour] = await Promise.all([
+    first ?? overview(), api("/v1/queues"), api("/v1/events?after=0"), api("/v1/stats/series?window_s=3600"),
+  ]);
   if (over.status === 403) return scopedOnCallView();
   if (!over.ok) return `<section class="wide"><h2>Cluster</h2><p class="na">cannot read this node: ${esc(errorText(over))}</p></section>`;
   const o = over.body;
@@ -363,7 +499,7 @@ async function onCallView() {
         : '<span class="muted">none</span>';
     const paused = limits?.paused;
     return [
-      `<a href="#/jobs?queue=${encodeURIComponent(q.name)}">${esc(q.name)}</a>`,
+      `<a href="#/jobs?queue=${encodeURIComponent(q.name)}">${esc(q.name)}</a> <a class="muted" href="#/charts?queue=${encodeURIComponent(q.name)}" title="the last hour of ${esc(q.name)}">chart</a>`,
       esc(q.depth),
       esc(q.running),
       ago(q.oldest_runnable_age_s),
@@ -382,7 +518,12 @@ async function onCallView() {
     outbox = `<p>last event seq <b>${esc(events.body.last_seq)}</b>${o.outbox_lag ? `, undelivered per subscription: ${Object.entries(o.outbox_lag).map(([k, v]) => `${esc(k)} ${esc(v)}`).join(", ") || "no subscriptions"}` : ""}</p>` +
       table(["seq#", "type", "at"], list.slice(-10).reverse().map((e) => [esc(e.seq), esc(e.type), when(e.at)]), "no events");
   }
-  return `
+  // The cluster's last hour: jobs per second and depth (the rest: Charts).
+  const hourCharts = lastHour.ok ? seriesCharts("oncall", lastHour.body).slice(0, 2) : [];
+  const hour = lastHour.ok
+    ? `${chartsMissing()}<div class="charts">${hourCharts.map(chartHolder).join("")}</div>`
+    : failed(lastHour, "GET /v1/stats/series");
+  const html = `
   <section class="wide" id="nodes"><h2>Nodes <span class="muted">term ${esc(o.node.term)}, commit ${esc(o.node.commit_index)}, leader ${esc(o.node.leader?.id ?? "none")}</span></h2>
     ${table(["node", "role", "term#", "applied / match#", "reachable", "clock skew vs leader"], nodes)}
     ${changeLine}
@@ -390,6 +531,7 @@ async function onCallView() {
   <section class="wide" id="queues"><h2>Queues</h2>
     ${table(["queue", "depth#", "running#", "oldest runnable", "submitted/min#", "succeeded/min#", "failed/min#", "limits", ""], queueRows, "no queues yet")}
     ${queues.missing ? notAvailable("GET /v1/queues: limits and pause") : ""}</section>
+  <section class="wide" id="last-hour"><h2>Last hour <span class="muted">the whole cluster, 5 s buckets, as node ${esc(lastHour.body?.node_id ?? "–")} counts them · <a href="#/charts">all charts</a></span></h2>${hour}</section>
   <section id="stuck"><h2>Stuck jobs <span class="muted">(no heartbeat progress for ${esc(o.stuck_after_s)} s)</span></h2>
     ${table(["job", "queue", "worker", "quiet", ""], o.stuck_jobs.map((j) => [jobLink(j.job_id), esc(j.queue), dash(j.worker_id), ago(j.quiet_s), actionButton("cancel-job", j.job_id, "Cancel job")]), "none")}</section>
   <section id="dlq"><h2>Dead-letter queue <span class="muted">${esc(o.status_counts.dead_letter ?? 0)} jobs</span></h2>
@@ -399,6 +541,41 @@ async function onCallView() {
   <section id="leaders"><h2>Leader history <span class="muted">(seen by ${esc(o.node.id)})</span></h2>
     ${table(["at", "term#", "leader", "previous"], o.leader_history.map((c) => [when(ms(c.at_ms)), esc(c.term), dash(c.leader_id), dash(c.previous_id)]), "no change seen")}</section>
   <section id="outbox"><h2>Events (outbox)</h2>${outbox}</section>`;
+  return { html, charts: hourCharts };
+}
+
+// Charts of the last hour (or 15 minutes), for the cluster or one queue,
+// from `GET /v1/stats/series` (docs/observability.md, "Charts").
+async function chartsView(params) {
+  const queue = params.get("queue") || "";
+  const windowS = SERIES_WINDOWS.some(([s]) => String(s) === params.get("window_s")) ? Number(params.get("window_s")) : 3600;
+  const query = new URLSearchParams({ window_s: String(windowS) });
+  if (queue) query.set("queue", queue);
+  const [answer, whole] = await Promise.all([api(`/v1/stats/series?${query}`), queue ? api("/v1/stats/series?window_s=5") : null]);
+  const queues = (answer.ok ? answer.body : whole?.ok ? whole.body : null)?.queues ?? [];
+  const link = (name, label, current) => {
+    const target = new URLSearchParams({ window_s: String(windowS) });
+    if (name) target.set("queue", name);
+    return current ? `<b>${esc(label)}</b>` : `<a href="#/charts?${target}">${esc(label)}</a>`;
+  };
+  const picker = [link("", "whole cluster", !queue), ...queues.map((name) => link(name, name, name === queue))].join(" · ");
+  const windows = SERIES_WINDOWS.map(([s, label]) => {
+    const target = new URLSearchParams({ window_s: String(s) });
+    if (queue) target.set("queue", queue);
+    return s === windowS ? `<b>${esc(label)}</b>` : `<a href="#/charts?${target}">${esc(label)}</a>`;
+  }).join(" · ");
+  const title = queue ? `queue ${esc(queue)}` : "the whole cluster";
+  const head = `<section class="wide" id="charts"><h2>Charts <span class="muted">${title}</span></h2>
+    <p id="chart-picker">Show: ${picker}</p><p>Window: ${windows}</p>`;
+  if (!answer.ok) return `${head}${failed(answer, "GET /v1/stats/series")}</section>`;
+  const b = answer.body;
+  const specs = seriesCharts("charts", b);
+  return {
+    html: `${head}<p class="muted">5 s buckets, counted by node ${esc(b.node_id)} by replicated time (every node counts the same);
+      depth and age sampled by it since ${when(b.sampling_since)}. Gaps: what this node cannot know.</p>${chartsMissing()}</section>
+    <section class="wide" id="chart-grid"><div class="charts">${specs.map(chartHolder).join("")}</div></section>`,
+    charts: specs,
+  };
 }
 
 const SEARCH_FIELDS = [
@@ -453,9 +630,10 @@ document.addEventListener("submit", (event) => {
 });
 
 async function jobView(id) {
-  const [jobAnswer, historyAnswer] = await Promise.all([
+  const [jobAnswer, historyAnswer, effectsAnswer] = await Promise.all([
     api(`/v1/jobs/${encodeURIComponent(id)}`),
     api(`/v1/jobs/${encodeURIComponent(id)}/history`),
+    api(`/v1/jobs/${encodeURIComponent(id)}/effects`),
   ]);
   if (!jobAnswer.ok) return `<section class="wide"><h2>Job ${esc(id)}</h2>${failed(jobAnswer, "GET /v1/jobs/{id}")}</section>`;
   const j = jobAnswer.body.job;
@@ -486,7 +664,18 @@ async function jobView(id) {
     <div class="actions">${actions}</div>
     <dl class="kv">${fields.map(([k, v]) => `<dt>${esc(k)}</dt><dd>${v}</dd>`).join("")}</dl></section>
   <section id="attempts"><h2>Attempts</h2>${table(["#", "worker", "epoch#", "token#", "claimed", "started", "ended", "outcome", "error"], attempts, "no attempts yet")}</section>
+  <section id="effects"><h2>Effects <span class="muted">recorded in the effects ledger, first writer wins</span></h2>${effectsTable(effectsAnswer)}</section>
   <section id="history"><h2>Timeline</h2>${historyAnswer.ok ? `<ol class="timeline">${timeline}</ol>` : failed(historyAnswer, "GET /v1/jobs/{id}/history")}</section>`;
+}
+
+// The effects a job recorded (`GET /v1/jobs/{id}/effects`), oldest first;
+// each with the attempt's fencing token, so a repeated side effect shows.
+function effectsTable(answer) {
+  if (!answer.ok) return failed(answer, "GET /v1/jobs/{id}/effects");
+  const { effects, total } = answer.body;
+  const rows = effects.map((e) => [`<span class="mono">${esc(e.key)}</span>`, esc(e.fencing_token), esc(e.epoch), when(e.recorded_at), e.result === null ? dash(null) : `<code>${esc(JSON.stringify(e.result))}</code>`]);
+  const more = total > effects.length ? `<p class="muted">${esc(effects.length)} of ${esc(total)} shown</p>` : "";
+  return table(["key", "token#", "epoch#", "recorded", "result"], rows, "none recorded") + more;
 }
 
 async function schedulesView() {
@@ -636,6 +825,7 @@ function route() {
   if (parts[0] === "workflows" && parts[1]) return ["workflows", () => workflowView(parts[1])];
   if (parts[0] === "workflows") return ["workflows", workflowsView];
   if (parts[0] === "reconciliation") return ["reconciliation", () => reconciliationView(params)];
+  if (parts[0] === "charts") return ["charts", () => chartsView(params)];
   return ["oncall", onCallView];
 }
 
@@ -647,13 +837,16 @@ async function refresh() {
   try {
     if (!leaderBase && !overviewDenied && name !== "oncall") await overview();
     if (overviewDenied) await findLeader();
-    const html = await render();
+    const out = await render();
     if (seq !== renderSeq || !me) return; // a newer render started meanwhile, or logged out
+    // A view answers its HTML, or {html, charts} when it draws charts.
+    const html = typeof out === "string" ? out : out.html;
     // Keep what the user is typing in the search form.
     const active = document.activeElement;
     if (active && isSearchForm(active.form)) return;
     if (document.getElementById("confirm").open) return;
     view.innerHTML = html;
+    mountCharts(typeof out === "string" ? [] : out.charts);
     view.dataset.view = name;
     view.dataset.rendered = String(Number(view.dataset.rendered || 0) + 1);
     statusLine.textContent = `updated ${new Date().toLocaleTimeString()} · leader ${leaderBase ?? "unknown"}`;
@@ -722,6 +915,7 @@ function showLogin(message = "") {
   clearInterval(pollTimer);
   renderSeq++; // drop any render under way
   view.innerHTML = "";
+  mountCharts([]);
   view.hidden = true;
   delete view.dataset.view;
   document.getElementById("confirm").close?.();

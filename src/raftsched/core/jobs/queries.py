@@ -215,6 +215,15 @@ def get_effect(state: State, key: str) -> Effect | None:
     return None if found is None else public_effect(*found)
 
 
+def job_effects(state: State, job_id: str) -> list[Effect] | None:
+    """The effects the job recorded, in the order it recorded them; None for
+    no such job. A packed job (kernel.wheel) has never run, so it has none."""
+    job = get_job(state, job_id)
+    if job is None:
+        return None
+    return [public_effect(job, effect) for effect in job.effects or ()]
+
+
 def job_history(state: State, job_id: str) -> list[HistoryEvent] | None:
     """Every transition of the job, oldest first, starting with its submission."""
     job = get_job(state, job_id)
