@@ -177,9 +177,15 @@ def test_the_blocking_effect_is_refused_in_an_async_handler() -> None:
     assert "aeffect" in str(outcome.error) and outcome.ledger == {}
 
 
-def test_progress_must_be_json() -> None:
-    outcome = run_handler(lambda ctx: ctx.progress({"at": object()}))
+@pytest.mark.parametrize(
+    "details", [{"at": object()}, {"ratio": float("nan")}, "\ud800", 2**64], ids=repr
+)
+def test_progress_must_be_json_the_api_takes(details: Any) -> None:
+    """As a worker's `ctx.progress` refuses it: the same check, the same error."""
+    outcome = run_handler(lambda ctx: ctx.progress(details))
     assert outcome.status == "failed_transient" and isinstance(outcome.error, TypeError)
+    assert str(outcome.error).startswith("progress must be JSON the API takes: ")
+    assert outcome.progress == ()
 
 
 def test_heartbeats_keep_a_short_lease_past_its_length() -> None:

@@ -251,3 +251,36 @@ def test_load_handler() -> None:
         load_handler("raftsched.demo")
     with pytest.raises(ValueError, match="no 'nope'"):
         load_handler("raftsched.demo:nope")
+
+
+def test_progress_a_heartbeat_cannot_carry_is_refused_at_the_call() -> None:
+    """A value the API would refuse used to be kept and then break the
+    heartbeat batch (TypeError while encoding it), which ended renewals for
+    good. Now `ctx.progress` raises TypeError and the lease is kept."""
+    refused: list[BaseException] = []
+
+    async def handler(ctx: JobContext) -> str:
+        for bad in ({"at": {1, 2}}, {"ratio": float("nan")}):
+            try:
+                ctx.progress(bad)
+            except TypeError as error:
+                refused.append(error)
+        report = {"step": 1}
+        ctx.progress(report)
+        report["step"] = 2  # the worker sends what was reported, not this
+        await asyncio.sleep(1.5)
+        return "done"
+
+    async def scenario(fake: FakeLeases) -> None:
+        job = fake.add("job_1")
+        async with running_worker(fake, handler, lease_s=0.6):
+            await fake.wait_for(lambda: job.status == "succeeded")
+        assert [str(error).split(":")[0] for error in refused] == [
+            "progress must be JSON the API takes"
+        ] * 2
+        assert "not JSON serializable" in str(refused[0])
+        assert "nan is not a JSON number" in str(refused[1])
+        assert job.heartbeats >= 4  # 1.5 s of work under a 0.6 s lease
+        assert [p for p in job.progress if p is not None] == [{"step": 1}]
+
+    run(scenario)
