@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import threading
 import time
@@ -39,6 +38,7 @@ from raftsched.worker._context import (
     JobContext,
     PermanentError,
     TransientError,
+    api_json,
     log_fields,
 )
 
@@ -251,9 +251,10 @@ class JobRun:
     def _outcome_op(self, outcome: Outcome, reason: CancelReason | None) -> JsonObject:
         if isinstance(outcome, Returned):
             try:
-                json.dumps(outcome.value)
-            except (TypeError, ValueError) as not_json:
-                return self._fail_op("permanent", f"result is not JSON: {not_json}")
+                api_json(outcome.value, "result")
+            except TypeError as not_json:
+                # Sent, the batch carrying it would fail (NaN: refused whole).
+                return self._fail_op("permanent", str(not_json))
             return self._op("complete", result=outcome.value)
         error = outcome.error
         if isinstance(error, JobCancelled | asyncio.CancelledError) and reason is not None:
