@@ -16,6 +16,7 @@ from raftsched.worker import (
     JobContext,
     PermanentError,
     TransientError,
+    WorkerConfig,
     load_handler,
 )
 
@@ -284,3 +285,21 @@ def test_progress_a_heartbeat_cannot_carry_is_refused_at_the_call() -> None:
         assert [p for p in job.progress if p is not None] == [{"step": 1}]
 
     run(scenario)
+
+
+def test_a_claim_polls_at_most_half_the_lease() -> None:
+    """A job granted at the end of a poll still has half its lease: with a
+    poll longer than the lease, one granted late was past the worker's own
+    deadline (it counts from when the claim was sent) and never started."""
+
+    async def scenario(fake: FakeLeases) -> None:
+        async with running_worker(fake, lambda ctx: "ran", lease_s=0.8, poll_wait_s=2.0):
+            await fake.wait_for(lambda: fake.claims >= 1)
+            await asyncio.sleep(1.0)  # past the first poll's lease, were it still open
+            job = fake.add("job_1")
+            await fake.wait_for(lambda: job.status == "succeeded")
+        assert set(fake.claim_waits) == {0.4}
+
+    run(scenario)
+    assert WorkerConfig(["http://x"], ("q",), lease_s=30, poll_wait_s=20).claim_wait_s == 15
+    assert WorkerConfig(["http://x"], ("q",), lease_s=60, poll_wait_s=20).claim_wait_s == 20
