@@ -1,5 +1,6 @@
 """The worker's long poll against a real cluster: a job granted at the end of
-a poll still runs."""
+a poll still runs, and a stopped worker leaves no poll behind that takes a
+job submitted after it stopped."""
 
 from __future__ import annotations
 
@@ -57,3 +58,26 @@ def test_a_job_granted_late_in_a_poll_longer_than_the_lease_runs(
     job = asyncio.run(work())
     assert job["status"] == "succeeded", job
     assert len(job["attempts"]) == 1 and ran == [1], job
+
+
+def test_a_stopped_worker_leaves_no_poll_that_takes_a_new_job(
+    cluster: LocalCluster, client: Client
+) -> None:
+    queue = "after-stop"
+
+    async def run_and_stop() -> float:
+        config = WorkerConfig(cluster.urls, (queue,), worker_id="stopped", poll_wait_s=20.0)
+        worker = Worker(config, lambda ctx: "never")
+        runner = asyncio.create_task(worker.run())
+        await asyncio.sleep(1.0)  # its claim is long-polling on the cluster now
+        stopped_at = time.monotonic()
+        worker.stop()
+        await asyncio.wait_for(runner, 10)
+        return time.monotonic() - stopped_at
+
+    assert asyncio.run(run_and_stop()) < 2.0  # stop did not wait for the poll
+    job_id = client.submit(queue, {"n": 1})["id"]
+    time.sleep(1.0)  # a poll left behind would have been granted it by now
+    assert client.get_job(job_id)["status"] == "pending"
+    (lease,) = client.claim("next-worker", [queue], max_jobs=1, wait_s=5)
+    assert lease["job_id"] == job_id and lease["attempt"] == 1

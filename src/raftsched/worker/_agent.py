@@ -8,9 +8,12 @@ at the end of a poll still has half its lease (`WorkerConfig.claim_wait_s`).
 
 On stop (SIGTERM/SIGINT) it stops claiming, gives running jobs
 `shutdown_grace_s` to finish, then cancels them (reported as `unknown`
-failures), and exits. A claim in flight at stop is abandoned: any lease it
-granted expires unstarted, which is a safe retry. A second signal skips the
-grace period.
+failures), and exits. A claim in flight at stop is abandoned: its connection
+is closed, and the cluster ends the poll without granting it anything (a node
+of 0.6.0 or earlier polls on until its wait ends, and may grant it a job
+submitted meanwhile). A lease granted before the worker stopped listening
+expires unstarted: the job is retried, with no attempt counted against it
+(it never started). A second signal skips the grace period.
 
 Next claims (`WorkerConfig.next_claims`, on by default): a lease batch that
 reports jobs finished also claims their slots' next jobs (`next`, wait 0), so
@@ -229,7 +232,11 @@ class Worker:
             finally:
                 self._reserved -= free
             if not claim.done():
-                claim.cancel()  # stopping; granted leases expire unstarted
+                # Stopping: cancelling closes the poll's connection, and the
+                # cluster ends a poll whose client is gone without granting
+                # it anything. A lease granted before that expires unstarted.
+                claim.cancel()
+                await asyncio.gather(claim, return_exceptions=True)
                 break
             try:
                 leases = claim.result()
