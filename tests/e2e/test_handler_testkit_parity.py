@@ -19,10 +19,6 @@ from raftsched.testing import HandlerOutcome, LocalCluster, run_handler
 from raftsched.worker import JobContext, PermanentError, Worker, WorkerConfig
 
 QUEUE = "parity"
-# The second worker's queue: a stopped worker's long-poll stays on the
-# cluster until its wait ends, and a job it is granted there waits a whole
-# lease to expire before the next worker can have it.
-AGAIN_QUEUE = "parity-again"
 # The job status the cluster gives each kit outcome that ends a job.
 STATUS_AFTER = {"succeeded": "succeeded", "failed_permanent": "dead_letter"}
 
@@ -119,17 +115,17 @@ def test_run_handler_and_a_real_worker_agree(cluster: LocalCluster, client: Clie
 
     # A second job for the same payment finds the charge in the ledger, on
     # the cluster as in the kit given the cluster's ledger; nobody charges again.
-    again_id = client.submit(AGAIN_QUEUE, payloads["paid"], idempotency_key="parity:again")["id"]
+    again_id = client.submit(QUEUE, payloads["paid"], idempotency_key="parity:again")["id"]
     ledger = {"charge:p1": client.get_effect("charge:p1")["result"]}
     kit_again = run_handler(
         payment_handler(kit_provider),
         payloads["paid"],
         job_id=again_id,
-        queue=AGAIN_QUEUE,
+        queue=QUEUE,
         effects=ledger,
     )
     assert kit_again.replayed == ("charge:p1",) and kit_again.effects == {}
-    _run_worker(cluster, client, payment_handler(real_provider), [again_id], AGAIN_QUEUE)
+    _run_worker(cluster, client, payment_handler(real_provider), [again_id], QUEUE)
     again = client.get_job(again_id)
     _assert_same(kit_again, again, client)
     assert client.get_effect("charge:p1")["job_id"] == job_ids["paid"]  # the first writer's

@@ -146,10 +146,13 @@ def test_other_errors_are_transient(raised: Exception, retry_after_s: float | No
     assert outcome.error is raised and outcome.retry_after_s == retry_after_s
 
 
-def test_a_result_that_is_not_json_fails_permanently() -> None:
-    outcome = run_handler(lambda ctx: {"when": object()})
+@pytest.mark.parametrize("result", [{"when": object()}, {"ratio": float("nan")}], ids=repr)
+def test_a_result_that_is_not_json_fails_permanently(result: Any) -> None:
+    """NaN too: sent, the node would refuse the whole lease batch carrying it."""
+    outcome = run_handler(lambda ctx: result)
     assert outcome.status == "failed_permanent" and outcome.error is None
-    assert outcome.message is not None and outcome.message.startswith("result is not JSON")
+    assert outcome.message is not None
+    assert outcome.message.startswith("result must be JSON the API takes: ")
 
 
 def test_an_async_handler_awaits_its_effects() -> None:
@@ -177,9 +180,15 @@ def test_the_blocking_effect_is_refused_in_an_async_handler() -> None:
     assert "aeffect" in str(outcome.error) and outcome.ledger == {}
 
 
-def test_progress_must_be_json() -> None:
-    outcome = run_handler(lambda ctx: ctx.progress({"at": object()}))
+@pytest.mark.parametrize(
+    "details", [{"at": object()}, {"ratio": float("nan")}, "\ud800", 2**64], ids=repr
+)
+def test_progress_must_be_json_the_api_takes(details: Any) -> None:
+    """As a worker's `ctx.progress` refuses it: the same check, the same error."""
+    outcome = run_handler(lambda ctx: ctx.progress(details))
     assert outcome.status == "failed_transient" and isinstance(outcome.error, TypeError)
+    assert str(outcome.error).startswith("progress must be JSON the API takes: ")
+    assert outcome.progress == ()
 
 
 def test_heartbeats_keep_a_short_lease_past_its_length() -> None:
@@ -397,6 +406,19 @@ def test_a_reconciler_that_raises_gives_no_answer() -> None:
     outcome = run_reconciler(broken)
     assert outcome.decision is None and outcome.answer is None
     assert isinstance(outcome.error, ConnectionError)
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [Happened(result={"ratio": float("nan")}), Happened(effects={"charge:1": {1, 2}})],
+    ids=repr,
+)
+def test_a_happened_the_api_would_refuse_is_no_answer(decision: Decision) -> None:
+    """Refused before the batch that would carry it (and others' ops) is sent."""
+    outcome = run_reconciler(lambda ctx: decision)
+    assert outcome.decision is None and outcome.answer is None
+    assert isinstance(outcome.error, TypeError)
+    assert str(outcome.error).startswith("Happened.")
 
 
 def test_a_reconciler_must_return_a_decision() -> None:

@@ -100,11 +100,23 @@ async def claim(request: web.Request) -> web.Response:
     scope.require_queues(request, wanted.queues)
     node = node_of(request)
     outcome = await node.claim(
-        wanted.worker_id, wanted.queues, wanted.max_jobs, wanted.wait_s, wanted.lease_ms
+        wanted.worker_id,
+        wanted.queues,
+        wanted.max_jobs,
+        wanted.wait_s,
+        wanted.lease_ms,
+        gone=lambda: _disconnected(request),
     )
     if isinstance(outcome, Rejected):
         raise from_rejection(outcome)
     return json_response({"leases": _granted(node, outcome)})
+
+
+def _disconnected(request: web.Request) -> bool:
+    """The client closed the connection (a worker that stopped while its
+    claim long-polled): aiohttp lets the handler run on, so the claim asks."""
+    transport = request.transport
+    return transport is None or transport.is_closing()
 
 
 def claim_request(

@@ -33,7 +33,12 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
     worker.add_argument("--concurrency", type=int, default=4)
     worker.add_argument("--worker-id", default=None, help="default: HOSTNAME-PID")
     worker.add_argument("--lease-s", type=float, default=30.0)
-    worker.add_argument("--poll-wait-s", type=float, default=20.0, help="long-poll length")
+    worker.add_argument(
+        "--poll-wait-s",
+        type=float,
+        default=20.0,
+        help="long-poll length (at most half of --lease-s)",
+    )
     worker.add_argument("--shutdown-grace-s", type=float, default=30.0)
     worker.add_argument(
         "--no-next-claims",

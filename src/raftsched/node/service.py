@@ -479,10 +479,18 @@ class Node:
         max_jobs: int,
         wait_s: float,
         lease_ms: int | None,
+        gone: Callable[[], bool] = lambda: False,
     ) -> list[Lease] | Rejected:
+        """Long-poll for up to `wait_s`. `gone()` says the asker has stopped
+        listening (its connection closed): then the poll ends with nothing,
+        at the latest when the next change wakes it, rather than be granted
+        jobs nobody will start. (A grant already proposed stands: those leases
+        expire unstarted and the jobs are retried.)"""
         deadline = self.loop.time() + wait_s
         while True:
             changed = self._changed
+            if gone():
+                return []
             # Flow control may hold pending jobs back (a paused queue, a limit,
             # an empty token bucket): propose only when something is claimable,
             # else wait for a change or for the moment tokens refill.

@@ -11,7 +11,7 @@ process hands the node to them (`raftsched.process`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -188,6 +188,7 @@ class NodeView(StateView, Protocol):
         max_jobs: int,
         wait_s: float,
         lease_ms: int | None,
+        gone: Callable[[], bool] = ...,
     ) -> list[Lease] | Rejected: ...
 
     def claim_wait_s(self, queues: tuple[str, ...]) -> float | None:

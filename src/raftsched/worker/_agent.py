@@ -3,11 +3,17 @@
 The claim loop long-polls for as many jobs as there are free slots
 (`concurrency` minus jobs whose handler has not returned yet, minus slots a
 claim in flight may fill; a sync handler that ignores cancellation keeps its
-slot). On stop (SIGTERM/SIGINT) it stops claiming, gives running jobs
+slot), for `poll_wait_s` but at most half the lease, so that a job granted
+at the end of a poll still has half its lease (`WorkerConfig.claim_wait_s`).
+
+On stop (SIGTERM/SIGINT) it stops claiming, gives running jobs
 `shutdown_grace_s` to finish, then cancels them (reported as `unknown`
-failures), and exits. A claim in flight at stop is abandoned: any lease it
-granted expires unstarted, which is a safe retry. A second signal skips the
-grace period.
+failures), and exits. A claim in flight at stop is abandoned: its connection
+is closed, and the cluster ends the poll without granting it anything (a node
+of 0.6.0 or earlier polls on until its wait ends, and may grant it a job
+submitted meanwhile). A lease granted before the worker stopped listening
+expires unstarted: the job is retried, with no attempt counted against it
+(it never started). A second signal skips the grace period.
 
 Next claims (`WorkerConfig.next_claims`, on by default): a lease batch that
 reports jobs finished also claims their slots' next jobs (`next`, wait 0), so
@@ -59,6 +65,10 @@ CLAIM_BACKOFF_MAX_S = 10.0
 CLAIM_JOBS_MAX = 1000
 # Ops after which their job's slot is free: a batch of them carries the next claim.
 FINISHING_OPS = frozenset({"complete", "fail", "reconcile"})
+# The longest a claim long-polls, as a share of the lease: a job granted at
+# the end of the poll still has the rest of its lease to run (see
+# `WorkerConfig.claim_wait_s`).
+CLAIM_WAIT_LEASE_SHARE = 0.5
 
 
 def default_worker_id() -> str:
@@ -72,6 +82,7 @@ class WorkerConfig:
     concurrency: int = 4
     worker_id: str = field(default_factory=default_worker_id)
     lease_s: float = 30.0
+    # How long a claim long-polls; at most half of lease_s (`claim_wait_s`).
     poll_wait_s: float = 20.0
     shutdown_grace_s: float = 30.0
     # After the grace period, how long cancelled handlers get to stop before
@@ -87,6 +98,17 @@ class WorkerConfig:
     batch_max_ops: int = 100
     # Reports of finished jobs also claim the next ones (see the module doc).
     next_claims: bool = True
+
+    @property
+    def claim_wait_s(self) -> float:
+        """How long a claim long-polls: `poll_wait_s`, but at most half the
+        lease. The worker's deadline for a lease counts from when it sent the
+        claim (the only instant it knows the grant is not earlier than; the
+        cluster's `expires_at` is another machine's wall clock), so a job
+        granted `w` seconds into the poll has `lease_s - w` left. With
+        `poll_wait_s >= lease_s` a job granted late was already past the
+        deadline: never started, it expired and came back the same way."""
+        return min(self.poll_wait_s, self.lease_s * CLAIM_WAIT_LEASE_SHARE)
 
     def validate(self) -> None:
         if not self.queues:
@@ -180,6 +202,7 @@ class Worker:
                 "queues": ",".join(config.queues),
                 "concurrency": config.concurrency,
                 "lease_s": config.lease_s,
+                "poll_wait_s": config.claim_wait_s,
             },
         )
         try:
@@ -209,7 +232,11 @@ class Worker:
             finally:
                 self._reserved -= free
             if not claim.done():
-                claim.cancel()  # stopping; granted leases expire unstarted
+                # Stopping: cancelling closes the poll's connection, and the
+                # cluster ends a poll whose client is gone without granting
+                # it anything. A lease granted before that expires unstarted.
+                claim.cancel()
+                await asyncio.gather(claim, return_exceptions=True)
                 break
             try:
                 leases = claim.result()
@@ -286,7 +313,7 @@ class Worker:
             config.worker_id,
             self.queues,
             max_jobs=max_jobs,
-            wait_s=config.poll_wait_s,
+            wait_s=config.claim_wait_s,
             lease_s=config.lease_s,
         )
 

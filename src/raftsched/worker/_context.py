@@ -12,15 +12,28 @@ at its next await) and `ctx.cancelled` is set too.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
+import re
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar
 
 from raftsched.client import AsyncClient, NotFound
+from raftsched.limits import BODY_BYTES_MAX, JSON_DEPTH_MAX
 
 T = TypeVar("T")
+
+# The integers a JSON value may hold (docs/api.md, "Opaque JSON").
+_INT_MIN, _INT_END = -(2**63), 2**64
+# A surrogate code point without its other half: the client's JSON carries it
+# as a \u escape that the node refuses. (A pair written as two code points is
+# sent as one character, which is fine.)
+_UNPAIRED_SURROGATE = re.compile(
+    "[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]"
+)
 
 CancelReason = Literal["lease_lost", "cancel_requested", "deadline", "shutdown"]
 
@@ -106,6 +119,63 @@ def log_fields(lease: Lease) -> dict[str, Any]:
         if value is not None:
             fields[name] = value
     return fields
+
+
+def api_json(value: Any, what: str) -> str:
+    """`value` as JSON the API takes (docs/api.md, "Opaque JSON" and "Body
+    size"): JSON types only, no NaN or infinities, no unpaired surrogates,
+    nested at most 64 levels, integers within 64 bits, and at most the
+    default request body limit (1 MiB) once encoded. Raises TypeError naming
+    `what` otherwise. The worker sends a job's operations together in one
+    lease batch, so one value the cluster cannot read would fail them all."""
+    problem = _api_json_problem(value, 0)
+    if problem is None:
+        try:
+            # As the client encodes it (ASCII), so its length is the bytes sent.
+            text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError, RecursionError) as error:
+            problem = str(error)
+        else:
+            if len(text) <= BODY_BYTES_MAX:
+                return text
+            problem = f"{len(text)} bytes encoded, over the {BODY_BYTES_MAX}-byte request limit"
+    raise TypeError(f"{what} must be JSON the API takes: {problem}")
+
+
+def _api_json_problem(value: Any, depth: int) -> str | None:
+    """What the API refuses in a value JSON can encode (the encoder finds the rest)."""
+    if depth > JSON_DEPTH_MAX:
+        return f"nested deeper than {JSON_DEPTH_MAX} levels"
+    if isinstance(value, str):
+        return None if _utf8(value) else f"unpaired surrogate in string {value!r}"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str) and not _utf8(key):
+                return f"unpaired surrogate in key {key!r}"
+            problem = _api_json_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, list | tuple):
+        for item in value:
+            problem = _api_json_problem(item, depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a JSON number"
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT_MIN <= value < _INT_END:
+        return f"integer {value} does not fit in 64 bits"
+    return None
+
+
+def _utf8(text: str) -> bool:
+    """No unpaired surrogate in `text`."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return _UNPAIRED_SURROGATE.search(text) is None
+    return True
 
 
 class EffectsLedger(Protocol):
@@ -225,8 +295,14 @@ class JobContext:
 
     # Progress travels with the next heartbeat; only the latest is sent.
     def progress(self, details: Any) -> None:
+        """Report `details` (a JSON value) with the next heartbeat. A value
+        the API would refuse raises TypeError here (see `api_json`): sent,
+        it would fail the heartbeat that carries it, and the other jobs'
+        operations in the same batch. What is kept is a copy, so changing
+        `details` afterwards changes nothing."""
+        copy = json.loads(api_json(details, "progress"))
         with self._progress_lock:
-            self._progress = details
+            self._progress = copy
 
     def take_progress(self) -> Any:
         with self._progress_lock:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import threading
 import time
@@ -39,6 +38,7 @@ from raftsched.worker._context import (
     JobContext,
     PermanentError,
     TransientError,
+    api_json,
     log_fields,
 )
 
@@ -91,6 +91,9 @@ class JobRun:
         # Set when the handler has ended: the keeper stops at its next turn
         # even if the cancel that stops it was swallowed (see `run`).
         self._keeper_done = False
+        # The unexpected error of the last renewal, if it failed so (not an
+        # answer of the cluster): logged as an error if the lease runs out.
+        self._renewal_error: Exception | None = None
         # How the handler ended, once it has (what `_report` reports).
         self.outcome: Outcome | None = None
         self._abandoned: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -173,6 +176,12 @@ class JobRun:
             await asyncio.sleep(max(0.0, self.deadline - 2 * interval_s - self._clock()))
             remaining_s = self._remaining_s()
             if remaining_s <= 0:
+                if self._renewal_error is not None:
+                    log.error(
+                        "job lease lost: renewals failed unexpectedly until the deadline",
+                        exc_info=self._renewal_error,
+                        extra={**self._fields, "error": _describe(self._renewal_error)},
+                    )
                 self.cancel("deadline")
                 return
             answer = await self._heartbeat(remaining_s)
@@ -203,6 +212,19 @@ class JobRun:
             log.warning("heartbeat failed", extra={**self._fields, "error": _describe(error)})
             await asyncio.sleep(min(1.0, remaining_s / 4))
             return {}
+        except Exception as error:  # noqa: BLE001 - a bug must not end renewals
+            # Not the cluster's answer: something in the worker itself. The
+            # lease is not lost yet; renew again, and say so if the deadline
+            # passes before a renewal succeeds (`_keep_lease`).
+            self._renewal_error = error
+            log.warning(
+                "heartbeat failed unexpectedly; renewing again",
+                exc_info=error,
+                extra={**self._fields, "error": _describe(error)},
+            )
+            await asyncio.sleep(min(1.0, remaining_s / 4))
+            return {}
+        self._renewal_error = None
         self.deadline = sent_at + self._lease_s - safety_margin_s(self._lease_s)
         return answer
 
@@ -229,9 +251,10 @@ class JobRun:
     def _outcome_op(self, outcome: Outcome, reason: CancelReason | None) -> JsonObject:
         if isinstance(outcome, Returned):
             try:
-                json.dumps(outcome.value)
-            except (TypeError, ValueError) as not_json:
-                return self._fail_op("permanent", f"result is not JSON: {not_json}")
+                api_json(outcome.value, "result")
+            except TypeError as not_json:
+                # Sent, the batch carrying it would fail (NaN: refused whole).
+                return self._fail_op("permanent", str(not_json))
             return self._op("complete", result=outcome.value)
         error = outcome.error
         if isinstance(error, JobCancelled | asyncio.CancelledError) and reason is not None:

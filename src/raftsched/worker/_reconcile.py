@@ -35,7 +35,7 @@ from typing import Any
 
 from raftsched.client import RaftschedError
 from raftsched.worker._batcher import LeaseOps
-from raftsched.worker._context import CancelReason, Lease, log_fields
+from raftsched.worker._context import CancelReason, Lease, api_json, log_fields
 
 log = logging.getLogger("raftsched.worker")
 
@@ -189,6 +189,11 @@ class ReconcileRun:
             raise TypeError(
                 f"a reconciler returns Happened, DidNotHappen or CannotTell, not {decision!r}"
             )
+        if isinstance(decision, Happened):
+            # Refused here, not by the batch that would carry it (and others' ops).
+            api_json(decision.result, "Happened.result")
+            for key, result in decision.effects.items():
+                api_json(result, f"Happened.effects[{key!r}]")
         return decision
 
     async def _keep_lease(self) -> None:

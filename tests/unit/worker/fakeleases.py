@@ -44,6 +44,7 @@ class FakeLeases:
         self.stall_heartbeats = False
         self.lose_lease_on_effect = False  # another worker got the job meanwhile
         self.claims = 0  # POST /v1/leases requests
+        self.claim_waits: list[float] = []  # their wait_s
         self.nexts: list[dict[str, Any]] = []  # the next claims batches carried
         self.refuse_next = False  # answer `next` as a node of 0.5.0 does
         self.next_delay_s = 0.0  # how long a batch with a next claim takes
@@ -83,6 +84,7 @@ class FakeLeases:
     async def _claim(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.claims += 1
+        self.claim_waits.append(body["wait_s"])
         loop = asyncio.get_running_loop()
         until = loop.time() + body["wait_s"]
         while True:

@@ -16,6 +16,7 @@ from raftsched.worker import (
     JobContext,
     PermanentError,
     TransientError,
+    WorkerConfig,
     load_handler,
 )
 
@@ -251,3 +252,54 @@ def test_load_handler() -> None:
         load_handler("raftsched.demo")
     with pytest.raises(ValueError, match="no 'nope'"):
         load_handler("raftsched.demo:nope")
+
+
+def test_progress_a_heartbeat_cannot_carry_is_refused_at_the_call() -> None:
+    """A value the API would refuse used to be kept and then break the
+    heartbeat batch (TypeError while encoding it), which ended renewals for
+    good. Now `ctx.progress` raises TypeError and the lease is kept."""
+    refused: list[BaseException] = []
+
+    async def handler(ctx: JobContext) -> str:
+        for bad in ({"at": {1, 2}}, {"ratio": float("nan")}):
+            try:
+                ctx.progress(bad)
+            except TypeError as error:
+                refused.append(error)
+        report = {"step": 1}
+        ctx.progress(report)
+        report["step"] = 2  # the worker sends what was reported, not this
+        await asyncio.sleep(1.5)
+        return "done"
+
+    async def scenario(fake: FakeLeases) -> None:
+        job = fake.add("job_1")
+        async with running_worker(fake, handler, lease_s=0.6):
+            await fake.wait_for(lambda: job.status == "succeeded")
+        assert [str(error).split(":")[0] for error in refused] == [
+            "progress must be JSON the API takes"
+        ] * 2
+        assert "not JSON serializable" in str(refused[0])
+        assert "nan is not a JSON number" in str(refused[1])
+        assert job.heartbeats >= 4  # 1.5 s of work under a 0.6 s lease
+        assert [p for p in job.progress if p is not None] == [{"step": 1}]
+
+    run(scenario)
+
+
+def test_a_claim_polls_at_most_half_the_lease() -> None:
+    """A job granted at the end of a poll still has half its lease: with a
+    poll longer than the lease, one granted late was past the worker's own
+    deadline (it counts from when the claim was sent) and never started."""
+
+    async def scenario(fake: FakeLeases) -> None:
+        async with running_worker(fake, lambda ctx: "ran", lease_s=0.8, poll_wait_s=2.0):
+            await fake.wait_for(lambda: fake.claims >= 1)
+            await asyncio.sleep(1.0)  # past the first poll's lease, were it still open
+            job = fake.add("job_1")
+            await fake.wait_for(lambda: job.status == "succeeded")
+        assert set(fake.claim_waits) == {0.4}
+
+    run(scenario)
+    assert WorkerConfig(["http://x"], ("q",), lease_s=30, poll_wait_s=20).claim_wait_s == 15
+    assert WorkerConfig(["http://x"], ("q",), lease_s=60, poll_wait_s=20).claim_wait_s == 20
