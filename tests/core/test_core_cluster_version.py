@@ -67,7 +67,7 @@ def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> N
         LeaseBatch: 6,
         ConfigureWheel: 7,
     }
-    assert COMMAND_VERSION_MAX == 7
+    assert COMMAND_VERSION_MAX == 8
 
 
 def test_raise_moves_the_version_up_and_never_down() -> None:

@@ -56,7 +56,7 @@ def test_the_public_tables_are_the_registrys() -> None:
     assert set(REGISTRY.handlers) == set(COMMAND_TAGS) == set(REGISTRY.codec.by_type)
     assert {tag for tag, _ in REGISTRY.codec.by_tag.items()} == set(COMMAND_TAGS.values())
     assert set(REGISTRY.command_versions.values()) == {1, 2, 3, 4, 5, 6, 7}
-    assert REGISTRY.command_version_max == 7
+    assert REGISTRY.command_version_max == 8
 
 
 def test_tick_work_and_job_finished_hooks_keep_their_order() -> None:
@@ -130,6 +130,16 @@ def test_the_registry_refuses_a_schema_that_does_not_fit_the_command() -> None:
         Registry((*FEATURES, _feature("x", commands=(CommandKind(Other, 900, (), _handler),))))
     with pytest.raises(ValueError, match="unknown field kind"):
         Registry((*FEATURES, _feature("x", commands=(CommandKind(Other, 900, ("?",), _handler),))))
+
+
+def test_a_features_own_versions_count_in_the_highest_understood() -> None:
+    """A version that changes what existing commands do (paced hydration, 8)
+    is understood, and reported, like one that brings a command kind."""
+    plain = Registry(tuple(replace(f, versions=()) for f in FEATURES))
+    assert plain.command_version_max == max(plain.command_versions.values())
+    assert Registry((*FEATURES, _feature("x", versions=(99,)))).command_version_max == 99
+    with pytest.raises(ValueError, match="feature versions"):
+        Registry((*FEATURES, _feature("x", versions=(0,))))
 
 
 # -- a throwaway feature, declared here and nowhere else ----------------------------

@@ -21,6 +21,7 @@ from raftsched.core import (
     encode_state,
     get_job,
     new_state,
+    next_due_ms,
 )
 from raftsched.core.jobs.commands import (
     CancelJob,
@@ -34,6 +35,7 @@ from raftsched.core.jobs.commands import (
     StartJob,
     SubmitJobs,
 )
+from raftsched.core.kernel import wheel
 from raftsched.core.kernel.commands import (
     Backoff,
     Barrier,
@@ -422,3 +424,47 @@ WheelMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestWheelMachine = WheelMachine.TestCase
+
+
+class PacedWheelMachine(WheelMachine):
+    """The same at cluster version 8: hydration is paced (a bucket spread
+    over the first half of its 2 s horizon, one chunk or more a Tick), and
+    a Tick leaves no bucket packed past its soft deadline."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert self.apply(RaiseClusterVersion(wheel.PACED_HYDRATION_VERSION)) is not None
+
+    @rule(delay_ms=st.sampled_from([3_000, 5_500]), count=st.integers(33, 100))
+    def submit_far_many(self, delay_ms: int, count: int) -> None:
+        """Enough jobs in one bucket for sealed chunks: several paced Ticks."""
+        for _ in range(count):
+            self.submit(0, delay_ms, 2, None, b"\x01", 1_000)
+
+    @rule(ticks=st.integers(1, 12))
+    def the_leader_ticks_when_due(self, ticks: int) -> None:
+        """Ticks as the leader proposes them: at `next_due_ms` (one a pace
+        step while a bucket is paced)."""
+        for _ in range(ticks):
+            due_ms = next_due_ms(self.state)
+            if due_ms is None:
+                return
+            if due_ms > self.now_ms:
+                self.time_passes(min(due_ms - self.now_ms, 1_500))
+            self.tick()
+
+    @rule()
+    def tick(self) -> None:
+        super().tick()
+        packed = wheel.wheel_of(self.state)
+        for number in packed.order:
+            assert wheel.soft_deadline_ms(packed, number) > self.now_ms, number
+
+
+PacedWheelMachine.TestCase.settings = settings(
+    max_examples=30,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestPacedWheelMachine = PacedWheelMachine.TestCase

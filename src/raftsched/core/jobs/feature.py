@@ -194,4 +194,6 @@ FEATURE: Final = Feature(
     on_attempt_ended=_attempt_ended,
     on_new_epoch=tick.take_over,
     after_entry=tick.tidy_heaps,
+    # Paced hydration of the time wheel (kernel.wheel): no command of its own.
+    versions=(wheel.PACED_HYDRATION_VERSION,),
 )

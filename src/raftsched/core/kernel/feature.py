@@ -154,6 +154,12 @@ class Feature:
     # A restored state was renamed to its new cluster (`SetClusterId` with
     # `previous`): forget what belonged to the old cluster's processes.
     on_renamed: Callable[[State, Savepoint], None] | None = None
+    # Cluster versions that change what existing commands do, without a
+    # command kind of their own (paced hydration of the time wheel, 8): a
+    # replica of older code would apply the same entries differently, so
+    # this code reports them as understood (`Registry.command_version_max`)
+    # and they take effect only once the cluster version is raised to them.
+    versions: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +222,10 @@ class Registry:
             if work.reports is not None and work.reports not in TICKED_COUNTS:
                 raise ValueError(f"Ticked has no count {work.reports}")
         finished = [hook for feature in self.features for hook in feature.on_job_finished]
+        behaviours = [version for feature in self.features for version in feature.versions]
+        for version in behaviours:
+            if type(version) is not int or version < 1:
+                raise ValueError(f"feature versions are versions from 1, not {version!r}")
         _unique("job-finished rank", (hook.rank for hook in finished))
 
         # The dispatcher: one dict lookup per command.
@@ -228,8 +238,11 @@ class Registry:
         _unique("audit kind", (audit.kind for audit in self.audits.values()))
         self.command_tags: dict[type[Any], int] = {kind.type: kind.tag for kind in kinds}
         self.command_versions: dict[type[Any], int] = {kind.type: kind.since for kind in kinds}
-        # The highest command version this code understands (and reports to its peers).
-        self.command_version_max: int = max((kind.since for kind in kinds), default=1)
+        # The highest cluster version this code understands (and reports to
+        # its peers): its command kinds' and its features' other versions.
+        self.command_version_max: int = max(
+            [*(kind.since for kind in kinds), *behaviours], default=1
+        )
         # The kinds that hold commands (`Audited`, `LeaseBatch`), and the
         # names of their fields that do: see `inner_commands`.
         self.nested: dict[type[Any], tuple[str, ...]] = {

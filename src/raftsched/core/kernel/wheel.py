@@ -38,7 +38,17 @@ a decoded state adds them back (`restore_counts`) without opening a chunk.
 
 Hydration: the Tick (`hydrate`, a step before due jobs are made runnable)
 turns the earliest bucket's chunks into live jobs once `bucket * bucket_ms
-<= now_ms + horizon_ms`, whole chunks within the Tick's budget. A command
+<= now_ms + horizon_ms`, whole chunks within the Tick's budget. At version 7
+that is as fast as Ticks go (`next_due_ms` says due while a bucket within the
+horizon holds jobs, and the leader proposes Ticks back to back): a bucket of
+a million jobs kept every replica's cores busy at once. From cluster version
+8 (`PACED_HYDRATION_VERSION`) it is paced: a bucket is spread over the first
+half of the time it has, from entering the horizon to its soft deadline
+(`soft_deadline_ms`: its start minus half the horizon), a Tick taking its
+share (`pace_quota`, from `Bucket.count`, derived) and `next_due_ms` asking
+for a Tick every `PACE_MS` meanwhile; past the deadline a bucket goes at the
+Tick's whole budget, as at version 7. The pace is a function of the entries
+(the entry's time, the bucket's count), so replicas hydrate alike. A command
 that names a packed job (a `job_id` or `job_ids` field, a submission's
 idempotency key, the commands inside an `Audited` or a `LeaseBatch`)
 hydrates it first (`hydrate_for_command`, called by `apply` before the
@@ -77,6 +87,7 @@ from heapq import heappop, heappush
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Final, cast
 
+from raftsched.core.kernel.cluster_version import cluster_version
 from raftsched.core.kernel.codec import (
     CodecError,
     decode_job_rows,
@@ -97,6 +108,12 @@ if TYPE_CHECKING:
 WHEEL: Final = "wheel"
 WHEEL_VERSION: Final = 7
 """The cluster version from which submissions are packed."""
+PACED_HYDRATION_VERSION: Final = 8
+"""The cluster version from which the Tick paces hydration (`hydrate`)."""
+PACE_MS: Final = 100
+"""Paced hydration's step: while a bucket is paced, the wheel wants a Tick
+at the next multiple of this (`next_due_ms`), and each Tick takes the share
+of the bucket's remaining jobs that one step of the time left holds."""
 HORIZON_MS_DEFAULT: Final = 10 * 60_000
 BUCKET_MS_DEFAULT: Final = 3_600_000
 """An hour: a bucket costs its own objects and an uncompressed tail of up
@@ -370,7 +387,7 @@ def _from_le(typecode: str, data: bytes) -> array[int]:
 
 
 class Bucket:
-    __slots__ = ("chunks", "tail", "first", "mins")
+    __slots__ = ("chunks", "tail", "first", "mins", "count")
 
     def __init__(self) -> None:
         self.chunks: list[Chunk | None] = []
@@ -389,6 +406,9 @@ class Bucket:
         # are appended in seq order. A listing from a cursor bisects it to
         # find the one chunk of the bucket that holds seqs on both sides.
         self.mins = array("Q")
+        # Derived, not encoded: the jobs the bucket holds (its chunks' and
+        # tail's), so that paced hydration knows what is left in O(1).
+        self.count = 0
 
     def first_chunk(self) -> int:
         """The index of the first chunk still holding jobs (the number of
@@ -540,6 +560,7 @@ def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
     before = len(tail)
     location = (number << CHUNK_BITS) | len(bucket.chunks)
     tail.append(job)
+    bucket.count += 1
     sealed = before + 1 >= CHUNK_JOBS
     if sealed:
         _seal(bucket)
@@ -561,6 +582,7 @@ def pack(state: State, job: Job, savepoint: Savepoint | None) -> None:
         _uncount(wheel, pair, 1)
         wheel.size -= 1
         assert bucket is not None
+        bucket.count -= 1
         if sealed:
             bucket.chunks.pop()
             bucket.mins.pop()
@@ -808,10 +830,13 @@ def _drop_if_empty(wheel: Wheel, number: int) -> bool:
 
 def hydrate(state: State, budget: int, savepoint: Savepoint | None) -> int:
     """Tick: make the chunks of buckets within the horizon live, earliest
-    bucket first, whole chunks, within `budget` jobs (at least one chunk)."""
+    bucket first, whole chunks, within `budget` jobs (at least one chunk);
+    paced from cluster version 8 (`_hydrate_paced`)."""
     wheel = wheel_of(state)
     if not wheel.size:
         return 0
+    if cluster_version(state) >= PACED_HYDRATION_VERSION:
+        return _hydrate_paced(state, wheel, budget, savepoint)
     limit_ms = state.now_ms + wheel.horizon_ms
     done = 0
     while wheel.order and done < budget:
@@ -834,6 +859,68 @@ def hydrate(state: State, budget: int, savepoint: Savepoint | None) -> int:
     return done
 
 
+def soft_deadline_ms(wheel: Wheel, number: int) -> int:
+    """When bucket `number` should be live, at version 8: half the horizon
+    before it begins. It enters the horizon a whole horizon before."""
+    return number * wheel.bucket_ms - wheel.horizon_ms // 2
+
+
+def pace_quota(wheel: Wheel, number: int, now_ms: int) -> int | None:
+    """The jobs of bucket `number` a Tick at `now_ms` makes live: the share
+    of its remaining jobs that one `PACE_MS` holds of the time left until
+    its soft deadline (all of them in the last step); None past the
+    deadline (no pacing: as many as the Tick's budget allows)."""
+    left_ms = soft_deadline_ms(wheel, number) - now_ms
+    if left_ms <= 0:
+        return None
+    remaining = wheel.buckets[number].count
+    return -(-remaining * PACE_MS // max(PACE_MS, left_ms))
+
+
+def _hydrate_paced(state: State, wheel: Wheel, budget: int, savepoint: Savepoint | None) -> int:
+    """`hydrate` from cluster version 8. A bucket that came within the
+    horizon (at its start minus the horizon) is spread over the first half
+    of the time it has: a Tick takes `pace_quota` of its jobs, whole chunks
+    and at least one, and `next_due_ms` asks for a Tick every `PACE_MS`,
+    so that a bucket of a million jobs is not hydrated at full speed on
+    every replica at once. Past its soft deadline a bucket goes at the
+    Tick's whole budget, as at version 7. Each bucket within the horizon,
+    earliest first, is paced by its own deadline; the Tick's budget bounds
+    them all (only the Tick's first chunk may exceed it, as at version 7)."""
+    now_ms = state.now_ms
+    limit_ms = now_ms + wheel.horizon_ms
+    done = 0
+    at = 0  # the place in `wheel.order` of the bucket at hand
+    while at < len(wheel.order) and done < budget:
+        number = wheel.order[at]
+        if number * wheel.bucket_ms > limit_ms:
+            break
+        bucket = wheel.buckets[number]
+        quota = pace_quota(wheel, number, now_ms)
+        taken = 0
+        while True:
+            index = bucket.first_chunk()
+            if index == len(bucket.chunks):
+                count = bucket.tail_count
+            else:
+                chunk = bucket.chunks[index]
+                assert chunk is not None
+                count = chunk[1]
+            if done and done + count > budget:
+                return done
+            if quota is not None and taken and taken + count > quota:
+                break  # paced: this bucket has had its share
+            jobs = _chunk_jobs(state, bucket, index)
+            _take(state, wheel, number, index, jobs, savepoint)
+            done += len(jobs)
+            taken += len(jobs)
+            if number not in wheel.buckets:
+                break  # emptied and dropped: the next bucket is at `at` now
+        if number in wheel.buckets:
+            at += 1
+    return done
+
+
 def _take(
     state: State,
     wheel: Wheel,
@@ -852,12 +939,14 @@ def _take(
     else:
         before_tail = bucket.tail  # not changed below: the jobs are handed on
         bucket.tail = []
+    bucket.count -= len(jobs)
     _forget(wheel, jobs, location)
     dropped = _drop_if_empty(wheel, number)
 
     def undo() -> None:
         for job in jobs:
             state.jobs.pop(job.id, None)
+        bucket.count += len(jobs)
         if dropped:
             wheel.buckets[number] = bucket
             insort(wheel.order, number)
@@ -901,6 +990,7 @@ def hydrate_one(state: State, location: int, match: Job) -> None:
         )
     else:
         bucket.tail = rest
+    bucket.count -= 1
     _forget(wheel, [job], location)
     _drop_if_empty(wheel, number)
     _make_live(state, [job])
@@ -969,10 +1059,25 @@ def _hydrate_named(state: State, command: object) -> None:
 
 
 def next_due_ms(state: State) -> int | None:
+    """When the earliest bucket enters the horizon. From cluster version 8,
+    while it is paced (within the horizon, before its soft deadline), the
+    next multiple of `PACE_MS` after now instead: one paced Tick a step, not
+    Ticks back to back. A step of the grid, not now plus a step: every entry
+    moves now on, and under steady traffic now plus a step would recede until
+    the deadline. Past the deadline it is due (as at version 7)."""
     wheel = wheel_of(state)
     if not wheel.order:
         return None
-    return max(0, wheel.order[0] * wheel.bucket_ms - wheel.horizon_ms)
+    number = wheel.order[0]
+    enters_ms = max(0, number * wheel.bucket_ms - wheel.horizon_ms)
+    now_ms = state.now_ms
+    if (
+        now_ms < enters_ms
+        or now_ms >= soft_deadline_ms(wheel, number)
+        or cluster_version(state) < PACED_HYDRATION_VERSION
+    ):
+        return enters_ms
+    return (now_ms // PACE_MS + 1) * PACE_MS
 
 
 # Counters and derived data after a rebuild or a decode.
@@ -1062,6 +1167,7 @@ def _decode(state: State, data: Any) -> None:
             raise CodecError("a wheel tail is bytes")
         count, min_seq, max_seq = map(_int, row[3:])
         bucket.tail = decode_job_rows(state, row[2], count)
+        bucket.count = count + sum(chunk[1] for chunk in bucket.chunks if chunk is not None)
         if (bucket.tail_min_seq, bucket.tail_max_seq) != (min_seq, max_seq):
             raise CodecError("a wheel tail's seq range is wrong")
         number = _int(row[0])
@@ -1096,6 +1202,9 @@ def check(state: State) -> list[str]:
         bucket = wheel.buckets[number]
         if bucket.empty():
             problems.append(f"wheel: bucket {number} is empty")
+        held = bucket.tail_count + sum(chunk[1] for chunk in bucket.chunks if chunk is not None)
+        if bucket.count != held:
+            problems.append(f"wheel: bucket {number} counts {bucket.count} jobs, holds {held}")
         mins = bucket.mins
         if len(mins) != len(bucket.chunks) or any(
             a > b for a, b in zip(mins, mins[1:], strict=False)
