@@ -84,6 +84,19 @@ def newest_kind(command: Command, registry: Registry) -> str:
     return kind.__name__
 
 
+def newest_spec_field(command: Command, registry: Registry) -> str | None:
+    """`kind` when a job spec's kind gives `command` its version (for the
+    gate's answer, which otherwise names only `SubmitJobs`), else None."""
+    versions = registry.command_versions
+    holders = [command, *registry.inner_commands(command)]
+    kind_version = max(versions.get(type(each), 1) for each in holders)
+    spec = max(
+        (_specs_version(each) for each in holders if type(each) in registry.spec_holders),
+        default=CLUSTER_VERSION_DEFAULT,
+    )
+    return "kind" if spec == SPEC_KIND_VERSION > kind_version else None
+
+
 SPEC_RECONCILE_VERSION: Final = 5
 """The version that added `JobSpec.on_unknown` and `reconcile_queue`."""
 SPEC_KIND_VERSION: Final = 8
