@@ -32,6 +32,7 @@ from raftsched.core.jobs.commands import (
     StartJob,
     SubmitJobs,
 )
+from raftsched.core.jobs.flow_claim import claimable_at_ms
 from raftsched.core.jobs.submit import spec_fingerprint
 from raftsched.core.kernel import wheel
 from raftsched.core.kernel.codec import decode_spec, spec_row
@@ -269,6 +270,27 @@ def test_a_claim_of_kinds_takes_only_those_at_most_its_caps_and_none_means_no_ki
     assert _claimed(cluster, ClaimJobs("w", ("q",), 10)) == ids["refund"][1:]
 
 
+def test_the_kind_star_takes_every_job_no_other_entry_names() -> None:
+    """A worker that dead-letters what it cannot run claims its kinds, with
+    their caps, and "*" for the rest (jobs without a kind too, unless None is
+    named with its own cap)."""
+    cluster = _kinds_cluster()
+    ids = {kind: [cluster.submit(kind=kind) for _ in range(2)] for kind in ("a", None, "b", "c")}
+    got = _claimed(cluster, ClaimJobsOfKinds("w", ("q",), 10, None, (("a", 1), ("*", 10))))
+    assert got == [ids["a"][0], *ids[None], *ids["b"], *ids["c"]]  # oldest first
+    cluster = _kinds_cluster()
+    ids = {kind: [cluster.submit(kind=kind) for _ in range(2)] for kind in ("a", None, "b")}
+    got = _claimed(cluster, ClaimJobsOfKinds("w", ("q",), 10, None, ((None, 1), ("*", 1))))
+    assert got == [ids["a"][0], ids[None][0]]
+    left = _claimed(cluster, ClaimJobsOfKinds("w", ("q",), 10, None, (("*", 10),)))
+    assert left == [ids["a"][1], ids[None][1], *ids["b"]]
+    # A kind named with 0 is left alone, also by "*" (a kind at its limit).
+    cluster = _kinds_cluster()
+    ids = {kind: [cluster.submit(kind=kind)] for kind in ("a", "b")}
+    got = _claimed(cluster, ClaimJobsOfKinds("w", ("q",), 10, None, (("a", 0), ("*", 10))))
+    assert got == ids["b"]
+
+
 def test_a_lease_batch_may_carry_a_claim_of_kinds() -> None:
     cluster = _kinds_cluster()
     done = cluster.start(kind="charge")
@@ -290,10 +312,11 @@ def test_a_lease_batch_may_carry_a_claim_of_kinds() -> None:
         (("a", 1), ("a", 2)),
         ((None, 1), (None, 1)),
         (("bad kind", 1),),
-        (("a", 0),),
         (("a", 6),),  # above the claim's max_jobs
         (("a",),),
         (("a", 1, 2),),
+        (("*", 1), ("*", 2)),
+        (("**", 1),),
         tuple((f"k{i}", 1) for i in range(101)),
     ],
 )
@@ -350,6 +373,21 @@ def test_a_claim_over_kinds_chooses_as_it_would_were_the_jobs_in_one_lane(seed: 
                 cluster.run(StartJob(job_id, token), CompleteJob(job_id, token))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_claim_of_every_kind_chooses_as_a_plain_claim(seed: int) -> None:
+    rng = random.Random(50 + seed)
+    specs = _jobs(rng, 300)
+    star, plain = _kinds_cluster(), _kinds_cluster()
+    for cluster in (star, plain):
+        _setup(cluster)
+        cluster.one(SubmitJobs(tuple(specs), tuple(f"j{i:04d}" for i in range(len(specs)))))
+    for step in range(30):
+        queues = rng.choice((("q",), ("r",), ("q", "r")))
+        most = rng.randint(1, 12)
+        every = ClaimJobsOfKinds("w", queues, most, None, (("*", most),))
+        assert _claimed(star, every) == _claimed(plain, ClaimJobs("w", queues, most)), step
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_a_claim_of_kinds_chooses_as_a_plain_claim_among_only_those_jobs(seed: int) -> None:
     """A claim of kinds K on a queue of many kinds grants what a plain claim
@@ -395,3 +433,16 @@ def test_lanes_of_kinds_go_when_their_last_job_is_claimed() -> None:
     assert _claimed(cluster, ClaimJobsOfKinds("w", ("q",), 1, None, (("a", 1),))) == [job_id]
     assert cluster.state.runnable.kinds == {}
     assert cluster.job(job_id).status != PENDING
+
+
+def test_a_claim_of_kinds_is_woken_only_by_jobs_it_may_take() -> None:
+    """The long-poll's question (`claimable_at_ms`) is asked as the claim
+    takes: a job of another kind, or of a kind named with 0, wakes nobody
+    (or a claim would be proposed again and again, granting nothing)."""
+    cluster = _kinds_cluster()
+    cluster.submit(kind="a")
+    now = cluster.now_ms
+    for quotas in ({"b": 1}, {None: 1}, {"a": 0}, {"a": 0, "*": 5}):
+        assert claimable_at_ms(cluster.state, ("q",), now, quotas) is None, quotas
+    for quotas in ({"a": 1}, {"*": 5}, {None: 1, "*": 1}, None):
+        assert claimable_at_ms(cluster.state, ("q",), now, quotas) == now, quotas

@@ -104,12 +104,14 @@ def test_query_integer_default_and_value() -> None:
         ({"queues": ["q"], "kinds": ["a b"]}, "kinds"),
         ({"queues": ["q"], "kinds": ["a", "a"]}, "kinds"),
         ({"queues": ["q"], "kinds": [None, None]}, "kinds"),
+        ({"queues": ["q"], "kinds": ["*", "*"]}, "kinds"),
+        ({"queues": ["q"], "kinds": ["**"]}, "kinds"),
         ({"queues": ["q"], "kinds": ["k" * 129]}, "kinds"),
         ({"queues": ["q"], "kinds": [f"k{i}" for i in range(101)]}, "kinds"),
         ({"queues": ["q"], "kind_max_jobs": {"a": 1}}, "kind_max_jobs"),
         ({"queues": ["q"], "kinds": ["a"], "kind_max_jobs": {"b": 1}}, "kind_max_jobs"),
         ({"queues": ["q"], "kinds": ["a"], "kind_max_jobs": []}, "kind_max_jobs"),
-        ({"queues": ["q"], "kinds": ["a"], "kind_max_jobs": {"a": 0}}, "kind_max_jobs.a"),
+        ({"queues": ["q"], "kinds": ["a"], "kind_max_jobs": {"a": -1}}, "kind_max_jobs.a"),
         ({"queues": ["q"], "kinds": ["a"], "kind_max_jobs": {"a": "2"}}, "kind_max_jobs.a"),
     ],
 )
@@ -156,6 +158,8 @@ def test_a_claims_kinds_become_pairs_capped_by_max_jobs() -> None:
     wanted = claim_request(body, prefix="", worker_required=False)
     assert wanted.kinds == (("charge", 2), (None, 5), ("refund", 5))
     assert claim_request({"queues": ["q"]}, prefix="", worker_required=False).kinds is None
+    every = {"queues": ["q"], "max_jobs": 3, "kinds": ["a", "*"], "kind_max_jobs": {"*": 1}}
+    assert claim_request(every, prefix="", worker_required=False).kinds == (("a", 3), ("*", 1))
 
 
 @pytest.mark.parametrize("value", ["", "k" * 129, "two words", "é", "a/b", 7, ["a"]])

@@ -115,7 +115,7 @@ ACCEPTED_BODIES: dict[str, Any] = {
     "reconcileJob": {"reason": "the provider answers again"},
     "replayJob": {"reason": "the bug is fixed", "reconciled": False},
     "claimLeases": {"worker_id": "w1", "queues": ["payments"], "max_jobs": 10, "wait_s": 20,
-                    "lease_s": 30, "kinds": ["charge", "email.send:v2", None],
+                    "lease_s": 30, "kinds": ["charge", "email.send:v2", None, "*"],
                     "kind_max_jobs": {"charge": 2}},
     "startLease": {"fencing_token": 1042},
     "heartbeatLease": {"fencing_token": 1042, "extend_s": 30, "progress": {"done": 3}},
@@ -194,7 +194,7 @@ REJECTED_BODIES: list[tuple[str, Any]] = [
     ("claimLeases", {"worker_id": "w", "queues": ["q"], "kinds": []}),
     ("claimLeases", {"worker_id": "w", "queues": ["q"], "kinds": ["a", "a"]}),
     ("claimLeases", {"worker_id": "w", "queues": ["q"], "kinds": ["a"],
-                     "kind_max_jobs": {"a": 0}}),
+                     "kind_max_jobs": {"a": -1}}),
 ]  # fmt: skip
 
 
@@ -335,8 +335,9 @@ def test_request_limits_mirror_validation() -> None:
     assert job["idempotency_key"]["maxLength"] == validation.KEY_LENGTH_MAX
     assert job["labels"]["maxProperties"] == validation.LABELS_MAX
     # A kind's rule is the core's pattern, in the request schemas and the claim's.
-    rule = f"^{validation.core_limits.KIND_PATTERN.pattern}$"
-    assert job["kind"]["pattern"] == rule == claim["kinds"]["items"]["pattern"]
+    rule = validation.core_limits.KIND_PATTERN.pattern
+    assert job["kind"]["pattern"] == f"^{rule}$"
+    assert claim["kinds"]["items"]["pattern"] == f"^(\\*|{rule})$"  # "*": every other kind
     assert claim["kinds"]["maxItems"] == validation.CLAIM_KINDS_MAX
     reason = schemas["ReasonRequest"]["properties"]["reason"]
     assert reason["maxLength"] == limits.REASON_LENGTH_MAX

@@ -73,6 +73,7 @@ from raftsched.core.kernel.results import (
     Result,
     Started,
 )
+from raftsched.core.kernel.validate import OTHER_KINDS
 from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
 from raftsched.node.lease_ops import (
     ClaimKinds,
@@ -158,9 +159,10 @@ def claim_request(
 
 
 def claim_kinds(body: Mapping[str, Any], max_jobs: int, prefix: str) -> ClaimKinds | None:
-    """`kinds` (the kinds to claim, null for jobs without one) and
-    `kind_max_jobs` (at most this many of a kind; above `max_jobs` counts as
-    `max_jobs`) as the core's (kind, max_jobs) pairs, or None: any job."""
+    """`kinds` (the kinds to claim, null for jobs without one, "*" for every
+    job no other entry names) and `kind_max_jobs` (at most this many of a
+    kind; above `max_jobs` counts as `max_jobs`) as the core's (kind,
+    max_jobs) pairs, or None: any job."""
     kinds = body.get("kinds")
     caps = body.get("kind_max_jobs")
     if kinds is None:
@@ -170,11 +172,12 @@ def claim_kinds(body: Mapping[str, Any], max_jobs: int, prefix: str) -> ClaimKin
     if (
         not isinstance(kinds, list)
         or not 1 <= len(kinds) <= CLAIM_KINDS_MAX
-        or not all(item is None or is_kind(item) for item in kinds)
+        or not all(item is None or item == OTHER_KINDS or is_kind(item) for item in kinds)
     ):
         raise invalid(
             prefix + "kinds",
-            f"must be a list of 1 to {CLAIM_KINDS_MAX} kinds (null: jobs without one)",
+            f'must be a list of 1 to {CLAIM_KINDS_MAX} kinds (null: jobs without one, "*": '
+            "every job no other entry names)",
         )
     if len(set(kinds)) != len(kinds):
         raise invalid(prefix + "kinds", "names each kind once")
@@ -184,8 +187,11 @@ def claim_kinds(body: Mapping[str, Any], max_jobs: int, prefix: str) -> ClaimKin
         for name in capped:
             if name not in kinds:
                 raise invalid(prefix + "kind_max_jobs", f"{name!r} is not one of kinds")
-            integer(capped, name, 1, CLAIM_JOBS_MAX, prefix=prefix + "kind_max_jobs.")
-    return tuple((name, min(capped.get(name) or max_jobs, max_jobs)) for name in kinds)
+            integer(capped, name, 0, CLAIM_JOBS_MAX, prefix=prefix + "kind_max_jobs.")
+    return tuple(
+        (name, min(max_jobs if capped.get(name) is None else capped[name], max_jobs))
+        for name in kinds
+    )
 
 
 def next_request(

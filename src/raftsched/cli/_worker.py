@@ -50,6 +50,13 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
         help="a reconcile handler for QUEUE's reconciliations (any queue without QUEUE=); "
         "repeatable",
     )
+    worker.add_argument(
+        "--dead-letter-unknown-kinds",
+        action="store_true",
+        help="also claim jobs of kinds without a --handler here and dead-letter them "
+        "(no_handler_for_kind), rather than leave them to other workers: for a pool that "
+        "alone serves its queues",
+    )
     worker.add_argument("--concurrency", type=int, default=4)
     worker.add_argument("--worker-id", default=None, help="default: HOSTNAME-PID")
     worker.add_argument("--lease-s", type=float, default=30.0)
@@ -85,6 +92,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
             shutdown_grace_s=args.shutdown_grace_s,
             next_claims=args.next_claims,
             kind_concurrency=dict(_kind_limit(spec) for spec in args.kind_concurrency),
+            dead_letter_unknown_kinds=args.dead_letter_unknown_kinds,
             token=token_from(args),
             timeout_s=args.timeout_s,
             **tls_options(args),

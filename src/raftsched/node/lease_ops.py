@@ -97,9 +97,9 @@ def claim_command(
     return ClaimJobsOfKinds(worker_id, queues, max_jobs, lease_ms, kinds)
 
 
-def kind_names(kinds: ClaimKinds | None) -> tuple[str | None, ...] | None:
-    """The kinds a claim may take, without their caps (what waking needs)."""
-    return None if kinds is None else tuple(kind for kind, _ in kinds)
+def kind_quotas(kinds: ClaimKinds | None) -> dict[str | None, int] | None:
+    """How many of each kind a claim may take (what waking needs)."""
+    return None if kinds is None else dict(kinds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +184,7 @@ async def _propose_as_one_command(
         worker_id = claim.worker_id or _lease_holder(node, ops)
         if worker_id is None:  # a stale token: the op will be refused, and no claim made
             return None
-        if node.claim_wait_s(claim.queues, kind_names(claim.kinds)) == 0:
+        if node.claim_wait_s(claim.queues, kind_quotas(claim.kinds)) == 0:
             claim_now = claim.command(worker_id)
     if claim_now is None and len(ops) == 1:
         return None

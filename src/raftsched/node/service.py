@@ -62,7 +62,7 @@ from raftsched.node.identity import (
     leader_duties,
     refusal,
 )
-from raftsched.node.lease_ops import claim_command, kind_names
+from raftsched.node.lease_ops import claim_command, kind_quotas
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.membership import Directory, Driver
 from raftsched.node.metrics import NodeMetrics, Samples
@@ -503,7 +503,7 @@ class Node:
         refused = self.refused_for_version(command)
         if refused is not None:
             raise refused  # now, not when something is first claimable
-        names = kind_names(kinds)
+        quotas = kind_quotas(kinds)
         while True:
             changed = self._changed
             if gone():
@@ -511,7 +511,7 @@ class Node:
             # Flow control may hold pending jobs back (a paused queue, a limit,
             # an empty token bucket): propose only when something is claimable,
             # else wait for a change or for the moment tokens refill.
-            wait_more_s = self.claim_wait_s(queues, names)
+            wait_more_s = self.claim_wait_s(queues, quotas)
             if wait_more_s == 0:
                 result = await self.propose(command)
                 if isinstance(result, Rejected):
@@ -529,7 +529,7 @@ class Node:
                 return []
 
     def claim_wait_s(
-        self, queues: tuple[str, ...], kinds: tuple[str | None, ...] | None = None
+        self, queues: tuple[str, ...], kinds: Mapping[str | None, int] | None = None
     ) -> float | None:
         """0 when a claim of `queues` (of `kinds` only, None: any job) would
         be granted a job now, the seconds until only time stands in the way

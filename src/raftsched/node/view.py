@@ -193,7 +193,7 @@ class NodeView(StateView, Protocol):
     ) -> list[Lease] | Rejected: ...
 
     def claim_wait_s(
-        self, queues: tuple[str, ...], kinds: tuple[str | None, ...] | None = None
+        self, queues: tuple[str, ...], kinds: Mapping[str | None, int] | None = None
     ) -> float | None:
         """0 when a claim of `queues` (of `kinds` only, None: any job) would
         be granted a job now, the seconds until only time stands in the way

@@ -111,6 +111,9 @@ class WorkerConfig:
     # At most this many jobs of a kind at once, on top of `concurrency`
     # (`Worker.handler(kind, max_concurrency=...)` sets one too).
     kind_concurrency: Mapping[str, int] = field(default_factory=dict)
+    # Also claim the jobs of kinds without a handler here, and dead-letter
+    # them (`_kinds`): for a pool that alone serves its queues.
+    dead_letter_unknown_kinds: bool = False
 
     @property
     def claim_wait_s(self) -> float:
@@ -153,7 +156,7 @@ class Worker:
         `{kind: handler}` (None: the default). More with `handler(kind)`."""
         config.validate()
         self.config = config
-        self._routes = Routes()
+        self._routes = Routes(take_unknown=config.dead_letter_unknown_kinds)
         if isinstance(handler, Mapping):
             for kind, each in handler.items():
                 self._routes.add(kind, each, None)
@@ -333,7 +336,7 @@ class Worker:
         if routes.refused():
             fallback = (
                 "claiming every job of the queues for the default handler"
-                if routes.has_default
+                if routes.has_default or routes.take_unknown
                 else "claiming nothing: this worker has no default handler"
             )
             log.warning(

@@ -20,12 +20,19 @@ before, without kinds, and one without has nothing it could run and claims
 nothing. It tries its kinds again every `PROBE_S`, and at once when a lease
 with a kind arrives (proof that the version was raised).
 
-A lease that the worker has no handler for (a job of another kind leased
-while falling back, in the moment the version is raised, or by a claim made
-without kinds) is failed as permanent, without starting it, with the stable
-message prefix `no_handler_for_kind:` that names the kind and this worker's
-kinds: a clear dead letter, which `raftsched jobs replay` sends back once a
-worker that has the handler runs.
+A job of a kind no running worker has a handler for waits, pending: while
+new workers roll out, the old ones leave the new kinds alone. A pool that
+is the only one serving its queues can ask for the opposite
+(`WorkerConfig.dead_letter_unknown_kinds`): it then also claims every job
+its kinds do not name (the claim's kind "*") and dead-letters those, so a
+mistyped or retired kind fails at once instead of waiting unseen; falling
+back, it claims everything.
+
+A lease that the worker has no handler for (so claimed, or leased while
+falling back, in the moment the version is raised) is failed as permanent,
+without starting it, with the stable message prefix `no_handler_for_kind:`
+that names the kind and this worker's kinds: a clear dead letter, which
+`raftsched dlq replay` sends back once a worker that has the handler runs.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ log = logging.getLogger("raftsched.worker")
 KIND_PATTERN: Final = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 """A job kind, as the cluster checks it (core.kernel.validate)."""
 NO_HANDLER_FOR_KIND: Final = "no_handler_for_kind"
+OTHER_KINDS: Final = "*"
+"""In a claim's kinds: every job that no other entry names."""
 # How long a worker that fell back claims without kinds before trying them again.
 PROBE_S: Final = 10.0
 
@@ -89,7 +98,9 @@ class Routes:
     and how many slots of each kind are busy: running jobs, plus what claims
     in flight may bring, minus what reports carrying a next claim free."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, *, take_unknown: bool = False
+    ) -> None:
         self.handlers: dict[str | None, Handler] = {}
         self.limits: dict[str, int] = {}
         self._busy: Counter[str | None] = Counter()
@@ -99,6 +110,8 @@ class Routes:
         # long until they are tried again.
         self._refused_at: float | None = None
         self.probe_s = PROBE_S
+        # Claim every job the kinds do not name too, to dead-letter it.
+        self.take_unknown = take_unknown
 
     def add(self, kind: str | None, handler: Handler, max_concurrency: int | None) -> None:
         if kind is not None:
@@ -165,8 +178,10 @@ class Routes:
         if max_jobs <= 0:
             return None
         if self.falling_back and not probe:
-            # No job has a kind before version 8: only a default handler has work.
-            return ClaimPlan(max_jobs, None, {}) if self.has_default else None
+            # No job has a kind before version 8: only a default handler has
+            # work, or a worker that dead-letters what it cannot run.
+            wanted = self.has_default or self.take_unknown
+            return ClaimPlan(max_jobs, None, {}) if wanted else None
         kinds: list[str | None] = []
         caps: dict[str, int] = {}
         bounded = 0
@@ -185,6 +200,12 @@ class Routes:
                 kinds.append(kind)
                 caps[kind] = min(room, max_jobs)
                 bounded += room
+            elif self.take_unknown:  # named with 0, or "*" would take it
+                kinds.append(kind)
+                caps[kind] = 0
+        if self.take_unknown:
+            kinds.append(OTHER_KINDS)
+            unbounded = True
         if not kinds:
             return None
         return ClaimPlan(max_jobs if unbounded else min(max_jobs, bounded), tuple(kinds), caps)

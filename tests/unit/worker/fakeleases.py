@@ -62,9 +62,9 @@ class FakeLeases:
         return job
 
     def _claimable(self, body: dict[str, Any], statuses: tuple[str, ...]) -> list[FakeJob]:
-        """What a claim takes, in order: with `kinds`, only those kinds, at
-        most `kind_max_jobs[kind]` of a kind; reconciliations whatever their
-        kind, as the cluster grants them."""
+        """What a claim takes, in order: with `kinds`, only those kinds ("*":
+        any other), at most `kind_max_jobs[kind]` of a kind; reconciliations
+        whatever their kind, as the cluster grants them."""
         kinds, caps = body.get("kinds"), body.get("kind_max_jobs") or {}
         taken: Counter[str | None] = Counter()
         found = []
@@ -72,9 +72,10 @@ class FakeLeases:
             if job.status not in statuses:
                 continue
             if kinds is not None and job.status != "reconciling":
-                if job.kind not in kinds or taken[job.kind] >= caps.get(job.kind, 10**6):
+                key = job.kind if job.kind in kinds else "*"
+                if key not in kinds or taken[key] >= caps.get(key, 10**6):
                     continue
-                taken[job.kind] += 1
+                taken[key] += 1
             found.append(job)
         return found[: body["max_jobs"]]
 

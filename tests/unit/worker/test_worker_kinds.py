@@ -127,6 +127,42 @@ def test_a_job_of_a_kind_without_a_handler_is_dead_lettered_unstarted() -> None:
     run(scenario)
 
 
+def test_a_pool_that_dead_letters_unknown_kinds_claims_them_but_keeps_its_limits() -> None:
+    """`dead_letter_unknown_kinds`: the claim adds "*" (every other job),
+    and a kind at its limit is named with 0 so that "*" leaves it alone."""
+    lock = threading.Lock()
+    now, most = [0], [0]
+
+    def slow(ctx: JobContext) -> str:
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.1)
+        with lock:
+            now[0] -= 1
+        return "paid"
+
+    def setup(worker: Worker) -> None:
+        worker.handler("pay", max_concurrency=1)(slow)
+
+    async def scenario(fake: FakeLeases) -> None:
+        for n in range(3):
+            fake.add(f"pay{n}", kind="pay")
+        fake.add("typo", kind="pya")
+        fake.add("plain")
+        async with running_worker(fake, None, setup=setup, dead_letter_unknown_kinds=True):
+            await fake.wait_for(lambda: _done(fake, *fake.jobs), timeout_s=10)
+        assert most[0] == 1
+        assert [fake.jobs[f"pay{n}"].result for n in range(3)] == ["paid"] * 3
+        for dead in ("typo", "plain"):
+            error = fake.jobs[dead].error
+            assert error is not None and error["message"].startswith(NO_HANDLER_FOR_KIND)
+        assert all(body["kinds"][-1] == "*" for body in fake.claim_bodies)
+        assert any(body.get("kind_max_jobs", {}).get("pay") == 0 for body in fake.claim_bodies)
+
+    run(scenario)
+
+
 def test_without_a_default_handler_a_job_without_a_kind_names_that() -> None:
     error = NoHandlerForKind(None, "w1", ["a", "b"], default=False)
     assert "jobs without a kind (no default handler)" in str(error)

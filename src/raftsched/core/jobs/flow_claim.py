@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final, NamedTuple
 
 from raftsched.core.jobs import reconcile_book
@@ -53,7 +53,7 @@ from raftsched.core.jobs.flow import (
     tenant_flow,
 )
 from raftsched.core.kernel.model import PENDING, Job
-from raftsched.core.kernel.runnable_index import Lanes, lanes_of
+from raftsched.core.kernel.runnable_index import Lanes, claim_key, lanes_left, lanes_of
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
 
@@ -244,9 +244,9 @@ class _Source:
 class Selector:
     """The jobs of one claim, one at a time; `finish` settles the buckets.
 
-    `kinds`: how many jobs of each kind (None: without a kind) the claim may
-    still take, and none of another kind; None: any job, as a plain
-    `ClaimJobs` takes."""
+    `kinds`: how many jobs of each kind (None: without a kind; "*": of every
+    kind not named) the claim may still take, and none of another kind;
+    None: any job, as a plain `ClaimJobs` takes."""
 
     __slots__ = ("state", "savepoint", "sources", "kinds")
 
@@ -274,7 +274,10 @@ class Selector:
         if self.kinds is None and source.queue not in index.kinds:
             lanes = index.queues.get(source.queue)  # no kinds: the one lane, if any
             return None if lanes is None else _pick_in(self.state, lanes, record)
-        lanes_list = lanes_of(index, source.queue, self.kinds)
+        if self.kinds is None:
+            lanes_list = lanes_of(index, source.queue)
+        else:
+            lanes_list = lanes_left(index, source.queue, self.kinds)
         return pick(self.state, lanes_list, record) if lanes_list else None
 
     def pop(self) -> Job | None:
@@ -305,11 +308,7 @@ class Selector:
         source.granted += 1
         kinds = self.kinds
         if kinds is not None:
-            kind = found.job.kind
-            if kinds[kind] > 1:
-                kinds[kind] -= 1
-            else:
-                del kinds[kind]  # the claim takes no more of it
+            kinds[claim_key(kinds, found.job.kind)] -= 1
         lanes = found.lanes
         if found.stateless:
             assert found.tenant is not None
@@ -345,20 +344,21 @@ def claimable_at_ms(
     state: State,
     queues: tuple[str, ...],
     now_ms: int,
-    kinds: tuple[str | None, ...] | None = None,
+    kinds: Mapping[str | None, int] | None = None,
 ) -> int | None:
-    """When a claim of `queues` (of jobs of `kinds` only, None among them
-    for jobs without a kind; None: of any job) could next be granted
-    something: `now_ms` if now, a later instant if only time stands in the
-    way (tokens refilling, the circuit's next probe), None if only another
-    command can change it."""
+    """When a claim of `queues` (of jobs of `kinds` only, as many as each
+    allows, as `ClaimJobsOfKinds` takes them; None: of any job) could next
+    be granted something: `now_ms` if now, a later instant if only time
+    stands in the way (tokens refilling, the circuit's next probe), None if
+    only another command can change it."""
     records = flow_of(state).queues
     # Open reconciliations (jobs.reconcile) bypass the queue's limits.
     soonest = reconcile_book.claimable_at_ms(state, queues)
     if soonest is not None and soonest <= now_ms:
         return now_ms
     for queue in dict.fromkeys(queues):
-        lanes_list = lanes_of(state.runnable, queue, kinds)
+        index = state.runnable
+        lanes_list = lanes_of(index, queue) if kinds is None else lanes_left(index, queue, kinds)
         if not lanes_list:
             continue
         record = records.get(queue)

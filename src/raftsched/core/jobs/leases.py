@@ -63,6 +63,7 @@ from raftsched.core.kernel.validate import (
     FAILURE_KINDS,
     LEASE_MS_MAX,
     LEASE_MS_MIN,
+    OTHER_KINDS,
     TIME_MS_MAX,
     U32_MAX,
     check_bytes,
@@ -147,15 +148,17 @@ def _check_claim(command: ClaimJobs) -> Rejected | None:
 
 
 def _check_kinds(kinds: object, max_jobs: int) -> Rejected | None:
-    """1 to CLAIM_KINDS_MAX distinct (kind or None, 1 to max_jobs) pairs."""
+    """1 to CLAIM_KINDS_MAX distinct (kind, None or "*", 0 to max_jobs) pairs
+    (0: none of that kind, which also keeps "*" from taking it)."""
     if type(kinds) is not tuple or not 1 <= len(kinds) <= CLAIM_KINDS_MAX:
         return invalid("kinds", f"claim from 1 to {CLAIM_KINDS_MAX} kinds")
     for pair in kinds:
         if type(pair) is not tuple or len(pair) != 2:
             return invalid("kinds", "each kind is a (kind, max_jobs) pair")
         kind, most = pair
-        rejected = (None if kind is None else check_kind(kind, "kinds")) or check_int(
-            most, "kinds", 1, max_jobs
+        named = kind is None or kind == OTHER_KINDS
+        rejected = (None if named else check_kind(kind, "kinds")) or check_int(
+            most, "kinds", 0, max_jobs
         )
         if rejected is not None:
             return rejected

@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from itertools import compress
 from operator import neg
 from typing import Final
@@ -56,6 +56,7 @@ from raftsched.core.kernel.model import (
     count_pairs,
     uniform,
 )
+from raftsched.core.kernel.validate import OTHER_KINDS
 
 RunnableEntry = tuple[int, int, Job]
 OrderingKey = tuple[str, str]
@@ -99,12 +100,13 @@ class RunnableIndex:
 
 
 def lanes_of(
-    index: RunnableIndex, queue: str, kinds: Iterable[str | None] | None = None
+    index: RunnableIndex, queue: str, kinds: Collection[str | None] | None = None
 ) -> list[Lanes]:
     """The lanes a claim of `queue` takes from: those of `kinds` (None in
-    it: the jobs without a kind), or with `kinds` None all of the queue's."""
+    it: the jobs without a kind; "*": every lane no other names), or with
+    `kinds` None all of the queue's."""
     by_kind = index.kinds.get(queue)
-    if kinds is None:
+    if kinds is None or OTHER_KINDS in kinds:
         plain = index.queues.get(queue)
         found = [] if plain is None else [plain]
         if by_kind is not None:
@@ -116,6 +118,30 @@ def lanes_of(
         if lanes:
             found.append(lanes)
     return found
+
+
+def lanes_left(index: RunnableIndex, queue: str, quotas: Mapping[str | None, int]) -> list[Lanes]:
+    """The lanes of the kinds a claim may still take (`quotas`: how many
+    more of each; "*" for every kind it does not name)."""
+    by_kind = index.kinds.get(queue)
+    found = []
+    for kind, left in quotas.items():
+        if left > 0 and kind != OTHER_KINDS:
+            lanes = index.queues.get(queue) if kind is None else by_kind and by_kind.get(kind)
+            if lanes:
+                found.append(lanes)
+    if quotas.get(OTHER_KINDS, 0) > 0:
+        plain = index.queues.get(queue)
+        if plain is not None and None not in quotas:
+            found.append(plain)
+        if by_kind is not None:
+            found += (lanes for kind, lanes in by_kind.items() if kind not in quotas)
+    return found
+
+
+def claim_key(quotas: Collection[str | None], kind: str | None) -> str | None:
+    """Which of a claim's kinds a job of `kind` counts against."""
+    return kind if kind in quotas else OTHER_KINDS
 
 
 def all_lanes(index: RunnableIndex) -> Iterator[tuple[str, Lanes]]:

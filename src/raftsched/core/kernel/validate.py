@@ -37,6 +37,9 @@ KIND_CHARS_MAX: Final = 128
 KIND_PATTERN: Final = re.compile(rf"[A-Za-z0-9_.:-]{{1,{KIND_CHARS_MAX}}}")
 """A job kind: 1 to 128 ASCII letters, digits and `_ . : -` (api.md)."""
 CLAIM_KINDS_MAX: Final = 100
+OTHER_KINDS: Final = "*"
+"""In a claim's kinds: every job of the queues that no other entry names
+(jobs without a kind too, unless None is named). Never a kind itself."""
 
 
 def invalid(field: str, message: str) -> Rejected:
