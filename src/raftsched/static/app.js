@@ -755,12 +755,12 @@ async function workflowView(id) {
   const w = answer.body.workflow;
   const steps = Array.isArray(w.steps) ? Object.fromEntries(w.steps.map((s) => [s.name, s])) : w.steps || {};
   const final = ["succeeded", "failed", "cancelled", "timed_out"].includes(w.status);
-  const rows = Object.entries(steps).map(([name, s]) => [esc(name), badge(s.status || "waiting"), s.job_id ? jobLink(s.job_id) : dash(null), dash((s.depends_on || []).join(", ")), s.result === undefined || s.result === null ? dash(null) : `<code>${esc(JSON.stringify(s.result))}</code>`]);
+  const rows = Object.entries(steps).map(([name, s]) => [esc(name), badge(s.status || "waiting"), s.job_id ? jobLink(s.job_id) : dash(null), dash(s.kind), dash((s.depends_on || []).join(", ")), s.result === undefined || s.result === null ? dash(null) : `<code>${esc(JSON.stringify(s.result))}</code>`]);
   return `
   <section class="wide" id="workflow"><h2>Workflow <span class="mono">${esc(w.id)}</span> ${badge(w.status)}</h2>
     <div class="actions">${final ? "" : actionButton("cancel-workflow", w.id, "Cancel workflow")}</div>
     ${stepGraph(steps)}</section>
-  <section class="wide" id="steps"><h2>Steps</h2>${table(["step", "state", "job", "depends on", "result"], rows, "no steps")}</section>`;
+  <section class="wide" id="steps"><h2>Steps</h2>${table(["step", "state", "job", "kind", "depends on", "result"], rows, "no steps")}</section>`;
 }
 
 // The reconciliation report (docs/reconciliation.md): jobs waiting for a
