@@ -30,12 +30,13 @@ import aiohttp
 
 from raftsched import core, tls
 from raftsched.config import NodeConfig
+from raftsched.core import command_version
 from raftsched.core.auth.commands import BootstrapAdmin, TouchTokens
 from raftsched.core.auth.tokens import auth_enabled
 from raftsched.core.jobs.flow_claim import claimable_at_ms
 from raftsched.core.jobs.reconcile_report import reconciling_per_queue
 from raftsched.core.kernel import identity as core_identity
-from raftsched.core.kernel.cluster_version import cluster_version
+from raftsched.core.kernel.cluster_version import CLUSTER_VERSION_DEFAULT, cluster_version
 from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
 from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.core.membership.commands import Member
@@ -201,6 +202,8 @@ class Node:
         self._peer_tls_warned_at: dict[str, float] = {}
         self._skew_measured_at = 0.0
         self.peer_versions = PeerVersions({p.id: p.http_url for p in config.peers})
+        # The cluster version this replica last read (it only goes up).
+        self._version_allowing = CLUSTER_VERSION_DEFAULT
         self._versions_polled_at = 0.0
         self.token_uses = TokenUses()
         self._auth_logged = False
@@ -449,10 +452,13 @@ class Node:
 
     def _check_allowed(self, commands: Sequence[Command]) -> None:
         # Most commands pass any cluster version, so the common case never
-        # takes the replica's lock from the event loop.
+        # takes the replica's lock from the event loop; nor does a newer one
+        # (every claim of kinds) once this replica has seen a version that
+        # allows it: the cluster version never goes down.
         newer = gated(commands)
-        if newer:
+        if newer and max(map(command_version, newer)) > self._version_allowing:
             with self.reading() as state:
+                self._version_allowing = cluster_version(state)
                 check_allowed(state, newer)
 
     def peer_version(self, node_id: str) -> NodeVersion | None:
