@@ -428,7 +428,7 @@ def _check_index(state: State, problems: list[str]) -> None:
         for queue, lanes in runnable_index.all_lanes(live)
         for tenant, heap in lanes.heaps.items()
         for entry in heap
-        if lanes in runnable_index.lanes_of(live, queue, (entry[2].kind,))
+        if lanes is runnable_index.lane_of(live, queue, entry[2].kind)
     }
     for job in pending:
         if runnable_index.is_head(fresh, job) and (job.queue, job.tenant, id(job)) not in in_lanes:

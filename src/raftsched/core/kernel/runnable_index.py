@@ -14,7 +14,7 @@ Structure
   high-priority share).
 - `kinds[queue][kind]` is the `Lanes` of the queue's claimable jobs of that
   kind (cluster version 8). A claim takes from the lanes of the kinds it
-  names (`lanes_of`), or from all of the queue's; the claim's choice over
+  names (`lanes_left`), or from all of the queue's (`lanes_of`); its choice over
   several lanes is the one it would make were their jobs in one lane
   (`flow_claim`), so how jobs are split into lanes never changes an outcome.
   A lane exists only while it holds a claimable job.
@@ -99,37 +99,34 @@ class RunnableIndex:
         self.blocked: dict[OrderingKey, Job] = {}
 
 
-def lanes_of(
-    index: RunnableIndex, queue: str, kinds: Collection[str | None] | None = None
-) -> list[Lanes]:
-    """The lanes a claim of `queue` takes from: those of `kinds` (None in
-    it: the jobs without a kind; "*": every lane no other names), or with
-    `kinds` None all of the queue's."""
+def lanes_of(index: RunnableIndex, queue: str) -> list[Lanes]:
+    """Every lane of `queue`: what a claim without kinds takes from."""
+    plain = index.queues.get(queue)
+    found = [] if plain is None else [plain]
     by_kind = index.kinds.get(queue)
-    if kinds is None or OTHER_KINDS in kinds:
-        plain = index.queues.get(queue)
-        found = [] if plain is None else [plain]
-        if by_kind is not None:
-            found += by_kind.values()
-        return found
-    found = []
-    for kind in kinds:
-        lanes = index.queues.get(queue) if kind is None else by_kind and by_kind.get(kind)
-        if lanes:
-            found.append(lanes)
+    if by_kind is not None:
+        found += by_kind.values()
     return found
 
 
-def lanes_left(index: RunnableIndex, queue: str, quotas: Mapping[str | None, int]) -> list[Lanes]:
-    """The lanes of the kinds a claim may still take (`quotas`: how many
-    more of each; "*" for every kind it does not name)."""
+def lane_of(index: RunnableIndex, queue: str, kind: str | None) -> Lanes | None:
+    """The lane of `queue`'s jobs of `kind` (None: without a kind), if any."""
+    if kind is None:
+        return index.queues.get(queue)
     by_kind = index.kinds.get(queue)
+    return None if by_kind is None else by_kind.get(kind)
+
+
+def lanes_left(index: RunnableIndex, queue: str, quotas: Mapping[str | None, int]) -> list[Lanes]:
+    """The lanes of the kinds a claim of kinds may still take from (`quotas`:
+    how many more of each; "*" for every kind it does not name)."""
     found = []
     for kind, left in quotas.items():
         if left > 0 and kind != OTHER_KINDS:
-            lanes = index.queues.get(queue) if kind is None else by_kind and by_kind.get(kind)
-            if lanes:
+            lanes = lane_of(index, queue, kind)
+            if lanes is not None:
                 found.append(lanes)
+    by_kind = index.kinds.get(queue)
     if quotas.get(OTHER_KINDS, 0) > 0:
         plain = index.queues.get(queue)
         if plain is not None and None not in quotas:
