@@ -97,6 +97,7 @@ def _job(record: Any) -> dict[str, Any]:
         "schedule_id": record.schedule_id,
         "workflow_id": record.workflow_id,
         "step": record.step,
+        "kind": record.kind,
         "attempts": [attempt(a) for a in record.attempts],
     }
 
@@ -128,7 +129,9 @@ def history_event(record: Any) -> dict[str, Any]:
     }
 
 
-def lease(grant: Lease) -> dict[str, Any]:
+def lease(grant: Lease, kind: str | None = None) -> dict[str, Any]:
+    """A Lease object; `kind` is its job's (the core's grant does not carry
+    it: a job's kind never changes, so the caller reads it off the job)."""
     return {
         "job_id": grant.job_id,
         "attempt": grant.attempt,
@@ -143,6 +146,7 @@ def lease(grant: Lease) -> dict[str, Any]:
         "correlation_id": grant.correlation_id,
         "workflow_id": grant.workflow_id,
         "step": grant.step,
+        "kind": kind,
         "inputs": unpack_json(grant.inputs) if grant.inputs is not None else {},
         **({} if grant.reconcile is None else {"reconcile": reconcile_target(grant.reconcile)}),
     }

@@ -169,6 +169,7 @@ def _create(
         fingerprint,
         None,
         None,
+        None if spec.kind is None else intern(state, spec.kind),
     )
     if (
         version

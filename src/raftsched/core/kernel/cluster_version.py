@@ -53,16 +53,21 @@ def cluster_version(state: State) -> int:
 def command_version(command: Command, registry: Registry) -> int:
     """The version that introduced the command's kind; for a command that
     holds commands (`Audited`, `LeaseBatch`), the highest of its own and its
-    inner commands'; at least `SPEC_RECONCILE_VERSION` when a job spec
-    inside sets the fields that version added (older replicas cannot decode
-    such a spec)."""
+    inner commands'; at least the version that added a job spec field that
+    a spec inside sets (`spec_version`: older replicas cannot decode such a
+    spec)."""
     versions = registry.command_versions
     version = versions[type(command)]
+    holders = [command] if type(command) in registry.spec_holders else []
     if type(command) in registry.nested:
         for inner in registry.inner_commands(command):
             version = max(version, versions.get(type(inner), version))
-    if version < SPEC_RECONCILE_VERSION and _sets_reconcile_fields(command):
-        version = SPEC_RECONCILE_VERSION
+            if type(inner) in registry.spec_holders:
+                holders.append(inner)
+    for holder in holders:
+        if version >= SPEC_KIND_VERSION:
+            break  # no spec field is newer
+        version = max(version, _specs_version(holder))
     return version
 
 
@@ -79,25 +84,55 @@ def newest_kind(command: Command, registry: Registry) -> str:
     return kind.__name__
 
 
+def newest_spec_field(command: Command, registry: Registry) -> str | None:
+    """`kind` when a job spec's kind gives `command` its version (for the
+    gate's answer, which otherwise names only `SubmitJobs`), else None."""
+    versions = registry.command_versions
+    holders = [command, *registry.inner_commands(command)]
+    kind_version = max(versions.get(type(each), 1) for each in holders)
+    spec = max(
+        (_specs_version(each) for each in holders if type(each) in registry.spec_holders),
+        default=CLUSTER_VERSION_DEFAULT,
+    )
+    return "kind" if spec == SPEC_KIND_VERSION > kind_version else None
+
+
 SPEC_RECONCILE_VERSION: Final = 5
 """The version that added `JobSpec.on_unknown` and `reconcile_queue`."""
+SPEC_KIND_VERSION: Final = 8
+"""The version that added `JobSpec.kind` (and `ClaimJobsOfKinds`, the claim
+of the kinds a worker has handlers for)."""
 
 
-def _sets_reconcile_fields(value: object, depth: int = 0) -> bool:
-    """Whether a job spec anywhere in `value` (a command, or a schedule or a
-    workflow step inside one) sets the version-5 fields. Runs only when a
-    command is proposed, never on apply."""
+def spec_version(spec: JobSpec) -> int:
+    """The version that added the newest field `spec` sets (1: none)."""
+    if spec.kind is not None:
+        return SPEC_KIND_VERSION
+    if spec.on_unknown is not None or spec.reconcile_queue is not None:
+        return SPEC_RECONCILE_VERSION
+    return CLUSTER_VERSION_DEFAULT
+
+
+def _specs_version(value: object, depth: int = 0) -> int:
+    """The highest `spec_version` of a job spec anywhere in `value` (a
+    command, or a schedule or a workflow step inside one); 1 without one.
+    Runs only when a command is proposed, never on apply."""
     if isinstance(value, JobSpec):
-        return value.on_unknown is not None or value.reconcile_queue is not None
+        return spec_version(value)
+    version = CLUSTER_VERSION_DEFAULT
     if depth > 4:
-        return False
+        return version
     if isinstance(value, tuple):
-        return any(_sets_reconcile_fields(item, depth + 1) for item in value)
-    if is_dataclass(value) and not isinstance(value, type):
-        return any(
-            _sets_reconcile_fields(getattr(value, field.name), depth + 1) for field in fields(value)
-        )
-    return False
+        items: Any = value
+    elif is_dataclass(value) and not isinstance(value, type):
+        items = (getattr(value, field.name) for field in fields(value))
+    else:
+        return version
+    for item in items:
+        version = max(version, _specs_version(item, depth + 1))
+        if version >= SPEC_KIND_VERSION:
+            break  # the newest there is
+    return version
 
 
 def needs_upgrade(state: State, command: Command, registry: Registry) -> bool:
