@@ -125,8 +125,8 @@ def test_the_page_runs_against_a_cluster(
     monkeypatch.setenv("RAFTSCHED_URL", ",".join(cluster.urls))
     with Client(cluster.urls) as client:
         # The pages submit jobs with a kind (cluster version 8).
-        version = lambda: client.cluster().get("cluster_version")  # noqa: E731
-        assert wait_for(lambda: version() == COMMAND_VERSION_MAX, 30), version()
+        raised = wait_for(lambda: client.cluster()["cluster_version"] == COMMAND_VERSION_MAX, 30)
+        assert raised, client.cluster()
     blocks = page_blocks(page)
     namespace = _namespace(page)
     with _scripts(tmp_path) as scripts:
