@@ -844,19 +844,24 @@ def hydrate(state: State, budget: int, savepoint: Savepoint | None) -> int:
         if number * wheel.bucket_ms > limit_ms:
             break
         bucket = wheel.buckets[number]
-        index = bucket.first_chunk()
-        if index == len(bucket.chunks):
-            count = bucket.tail_count
-        else:
-            chunk = bucket.chunks[index]
-            assert chunk is not None
-            count = chunk[1]
+        index, count = _first_location(bucket)
         if done and done + count > budget:
             break
         jobs = _chunk_jobs(state, bucket, index)
         _take(state, wheel, number, index, jobs, savepoint)
         done += len(jobs)
     return done
+
+
+def _first_location(bucket: Bucket) -> tuple[int, int]:
+    """The bucket's first location still holding jobs (a chunk's index, or
+    the number of chunks for the tail) and how many jobs it holds."""
+    index = bucket.first_chunk()
+    if index == len(bucket.chunks):
+        return index, bucket.tail_count
+    chunk = bucket.chunks[index]
+    assert chunk is not None
+    return index, chunk[1]
 
 
 def soft_deadline_ms(wheel: Wheel, number: int) -> int:
@@ -899,13 +904,7 @@ def _hydrate_paced(state: State, wheel: Wheel, budget: int, savepoint: Savepoint
         quota = pace_quota(wheel, number, now_ms)
         taken = 0
         while True:
-            index = bucket.first_chunk()
-            if index == len(bucket.chunks):
-                count = bucket.tail_count
-            else:
-                chunk = bucket.chunks[index]
-                assert chunk is not None
-                count = chunk[1]
+            index, count = _first_location(bucket)
             if done and done + count > budget:
                 return done
             if quota is not None and taken and taken + count > quota:
