@@ -53,16 +53,16 @@ def cluster_version(state: State) -> int:
 def command_version(command: Command, registry: Registry) -> int:
     """The version that introduced the command's kind; for a command that
     holds commands (`Audited`, `LeaseBatch`), the highest of its own and its
-    inner commands'; at least `SPEC_RECONCILE_VERSION` when a job spec
-    inside sets the fields that version added (older replicas cannot decode
+    inner commands'; at least the version that added the newest job spec
+    field a spec inside sets (`spec_version`: older replicas cannot decode
     such a spec)."""
     versions = registry.command_versions
     version = versions[type(command)]
     if type(command) in registry.nested:
         for inner in registry.inner_commands(command):
             version = max(version, versions.get(type(inner), version))
-    if version < SPEC_RECONCILE_VERSION and _sets_reconcile_fields(command):
-        version = SPEC_RECONCILE_VERSION
+    if version < SPEC_FIELDS_VERSION_MAX:
+        version = max(version, _specs_version(command))
     return version
 
 
@@ -81,23 +81,41 @@ def newest_kind(command: Command, registry: Registry) -> str:
 
 SPEC_RECONCILE_VERSION: Final = 5
 """The version that added `JobSpec.on_unknown` and `reconcile_queue`."""
+SPEC_TRACE_VERSION: Final = 8
+"""The version that added `JobSpec.traceparent` and `tracestate`."""
+SPEC_FIELDS_VERSION_MAX: Final = SPEC_TRACE_VERSION
+"""The newest version that added a job spec field."""
 
 
-def _sets_reconcile_fields(value: object, depth: int = 0) -> bool:
-    """Whether a job spec anywhere in `value` (a command, or a schedule or a
-    workflow step inside one) sets the version-5 fields. Runs only when a
-    command is proposed, never on apply."""
+def spec_version(spec: JobSpec) -> int:
+    """The version that added the newest field `spec` sets (1: none)."""
+    if spec.traceparent is not None or spec.tracestate is not None:
+        return SPEC_TRACE_VERSION
+    if spec.on_unknown is not None or spec.reconcile_queue is not None:
+        return SPEC_RECONCILE_VERSION
+    return CLUSTER_VERSION_DEFAULT
+
+
+def _specs_version(value: object, depth: int = 0) -> int:
+    """The highest `spec_version` of a job spec anywhere in `value` (a
+    command, or a schedule or a workflow step inside one); 1 without one.
+    Runs only when a command is proposed, never on apply."""
     if isinstance(value, JobSpec):
-        return value.on_unknown is not None or value.reconcile_queue is not None
+        return spec_version(value)
+    version = CLUSTER_VERSION_DEFAULT
     if depth > 4:
-        return False
+        return version
     if isinstance(value, tuple):
-        return any(_sets_reconcile_fields(item, depth + 1) for item in value)
-    if is_dataclass(value) and not isinstance(value, type):
-        return any(
-            _sets_reconcile_fields(getattr(value, field.name), depth + 1) for field in fields(value)
-        )
-    return False
+        items: Any = value
+    elif is_dataclass(value) and not isinstance(value, type):
+        items = (getattr(value, field.name) for field in fields(value))
+    else:
+        return version
+    for item in items:
+        version = max(version, _specs_version(item, depth + 1))
+        if version >= SPEC_FIELDS_VERSION_MAX:
+            break  # none is newer
+    return version
 
 
 def needs_upgrade(state: State, command: Command, registry: Registry) -> bool:

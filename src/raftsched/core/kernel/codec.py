@@ -71,6 +71,10 @@ _SPEC_KINDS: Final = (
     "int", "int?", "str?", "str?", "str?", "labels",
 )  # fmt: skip
 _SPEC_KINDS_V5: Final = (*_SPEC_KINDS, "str?", "str?")  # on_unknown, reconcile_queue
+_SPEC_KINDS_V8_TRACE: Final = (*_SPEC_KINDS_V5, "str?", "str?")  # traceparent, tracestate
+_SPEC_KINDS_BY_LENGTH: Final = {
+    len(kinds): kinds for kinds in (_SPEC_KINDS, _SPEC_KINDS_V5, _SPEC_KINDS_V8_TRACE)
+}
 
 Encode = Callable[[Any], Any]
 Decode = Callable[[object], Any]
@@ -187,9 +191,10 @@ def _decoder(kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Decode:
 
 
 def spec_row(spec: JobSpec) -> list[Any]:
-    """A spec as plain data: 14 fields, or 16 when it sets the reconcile
-    fields that version 5 added (so a spec without them encodes, and
-    fingerprints, as before)."""
+    """A spec as plain data: 14 fields, 16 when it sets the reconcile fields
+    that version 5 added, 18 when it sets the trace context that version 8
+    added (the reconcile fields then as they are, None or not), so that a
+    spec without them encodes, and fingerprints, as before."""
     backoff = spec.backoff
     row = [
         spec.queue,
@@ -207,7 +212,10 @@ def spec_row(spec: JobSpec) -> list[Any]:
         spec.correlation_id,
         [list(pair) for pair in spec.labels],
     ]
-    if spec.on_unknown is not None or spec.reconcile_queue is not None:
+    if spec.traceparent is not None or spec.tracestate is not None:
+        row += [spec.on_unknown, spec.reconcile_queue]  # since version 5
+        row += [spec.traceparent, spec.tracestate]  # since version 8
+    elif spec.on_unknown is not None or spec.reconcile_queue is not None:
         row += [spec.on_unknown, spec.reconcile_queue]  # since version 5
     return row
 
@@ -331,9 +339,8 @@ def decode_spec(row: object) -> JobSpec:
 
 
 def _decode_spec(row: object) -> JobSpec:
-    if type(row) is not tuple or len(row) not in (len(_SPEC_KINDS), len(_SPEC_KINDS_V5)):
-        raise CodecError("a job spec has 14 or 16 fields")
-    kinds = _SPEC_KINDS if len(row) == len(_SPEC_KINDS) else _SPEC_KINDS_V5
+    if type(row) is not tuple or (kinds := _SPEC_KINDS_BY_LENGTH.get(len(row))) is None:
+        raise CodecError("a job spec has 14, 16 or 18 fields")
     values = [decode_field(value, kind) for value, kind in zip(row, kinds, strict=True)]
     return JobSpec(*values)
 

@@ -72,6 +72,14 @@ class JobSpec:
     # the job's own). Encoded only when set, so older specs keep their bytes.
     on_unknown: str | None = None
     reconcile_queue: str | None = None
+    # Since cluster version 8 (jobs.trace_book): the W3C trace context the
+    # submission carried (its `traceparent` and `tracestate` headers), kept
+    # beside the job and handed to every lease of it, so that a worker's
+    # attempt joins the submitter's trace. Not part of the request's
+    # identity: an idempotent repeat from another span is the same request
+    # (`submit.spec_fingerprint` leaves them out). Encoded only when set.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,7 @@ int`), because a bool is an int to isinstance and would slip through.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from raftsched.core.kernel.commands import Backoff, JobSpec
@@ -127,7 +128,40 @@ def check_spec(spec: object) -> Rejected | None:
         or check_labels(spec.labels)
         or check_on_unknown(spec.on_unknown, optional=True)
         or check_optional_name(spec.reconcile_queue, "reconcile_queue")
+        or check_trace_context(spec.traceparent, spec.tracestate)
     )
+
+
+TRACEPARENT_CHARS: Final = 55
+TRACESTATE_CHARS_MAX: Final = 256
+"""A stored trace context's bounds: a version-00 W3C `traceparent` is
+exactly 55 characters; a `tracestate` is kept to 256 (W3C allows 512)."""
+TRACEPARENT_PATTERN: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+"""The one form a job stores (`api` normalizes what a request carries to it)."""
+_TRACESTATE_CHARS: Final = re.compile(r"[\x20-\x7e]+")
+
+
+def check_trace_context(traceparent: object, tracestate: object) -> Rejected | None:
+    """A job's trace context (cluster version 8): none, or a version-00
+    `traceparent` whose trace and parent ids are not all zeros, with an
+    optional `tracestate` of 1 to 256 printable ASCII characters. The API
+    checks a `tracestate` against the W3C grammar; the core only bounds it."""
+    if traceparent is None:
+        if tracestate is None:
+            return None
+        return invalid("tracestate", "a tracestate needs a traceparent")
+    match = TRACEPARENT_PATTERN.fullmatch(traceparent) if type(traceparent) is str else None
+    if match is None or not match[1].strip("0") or not match[2].strip("0"):
+        return invalid("traceparent", "traceparent must be a W3C version-00 traceparent")
+    if tracestate is not None and (
+        type(tracestate) is not str
+        or len(tracestate) > TRACESTATE_CHARS_MAX
+        or _TRACESTATE_CHARS.fullmatch(tracestate) is None
+    ):
+        return invalid(
+            "tracestate", f"tracestate must be 1 to {TRACESTATE_CHARS_MAX} printable ASCII chars"
+        )
+    return None
 
 
 ON_UNKNOWN_POLICIES: Final = ("retry", "reconcile")
