@@ -170,7 +170,11 @@ def _scoped(request: web.Request, wanted: ClaimRequest | None) -> ClaimRequest |
 
 def _granted(node: NodeView, leases: Sequence[Lease]) -> list[dict[str, Any]]:
     node.metrics.leases_granted.inc(len(leases))
-    return [render.lease(grant) for grant in leases]
+    if not leases:
+        return []
+    with node.reading() as state:  # their trace contexts (cluster version 8)
+        traces = [core.job_trace(state, grant.job_id) for grant in leases]
+    return [render.lease(grant, trace=trace) for grant, trace in zip(leases, traces, strict=True)]
 
 
 def _next_answer(node: NodeView, outcome: ClaimOutcome) -> dict[str, Any]:

@@ -128,7 +128,10 @@ def history_event(record: Any) -> dict[str, Any]:
     }
 
 
-def lease(grant: Lease) -> dict[str, Any]:
+def lease(grant: Lease, *, trace: tuple[str, str | None] | None = None) -> dict[str, Any]:
+    """A Lease object; `trace` is its job's trace context (the core's grant
+    does not carry it: a job's never changes, so the caller reads it off
+    the state, `core.job_trace`)."""
     return {
         "job_id": grant.job_id,
         "attempt": grant.attempt,
@@ -144,6 +147,8 @@ def lease(grant: Lease) -> dict[str, Any]:
         "workflow_id": grant.workflow_id,
         "step": grant.step,
         "inputs": unpack_json(grant.inputs) if grant.inputs is not None else {},
+        "traceparent": None if trace is None else trace[0],
+        "tracestate": None if trace is None else trace[1],
         **({} if grant.reconcile is None else {"reconcile": reconcile_target(grant.reconcile)}),
     }
 
