@@ -33,6 +33,9 @@ class FakeJob:
     # A reconciling job: its lease asks about this attempt, from this queue.
     reconcile_queue: str | None = None
     decision: dict[str, Any] | None = None
+    # The W3C trace context it was submitted with (its leases carry it).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class FakeLeases:
@@ -48,6 +51,9 @@ class FakeLeases:
         self.nexts: list[dict[str, Any]] = []  # the next claims batches carried
         self.refuse_next = False  # answer `next` as a node of 0.5.0 does
         self.next_delay_s = 0.0  # how long a batch with a next claim takes
+        # The `traceparent` header of each lease batch and effect request (None: none).
+        self.batch_traceparents: list[str | None] = []
+        self.effect_traceparents: list[str | None] = []
         self._tokens = itertools.count(1000)
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -120,6 +126,7 @@ class FakeLeases:
             "expires_at": "2030-01-01T00:00:00.000Z", "lease_s": lease_s, "queue": "q",
             "payload": job.payload, "idempotency_key": f"key-{job.id}", "ordering_key": None,
             "correlation_id": None, "workflow_id": None, "step": None, "inputs": {},
+            "traceparent": job.traceparent, "tracestate": job.tracestate,
         }  # fmt: skip
 
     async def _batch(self, request: web.Request) -> web.Response:
@@ -130,6 +137,7 @@ class FakeLeases:
                      "details": {"field": "next"}}  # fmt: skip
             return web.json_response({"error": error}, status=400)
         self.batches.append(ops)
+        self.batch_traceparents.append(request.headers.get("traceparent"))
         if self.stall_heartbeats and any(op["op"] == "heartbeat" for op in ops):
             await asyncio.sleep(3600)
         answer: dict[str, Any] = {"results": [self._apply(op) for op in ops]}
@@ -170,6 +178,7 @@ class FakeLeases:
 
     async def _record_effect(self, request: web.Request) -> web.Response:
         body = await request.json()
+        self.effect_traceparents.append(request.headers.get("traceparent"))
         if self.lose_lease_on_effect:
             self.lose_lease(body["job_id"])
         if body["fencing_token"] != self.jobs[body["job_id"]].token:
