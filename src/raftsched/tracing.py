@@ -79,9 +79,30 @@ def enabled() -> bool:
     return _provider is not None
 
 
+_TRACER: Final = trace.get_tracer(TRACER_NAME)
+
+
 def tracer() -> trace.Tracer:
-    """The tracer of raftsched's own spans (a no-op until configured)."""
-    return trace.get_tracer(TRACER_NAME)
+    """The tracer of raftsched's own spans: a no-op until a tracer provider
+    is set (by `configure`, or the application), the SDK's from then on."""
+    return _TRACER
+
+
+def recording() -> bool:
+    """Whether a span made now could be recorded: some tracer provider has
+    been set in this process (by `configure`, or by the application that
+    runs the client or the worker). Until then the worker skips making its
+    spans (a few microseconds each even as no-ops) and only passes the
+    job's trace context on."""
+    global _provider_set
+    if not _provider_set:  # once set, a tracer provider stays (OpenTelemetry's rule)
+        _provider_set = not isinstance(
+            trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+        )
+    return _provider_set
+
+
+_provider_set = False
 
 
 def exporters_wanted(otlp_endpoint: str | None, environ: Mapping[str, str]) -> tuple[str, ...]:

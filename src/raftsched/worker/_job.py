@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Span
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from raftsched.client import ApiError, FailureKind, JsonObject, LeaseLost, RaftschedError
 from raftsched.worker import _spans
@@ -125,6 +125,9 @@ class JobRun:
         the submission's trace context, `worker._spans`): the handler's
         task, or thread, runs with that span current."""
         span = _spans.start_attempt(self.ctx.lease, self.ctx.worker_id)
+        if span is INVALID_SPAN:  # no tracer provider, no trace context: nothing to carry
+            await self._run(span)
+            return
         # Not the exception's message (it may quote a payload): its type.
         with trace.use_span(
             span, end_on_exit=True, record_exception=False, set_status_on_exception=False

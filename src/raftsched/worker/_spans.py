@@ -17,13 +17,24 @@ result, an error message or a token.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final
 
+from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 
 from raftsched import tracing
 
@@ -32,25 +43,44 @@ if TYPE_CHECKING:
 
 ATTEMPT_SPAN: Final = "job attempt"
 EFFECT_SPAN: Final = "job effect"
-_W3C: Final = TraceContextTextMapPropagator()
+_TRACEPARENT: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+"""What a lease carries: the node stores only this form (api.trace_headers)."""
 
 
-def submitted_context(lease: Lease) -> Context:
-    """The context the job was submitted in (empty without one): always the
-    W3C headers the lease carries, whatever propagator the process uses."""
-    if lease.traceparent is None:
-        return Context()
-    carrier = {tracing.TRACEPARENT_HEADER: lease.traceparent}
-    if lease.tracestate is not None:
-        carrier[tracing.TRACESTATE_HEADER] = lease.tracestate
-    return _W3C.extract(carrier, context=Context())
+def submitted_span(lease: Lease) -> SpanContext | None:
+    """The span the job was submitted in, from the W3C trace context its
+    lease carries (whatever propagator the process uses); None without one,
+    or with one that is not a version-00 traceparent with valid ids."""
+    found = _TRACEPARENT.fullmatch(lease.traceparent) if lease.traceparent else None
+    if found is None:
+        return None
+    state = None
+    if lease.tracestate:
+        state = TraceState.from_header([lease.tracestate])
+    span = SpanContext(
+        int(found[1], 16),
+        int(found[2], 16),
+        is_remote=True,
+        trace_flags=TraceFlags(int(found[3], 16)),
+        trace_state=state,
+    )
+    return span if span.is_valid else None
 
 
 def start_attempt(lease: Lease, worker_id: str) -> Span:
-    """The attempt's span, started (the caller makes it current and ends it)."""
+    """The attempt's span, started (the caller makes it current and ends
+    it). Until a tracer provider is set (`tracing.recording`), the job's
+    submitted span itself, not recording: made current, it passes the
+    trace context on to what the handler calls, for nearly nothing."""
+    parent = submitted_span(lease)
+    if not tracing.recording():
+        return INVALID_SPAN if parent is None else NonRecordingSpan(parent)
+    context = Context()
+    if parent is not None:
+        context = trace.set_span_in_context(NonRecordingSpan(parent), context)
     return tracing.tracer().start_span(
         ATTEMPT_SPAN,
-        context=submitted_context(lease),
+        context=context,
         kind=SpanKind.CONSUMER,
         attributes={
             tracing.JOB_ID: lease.job_id,
@@ -77,7 +107,12 @@ def attempt_ended(span: Span, outcome: str, error_type: str | None = None) -> No
 def effect_span(lease: Lease, key: str) -> Iterator[Span]:
     """A child of the current span (the attempt's) around one effect: its
     lookup, the side effect if it runs, and its record. The key is the
-    handler's name for the effect, not user data."""
+    handler's name for the effect, not user data. None is made while the
+    attempt's span is not recording (no tracer provider, or sampled out)."""
+    current = trace.get_current_span()
+    if not current.is_recording():
+        yield current
+        return
     with tracing.tracer().start_as_current_span(
         EFFECT_SPAN,
         attributes={
