@@ -8,12 +8,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from fakeleases import FakeLeases, run, running_worker
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 
 from raftsched import tracing
-from raftsched.worker import JobContext
+from raftsched.worker import JobContext, _spans
+from raftsched.worker._context import Lease
 from spans import in_memory_spans, named
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -151,3 +153,20 @@ def test_a_failing_effect_is_an_error_span_without_its_message() -> None:
         assert SECRET not in repr(effect.to_json()) and not effect.events
 
     run(scenario)
+
+
+def test_without_a_tracer_provider_an_attempt_only_passes_its_context_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tracing, "recording", lambda: False)
+    traced = Lease("job_1", 1, 1, 5, 30.0, "q", traceparent=TRACEPARENT, tracestate="rojo=1")
+    span = _spans.start_attempt(traced, "w")
+    assert not span.is_recording()
+    context = span.get_span_context()
+    assert (f"{context.trace_id:032x}", f"{context.span_id:016x}") == (TRACE_ID, PARENT_ID)
+    assert context.is_remote and context.trace_flags.sampled
+    assert context.trace_state.get("rojo") == "1"
+    assert _spans.start_attempt(Lease("job_2", 1, 1, 5, 30.0, "q"), "w") is INVALID_SPAN
+    for bad in ("01-" + TRACEPARENT[3:], TRACEPARENT.upper(), "00-" + "0" * 32 + TRACEPARENT[35:]):
+        lease = Lease("job_3", 1, 1, 5, 30.0, "q", traceparent=bad)
+        assert _spans.start_attempt(lease, "w") is INVALID_SPAN
