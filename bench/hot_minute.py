@@ -69,6 +69,7 @@ def percentile(samples: list[float], fraction: float) -> float:
 class Http:
     def __init__(self, base_url: str, connections: int) -> None:
         self.base_url = base_url
+        self.leader_moves = 0
         connector = aiohttp.TCPConnector(limit=connections)
         token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
         self.session = aiohttp.ClientSession(
@@ -78,12 +79,23 @@ class Http:
         )
 
     async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """One request; a 307 naming a new leader moves every later request
+        there (as the SDK does) and is answered by the new leader."""
         data = None if body is None else json.dumps(body).encode()
-        async with self.session.request(
-            method, self.base_url + path, data=data, headers=JSON_HEADERS, allow_redirects=False
-        ) as response:
-            raw = await response.read()
-            return response.status, (json.loads(raw) if raw else None)
+        for _ in range(3):
+            async with self.session.request(
+                method, self.base_url + path, data=data, headers=JSON_HEADERS, allow_redirects=False
+            ) as response:
+                raw = await response.read()
+                answer = json.loads(raw) if raw else None
+            leader = (answer or {}).get("leader") if response.status == 307 else None
+            if not isinstance(leader, dict) or not leader.get("http_url"):
+                return response.status, answer
+            if self.base_url != leader["http_url"]:
+                log(f"leader moved to {leader.get('id')}: {leader['http_url']}")
+                self.base_url = leader["http_url"]
+                self.leader_moves += 1
+        return response.status, answer
 
     async def ok(self, method: str, path: str, body: Any = None) -> Any:
         status, answer = await self.call(method, path, body)
@@ -258,6 +270,7 @@ async def run(leader_url: str, args: argparse.Namespace) -> dict[str, Any]:
             }
         return {
             **packed,
+            "leader_moves_seen": http.leader_moves,
             "jobs": args.jobs,
             "leased": counts["leased"],
             "claim_errors": counts["errors"],

@@ -15,8 +15,8 @@ from typing import Final
 
 from chaos.cluster import REPO_ROOT
 
-TAG: Final = "v0.6.0"
-COMMIT: Final = "69005c568e851caf80b4bcc4616f11cb6c9afbc6"
+TAG: Final = "v0.7.0"
+COMMIT: Final = "7f273a934790110964b4577eb3fed50f010a65c5"
 CACHE: Final = REPO_ROOT / "runs" / "chaos" / ".previous"
 
 

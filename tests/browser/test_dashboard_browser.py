@@ -17,6 +17,7 @@ import pytest
 from browser_support import csp_violations, login, shot
 
 from raftsched.client import Client
+from raftsched.core import COMMAND_VERSION_MAX
 from raftsched.testing import LocalCluster, http_json
 
 pytestmark = pytest.mark.e2e
@@ -127,6 +128,25 @@ def test_job_search_job_page_and_cancel(cluster: LocalCluster, client: Client, p
     assert (event["event"], event["actor"]) == ("cancel", admin_actor(client))
     page.locator("#history li[data-event=cancel]").wait_for()  # live update
     shot(page, "job-cancelled")
+
+
+def test_jobs_are_searched_by_kind_and_show_it(
+    cluster: LocalCluster, client: Client, page: Any
+) -> None:
+    """Job kinds (cluster version 8): the search form's `kind`, the table's
+    column and the job page's field."""
+    raised = wait_for(lambda: client.cluster().get("cluster_version") == COMMAND_VERSION_MAX, 30)
+    assert raised, client.cluster()
+    kinded = client.submit("kinded", {"n": 1}, kind="invoice.send", delay_s=3600)
+    plain = client.submit("kinded", {"n": 2}, delay_s=3600)
+    login(page, follower_url(cluster) + "/#/jobs?kind=invoice.send", cluster.admin_token)
+    page.locator(f"#job-results >> text={kinded['id']}").wait_for()
+    results = page.locator("#job-results").inner_text()
+    assert "invoice.send" in results and plain["id"] not in results
+    assert page.input_value("input[name=kind]") == "invoice.send"
+    page.locator(f"#job-results >> text={kinded['id']}").click()
+    page.locator("#job dd", has_text="invoice.send").wait_for()
+    shot(page, "job-kind")
 
 
 def test_job_page_shows_attempts_and_timeline(

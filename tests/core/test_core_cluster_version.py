@@ -20,6 +20,7 @@ from raftsched.core import (
 from raftsched.core.auth.commands import BootstrapAdmin, CreateToken, RevokeToken, TouchTokens
 from raftsched.core.jobs.commands import (
     ClaimJobs,
+    ClaimJobsOfKinds,
     CompleteJob,
     Configure,
     ConfigureWheel,
@@ -66,6 +67,7 @@ def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> N
         RequestReconcile: 5,
         LeaseBatch: 6,
         ConfigureWheel: 7,
+        ClaimJobsOfKinds: 8,
     }
     assert COMMAND_VERSION_MAX == 8
 

@@ -38,6 +38,7 @@ from raftsched.core.events.commands import (
 from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
+    ClaimJobsOfKinds,
     CompleteJob,
     Configure,
     ConfigureWheel,
@@ -187,6 +188,13 @@ EVERY_COMMAND: tuple[Command, ...] = (
     ),
     LeaseBatch((CompleteJob("j1", 1),)),
     LeaseBatch((), ClaimJobs("w", ("q",), 1)),
+    # Job kinds (issue 20).
+    SubmitJobs(
+        (JobSpec("q", kind="charge"), JobSpec("q", on_unknown="retry", kind="a.b:c-1")),
+        ("j5", "j6"),
+    ),
+    ClaimJobsOfKinds("w", ("q",), 5, None, (("charge", 2), (None, 5))),
+    LeaseBatch((CompleteJob("j1", 1),), ClaimJobsOfKinds("w", ("q",), 1, 1_000, (("c", 1),))),
 )  # fmt: skip
 
 
@@ -209,6 +217,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         RequestReconcile: 103,
         LeaseBatch: 110,
         ConfigureWheel: 120,
+        ClaimJobsOfKinds: 130,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

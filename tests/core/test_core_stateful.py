@@ -27,6 +27,7 @@ from raftsched.core import (
 from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
+    ClaimJobsOfKinds,
     CompleteJob,
     ConfigureWheel,
     FailJob,
@@ -88,6 +89,7 @@ class ModelJob:
     success_token: int | None = None
     # token -> kind of the fail that ended that attempt (a repeat replays it)
     failed_kinds: dict[int, str] = field(default_factory=dict)
+    kind: str | None = None  # the job's kind (KindsMachine)
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -151,11 +153,13 @@ class CoreMachine(RuleBasedStateMachine):
     )
     def submit(
         self, priority: int, delay_ms: int | None, max_attempts: int, key: str | None,
-        payload: bytes, lease_ms: int, traceparent: str | None = None,
+        payload: bytes, lease_ms: int, kind: str | None = None,
+        traceparent: str | None = None,
     ) -> None:  # fmt: skip
         spec = JobSpec(
             "q", payload=payload, priority=priority, delay_ms=delay_ms, max_attempts=max_attempts,
             backoff=Backoff(BACKOFF_MS, BACKOFF_MS, 0), lease_ms=lease_ms, idempotency_key=key,
+            kind=kind,
         )  # fmt: skip
         traced = replace(spec, traceparent=traceparent)  # not part of the request's identity
         job_id = f"job_{self.state.next_seq}_{len(self.submissions)}"
@@ -176,7 +180,7 @@ class CoreMachine(RuleBasedStateMachine):
         waiting = bool(delay_ms)
         self.jobs[job_id] = ModelJob(
             len(self.jobs), priority, max_attempts, "scheduled" if waiting else "pending",
-            due_ms=self.now_ms + delay_ms if waiting and delay_ms else None,
+            due_ms=self.now_ms + delay_ms if waiting and delay_ms else None, kind=kind,
         )  # fmt: skip
         if key is not None:
             self.keys[key] = (job_id, spec)
@@ -198,13 +202,29 @@ class CoreMachine(RuleBasedStateMachine):
 
     @rule(n=st.integers(1, 3), lease_ms=st.sampled_from([None, 300]))
     def claim(self, n: int, lease_ms: int | None) -> None:
-        result = self.apply(ClaimJobs("w", ("q",), n, lease_ms))
+        self._claimed(ClaimJobs("w", ("q",), n, lease_ms), n, lease_ms, None)
+
+    def _claimed(
+        self, claim: ClaimJobs, n: int, lease_ms: int | None, quotas: dict[str | None, int] | None
+    ) -> None:
+        """Apply a claim; the model grants the best pending jobs (of the
+        kinds `quotas` allows, as many as each allows; "*": the others)."""
+        result = self.apply(claim)
         assert isinstance(result, Claimed)
         pending = sorted(
             (job for job in self.jobs.items() if job[1].status == "pending"),
             key=lambda item: (-item[1].priority, item[1].seq),
         )
-        expected = [job_id for job_id, _ in pending[:n]]
+        expected = []
+        for job_id, job in pending:
+            if len(expected) == n:
+                break
+            if quotas is not None:
+                key = job.kind if job.kind in quotas else "*"
+                if quotas.get(key, 0) <= 0:
+                    continue
+                quotas[key] -= 1
+            expected.append(job_id)
         assert [lease.job_id for lease in result.leases] == expected
         for lease in result.leases:
             self.last_token += 1
@@ -420,7 +440,7 @@ class WheelMachine(CoreMachine):
     def submit_far(
         self, delay_ms: int, key: str | None, payload: bytes, traceparent: str | None
     ) -> None:
-        self.submit(0, delay_ms, 2, key, payload, 1_000, traceparent)
+        self.submit(0, delay_ms, 2, key, payload, 1_000, traceparent=traceparent)
 
     @rule(step_ms=st.integers(1_000, 8_000))
     def much_time_passes(self, step_ms: int) -> None:
@@ -484,3 +504,45 @@ PacedWheelMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestPacedWheelMachine = PacedWheelMachine.TestCase
+
+
+class KindsMachine(WheelMachine):
+    """The same model with job kinds (cluster version 8): jobs of kinds
+    beside jobs without one, in lanes of their own, claimed by plain claims
+    (any kind, as one lane would) and by claims of kinds with caps, through
+    Ticks, expiries, replays, far submissions and snapshot restarts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        assert self.apply(RaiseClusterVersion(8)) is not None
+
+    @rule(
+        kind=st.sampled_from(["a", "b", "c"]),
+        priority=st.integers(-2, 2),
+        delay_ms=st.sampled_from([None, 0, 500, 6_500]),
+        key=st.sampled_from([None, None, "a", "k"]),
+    )
+    def submit_of_kind(
+        self, kind: str, priority: int, delay_ms: int | None, key: str | None
+    ) -> None:
+        self.submit(priority, delay_ms, 2, key, b"\x01", 1_000, kind)
+
+    @rule(
+        n=st.integers(1, 4),
+        quotas=st.dictionaries(
+            st.sampled_from([None, "a", "b", "c", "*"]), st.integers(0, 3), min_size=1
+        ),
+    )
+    def claim_of_kinds(self, n: int, quotas: dict[str | None, int]) -> None:
+        caps = {kind: min(cap, n) for kind, cap in quotas.items()}
+        claim = ClaimJobsOfKinds("w", ("q",), n, None, tuple(caps.items()))
+        self._claimed(claim, n, None, dict(caps))
+
+
+KindsMachine.TestCase.settings = settings(
+    max_examples=40,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestKindsMachine = KindsMachine.TestCase

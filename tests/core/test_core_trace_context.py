@@ -14,6 +14,7 @@ from raftsched.core import (
     encode_state,
     job_trace,
     needs_upgrade,
+    newest_spec_field,
     state_digest,
 )
 from raftsched.core.jobs import trace_book
@@ -41,9 +42,11 @@ def traced(**fields: object) -> JobSpec:
     [
         (JobSpec("q"), 14),
         (JobSpec("q", on_unknown="reconcile"), 16),
-        (traced(), 18),
-        (traced(tracestate=STATE), 18),
-        (traced(on_unknown="retry", reconcile_queue="audit", tracestate=STATE), 18),
+        (traced(), 19),
+        (traced(tracestate=STATE), 19),
+        (traced(on_unknown="retry", reconcile_queue="audit", tracestate=STATE), 19),
+        (traced(kind="charge"), 19),
+        (JobSpec("q", kind="charge"), 17),
     ],
 )
 def test_a_spec_encodes_its_trace_context_only_when_it_has_one(spec: JobSpec, length: int) -> None:
@@ -95,6 +98,13 @@ def test_a_spec_with_a_trace_context_needs_cluster_version_8() -> None:
     assert needs_upgrade(cluster.state, submit)
     cluster.run(RaiseClusterVersion(8))
     assert not needs_upgrade(cluster.state, submit)
+
+
+def test_the_gate_names_the_field_that_needs_version_8() -> None:
+    assert newest_spec_field(SubmitJobs((traced(),), ("a",))) == "traceparent"
+    assert newest_spec_field(SubmitJobs((traced(kind="charge"),), ("a",))) == "kind"
+    assert newest_spec_field(SubmitJobs((traced(), JobSpec("q", kind="x")), ("a", "b"))) == "kind"
+    assert newest_spec_field(SubmitJobs((JobSpec("q", on_unknown="retry"),), ("a",))) is None
 
 
 def test_a_submission_keeps_its_trace_context_beside_the_job() -> None:

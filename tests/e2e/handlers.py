@@ -76,3 +76,28 @@ def provider_reconciler(ctx: ReconcileContext) -> Decision:
 def echo(ctx: JobContext) -> Any:
     """Complete with the payload; no side effect."""
     return ctx.payload
+
+
+# -- handlers by kind (test_kinds) ---------------------------------------------
+
+
+def _timed(handled_by: str, ctx: JobContext, pause_s: float) -> dict[str, Any]:
+    """Record when the handler ran (one sink line), so a test can tell how
+    many jobs of a kind ran at once in the worker process."""
+    started = time.time()
+    time.sleep(pause_s)
+    _sink({"handled_by": handled_by, "job_id": ctx.job_id, "kind": ctx.kind,
+           "start": started, "end": time.time(), "pid": os.getpid()})  # fmt: skip
+    return {"handled_by": handled_by, "kind": ctx.kind, "payload": ctx.payload}
+
+
+def charge_kind(ctx: JobContext) -> dict[str, Any]:
+    return _timed("charge", ctx, 0.3)
+
+
+def email_kind(ctx: JobContext) -> dict[str, Any]:
+    return _timed("email", ctx, 0.4)
+
+
+def default_kind(ctx: JobContext) -> dict[str, Any]:
+    return _timed("default", ctx, 0.05)

@@ -8,7 +8,15 @@ import pytest
 
 from raftsched.api.errors import ApiError
 from raftsched.api.leases import claim_request, next_request
-from raftsched.api.validation import boolean, choice, integer, number, query_integer, seconds_ms
+from raftsched.api.validation import (
+    boolean,
+    choice,
+    integer,
+    number,
+    parse_job,
+    query_integer,
+    seconds_ms,
+)
 from raftsched.node.lease_ops import ClaimRequest
 
 POLICIES = frozenset({"skip", "all"})
@@ -91,6 +99,20 @@ def test_query_integer_default_and_value() -> None:
         ({"queues": ["q"], "worker_id": 7}, "worker_id"),
         ({"queues": ["q"], "worker_id": ""}, "worker_id"),
         ({"queues": ["q"], "fencing_token": 1}, "fencing_token"),
+        ({"queues": ["q"], "kinds": []}, "kinds"),
+        ({"queues": ["q"], "kinds": "charge"}, "kinds"),
+        ({"queues": ["q"], "kinds": ["a b"]}, "kinds"),
+        ({"queues": ["q"], "kinds": ["a", "a"]}, "kinds"),
+        ({"queues": ["q"], "kinds": [None, None]}, "kinds"),
+        ({"queues": ["q"], "kinds": ["*", "*"]}, "kinds"),
+        ({"queues": ["q"], "kinds": ["**"]}, "kinds"),
+        ({"queues": ["q"], "kinds": ["k" * 129]}, "kinds"),
+        ({"queues": ["q"], "kinds": [f"k{i}" for i in range(101)]}, "kinds"),
+        ({"queues": ["q"], "kind_max_jobs": {"a": 1}}, "kind_max_jobs"),
+        ({"queues": ["q"], "kinds": ["a"], "kind_max_jobs": {"b": 1}}, "kind_max_jobs"),
+        ({"queues": ["q"], "kinds": ["a"], "kind_max_jobs": []}, "kind_max_jobs"),
+        ({"queues": ["q"], "kinds": ["a"], "kind_max_jobs": {"a": -1}}, "kind_max_jobs.a"),
+        ({"queues": ["q"], "kinds": ["a"], "kind_max_jobs": {"a": "2"}}, "kind_max_jobs.a"),
     ],
 )
 def test_next_claim_fields_are_checked_as_a_claims_and_named_next(
@@ -127,3 +149,28 @@ def test_next_defaults_and_worker_id() -> None:
     assert next_request(
         {"next": full}, worker_required=True, after_success_only=False
     ) == ClaimRequest(("q",), 7, 2.5, 30_000, "w1", False)
+
+
+def test_a_claims_kinds_become_pairs_capped_by_max_jobs() -> None:
+    """null names the jobs without a kind; a cap above max_jobs is max_jobs."""
+    body = {"queues": ["q"], "max_jobs": 5, "kinds": ["charge", None, "refund"],
+            "kind_max_jobs": {"charge": 2, "refund": 50}}  # fmt: skip
+    wanted = claim_request(body, prefix="", worker_required=False)
+    assert wanted.kinds == (("charge", 2), (None, 5), ("refund", 5))
+    assert claim_request({"queues": ["q"]}, prefix="", worker_required=False).kinds is None
+    every = {"queues": ["q"], "max_jobs": 3, "kinds": ["a", "*"], "kind_max_jobs": {"*": 1}}
+    assert claim_request(every, prefix="", worker_required=False).kinds == (("a", 3), ("*", 1))
+
+
+@pytest.mark.parametrize("value", ["", "k" * 129, "two words", "é", "a/b", 7, ["a"]])
+def test_a_jobs_kind_is_checked_as_the_core_checks_it(value: Any) -> None:
+    assert _field_of(lambda: parse_job({"queue": "q", "kind": value})) == "kind"
+    step = {"queue": "q", "kind": value}
+    assert _field_of(lambda: parse_job(step, prefix="steps[0].")) == "steps[0].kind"
+
+
+def test_a_jobs_kind_is_sent_only_when_given() -> None:
+    assert parse_job({"queue": "q"}).kind is None
+    assert parse_job({"queue": "q", "kind": None}).kind is None
+    assert parse_job({"queue": "q", "kind": "email.send:v2"}).kind == "email.send:v2"
+    assert parse_job({"queue": "q", "kind": "k" * 128}).kind == "k" * 128

@@ -452,3 +452,9 @@ def test_a_sync_reconciler_that_answers_after_losing_its_lease_is_not_heard() ->
 
     outcome = run_reconciler(slow, cancel_after=0.05)
     assert outcome.decision is None and outcome.answer is None
+
+
+def test_a_handler_sees_the_kind_it_is_run_for() -> None:
+    outcome = run_handler(lambda ctx: ctx.kind, kind="charge")
+    assert outcome.result == "charge"
+    assert run_handler(lambda ctx: ctx.kind).result is None

@@ -109,20 +109,22 @@ _SCHEDULE = {
 ACCEPTED_BODIES: dict[str, Any] = {
     "submitJob": {"queue": "payments", "payload": {"amount": 1200}, "idempotency_key": "k:1",
                   "delay_s": 30, "backoff": {"initial_s": 1, "max_s": 300}, "tenant": "acme",
-                  "labels": {"team": "billing"}},
+                  "labels": {"team": "billing"}, "kind": "charge"},
     "submitJobs": {"jobs": [{"queue": "payments"}, {"queue": "payments", "priority": 5}]},
     "cancelJob": {"reason": "customer asked"},
     "reconcileJob": {"reason": "the provider answers again"},
     "replayJob": {"reason": "the bug is fixed", "reconciled": False},
     "claimLeases": {"worker_id": "w1", "queues": ["payments"], "max_jobs": 10, "wait_s": 20,
-                    "lease_s": 30},
+                    "lease_s": 30, "kinds": ["charge", "email.send:v2", None, "*"],
+                    "kind_max_jobs": {"charge": 2}},
     "startLease": {"fencing_token": 1042},
     "heartbeatLease": {"fencing_token": 1042, "extend_s": 30, "progress": {"done": 3}},
     "completeLease": {"fencing_token": 1042, "result": {"charge": "ch_1"},
                       "next": {"queues": ["payments"], "max_jobs": 2, "wait_s": 5}},
     "failLease": {"fencing_token": 1042,
                   "error": {"kind": "transient", "message": "timeout", "retry_after_s": 10},
-                  "next": {"queues": ["payments"], "worker_id": "w1", "lease_s": 30}},
+                  "next": {"queues": ["payments"], "worker_id": "w1", "lease_s": 30,
+                           "kinds": ["charge"]}},
     "reconcileLease": {"fencing_token": 1043, "decision": "happened", "result": {"charge": "ch_1"},
                        "effects": [{"key": "charge:pay_1", "result": {"charge": "ch_1"}}],
                        "reason": "the provider lists ch_1 for pay_1"},
@@ -140,9 +142,10 @@ ACCEPTED_BODIES: dict[str, Any] = {
         "idempotency_key": "order:77", "tenant": "acme", "timeout_s": 3600,
         "on_failure": "fail_fast",
         "steps": [
-            {"name": "reserve", "queue": "inventory", "payload": {}},
+            {"name": "reserve", "queue": "inventory", "payload": {}, "kind": "reserve"},
             {"name": "charge", "queue": "payments", "payload": {}, "depends_on": ["reserve"],
-             "compensation": {"queue": "payments", "payload": {"refund": True}}},
+             "compensation": {"queue": "payments", "payload": {"refund": True},
+                              "kind": "refund"}},
             {"name": "ship", "queue": "shipping", "depends_on": ["charge"]},
         ],
     },
@@ -183,6 +186,15 @@ REJECTED_BODIES: list[tuple[str, Any]] = [
                     "next": {"queues": ["q"]}}),
     ("leaseBatch", {"ops": [{"op": "complete", "job_id": "j", "fencing_token": 1,
                              "next": {"queues": ["q"]}}]}),
+    # Kinds: 1 to 128 of A-Z a-z 0-9 _ . : -, a claim's each named once.
+    ("submitJob", {"queue": "q", "kind": "two words"}),
+    ("submitJob", {"queue": "q", "kind": ""}),
+    ("submitJob", {"queue": "q", "kind": "k" * 129}),
+    ("submitJobs", {"jobs": [{"queue": "q", "kind": "a/b"}]}),
+    ("claimLeases", {"worker_id": "w", "queues": ["q"], "kinds": []}),
+    ("claimLeases", {"worker_id": "w", "queues": ["q"], "kinds": ["a", "a"]}),
+    ("claimLeases", {"worker_id": "w", "queues": ["q"], "kinds": ["a"],
+                     "kind_max_jobs": {"a": -1}}),
 ]  # fmt: skip
 
 
@@ -322,5 +334,10 @@ def test_request_limits_mirror_validation() -> None:
     assert job["queue"]["maxLength"] == validation.NAME_LENGTH_MAX
     assert job["idempotency_key"]["maxLength"] == validation.KEY_LENGTH_MAX
     assert job["labels"]["maxProperties"] == validation.LABELS_MAX
+    # A kind's rule is the core's pattern, in the request schemas and the claim's.
+    rule = validation.core_limits.KIND_PATTERN.pattern
+    assert job["kind"]["pattern"] == f"^{rule}$"
+    assert claim["kinds"]["items"]["pattern"] == f"^(\\*|{rule})$"  # "*": every other kind
+    assert claim["kinds"]["maxItems"] == validation.CLAIM_KINDS_MAX
     reason = schemas["ReasonRequest"]["properties"]["reason"]
     assert reason["maxLength"] == limits.REASON_LENGTH_MAX

@@ -208,6 +208,7 @@ def _state_json(node: NodeView) -> dict[str, Any]:
                 {
                     "id": job.id,
                     "queue": job.queue,
+                    "kind": job.kind,
                     "updated_at": format_ms(job.updated_at_ms),
                     "attempts_made": job.attempts_made,
                     "last_error": render.job(job)["last_error"],

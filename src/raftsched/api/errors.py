@@ -116,16 +116,15 @@ def from_proposal_error(error: ProposalError) -> ApiError:
             headers={"Retry-After": "1"},
         )
     if isinstance(error, UpgradeRequired):
-        return ApiError(
-            "invalid_state",
-            str(error),
-            {
-                "reason": "cluster_version",
-                "command": error.command_kind,
-                "command_version": error.needed,
-                "cluster_version": error.in_force,
-            },
-        )
+        details: dict[str, Any] = {
+            "reason": "cluster_version",
+            "command": error.command_kind,
+            "command_version": error.needed,
+            "cluster_version": error.in_force,
+        }
+        if error.field is not None:
+            details["field"] = error.field  # a job spec field (`kind`) needs the version
+        return ApiError("invalid_state", str(error), details)
     if isinstance(error, NotCommitted):
         return ApiError(
             "unavailable",

@@ -26,7 +26,9 @@ from raftsched.api.requests import (
 from raftsched.api.trace_headers import with_trace_context
 from raftsched.api.validation import (
     BATCH_JOBS_MAX,
+    KIND_RULE,
     boolean,
+    is_kind,
     parse_job,
     path_id,
     query_integer,
@@ -147,6 +149,7 @@ async def list_jobs(request: web.Request) -> web.Response:
                 "workflow_id",
                 "correlation_id",
                 "idempotency_key",
+                "kind",
                 "limit",
                 "cursor",
                 "consistency",
@@ -156,6 +159,9 @@ async def list_jobs(request: web.Request) -> web.Response:
     status = query.get("status")
     if status is not None and status not in core.JOB_STATUSES:
         raise invalid("status", "unknown status")
+    kind = query.get("kind")
+    if kind is not None and not is_kind(kind):
+        raise invalid("kind", KIND_RULE)
     cursor = query.get("cursor")
     if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
         raise invalid("cursor", "not a cursor this API returned")
@@ -177,6 +183,7 @@ async def list_jobs(request: web.Request) -> web.Response:
             schedule_id=query.get("schedule_id"),
             workflow_id=query.get("workflow_id"),
             correlation_id=query.get("correlation_id"),
+            kind=kind,
             tenants=principal.tenants,
             queues=principal.queues,
         )
@@ -196,6 +203,7 @@ def _by_idempotency_key(request: web.Request, key: str) -> dict[str, Any]:
             "schedule_id": query.get("schedule_id"),
             "workflow_id": query.get("workflow_id"),
             "correlation_id": query.get("correlation_id"),
+            "kind": query.get("kind"),
         }
         if job is not None and any(
             value is not None and getattr(job, name) != value for name, value in wanted.items()

@@ -33,6 +33,7 @@ from raftsched.api.principal import principal_of
 from raftsched.api.requests import body_bytes, node_of, prepare_read, read_json
 from raftsched.api.validation import (
     CLAIM_JOBS_MAX,
+    CLAIM_KINDS_MAX,
     CLAIM_QUEUES_MAX,
     KEY_LENGTH_MAX,
     LEASE_S_MAX,
@@ -42,6 +43,7 @@ from raftsched.api.validation import (
     failure,
     fencing_token,
     integer,
+    is_kind,
     pack_json,
     path_id,
     reconcile_decision,
@@ -71,8 +73,15 @@ from raftsched.core.kernel.results import (
     Result,
     Started,
 )
+from raftsched.core.kernel.validate import OTHER_KINDS
 from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
-from raftsched.node.lease_ops import ClaimOutcome, ClaimRequest, OpOutcome, propose_lease_ops
+from raftsched.node.lease_ops import (
+    ClaimKinds,
+    ClaimOutcome,
+    ClaimRequest,
+    OpOutcome,
+    propose_lease_ops,
+)
 from raftsched.node.proposer import NotLeader
 from raftsched.node.view import NodeView
 from raftsched.timefmt import format_ms
@@ -89,7 +98,9 @@ OP_FIELDS: dict[str, frozenset[str]] = {
 }
 
 
-CLAIM_FIELDS = frozenset({"worker_id", "queues", "max_jobs", "wait_s", "lease_s"})
+CLAIM_FIELDS = frozenset(
+    {"worker_id", "queues", "max_jobs", "wait_s", "lease_s", "kinds", "kind_max_jobs"}
+)
 
 
 @routes.post("/v1/leases")
@@ -105,6 +116,7 @@ async def claim(request: web.Request) -> web.Response:
         wanted.max_jobs,
         wanted.wait_s,
         wanted.lease_ms,
+        wanted.kinds,
         gone=lambda: _disconnected(request),
     )
     if isinstance(outcome, Rejected):
@@ -142,8 +154,44 @@ def claim_request(
     lease_ms = seconds_ms(body, "lease_s", LEASE_S_MIN, LEASE_S_MAX, prefix=prefix)
     return ClaimRequest(
         tuple(dict.fromkeys(queues)), max_jobs, wait_ms / 1000, lease_ms, worker_id,
-        after_success_only,
+        after_success_only, claim_kinds(body, max_jobs, prefix),
     )  # fmt: skip
+
+
+def claim_kinds(body: Mapping[str, Any], max_jobs: int, prefix: str) -> ClaimKinds | None:
+    """`kinds` (the kinds to claim, null for jobs without one, "*" for every
+    job no other entry names) and `kind_max_jobs` (at most this many of a
+    kind; above `max_jobs` counts as `max_jobs`) as the core's (kind,
+    max_jobs) pairs, or None: any job."""
+    kinds = body.get("kinds")
+    caps = body.get("kind_max_jobs")
+    if kinds is None:
+        if caps is not None:
+            raise invalid(prefix + "kind_max_jobs", "needs kinds")
+        return None
+    if (
+        not isinstance(kinds, list)
+        or not 1 <= len(kinds) <= CLAIM_KINDS_MAX
+        or not all(item is None or item == OTHER_KINDS or is_kind(item) for item in kinds)
+    ):
+        raise invalid(
+            prefix + "kinds",
+            f'must be a list of 1 to {CLAIM_KINDS_MAX} kinds (null: jobs without one, "*": '
+            "every job no other entry names)",
+        )
+    if len(set(kinds)) != len(kinds):
+        raise invalid(prefix + "kinds", "names each kind once")
+    capped: Mapping[str, Any] = {}
+    if caps is not None:
+        capped = require_object(caps, prefix + "kind_max_jobs")
+        for name in capped:
+            if name not in kinds:
+                raise invalid(prefix + "kind_max_jobs", f"{name!r} is not one of kinds")
+            integer(capped, name, 0, CLAIM_JOBS_MAX, prefix=prefix + "kind_max_jobs.")
+    return tuple(
+        (name, min(max_jobs if capped.get(name) is None else capped[name], max_jobs))
+        for name in kinds
+    )
 
 
 def next_request(
@@ -172,9 +220,13 @@ def _granted(node: NodeView, leases: Sequence[Lease]) -> list[dict[str, Any]]:
     node.metrics.leases_granted.inc(len(leases))
     if not leases:
         return []
-    with node.reading() as state:  # their trace contexts (cluster version 8)
-        traces = [core.job_trace(state, grant.job_id) for grant in leases]
-    return [render.lease(grant, trace=trace) for grant, trace in zip(leases, traces, strict=True)]
+    with node.reading() as state:  # a leased job is live, never packed
+        jobs = [state.jobs.get(grant.job_id) for grant in leases]
+        traces = [core.job_trace(state, grant.job_id) for grant in leases]  # cluster version 8
+    return [
+        render.lease(grant, getattr(job, "kind", None), trace=trace)
+        for grant, job, trace in zip(leases, jobs, traces, strict=True)
+    ]
 
 
 def _next_answer(node: NodeView, outcome: ClaimOutcome) -> dict[str, Any]:

@@ -97,6 +97,7 @@ def _job(record: Any) -> dict[str, Any]:
         "schedule_id": record.schedule_id,
         "workflow_id": record.workflow_id,
         "step": record.step,
+        "kind": record.kind,
         "attempts": [attempt(a) for a in record.attempts],
     }
 
@@ -128,10 +129,12 @@ def history_event(record: Any) -> dict[str, Any]:
     }
 
 
-def lease(grant: Lease, *, trace: tuple[str, str | None] | None = None) -> dict[str, Any]:
-    """A Lease object; `trace` is its job's trace context (the core's grant
-    does not carry it: a job's never changes, so the caller reads it off
-    the state, `core.job_trace`)."""
+def lease(
+    grant: Lease, kind: str | None = None, *, trace: tuple[str, str | None] | None = None
+) -> dict[str, Any]:
+    """A Lease object; `kind` is its job's, `trace` its job's trace context
+    (the core's grant carries neither: a job's never change, so the caller
+    reads them off the state, `core.job_trace`)."""
     return {
         "job_id": grant.job_id,
         "attempt": grant.attempt,
@@ -146,6 +149,7 @@ def lease(grant: Lease, *, trace: tuple[str, str | None] | None = None) -> dict[
         "correlation_id": grant.correlation_id,
         "workflow_id": grant.workflow_id,
         "step": grant.step,
+        "kind": kind,
         "inputs": unpack_json(grant.inputs) if grant.inputs is not None else {},
         "traceparent": None if trace is None else trace[0],
         "tracestate": None if trace is None else trace[1],

@@ -222,6 +222,7 @@ def render_template(job: JobSpec) -> dict[str, Any]:
         "ordering_key": job.ordering_key,
         "correlation_id": job.correlation_id,
         "labels": dict(job.labels),
+        "kind": job.kind,
     }
 
 

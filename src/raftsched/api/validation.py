@@ -38,6 +38,8 @@ LABEL_VALUE_LENGTH_MAX = core_limits.LABEL_VALUE_CHARS_MAX
 BATCH_JOBS_MAX = core_limits.BATCH_MAX
 CLAIM_JOBS_MAX = core_limits.CLAIM_JOBS_MAX
 CLAIM_QUEUES_MAX = core_limits.CLAIM_QUEUES_MAX
+CLAIM_KINDS_MAX = core_limits.CLAIM_KINDS_MAX
+KIND_LENGTH_MAX = core_limits.KIND_CHARS_MAX
 LEASE_S_MIN = core_limits.LEASE_MS_MIN / 1000
 LEASE_S_MAX = core_limits.LEASE_MS_MAX / 1000
 
@@ -61,6 +63,7 @@ JOB_FIELDS = frozenset(
         "labels",
         "on_unknown",
         "reconcile_queue",
+        "kind",
     }
 )
 
@@ -116,6 +119,24 @@ def choice(
     if not isinstance(value, str) or value not in allowed:
         raise invalid(prefix + name, f"must be one of {', '.join(sorted(allowed))}")
     return value
+
+
+def is_kind(value: object) -> bool:
+    """A job kind: 1 to 128 of A-Z a-z 0-9 _ . : - (core.kernel.validate)."""
+    return isinstance(value, str) and core_limits.KIND_PATTERN.fullmatch(value) is not None
+
+
+KIND_RULE = f"must be 1 to {KIND_LENGTH_MAX} characters of A-Z a-z 0-9 _ . : -"
+
+
+def kind(body: Mapping[str, Any], name: str = "kind", *, prefix: str = "") -> str | None:
+    """An optional job kind (null or absent: None)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not is_kind(value):
+        raise invalid(prefix + name, KIND_RULE)
+    return cast(str, value)
 
 
 def boolean(body: Mapping[str, Any], name: str, default: bool, *, prefix: str = "") -> bool:
@@ -315,6 +336,8 @@ def parse_job(value: object, prefix: str = "") -> JobSpec:
         # spec's encoding, so older clusters still accept it.
         "on_unknown": choice(body, "on_unknown", ON_UNKNOWN_POLICIES, prefix=prefix),
         "reconcile_queue": string(body, "reconcile_queue", prefix=prefix),
+        # Since cluster version 8 (job kinds), likewise sent only when set.
+        "kind": kind(body, prefix=prefix),
     }
     if body.get("backoff") is not None:
         optional["backoff"] = parse_backoff(body["backoff"], prefix + "backoff.")

@@ -143,6 +143,7 @@ def _step_json(workflow: Workflow, index: int, jobs: Mapping[str, Any]) -> dict[
     if step.compensation is not None:
         compensation = {
             "queue": step.compensation.queue,
+            "kind": step.compensation.kind,
             "status": step.comp_status,
             "job_id": step.comp_job_id,
             "result": unpack_json(step.comp_result),
@@ -150,6 +151,7 @@ def _step_json(workflow: Workflow, index: int, jobs: Mapping[str, Any]) -> dict[
     return {
         "status": step.status,
         "queue": step.spec.queue,
+        "kind": step.spec.kind,
         "depends_on": [workflow.steps[dep].name for dep in step.deps],
         "job_id": step.job_id,
         "job_status": None if job is None else job.status,

@@ -20,6 +20,7 @@ from raftsched.client import Client, JsonObject
 JOB_COLUMNS = [
     ("ID", "id"),
     ("QUEUE", "queue"),
+    ("KIND", "kind"),
     ("STATUS", "status"),
     ("ATTEMPTS", "attempts_made"),
     ("PRIORITY", "priority"),
@@ -27,7 +28,7 @@ JOB_COLUMNS = [
     ("UPDATED", "updated_at"),
 ]
 JOB_FIELDS = [
-    "id", "queue", "tenant", "status", "priority", "payload", "idempotency_key",
+    "id", "queue", "kind", "tenant", "status", "priority", "payload", "idempotency_key",
     "ordering_key", "correlation_id", "labels", "created_at", "updated_at", "run_at",
     "next_run_at", "max_attempts", "attempts_made", "cancel_requested", "lease", "result",
     "last_error", "schedule_id", "workflow_id", "step",
@@ -100,6 +101,9 @@ def _register_submit(
     submit.add_argument("--tenant")
     submit.add_argument("--ordering-key")
     submit.add_argument("--correlation-id")
+    submit.add_argument(
+        "--kind", help="which worker handler runs it (1-128 of A-Z a-z 0-9 _ . : -)"
+    )
     submit.add_argument("--label", action="append", type=_label_arg, metavar="KEY=VALUE")
     submit.set_defaults(run=with_client(submit_job))
 
@@ -113,7 +117,9 @@ def _register_jobs(
     _add_list_filters(listing)
     listing.add_argument("--status")
     listing.set_defaults(run=with_client(list_jobs))
-    get = actions.add_parser("get", parents=[common], help="one job with its attempts")
+    get = actions.add_parser(
+        "get", aliases=["show"], parents=[common], help="one job with its attempts"
+    )
     get.add_argument("job_id")
     get.set_defaults(run=with_client(get_job))
     cancel = actions.add_parser("cancel", parents=[common], help="cancel (or ask a worker to)")
@@ -142,6 +148,7 @@ def _register_dlq(
 def _add_list_filters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--queue")
     parser.add_argument("--tenant")
+    parser.add_argument("--kind", help="only jobs of this kind")
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--cursor", help="continue from a previous page")
     parser.add_argument("--stale", action="store_true", help="read from any node's replica")
@@ -174,7 +181,7 @@ def submit_job(args: argparse.Namespace, client: Client) -> int:
         delay_s=args.delay_s, priority=args.priority, max_attempts=args.max_attempts,
         lease_s=args.lease_s, deadline_s=args.deadline_s, tenant=args.tenant,
         ordering_key=args.ordering_key, correlation_id=args.correlation_id,
-        labels=dict(args.label) if args.label else None,
+        labels=dict(args.label) if args.label else None, kind=args.kind,
     )  # fmt: skip
     if args.json:
         print_json(job)
@@ -186,7 +193,7 @@ def submit_job(args: argparse.Namespace, client: Client) -> int:
 def list_jobs(args: argparse.Namespace, client: Client) -> int:
     page = client.list_jobs(
         queue=args.queue, status=args.status, tenant=args.tenant, limit=args.limit,
-        cursor=args.cursor, consistency="stale" if args.stale else None,
+        cursor=args.cursor, consistency="stale" if args.stale else None, kind=args.kind,
     )  # fmt: skip
     if args.json:
         print_json(page)
@@ -194,7 +201,7 @@ def list_jobs(args: argparse.Namespace, client: Client) -> int:
     jobs: list[JsonObject] = page.get("jobs", [])
     columns = JOB_COLUMNS
     if args.status == "dead_letter":
-        columns = [*JOB_COLUMNS[:4], ("LAST ERROR", "last_error"), ("UPDATED", "updated_at")]
+        columns = [*JOB_COLUMNS[:5], ("LAST ERROR", "last_error"), ("UPDATED", "updated_at")]
     print_table(jobs, columns)
     if page.get("next_cursor"):
         print(f"(more: --cursor {page['next_cursor']})")

@@ -1,4 +1,8 @@
-"""`raftsched worker`: run a worker agent with a handler from a module."""
+"""`raftsched worker`: run a worker agent with handlers from modules.
+
+`--handler module:function` is the default handler (jobs without a kind);
+`--handler KIND=module:function`, repeatable, the handler of a kind. The
+worker claims only the kinds it has handlers for (worker._kinds)."""
 
 from __future__ import annotations
 
@@ -11,18 +15,34 @@ from raftsched import tracing
 from raftsched.cli._common import EXIT_USAGE, tls_options, token_from, urls_from
 from raftsched.logs import configure_logging
 from raftsched.worker import (
+    Handler,
     Reconciler,
     WorkerConfig,
     default_worker_id,
     load_handler,
     run_worker,
 )
+from raftsched.worker._kinds import check_kind
 
 
 def register(commands: argparse._SubParsersAction[Any], common: argparse.ArgumentParser) -> None:
     worker = commands.add_parser("worker", parents=[common], help="run jobs from queues")
     worker.add_argument("--queue", action="append", required=True, help="repeatable")
-    worker.add_argument("--handler", required=True, metavar="MODULE:FUNCTION")
+    worker.add_argument(
+        "--handler",
+        action="append",
+        required=True,
+        metavar="[KIND=]MODULE:FUNCTION",
+        help="the handler of KIND's jobs, or without KIND= the default handler (jobs "
+        "without a kind); repeatable, one per kind",
+    )
+    worker.add_argument(
+        "--kind-concurrency",
+        action="append",
+        default=[],
+        metavar="KIND=N",
+        help="at most N jobs of KIND at once, on top of --concurrency; repeatable",
+    )
     worker.add_argument(
         "--reconciler",
         action="append",
@@ -30,6 +50,13 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
         metavar="[QUEUE=]MODULE:FUNCTION",
         help="a reconcile handler for QUEUE's reconciliations (any queue without QUEUE=); "
         "repeatable",
+    )
+    worker.add_argument(
+        "--dead-letter-unknown-kinds",
+        action="store_true",
+        help="also claim jobs of kinds without a --handler here and dead-letter them "
+        "(no_handler_for_kind), rather than leave them to other workers: for a pool that "
+        "alone serves its queues",
     )
     worker.add_argument("--concurrency", type=int, default=4)
     worker.add_argument("--worker-id", default=None, help="default: HOSTNAME-PID")
@@ -61,7 +88,7 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
 
 def run_worker_command(args: argparse.Namespace) -> int:
     try:
-        handler = load_handler(args.handler)
+        handlers = _handlers(args.handler)
         reconcilers = dict(_reconciler(spec) for spec in args.reconciler)
         config = WorkerConfig(
             urls=urls_from(args),
@@ -72,11 +99,16 @@ def run_worker_command(args: argparse.Namespace) -> int:
             poll_wait_s=args.poll_wait_s,
             shutdown_grace_s=args.shutdown_grace_s,
             next_claims=args.next_claims,
+            kind_concurrency=dict(_kind_limit(spec) for spec in args.kind_concurrency),
+            dead_letter_unknown_kinds=args.dead_letter_unknown_kinds,
             token=token_from(args),
             timeout_s=args.timeout_s,
             **tls_options(args),
         )
         config.validate()
+        unserved = sorted(set(config.kind_concurrency) - set(handlers))
+        if unserved:
+            raise ValueError(f"--kind-concurrency for kinds without a --handler: {unserved}")
     except (ValueError, ImportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -89,9 +121,29 @@ def run_worker_command(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return run_worker(config, handler, reconcilers)
+        return run_worker(config, handlers, reconcilers)
     finally:
         tracing.shutdown()  # the spans still buffered go out
+
+
+def _handlers(specs: list[str]) -> dict[str | None, Handler]:
+    """`[KIND=]MODULE:FUNCTION` each; no KIND: the default handler."""
+    handlers: dict[str | None, Handler] = {}
+    for spec in specs:
+        kind, sep, target = spec.partition("=")
+        name = check_kind(kind) if sep else None
+        if name in handlers:
+            what = f"kind {name!r}" if name is not None else "the default handler"
+            raise ValueError(f"--handler: {what} given twice")
+        handlers[name] = load_handler(target if sep else spec)
+    return handlers
+
+
+def _kind_limit(spec: str) -> tuple[str, int]:
+    kind, sep, number = spec.partition("=")
+    if not sep or not number.isdigit():
+        raise ValueError(f"--kind-concurrency looks like KIND=N, got {spec!r}")
+    return check_kind(kind), int(number)
 
 
 def _reconciler(spec: str) -> tuple[str | None, Reconciler]:

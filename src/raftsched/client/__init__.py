@@ -24,6 +24,7 @@ from raftsched.client._calls import (
 )
 from raftsched.client._errors import (
     ApiError,
+    ClusterVersionTooLow,
     Conflict,
     Forbidden,
     IdempotencyConflict,
@@ -42,7 +43,13 @@ from raftsched.client._errors import (
     error_from_body,
     item_error,
 )
-from raftsched.client._next_calls import NextClaim, NextLeases, next_claim, next_refused
+from raftsched.client._next_calls import (
+    NextClaim,
+    NextLeases,
+    kinds_refused,
+    next_claim,
+    next_refused,
+)
 from raftsched.client._sync import DEFAULT_URLS, Client
 from raftsched.client._tls import client_ssl_context
 
@@ -52,6 +59,7 @@ __all__ = [
     "AsyncClient",
     "Call",
     "Client",
+    "ClusterVersionTooLow",
     "Conflict",
     "Consistency",
     "FailureKind",
@@ -78,6 +86,7 @@ __all__ = [
     "error_from_body",
     "item_error",
     "job_request",
+    "kinds_refused",
     "next_claim",
     "next_refused",
 ]

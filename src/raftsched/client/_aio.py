@@ -178,13 +178,14 @@ class AsyncClient(AsyncSchedulesMixin):
         labels: Mapping[str, str] | None = None,
         on_unknown: Literal["retry", "reconcile"] | None = None,
         reconcile_queue: str | None = None,
+        kind: str | None = None,
     ) -> JsonObject:
         request = calls.job_request(
             queue, payload, idempotency_key=idempotency_key, run_at=run_at, delay_s=delay_s,
             priority=priority, max_attempts=max_attempts, backoff=backoff, lease_s=lease_s,
             deadline_s=deadline_s, tenant=tenant, ordering_key=ordering_key,
             correlation_id=correlation_id, labels=labels, on_unknown=on_unknown,
-            reconcile_queue=reconcile_queue,
+            reconcile_queue=reconcile_queue, kind=kind,
         )  # fmt: skip
         return await self.call(calls.submit(request))
 
@@ -205,11 +206,13 @@ class AsyncClient(AsyncSchedulesMixin):
         limit: int | None = None,
         cursor: str | None = None,
         consistency: Consistency | None = None,
+        kind: str | None = None,
     ) -> JsonObject:
         return await self.call(
             calls.list_jobs(
                 queue=queue, status=status, tenant=tenant, schedule_id=schedule_id,
                 workflow_id=workflow_id, limit=limit, cursor=cursor, consistency=consistency,
+                kind=kind,
             )
         )  # fmt: skip
 
@@ -223,12 +226,14 @@ class AsyncClient(AsyncSchedulesMixin):
         workflow_id: str | None = None,
         page_size: int | None = None,
         consistency: Consistency | None = None,
+        kind: str | None = None,
     ) -> AsyncIterator[JsonObject]:
         cursor: str | None = None
         while True:
             page = await self.list_jobs(
                 queue=queue, status=status, tenant=tenant, schedule_id=schedule_id,
                 workflow_id=workflow_id, limit=page_size, cursor=cursor, consistency=consistency,
+                kind=kind,
             )  # fmt: skip
             for job in page.get("jobs", []):
                 yield job
@@ -271,8 +276,15 @@ class AsyncClient(AsyncSchedulesMixin):
         max_jobs: int = 1,
         wait_s: float = 20.0,
         lease_s: float = 30.0,
+        kinds: Sequence[str | None] | None = None,
+        kind_max_jobs: Mapping[str, int] | None = None,
     ) -> list[JsonObject]:
-        return await self.call(calls.claim(worker_id, queues, max_jobs, wait_s, lease_s))
+        """Long-poll for up to `max_jobs` leases; [] after `wait_s`. With
+        `kinds`, only jobs of those kinds (None: jobs without one), at most
+        `kind_max_jobs[kind]` of a kind (cluster version 8)."""
+        return await self.call(
+            calls.claim(worker_id, queues, max_jobs, wait_s, lease_s, kinds, kind_max_jobs)
+        )
 
     async def start(self, job_id: str, fencing_token: int) -> JsonObject:
         return await self.call(calls.lease_op(job_id, "start", calls.start_body(fencing_token)))

@@ -179,10 +179,15 @@ def job_request(
     labels: Mapping[str, str] | None = None,
     on_unknown: Literal["retry", "reconcile"] | None = None,
     reconcile_queue: str | None = None,
+    kind: str | None = None,
 ) -> JsonObject:
     """The body of one job submission; `run_at` may be RFC 3339 text, an aware
     datetime or Unix milliseconds. `on_unknown` and `reconcile_queue` need a
-    cluster of release 0.5.0 or later (cluster version 5)."""
+    cluster of release 0.5.0 or later (cluster version 5); `kind` one of
+    0.8.0 or later (cluster version 8): an older cluster answers
+    `ClusterVersionTooLow`, and the job is not submitted (docs/api.md, "Job
+    kinds": sent without its kind, any worker's default handler would run
+    it). Each is sent only when given."""
     return _drop_none(
         {
             "queue": queue,
@@ -201,6 +206,7 @@ def job_request(
             "labels": dict(labels) if labels is not None else None,
             "on_unknown": on_unknown,
             "reconcile_queue": reconcile_queue,
+            "kind": kind,
         }
     )
 
@@ -244,6 +250,7 @@ def list_jobs(
     limit: int | None,
     cursor: str | None,
     consistency: Consistency | None,
+    kind: str | None = None,
 ) -> Call[JsonObject]:
     query = _query(
         consistency,
@@ -252,6 +259,7 @@ def list_jobs(
         tenant=tenant,
         schedule_id=schedule_id,
         workflow_id=workflow_id,
+        kind=kind,
         limit=limit,
         cursor=cursor,
     )
@@ -286,17 +294,37 @@ def reconciliation(
 
 
 def claim(
-    worker_id: str, queues: Sequence[str], max_jobs: int, wait_s: float, lease_s: float
+    worker_id: str,
+    queues: Sequence[str],
+    max_jobs: int,
+    wait_s: float,
+    lease_s: float,
+    kinds: Sequence[str | None] | None = None,
+    kind_max_jobs: Mapping[str, int] | None = None,
 ) -> Call[list[JsonObject]]:
-    body = {
+    body: JsonObject = {
         "worker_id": worker_id,
         "queues": list(queues),
         "max_jobs": max_jobs,
         "wait_s": wait_s,
         "lease_s": lease_s,
     }
+    body.update(kinds_body(kinds, kind_max_jobs))
     leases = _field("leases")
     return Call("POST", "/v1/leases", leases, body=body, retry_unknown=True, extra_timeout_s=wait_s)
+
+
+def kinds_body(
+    kinds: Sequence[str | None] | None, kind_max_jobs: Mapping[str, int] | None
+) -> JsonObject:
+    """A claim's `kinds` and `kind_max_jobs`, each only when given (a cluster
+    below version 8 takes neither: `ClusterVersionTooLow`)."""
+    body: JsonObject = {}
+    if kinds is not None:
+        body["kinds"] = list(kinds)
+    if kind_max_jobs:
+        body["kind_max_jobs"] = dict(kind_max_jobs)
+    return body
 
 
 def lease_op(job_id: str, op: str, body: JsonObject) -> Call[JsonObject]:

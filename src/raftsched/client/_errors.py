@@ -77,6 +77,33 @@ class InvalidState(Conflict):
     """The transition is not allowed from the job's current state."""
 
 
+class ClusterVersionTooLow(InvalidState):
+    """409 `invalid_state` with `details.reason` "cluster_version": the request
+    needs a command or field that not every node understands yet ("upgrade
+    every node first"); nothing was done. `command_version` is the version
+    it needs, `cluster_version` the one in force, `field` the job field
+    that needs it (`kind`), if that is what does."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: Mapping[str, Any] | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(status, code, message, details, retry_after_s)
+        found = self.details
+        self.command_version = found.get("command_version")
+        self.cluster_version = found.get("cluster_version")
+        self.field = found.get("field")
+        what = f"the field {self.field!r}" if self.field else found.get("command", "the request")
+        self.args = (
+            f"{code}: {message}: {what} needs cluster version {self.command_version}, "
+            f"the cluster runs {self.cluster_version} (nothing was done)",
+        )
+
+
 class PayloadTooLarge(ApiError):
     """413."""
 
@@ -159,4 +186,10 @@ def error_from_body(status: int, body: object, retry_after_s: float | None = Non
     message = str(error.get("message", ""))
     details = error.get("details")
     cls = _BY_CODE.get(code) or _BY_STATUS.get(status, ApiError)
+    if (
+        cls is InvalidState
+        and isinstance(details, dict)
+        and details.get("reason") == ("cluster_version")
+    ):
+        cls = ClusterVersionTooLow
     return cls(status, code, message, details if isinstance(details, dict) else None, retry_after_s)

@@ -11,7 +11,9 @@ more jobs (leases granted to a lost answer lapse unstarted, a free retry).
 
 A node of release 0.5.0 or earlier refuses `next` with `400 invalid_request`
 naming the field `next`; `next_refused` tells that answer apart, and the
-caller then sends the plain form.
+caller then sends the plain form. A claim of `kinds` before every node takes
+them (cluster version 8) is refused too: `kinds_refused` tells that apart,
+and the caller then claims without them.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from raftsched.client._calls import Call, JsonObject, Response, _json_object, _segment
+from raftsched.client._calls import Call, JsonObject, Response, _json_object, _segment, kinds_body
 from raftsched.client._errors import (
+    ClusterVersionTooLow,
     InvalidRequest,
     RaftschedError,
     TransportError,
@@ -39,6 +42,10 @@ class NextClaim:
     wait_s: float = 0.0
     lease_s: float | None = None
     worker_id: str | None = None
+    # Only jobs of these kinds (None: jobs without one), at most so many of
+    # some (cluster version 8); None: any job.
+    kinds: tuple[str | None, ...] | None = None
+    kind_max_jobs: Mapping[str, int] | None = None
 
     def body(self) -> JsonObject:
         body: JsonObject = {"queues": list(self.queues), "max_jobs": self.max_jobs}
@@ -47,6 +54,7 @@ class NextClaim:
             body["lease_s"] = self.lease_s
         if self.worker_id is not None:
             body["worker_id"] = self.worker_id
+        body.update(kinds_body(self.kinds, self.kind_max_jobs))
         return body
 
 
@@ -56,10 +64,14 @@ def next_claim(
     wait_s: float = 0.0,
     lease_s: float | None = None,
     worker_id: str | None = None,
+    kinds: Sequence[str | None] | None = None,
+    kind_max_jobs: Mapping[str, int] | None = None,
 ) -> NextClaim:
-    """A next claim from `queues` (a name or a list of names)."""
+    """A next claim from `queues` (a name or a list of names); with `kinds`,
+    of those kinds only (None among them: jobs without a kind)."""
     names = (queues,) if isinstance(queues, str) else tuple(queues)
-    return NextClaim(names, max_jobs, wait_s, lease_s, worker_id)
+    wanted = None if kinds is None else tuple(kinds)
+    return NextClaim(names, max_jobs, wait_s, lease_s, worker_id, wanted, kind_max_jobs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +87,19 @@ class NextLeases:
 def next_refused(error: BaseException) -> bool:
     """True for the answer of a node that does not know `next` (0.5.0 and earlier)."""
     return isinstance(error, InvalidRequest) and error.details.get("field") == "next"
+
+
+_KIND_FIELDS = frozenset({"kinds", "kind_max_jobs", "next.kinds", "next.kind_max_jobs"})
+
+
+def kinds_refused(error: BaseException | None) -> bool:
+    """True for the answer to a claim of `kinds` that the cluster does not
+    take yet: `ClusterVersionTooLow` (a cluster below version 8), or a 400
+    naming `kinds` (a node of release 0.7.0 or earlier, which knows no such
+    field). Either way nothing was claimed; claim without kinds."""
+    if isinstance(error, ClusterVersionTooLow):
+        return True
+    return isinstance(error, InvalidRequest) and error.details.get("field") in _KIND_FIELDS
 
 
 def _next_leases(response: Response, body: JsonObject) -> NextLeases:

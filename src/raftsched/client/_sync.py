@@ -169,6 +169,7 @@ class Client(SchedulesMixin):
         labels: Mapping[str, str] | None = None,
         on_unknown: Literal["retry", "reconcile"] | None = None,
         reconcile_queue: str | None = None,
+        kind: str | None = None,
     ) -> JsonObject:
         """Submit one job; returns the Job (the original one on an idempotent repeat)."""
         request = calls.job_request(
@@ -176,7 +177,7 @@ class Client(SchedulesMixin):
             priority=priority, max_attempts=max_attempts, backoff=backoff, lease_s=lease_s,
             deadline_s=deadline_s, tenant=tenant, ordering_key=ordering_key,
             correlation_id=correlation_id, labels=labels, on_unknown=on_unknown,
-            reconcile_queue=reconcile_queue,
+            reconcile_queue=reconcile_queue, kind=kind,
         )  # fmt: skip
         return self.call(calls.submit(request))
 
@@ -199,12 +200,14 @@ class Client(SchedulesMixin):
         limit: int | None = None,
         cursor: str | None = None,
         consistency: Consistency | None = None,
+        kind: str | None = None,
     ) -> JsonObject:
         """One page: `{"jobs": [Job], "next_cursor": str | None}`, newest first."""
         return self.call(
             calls.list_jobs(
                 queue=queue, status=status, tenant=tenant, schedule_id=schedule_id,
                 workflow_id=workflow_id, limit=limit, cursor=cursor, consistency=consistency,
+                kind=kind,
             )
         )  # fmt: skip
 
@@ -218,6 +221,7 @@ class Client(SchedulesMixin):
         workflow_id: str | None = None,
         page_size: int | None = None,
         consistency: Consistency | None = None,
+        kind: str | None = None,
     ) -> Iterator[JsonObject]:
         """Every matching job, following `next_cursor` page by page."""
         cursor: str | None = None
@@ -225,6 +229,7 @@ class Client(SchedulesMixin):
             page = self.list_jobs(
                 queue=queue, status=status, tenant=tenant, schedule_id=schedule_id,
                 workflow_id=workflow_id, limit=page_size, cursor=cursor, consistency=consistency,
+                kind=kind,
             )  # fmt: skip
             yield from page.get("jobs", [])
             cursor = page.get("next_cursor")
@@ -285,9 +290,15 @@ class Client(SchedulesMixin):
         max_jobs: int = 1,
         wait_s: float = 20.0,
         lease_s: float = 30.0,
+        kinds: Sequence[str | None] | None = None,
+        kind_max_jobs: Mapping[str, int] | None = None,
     ) -> list[JsonObject]:
-        """Long-poll for up to `max_jobs` leases; [] after `wait_s`."""
-        return self.call(calls.claim(worker_id, queues, max_jobs, wait_s, lease_s))
+        """Long-poll for up to `max_jobs` leases; [] after `wait_s`. With
+        `kinds`, only jobs of those kinds (None: jobs without one), at most
+        `kind_max_jobs[kind]` of a kind (cluster version 8)."""
+        return self.call(
+            calls.claim(worker_id, queues, max_jobs, wait_s, lease_s, kinds, kind_max_jobs)
+        )
 
     def start(self, job_id: str, fencing_token: int) -> JsonObject:
         return self.call(calls.lease_op(job_id, "start", calls.start_body(fencing_token)))

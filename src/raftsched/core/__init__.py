@@ -111,6 +111,10 @@ def newest_kind(command: Command) -> str:
     return _cluster_version.newest_kind(command, REGISTRY)
 
 
+def newest_spec_field(command: Command) -> str | None:
+    return _cluster_version.newest_spec_field(command, REGISTRY)
+
+
 __all__ = [
     "COMMAND_TAGS",
     "COMMAND_VERSIONS",
@@ -147,6 +151,7 @@ __all__ = [
     "needs_upgrade",
     "new_state",
     "newest_kind",
+    "newest_spec_field",
     "next_due_ms",
     "queue_stats",
     "state_digest",

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from raftsched import core
 from raftsched.core.jobs.commands import (
     ClaimJobs,
+    ClaimJobsOfKinds,
     CompleteJob,
     FailJob,
     HeartbeatJob,
@@ -53,6 +54,10 @@ LEASE_BATCH_CLUSTER_VERSION = 6
 PROPOSAL_ERRORS = (NotLeader, NotCommitted, OutcomeUnknown, QueueFull, UpgradeRequired)
 ProposalError = NotLeader | NotCommitted | OutcomeUnknown | QueueFull | UpgradeRequired
 
+# A claim's kinds: (kind, at most this many of it), None for jobs without a
+# kind (core `ClaimJobsOfKinds`).
+ClaimKinds = tuple[tuple[str | None, int], ...]
+
 # One op's outcome: the core's result (a Rejected included), or why there is none.
 OpOutcome = Result | ProposalError
 # The claim's: the leases (possibly none), the core's rejection, or why it has none.
@@ -72,6 +77,29 @@ class ClaimRequest:
     # Claim only when every op succeeded (the single forms: a worker whose op
     # was rejected may not be the lease holder it would claim for).
     after_success_only: bool
+    # Only jobs of these kinds (cluster version 8); None: any job.
+    kinds: ClaimKinds | None = None
+
+    def command(self, worker_id: str) -> ClaimJobs:
+        return claim_command(worker_id, self.queues, self.max_jobs, self.lease_ms, self.kinds)
+
+
+def claim_command(
+    worker_id: str,
+    queues: tuple[str, ...],
+    max_jobs: int,
+    lease_ms: int | None,
+    kinds: ClaimKinds | None,
+) -> ClaimJobs:
+    """The core command of a claim: of any job, or of `kinds` only."""
+    if kinds is None:
+        return ClaimJobs(worker_id, queues, max_jobs, lease_ms)
+    return ClaimJobsOfKinds(worker_id, queues, max_jobs, lease_ms, kinds)
+
+
+def kind_quotas(kinds: ClaimKinds | None) -> dict[str | None, int] | None:
+    """How many of each kind a claim may take (what waking needs)."""
+    return None if kinds is None else dict(kinds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +116,10 @@ async def propose_lease_ops(
     ops raises (NotLeader, QueueFull, UpgradeRequired), before anything is
     queued; every later failure is in the outcome."""
     deadline = asyncio.get_running_loop().time() + (claim.wait_s if claim is not None else 0.0)
+    if claim is not None and claim.kinds is not None:
+        refused = node.refused_for_version(claim.command(claim.worker_id or ""))
+        if refused is not None:
+            return await _ops_with_claim_refused(node, ops, claim, refused, size_bytes)
     if claim is not None or len(ops) > 1:
         together = await _propose_as_one_command(node, ops, claim, deadline, size_bytes)
         if together is not None:
@@ -103,6 +135,26 @@ async def propose_lease_ops(
     if worker_id is None:  # cannot happen after a successful op; answered, not raised
         return LeaseOpsOutcome(results, Rejected("invalid_state", "no lease holder to claim for"))
     return LeaseOpsOutcome(results, await claim_until(node, claim, worker_id, deadline))
+
+
+async def _ops_with_claim_refused(
+    node: NodeView,
+    ops: Sequence[Command],
+    claim: ClaimRequest,
+    refused: UpgradeRequired,
+    size_bytes: int,
+) -> LeaseOpsOutcome:
+    """A claim of kinds before the cluster takes them (version 8): the ops go
+    on as if no claim were asked for (a worker's completions must not wait
+    for its claim), and the claim is answered with why it was not made, in
+    the cases where it would have been made."""
+    outcome = await propose_lease_ops(node, ops, None, size_bytes)
+    results = outcome.results
+    if claim.after_success_only and not all(map(_succeeded, results)):
+        return outcome
+    if ops and all(isinstance(each, Rejected) for each in results):
+        return outcome
+    return LeaseOpsOutcome(results, refused)
 
 
 async def _propose_as_one_command(
@@ -132,8 +184,8 @@ async def _propose_as_one_command(
         worker_id = claim.worker_id or _lease_holder(node, ops)
         if worker_id is None:  # a stale token: the op will be refused, and no claim made
             return None
-        if node.claim_wait_s(claim.queues) == 0:
-            claim_now = ClaimJobs(worker_id, claim.queues, claim.max_jobs, claim.lease_ms)
+        if node.claim_wait_s(claim.queues, kind_quotas(claim.kinds)) == 0:
+            claim_now = claim.command(worker_id)
     if claim_now is None and len(ops) == 1:
         return None
     node.metrics.lease_requests.labels("one_command").inc()
@@ -177,7 +229,9 @@ async def claim_until(
     """The claim, long-polling until `deadline` (loop time) at the latest."""
     wait_s = max(0.0, deadline - asyncio.get_running_loop().time())
     try:
-        return await node.claim(worker_id, claim.queues, claim.max_jobs, wait_s, claim.lease_ms)
+        return await node.claim(
+            worker_id, claim.queues, claim.max_jobs, wait_s, claim.lease_ms, claim.kinds
+        )
     except PROPOSAL_ERRORS as error:
         return error
 

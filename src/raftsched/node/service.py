@@ -30,13 +30,13 @@ import aiohttp
 
 from raftsched import core, tls
 from raftsched.config import NodeConfig
+from raftsched.core import command_version
 from raftsched.core.auth.commands import BootstrapAdmin, TouchTokens
 from raftsched.core.auth.tokens import auth_enabled
-from raftsched.core.jobs.commands import ClaimJobs
 from raftsched.core.jobs.flow_claim import claimable_at_ms
 from raftsched.core.jobs.reconcile_report import reconciling_per_queue
 from raftsched.core.kernel import identity as core_identity
-from raftsched.core.kernel.cluster_version import cluster_version
+from raftsched.core.kernel.cluster_version import CLUSTER_VERSION_DEFAULT, cluster_version
 from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
 from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.core.membership.commands import Member
@@ -64,6 +64,7 @@ from raftsched.node.identity import (
     leader_duties,
     refusal,
 )
+from raftsched.node.lease_ops import claim_command, kind_quotas
 from raftsched.node.machine import ReplicatedState
 from raftsched.node.membership import Directory, Driver
 from raftsched.node.metrics import NodeMetrics, Samples
@@ -75,6 +76,7 @@ from raftsched.node.versions import (
     POLL_PERIOD_S,
     NodeVersion,
     PeerVersions,
+    UpgradeRequired,
     check_allowed,
     gated,
 )
@@ -201,6 +203,8 @@ class Node:
         self._peer_tls_warned_at: dict[str, float] = {}
         self._skew_measured_at = 0.0
         self.peer_versions = PeerVersions({p.id: p.http_url for p in config.peers})
+        # The cluster version this replica last read (it only goes up).
+        self._version_allowing = CLUSTER_VERSION_DEFAULT
         self._versions_polled_at = 0.0
         self.token_uses = TokenUses()
         self._auth_logged = False
@@ -448,12 +452,23 @@ class Node:
             commit_spans.end_when_done(span, futures)
         return futures
 
+    def refused_for_version(self, command: Command) -> UpgradeRequired | None:
+        """Why `command` may not be proposed yet (the gate), or None."""
+        try:
+            self._check_allowed((command,))
+        except UpgradeRequired as refused:
+            return refused
+        return None
+
     def _check_allowed(self, commands: Sequence[Command]) -> None:
         # Most commands pass any cluster version, so the common case never
-        # takes the replica's lock from the event loop.
+        # takes the replica's lock from the event loop; nor does a newer one
+        # (every claim of kinds) once this replica has seen a version that
+        # allows it: the cluster version never goes down.
         newer = gated(commands)
-        if newer:
+        if newer and max(map(command_version, newer)) > self._version_allowing:
             with self.reading() as state:
+                self._version_allowing = cluster_version(state)
                 check_allowed(state, newer)
 
     def peer_version(self, node_id: str) -> NodeVersion | None:
@@ -489,14 +504,22 @@ class Node:
         max_jobs: int,
         wait_s: float,
         lease_ms: int | None,
+        kinds: tuple[tuple[str | None, int], ...] | None = None,
         gone: Callable[[], bool] = lambda: False,
     ) -> list[Lease] | Rejected:
-        """Long-poll for up to `wait_s`. `gone()` says the asker has stopped
+        """Long-poll for up to `wait_s`; with `kinds`, only jobs of those
+        kinds (`ClaimJobsOfKinds`), refused at once with UpgradeRequired while
+        the cluster version is below it. `gone()` says the asker has stopped
         listening (its connection closed): then the poll ends with nothing,
         at the latest when the next change wakes it, rather than be granted
         jobs nobody will start. (A grant already proposed stands: those leases
         expire unstarted and the jobs are retried.)"""
         deadline = self.loop.time() + wait_s
+        command = claim_command(worker_id, queues, max_jobs, lease_ms, kinds)
+        refused = self.refused_for_version(command)
+        if refused is not None:
+            raise refused  # now, not when something is first claimable
+        quotas = kind_quotas(kinds)
         while True:
             changed = self._changed
             if gone():
@@ -504,9 +527,9 @@ class Node:
             # Flow control may hold pending jobs back (a paused queue, a limit,
             # an empty token bucket): propose only when something is claimable,
             # else wait for a change or for the moment tokens refill.
-            wait_more_s = self.claim_wait_s(queues)
+            wait_more_s = self.claim_wait_s(queues, quotas)
             if wait_more_s == 0:
-                result = await self.propose(ClaimJobs(worker_id, queues, max_jobs, lease_ms))
+                result = await self.propose(command)
                 if isinstance(result, Rejected):
                     return result
                 assert isinstance(result, Claimed)
@@ -521,12 +544,15 @@ class Node:
             if not woken and self.loop.time() >= deadline:
                 return []
 
-    def claim_wait_s(self, queues: tuple[str, ...]) -> float | None:
-        """0 when a claim of `queues` would be granted a job now, the seconds
-        until only time stands in the way no more, or None (wait for a change)."""
+    def claim_wait_s(
+        self, queues: tuple[str, ...], kinds: Mapping[str | None, int] | None = None
+    ) -> float | None:
+        """0 when a claim of `queues` (of `kinds` only, None: any job) would
+        be granted a job now, the seconds until only time stands in the way
+        no more, or None (wait for a change)."""
         now_ms = self.clock.now_ms()
         with self.reading() as state:
-            at_ms = claimable_at_ms(state, queues, now_ms)
+            at_ms = claimable_at_ms(state, queues, now_ms, kinds)
         if at_ms is None:
             return None
         return max(0.0, (at_ms - now_ms) / 1000)

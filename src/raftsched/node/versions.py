@@ -36,6 +36,7 @@ from raftsched.core import (
     command_version,
     needs_upgrade,
     newest_kind,
+    newest_spec_field,
 )
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION_DEFAULT, cluster_version
 from raftsched.core.kernel.commands import Command, JobSpec
@@ -77,11 +78,13 @@ def from_answer(body: object) -> NodeVersion:
 class UpgradeRequired(Exception):
     """A command needs a newer cluster version than the one in force;
     nothing was proposed. `command_kind` names the kind that needs it (the
-    inner one of an `Audited` operator command)."""
+    inner one of an `Audited` operator command); `field`, the job spec field
+    that needs it, when one does (`kind` in a submission, say)."""
 
     def __init__(self, command: Command, needed: int, in_force: int) -> None:
         super().__init__(UPGRADE_FIRST)
         self.command_kind = newest_kind(command)
+        self.field = newest_spec_field(command)
         self.needed = needed
         self.in_force = in_force
 

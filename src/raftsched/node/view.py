@@ -25,7 +25,7 @@ from raftsched.node.membership import Directory, Driver
 from raftsched.node.metrics import NodeMetrics
 from raftsched.node.observability import Observer
 from raftsched.node.series import SeriesRing
-from raftsched.node.versions import NodeVersion
+from raftsched.node.versions import NodeVersion, UpgradeRequired
 from raftsched.raft import Halt, RaftStatus
 
 
@@ -188,10 +188,19 @@ class NodeView(StateView, Protocol):
         max_jobs: int,
         wait_s: float,
         lease_ms: int | None,
+        kinds: tuple[tuple[str | None, int], ...] | None = None,
         gone: Callable[[], bool] = ...,
     ) -> list[Lease] | Rejected: ...
 
-    def claim_wait_s(self, queues: tuple[str, ...]) -> float | None:
-        """0 when a claim of `queues` would be granted a job now, the seconds
-        until only time stands in the way no more, or None (wait for a change)."""
+    def claim_wait_s(
+        self, queues: tuple[str, ...], kinds: Mapping[str | None, int] | None = None
+    ) -> float | None:
+        """0 when a claim of `queues` (of `kinds` only, None: any job) would
+        be granted a job now, the seconds until only time stands in the way
+        no more, or None (wait for a change)."""
+        ...
+
+    def refused_for_version(self, command: Command) -> UpgradeRequired | None:
+        """Why `command` may not be proposed yet (its version is above the
+        cluster's), or None."""
         ...

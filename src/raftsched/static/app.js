@@ -535,7 +535,7 @@ async function onCallView() {
   <section id="stuck"><h2>Stuck jobs <span class="muted">(no heartbeat progress for ${esc(o.stuck_after_s)} s)</span></h2>
     ${table(["job", "queue", "worker", "quiet", ""], o.stuck_jobs.map((j) => [jobLink(j.job_id), esc(j.queue), dash(j.worker_id), ago(j.quiet_s), actionButton("cancel-job", j.job_id, "Cancel job")]), "none")}</section>
   <section id="dlq"><h2>Dead-letter queue <span class="muted">${esc(o.status_counts.dead_letter ?? 0)} jobs</span></h2>
-    ${table(["job", "queue", "attempts#", "last error", ""], o.dead_letters.map((j) => [jobLink(j.id), esc(j.queue), esc(j.attempts_made), (j.unreconciled ? `${badge("unreconciled")} ` : "") + (j.last_error ? `${esc(j.last_error.kind)}: ${esc(j.last_error.message)}` : dash(null)), j.unreconciled ? `${actionButton("reconcile-job", j.id, "Reconcile", false)} ${actionButton("replay-reconciled-job", j.id, "Reconciled: replay", false)}` : actionButton("replay-job", j.id, "Replay", false)]), "empty")}</section>
+    ${table(["job", "queue", "kind", "attempts#", "last error", ""], o.dead_letters.map((j) => [jobLink(j.id), esc(j.queue), dash(j.kind), esc(j.attempts_made), (j.unreconciled ? `${badge("unreconciled")} ` : "") + (j.last_error ? `${esc(j.last_error.kind)}: ${esc(j.last_error.message)}` : dash(null)), j.unreconciled ? `${actionButton("reconcile-job", j.id, "Reconcile", false)} ${actionButton("replay-reconciled-job", j.id, "Reconciled: replay", false)}` : actionButton("replay-job", j.id, "Replay", false)]), "empty")}</section>
   <section id="errors"><h2>Recent errors</h2>
     ${table(["at", "what", "kind", "job", "message"], o.recent_errors.map((e) => [when(ms(e.at_ms)), esc(e.source), esc(e.kind), e.job_id ? jobLink(e.job_id) : dash(null), esc(e.message)]), "none")}</section>
   <section id="leaders"><h2>Leader history <span class="muted">(seen by ${esc(o.node.id)})</span></h2>
@@ -582,6 +582,7 @@ const SEARCH_FIELDS = [
   ["id", "job id"],
   ["idempotency_key", "idempotency key"],
   ["queue", "queue"],
+  ["kind", "kind"],
   ["status", "status"],
   ["tenant", "tenant"],
   ["correlation_id", "correlation id"],
@@ -609,8 +610,8 @@ async function jobsView(params) {
     if (!answer.ok) return searchPage(form, failed(answer, "GET /v1/jobs"));
     results = answer.body.jobs;
   }
-  const rows = results.map((j) => [jobLink(j.id), esc(j.queue), badge(j.status), esc(j.attempts_made), dash(j.tenant), dash(j.idempotency_key), dash(j.correlation_id), when(j.updated_at)]);
-  return searchPage(form, table(["job", "queue", "status", "attempts#", "tenant", "idempotency key", "correlation id", "updated"], rows, "no matching jobs"));
+  const rows = results.map((j) => [jobLink(j.id), esc(j.queue), dash(j.kind), badge(j.status), esc(j.attempts_made), dash(j.tenant), dash(j.idempotency_key), dash(j.correlation_id), when(j.updated_at)]);
+  return searchPage(form, table(["job", "queue", "kind", "status", "attempts#", "tenant", "idempotency key", "correlation id", "updated"], rows, "no matching jobs"));
 }
 
 const searchPage = (form, results) => `
@@ -644,7 +645,7 @@ async function jobView(id) {
   ].join("");
   const fields = [
     ["status", badge(j.status) + (j.cancel_requested ? " " + badge("cancel requested") : "")],
-    ["queue", esc(j.queue)], ["tenant", esc(j.tenant)], ["priority", esc(j.priority)],
+    ["queue", esc(j.queue)], ["kind", dash(j.kind)], ["tenant", esc(j.tenant)], ["priority", esc(j.priority)],
     ["attempts", `${esc(j.attempts_made)} of ${esc(j.max_attempts)}`],
     ["idempotency key", dash(j.idempotency_key)], ["correlation id", dash(j.correlation_id)],
     ["ordering key", dash(j.ordering_key)],
@@ -754,12 +755,12 @@ async function workflowView(id) {
   const w = answer.body.workflow;
   const steps = Array.isArray(w.steps) ? Object.fromEntries(w.steps.map((s) => [s.name, s])) : w.steps || {};
   const final = ["succeeded", "failed", "cancelled", "timed_out"].includes(w.status);
-  const rows = Object.entries(steps).map(([name, s]) => [esc(name), badge(s.status || "waiting"), s.job_id ? jobLink(s.job_id) : dash(null), dash((s.depends_on || []).join(", ")), s.result === undefined || s.result === null ? dash(null) : `<code>${esc(JSON.stringify(s.result))}</code>`]);
+  const rows = Object.entries(steps).map(([name, s]) => [esc(name), badge(s.status || "waiting"), s.job_id ? jobLink(s.job_id) : dash(null), dash(s.kind), dash((s.depends_on || []).join(", ")), s.result === undefined || s.result === null ? dash(null) : `<code>${esc(JSON.stringify(s.result))}</code>`]);
   return `
   <section class="wide" id="workflow"><h2>Workflow <span class="mono">${esc(w.id)}</span> ${badge(w.status)}</h2>
     <div class="actions">${final ? "" : actionButton("cancel-workflow", w.id, "Cancel workflow")}</div>
     ${stepGraph(steps)}</section>
-  <section class="wide" id="steps"><h2>Steps</h2>${table(["step", "state", "job", "depends on", "result"], rows, "no steps")}</section>`;
+  <section class="wide" id="steps"><h2>Steps</h2>${table(["step", "state", "job", "kind", "depends on", "result"], rows, "no steps")}</section>`;
 }
 
 // The reconciliation report (docs/reconciliation.md): jobs waiting for a

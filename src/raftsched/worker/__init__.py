@@ -14,6 +14,12 @@ the worker's loop and are cancelled at their next await. A handler's return
 value (JSON) completes the job; `PermanentError` dead-letters it; any other
 exception is a transient failure that is retried with backoff.
 
+Jobs of a kind run with that kind's handler: `worker.handler("charge")` as a
+decorator, or `Worker(config, {"charge": charge, None: default})`; a worker
+claims only the kinds it has handlers for, at most `max_concurrency` of a
+kind at once, and dead-letters a job it has no handler for
+(`no_handler_for_kind`, see `_kinds`). `--handler kind=module:fn` on the CLI.
+
 Jobs with `on_unknown: reconcile` need a reconcile handler on their
 reconcile queue (`@worker.reconciler("payments")`, see `_reconcile`): it
 answers `Happened(result)`, `DidNotHappen()` or `CannotTell(reason)` about
@@ -40,6 +46,7 @@ from raftsched.worker._context import (
     TransientError,
 )
 from raftsched.worker._job import Handler
+from raftsched.worker._kinds import NO_HANDLER_FOR_KIND, NoHandlerForKind
 from raftsched.worker._reconcile import (
     CannotTell,
     Decision,
@@ -51,6 +58,8 @@ from raftsched.worker._reconcile import (
 )
 
 __all__ = [
+    "NO_HANDLER_FOR_KIND",
+    "NoHandlerForKind",
     "CancelReason",
     "CannotTell",
     "Decision",

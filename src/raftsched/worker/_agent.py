@@ -23,6 +23,12 @@ ones (started before their handler runs). Once stopping, none is asked for,
 and leases that still arrive are not started: they expire unstarted, as an
 abandoned claim's do. A cluster that does not take `next` (a node of 0.5.0 or
 earlier answers 400 naming it) turns them off for the worker's lifetime.
+
+Kinds (`_kinds`): the worker runs each job with the handler of its kind
+(`worker.handler("charge")`, or a `{kind: handler}` mapping; a job without a
+kind with the default handler), claims only the kinds it has handlers for,
+at most `max_concurrency` of a kind at once besides `concurrency` in all,
+and dead-letters a job it has no handler for (`no_handler_for_kind`).
 """
 
 from __future__ import annotations
@@ -34,22 +40,26 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, cast
 
 from raftsched.client import (
     AsyncClient,
     InvalidRequest,
     JsonObject,
+    LeaseLost,
     NextClaim,
     RaftschedError,
     client_ssl_context,
+    kinds_refused,
     next_claim,
 )
-from raftsched.worker._batcher import LeaseBatcher
-from raftsched.worker._context import JobContext, Lease
-from raftsched.worker._job import Handler, JobRun
+from raftsched.worker._batcher import LeaseBatcher, LeaseOps
+from raftsched.worker._context import JobContext, Lease, log_fields
+from raftsched.worker._job import Handler, JobRun, fail_op
+from raftsched.worker._kinds import ClaimPlan, Routes, check_kind
 from raftsched.worker._reconcile import (
     ReconcileContext,
     Reconciler,
@@ -98,6 +108,12 @@ class WorkerConfig:
     batch_max_ops: int = 100
     # Reports of finished jobs also claim the next ones (see the module doc).
     next_claims: bool = True
+    # At most this many jobs of a kind at once, on top of `concurrency`
+    # (`Worker.handler(kind, max_concurrency=...)` sets one too).
+    kind_concurrency: Mapping[str, int] = field(default_factory=dict)
+    # Also claim the jobs of kinds without a handler here, and dead-letter
+    # them (`_kinds`): for a pool that alone serves its queues.
+    dead_letter_unknown_kinds: bool = False
 
     @property
     def claim_wait_s(self) -> float:
@@ -115,20 +131,41 @@ class WorkerConfig:
             raise ValueError("at least one queue is required")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        for kind, limit in self.kind_concurrency.items():
+            check_kind(kind)
+            if type(limit) is not int or limit < 1:
+                raise ValueError(f"the concurrency of kind {kind!r} must be at least 1")
         if self.lease_s <= 0 or self.poll_wait_s < 0 or self.shutdown_grace_s < 0:
             raise ValueError("lease_s must be positive, poll_wait_s and grace non-negative")
         client_ssl_context(self.ca_file, self.client_cert, self.client_key)  # the files load
 
 
+Handlers = Handler | Mapping[str | None, Handler]
+"""A worker's handlers: the default one, or one per kind (the key None: the default)."""
+
+
 class Worker:
     def __init__(
-        self, config: WorkerConfig, handler: Handler, *, client: AsyncClient | None = None
+        self,
+        config: WorkerConfig,
+        handler: Handlers | None = None,
+        *,
+        client: AsyncClient | None = None,
     ) -> None:
+        """`handler`: the default handler (jobs without a kind), or a mapping
+        `{kind: handler}` (None: the default). More with `handler(kind)`."""
         config.validate()
         self.config = config
-        self._handler = handler
+        self._routes = Routes(take_unknown=config.dead_letter_unknown_kinds)
+        if isinstance(handler, Mapping):
+            for kind, each in handler.items():
+                self._routes.add(kind, each, None)
+        elif handler is not None:
+            self._routes.add(None, handler, None)
+        for kind, limit in config.kind_concurrency.items():
+            self._routes.limit(kind, limit)
         self._client = client
-        self._runs: dict[asyncio.Task[None], JobRun | ReconcileRun] = {}
+        self._runs: dict[asyncio.Task[None], JobRun | ReconcileRun | UnroutedRun] = {}
         # Reconcile handlers by reconcile queue; None: any queue (`reconciler`).
         self._reconcilers: dict[str | None, Reconciler] = {}
         self._stopping: asyncio.Event | None = None
@@ -142,6 +179,25 @@ class Worker:
         self._next_claims = config.next_claims
         # While running: what launching a lease needs.
         self._session: tuple[AsyncClient, LeaseBatcher] | None = None
+
+    def handler(
+        self, kind: str | None = None, *, max_concurrency: int | None = None
+    ) -> Callable[[Handler], Handler]:
+        """Register the handler of `kind` (a decorator; None: the default
+        handler, for jobs without a kind), with at most `max_concurrency` of
+        its jobs at once besides the worker's `concurrency`. Call before
+        `run()`. The worker claims only the kinds it has handlers for."""
+
+        def register(handler: Handler) -> Handler:
+            self._routes.add(kind, handler, max_concurrency)
+            return handler
+
+        return register
+
+    @property
+    def kinds(self) -> list[str]:
+        """The kinds this worker has handlers for (besides a default one)."""
+        return self._routes.kinds
 
     def reconciler(self, queue: str | None = None) -> Callable[[Reconciler], Reconciler]:
         """Register a reconcile handler (a decorator) for the reconciliations
@@ -178,6 +234,12 @@ class Worker:
 
     async def run(self) -> None:
         """Claim and run jobs until `stop()`, then drain. Returns when done."""
+        routes = self._routes
+        if not routes.handlers:
+            raise ValueError("a worker needs a handler: a default one or one for a kind")
+        unserved = sorted(set(routes.limits) - set(routes.handlers))
+        if unserved:
+            raise ValueError(f"concurrency set for kinds without a handler: {unserved}")
         self._stopping, self._hurry, self._slot_freed = (asyncio.Event() for _ in range(3))
         config = self.config
         client = self._client or AsyncClient(
@@ -203,6 +265,8 @@ class Worker:
                 "concurrency": config.concurrency,
                 "lease_s": config.lease_s,
                 "poll_wait_s": config.claim_wait_s,
+                "kinds": ",".join(routes.kinds),
+                "default_handler": routes.has_default,
             },
         )
         try:
@@ -218,19 +282,28 @@ class Worker:
     async def _claim_until_stopped(self, client: AsyncClient, batcher: LeaseBatcher) -> None:
         assert self._stopping is not None and self._slot_freed is not None
         backoff_s = CLAIM_BACKOFF_INITIAL_S
+        routes = self._routes
         while not self._stopping.is_set():
-            free = self._free_slots()
-            if free <= 0:
+            free = min(self._free_slots(), CLAIM_JOBS_MAX)
+            plan = routes.plan(free, probe=routes.probe_due()) if free > 0 else None
+            if plan is None:
+                # Every slot taken, every kind at its limit, or nothing to run
+                # before the cluster takes kinds: wait for a slot or the probe.
                 self._slot_freed.clear()
-                await _first(self._slot_freed.wait(), self._stopping.wait())
+                waits: list[Awaitable[object]] = [self._slot_freed.wait(), self._stopping.wait()]
+                if free > 0 and routes.falling_back:
+                    waits.append(asyncio.sleep(routes.probe_s))
+                await _first(*waits)
                 continue
             claim_sent_at = time.monotonic()
-            claim = asyncio.ensure_future(self._claim(client, free))
-            self._reserved += free
+            claim = asyncio.ensure_future(self._claim(client, plan))
+            self._reserved += plan.max_jobs
+            routes.hold(plan)
             try:
                 await _first(claim, self._stopping.wait())
             finally:
-                self._reserved -= free
+                self._reserved -= plan.max_jobs
+                routes.release(plan)
             if not claim.done():
                 # Stopping: cancelling closes the poll's connection, and the
                 # cluster ends a poll whose client is gone without granting
@@ -241,16 +314,37 @@ class Worker:
             try:
                 leases = claim.result()
             except RaftschedError as error:
+                if plan.kinds is not None and kinds_refused(error):
+                    self._kinds_refused(error)  # claim again at once, without them
+                    continue
                 log.warning("claim failed", extra={"error": str(error), "retry_in_s": backoff_s})
                 await _first(asyncio.sleep(backoff_s), self._stopping.wait())
                 backoff_s = min(backoff_s * 2, CLAIM_BACKOFF_MAX_S)
                 continue
             backoff_s = CLAIM_BACKOFF_INITIAL_S
+            if plan.kinds is not None and routes.taken():
+                log.info("the cluster takes job kinds now: claiming only this worker's")
             for data in leases:
                 self._launch(client, batcher, data, claim_sent_at)
 
     def _free_slots(self) -> int:
         return self.config.concurrency - self.running - self._reserved
+
+    def _kinds_refused(self, error: RaftschedError) -> None:
+        """The cluster does not take a claim's kinds yet (module doc of `_kinds`)."""
+        routes = self._routes
+        if routes.refused():
+            fallback = (
+                "claiming every job of the queues for the default handler"
+                if routes.has_default or routes.take_unknown
+                else "claiming nothing: this worker has no default handler"
+            )
+            log.warning(
+                "the cluster does not take job kinds yet (cluster version below 8, or a "
+                f"node of 0.7.0 or earlier); until it does, {fallback}",
+                extra={"worker_id": self.config.worker_id, "error": str(error),
+                       "retry_in_s": routes.probe_s},
+            )  # fmt: skip
 
     # -- next claims (called by the batcher through _Refill) -------------------
 
@@ -264,15 +358,24 @@ class Worker:
         wanted = min(self._free_slots() + self._finishing + finishing, CLAIM_JOBS_MAX)
         if wanted <= 0:
             return None
-        self._reserved += wanted
+        routes, ids = self._routes, _finishing_ids(ops)
+        routes.finishing(ids)  # their kinds' slots are this claim's to fill
+        plan = routes.plan(wanted)
+        if plan is None:
+            routes.finishing(ids, -1)
+            return None
+        self._reserved += plan.max_jobs
+        routes.hold(plan)
         self._finishing += finishing
         config = self.config
         return next_claim(
             self.queues,
-            max_jobs=wanted,
+            max_jobs=plan.max_jobs,
             wait_s=0.0,
             lease_s=config.lease_s,
             worker_id=config.worker_id,
+            kinds=plan.kinds,
+            kind_max_jobs=plan.caps or None,
         )
 
     def _next_granted(
@@ -280,6 +383,9 @@ class Worker:
     ) -> None:
         self._reserved -= claim.max_jobs
         self._finishing -= _finishing(ops)
+        routes = self._routes
+        routes.release(ClaimPlan(claim.max_jobs, claim.kinds, claim.kind_max_jobs or {}))
+        routes.finishing(_finishing_ids(ops), -1)
         for data in leases:
             if self._session is None or self._stopping_now():
                 log.warning(
@@ -307,14 +413,16 @@ class Worker:
     def _stopping_now(self) -> bool:
         return self._stopping is None or self._stopping.is_set()
 
-    async def _claim(self, client: AsyncClient, max_jobs: int) -> list[JsonObject]:
+    async def _claim(self, client: AsyncClient, plan: ClaimPlan) -> list[JsonObject]:
         config = self.config
         return await client.claim(
             config.worker_id,
             self.queues,
-            max_jobs=max_jobs,
+            max_jobs=plan.max_jobs,
             wait_s=config.claim_wait_s,
             lease_s=config.lease_s,
+            kinds=plan.kinds,
+            kind_max_jobs=plan.caps or None,
         )
 
     def _launch(
@@ -322,11 +430,14 @@ class Worker:
     ) -> None:
         lease = Lease.from_json(data, self.config.lease_s)
         loop = asyncio.get_running_loop()
-        run: JobRun | ReconcileRun
+        run: JobRun | ReconcileRun | UnroutedRun
+        routes = self._routes
+        if lease.kind is not None and routes.falling_back and routes.taken():
+            log.info("a lease with a kind: the cluster takes job kinds now")
         if lease.reconcile is not None:
             attempt = UnknownAttempt.from_json(lease.reconcile)
-            handler = self._reconcilers.get(attempt.queue) or self._reconcilers.get(None)
-            if handler is None:
+            reconciler = self._reconcilers.get(attempt.queue) or self._reconcilers.get(None)
+            if reconciler is None:
                 # Unanswered, the lease lapses and the question is asked again.
                 log.warning(
                     "no reconciler for this queue; the reconciliation lease will lapse",
@@ -334,13 +445,19 @@ class Worker:
                 )
                 return
             context = ReconcileContext(lease, attempt, self.config.worker_id)
-            run = ReconcileRun(context, handler, batcher)
+            run = ReconcileRun(context, reconciler, batcher)
         else:
-            ctx = JobContext(lease, worker_id=self.config.worker_id, client=client, loop=loop)
-            run = JobRun(ctx, self._handler, batcher, claim_sent_at=claim_sent_at)
+            handler = routes.handler_for(lease.kind)
+            if handler is None:
+                unrouted = routes.unrouted(lease.kind, self.config.worker_id)
+                run = UnroutedRun(lease, unrouted, batcher)
+            else:
+                ctx = JobContext(lease, worker_id=self.config.worker_id, client=client, loop=loop)
+                run = JobRun(ctx, handler, batcher, claim_sent_at=claim_sent_at)
+            routes.started(lease.job_id, lease.kind)
         task = loop.create_task(run.run(), name=f"job-{lease.job_id}")
         self._runs[task] = run
-        task.add_done_callback(self._finished)
+        task.add_done_callback(partial(self._finished, lease.job_id))
         log.info(
             "job leased",
             extra={
@@ -349,11 +466,13 @@ class Worker:
                 "fencing_token": lease.fencing_token,
                 "epoch": lease.epoch,
                 "queue": lease.queue,
+                "kind": lease.kind,
             },
         )
 
-    def _finished(self, task: asyncio.Task[None]) -> None:
+    def _finished(self, job_id: str, task: asyncio.Task[None]) -> None:
         self._runs.pop(task, None)
+        self._routes.ended(job_id)
         if not task.cancelled() and task.exception() is not None:
             log.error("job run crashed", exc_info=task.exception())
         if self._slot_freed is not None:
@@ -384,6 +503,40 @@ def _finishing(ops: Sequence[JsonObject]) -> int:
     return sum(1 for op in ops if op.get("op") in FINISHING_OPS)
 
 
+def _finishing_ids(ops: Sequence[JsonObject]) -> list[str]:
+    return [str(op.get("job_id")) for op in ops if op.get("op") in FINISHING_OPS]
+
+
+class UnroutedRun:
+    """A lease of a job the worker has no handler for: failed as permanent
+    (a dead letter, `no_handler_for_kind: ...`) without being started."""
+
+    def __init__(self, lease: Lease, error: BaseException, batcher: LeaseOps) -> None:
+        self._lease = lease
+        self._error = error
+        self._batcher = batcher
+
+    def cancel(self, reason: str) -> None:
+        """Nothing runs: the report goes out whatever happens."""
+
+    def abandon(self) -> None:
+        """Nothing runs to abandon."""
+
+    async def run(self) -> None:
+        fields = {**log_fields(self._lease), "error": str(self._error)}
+        op = fail_op(self._lease, "permanent", self._error)
+        try:
+            await self._batcher.op(op)
+        except LeaseLost:
+            log.warning("job without a handler: lease lost before its report", extra=fields)
+            return
+        except RaftschedError as error:
+            # Unreported, the lease lapses unstarted and the job is claimed again.
+            log.warning("job without a handler: report failed", extra={**fields, "why": str(error)})
+            return
+        log.warning("job dead-lettered: this worker has no handler for its kind", extra=fields)
+
+
 class _Refill:
     """The worker as the batcher's `NextClaims`."""
 
@@ -404,6 +557,9 @@ class _Refill:
 
     def refused(self, error: InvalidRequest) -> None:
         self._worker._next_refused(error)
+
+    def kinds_refused(self, error: RaftschedError) -> None:
+        self._worker._kinds_refused(error)
 
 
 async def _first(*awaitables: Any) -> None:
@@ -433,10 +589,11 @@ def load_handler(spec: str) -> Handler:
 
 def run_worker(
     config: WorkerConfig,
-    handler: Handler,
+    handler: Handlers | None,
     reconcilers: Mapping[str | None, Reconciler] | None = None,
 ) -> int:
     """Run a worker on a new event loop until SIGTERM/SIGINT; returns 0.
+    `handler`: the default handler, or handlers by kind (None: the default);
     `reconcilers`: reconcile handlers by queue (None: any queue)."""
 
     async def main() -> None:

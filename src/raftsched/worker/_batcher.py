@@ -11,7 +11,10 @@ claim, and `NextClaims.granted` receives the leases, exactly once per claim
 asked for (with none when the request failed), before any op's future is
 resolved. A node that does not know `next` (release 0.5.0 or earlier) answers
 400 naming the field `next` and applies nothing: the batch is sent again
-without it, and `NextClaims.refused` is told.
+without it, and `NextClaims.refused` is told. A claim of kinds that the
+cluster does not take yet (`kinds_refused`: `next` holds the refusal, or a
+node of 0.7.0 or earlier refused the whole batch, which is then sent again
+without it) is told to `NextClaims.kinds_refused`.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from raftsched.client import (
     InvalidRequest,
     JsonObject,
     NextClaim,
+    RaftschedError,
     TransportError,
     item_error,
+    kinds_refused,
     next_refused,
 )
 
@@ -58,6 +63,10 @@ class NextClaims(Protocol):
 
     def refused(self, error: InvalidRequest) -> None:
         """The cluster does not take next claims."""
+        ...
+
+    def kinds_refused(self, error: RaftschedError) -> None:
+        """The cluster does not take a claim's kinds yet (`kinds_refused`)."""
         ...
 
 
@@ -155,11 +164,19 @@ class LeaseBatcher:
         try:
             results, next_leases = await self._client.lease_batch(ops, next_claim=claim)
         except InvalidRequest as error:
-            if self._next_claims is None or not next_refused(error):
+            if self._next_claims is None:
                 raise
-            self._next_claims.refused(error)  # nothing was applied: send it plain
+            if next_refused(error):
+                self._next_claims.refused(error)  # nothing was applied: send it plain
+            elif kinds_refused(error):  # a node of 0.7.0 or earlier: no `next.kinds`
+                self._next_claims.kinds_refused(error)
+            else:
+                raise
             return await self._client.lease_batch(ops), []
-        if next_leases.error is not None:
+        if kinds_refused(next_leases.error) and self._next_claims is not None:
+            assert next_leases.error is not None
+            self._next_claims.kinds_refused(next_leases.error)  # the ops' outcomes stand
+        elif next_leases.error is not None:
             # The ops' outcomes stand; the worker's claim loop finds the work.
             log.info("next claim not made", extra={"error": str(next_leases.error)})
         return results, next_leases.leases

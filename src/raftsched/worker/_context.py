@@ -83,6 +83,9 @@ class Lease:
     # Set on a reconciliation lease: the unknown attempt it asks about
     # (`worker._reconcile`); such a lease is answered, never run.
     reconcile: Mapping[str, Any] | None = None
+    # The job's kind: which of the worker's handlers runs it (None: the
+    # default one). A node of 0.7.0 or earlier does not send it.
+    kind: str | None = None
     # The W3C trace context the job was submitted with (cluster version 8),
     # the parent of the attempt's span (`worker._spans`).
     traceparent: str | None = None
@@ -106,6 +109,7 @@ class Lease:
             step=data.get("step"),
             inputs=data.get("inputs") or {},
             reconcile=data.get("reconcile"),
+            kind=data.get("kind"),
             traceparent=_text_or_none(data.get("traceparent")),
             tracestate=_text_or_none(data.get("tracestate")),
         )
@@ -126,7 +130,7 @@ def log_fields(lease: Lease) -> dict[str, Any]:
         "fencing_token": lease.fencing_token,
         "queue": lease.queue,
     }
-    for name in ("correlation_id", "workflow_id", "step"):
+    for name in ("kind", "correlation_id", "workflow_id", "step"):
         value = getattr(lease, name)
         if value is not None:
             fields[name] = value
@@ -292,6 +296,11 @@ class JobContext:
     @property
     def queue(self) -> str:
         return self.lease.queue
+
+    @property
+    def kind(self) -> str | None:
+        """The job's kind (None: none); the handler running it is that kind's."""
+        return self.lease.kind
 
     # Cancellation.
     def check_cancelled(self) -> None:

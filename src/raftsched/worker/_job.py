@@ -41,6 +41,7 @@ from raftsched.worker._context import (
     CancelReason,
     JobCancelled,
     JobContext,
+    Lease,
     PermanentError,
     TransientError,
     api_json,
@@ -297,10 +298,7 @@ class JobRun:
     def _fail_op(
         self, kind: FailureKind, message: str, retry_after_s: float | None = None
     ) -> JsonObject:
-        error: JsonObject = {"kind": kind, "message": message[:ERROR_MESSAGE_MAX_CHARS]}
-        if retry_after_s is not None:
-            error["retry_after_s"] = retry_after_s
-        return self._op("fail", error=error)
+        return fail_op(self.ctx.lease, kind, message, retry_after_s)
 
     def _op(self, name: str, **fields: Any) -> JsonObject:
         lease = self.ctx.lease
@@ -308,6 +306,26 @@ class JobRun:
 
     def _remaining_s(self) -> float:
         return self.deadline - self._clock()
+
+
+def fail_op(
+    lease: Lease,
+    kind: FailureKind,
+    why: str | BaseException,
+    retry_after_s: float | None = None,
+) -> JsonObject:
+    """The `fail` lease operation of `lease`: `why` a message, or an error
+    described as the attempt's failure is (`_describe`)."""
+    message = why if isinstance(why, str) else _describe(why)
+    error: JsonObject = {"kind": kind, "message": message[:ERROR_MESSAGE_MAX_CHARS]}
+    if retry_after_s is not None:
+        error["retry_after_s"] = retry_after_s
+    return {
+        "op": "fail",
+        "job_id": lease.job_id,
+        "fencing_token": lease.fencing_token,
+        "error": error,
+    }
 
 
 def is_async_handler(handler: Handler) -> bool:
@@ -325,6 +343,9 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, ApiError):
         return f"{error.code}: {error.message}"
     text = str(error)
+    code = getattr(type(error), "code", None)
+    if isinstance(code, str):  # a stable code of ours (`no_handler_for_kind`)
+        return f"{code}: {text}"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

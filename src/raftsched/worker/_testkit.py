@@ -209,6 +209,7 @@ def _lease(
     idempotency_key: str | None,
     inputs: Mapping[str, Any] | None,
     reconcile: Mapping[str, Any] | None = None,
+    kind: str | None = None,
 ) -> Lease:
     if attempt < 1:
         raise ValueError("attempt counts from 1")
@@ -224,6 +225,7 @@ def _lease(
         idempotency_key=idempotency_key,
         inputs=_through_json(dict(inputs or {})),
         reconcile=reconcile,
+        kind=kind,
     )
 
 
@@ -237,6 +239,7 @@ def run_handler(
     queue: str = "default",
     idempotency_key: str | None = None,
     inputs: Mapping[str, Any] | None = None,
+    kind: str | None = None,
     lease_s: float = 30.0,
     cancel_after: float | None = None,
     cancel_when: Callable[[Seen], bool] | None = None,
@@ -253,7 +256,9 @@ def run_handler(
     after the handler starts, or as soon as `cancel_when(seen)` holds. A
     handler still running `timeout_s` after that is abandoned, as a
     stopping worker abandons it, and TimeoutError is raised. For a test
-    that runs its own event loop, `await arun_handler(...)`."""
+    that runs its own event loop, `await arun_handler(...)`. `kind` is the
+    job's (`ctx.kind`); the handler runs whatever it is, as the one a worker
+    registered for that kind would."""
     return asyncio.run(
         arun_handler(
             handler,
@@ -264,6 +269,7 @@ def run_handler(
             queue=queue,
             idempotency_key=idempotency_key,
             inputs=inputs,
+            kind=kind,
             lease_s=lease_s,
             cancel_after=cancel_after,
             cancel_when=cancel_when,
@@ -284,6 +290,7 @@ async def arun_handler(
     queue: str = "default",
     idempotency_key: str | None = None,
     inputs: Mapping[str, Any] | None = None,
+    kind: str | None = None,
     lease_s: float = 30.0,
     cancel_after: float | None = None,
     cancel_when: Callable[[Seen], bool] | None = None,
@@ -300,6 +307,7 @@ async def arun_handler(
         lease_s=lease_s,
         idempotency_key=idempotency_key,
         inputs=inputs,
+        kind=kind,
     )
     test_lease = _TestLease(lease, effects or {})
     ctx = _TestContext(lease, test_lease, worker_id)

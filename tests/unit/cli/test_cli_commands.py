@@ -71,7 +71,9 @@ def test_dlq_list_filters_and_shows_errors(
     assert main(["dlq", "list", "--queue", "q", "--url", fake.urls[0]]) == 0
     assert fake.nodes[0].seen[0].query == {"queue": "q", "status": "dead_letter", "limit": "20"}
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["ID", "QUEUE", "STATUS", "ATTEMPTS", "LAST", "ERROR", "UPDATED"]
+    assert out[0].split() == [
+        "ID", "QUEUE", "KIND", "STATUS", "ATTEMPTS", "LAST", "ERROR", "UPDATED",
+    ]  # fmt: skip
     assert "permanent: bad card" in out[1]
     assert out[-1] == "(more: --cursor c2)"
 
@@ -212,3 +214,60 @@ def test_reconciliation_report_sends_its_window_and_prints_four_tables(
     assert ["pay", "1", "2", "0", "1"] in lines
     assert "Completed by reconciliation: 1" in out
     assert "provider lists ch_1" in out and "job_1" in out
+
+
+def test_submit_sends_a_kind_only_when_given(fake: FakeCluster) -> None:
+    fake.nodes[0].script = lambda seen: reply(201, {"job": JOB})
+    assert main(["submit", "q", "--kind", "email.send:v2", "--url", fake.urls[0]]) == 0
+    assert main(["submit", "q", "--url", fake.urls[0]]) == 0
+    kinded, plain = fake.nodes[0].seen
+    assert kinded.body == {"queue": "q", "kind": "email.send:v2"}
+    assert plain.body == {"queue": "q"}
+
+
+def test_jobs_list_filters_by_kind_and_shows_it_and_show_is_get(
+    fake: FakeCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = {**JOB, "status": "pending", "kind": "charge", "next_run_at": None}
+    fake.nodes[0].script = lambda seen: reply(200, {"jobs": [job], "next_cursor": None})
+    assert main(["jobs", "list", "--kind", "charge", "--url", fake.urls[0]]) == 0
+    assert fake.nodes[0].seen[0].query == {"kind": "charge", "limit": "20"}
+    header, row = capsys.readouterr().out.splitlines()[:2]
+    assert header.split()[:4] == ["ID", "QUEUE", "KIND", "STATUS"]
+    assert row.split()[:4] == ["job_1", "q", "charge", "pending"]
+    fake.nodes[0].script = lambda seen: reply(200, {"job": job})
+    assert main(["jobs", "show", "job_1", "--url", fake.urls[0]]) == 0
+    shown = {line.split()[0]: line.split()[1:] for line in capsys.readouterr().out.splitlines()
+             if line.strip()}  # fmt: skip
+    assert shown["kind"] == ["charge"]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--handler", "two words=raftsched.demo:handle"], "a kind is 1 to 128"),
+        (["--handler", "a=raftsched.demo:handle", "--handler", "a=raftsched.demo:handle"],
+         "kind 'a' given twice"),
+        (["--handler", "raftsched.demo:handle", "--handler", "raftsched.demo:handle"],
+         "the default handler given twice"),
+        (["--handler", "a=raftsched.demo:nope"], "has no 'nope'"),
+        (["--handler", "a=raftsched.demo:handle", "--kind-concurrency", "a=x"], "KIND=N"),
+        (["--handler", "a=raftsched.demo:handle", "--kind-concurrency", "b=2"],
+         "without a --handler: ['b']"),
+        (["--handler", "a=raftsched.demo:handle", "--kind-concurrency", "a=0"], "at least 1"),
+    ],
+)  # fmt: skip
+def test_worker_handlers_by_kind_are_checked_before_it_starts(
+    options: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["worker", "--queue", "q", *options, "--url", "http://127.0.0.1:9"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_worker_takes_several_handlers_one_per_kind_and_a_default() -> None:
+    from raftsched.cli._worker import _handlers
+    from raftsched.demo import handle
+
+    handlers = _handlers(["raftsched.demo:handle", "charge=raftsched.demo:handle",
+                          "email.send:v2=raftsched.demo:handle"])  # fmt: skip
+    assert handlers == {None: handle, "charge": handle, "email.send:v2": handle}

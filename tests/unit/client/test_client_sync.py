@@ -13,8 +13,10 @@ from fakecluster import FakeCluster, Seen, dead_url, error, reply
 
 from raftsched.client import (
     Client,
+    ClusterVersionTooLow,
     IdempotencyConflict,
     InvalidRequest,
+    InvalidState,
     LeaseLost,
     NextLeases,
     NoLeader,
@@ -22,6 +24,7 @@ from raftsched.client import (
     OutcomeUnknown,
     TransportError,
     item_error,
+    kinds_refused,
     next_claim,
     next_refused,
 )
@@ -307,3 +310,56 @@ def test_an_older_node_refusing_next_is_recognized(cluster: FakeCluster) -> None
         client.fail("job_1", 7, kind="permanent", next_claim=next_claim("q"))
     assert next_refused(refused.value)
     assert not next_refused(InvalidRequest(400, "invalid_request", "x", {"field": "next.queues"}))
+
+
+def test_a_kind_is_sent_only_when_given_and_filters_a_listing(cluster: FakeCluster) -> None:
+    cluster.nodes[0].script = lambda seen: reply(201, {"job": JOB})
+    client = Client([cluster.nodes[0].url])
+    client.submit("q", {"n": 1})
+    client.submit("q", {"n": 2}, kind="charge")
+    first, second = cluster.nodes[0].seen
+    assert "kind" not in first.body and second.body["kind"] == "charge"
+    cluster.nodes[0].script = lambda seen: reply(200, {"jobs": [], "next_cursor": None})
+    client.list_jobs(queue="q", kind="charge")
+    assert cluster.nodes[0].seen[-1].query == {"queue": "q", "kind": "charge"}
+
+
+def test_a_claim_sends_its_kinds_and_caps_only_when_given(cluster: FakeCluster) -> None:
+    cluster.nodes[0].script = lambda seen: reply(200, {"leases": []})
+    client = Client([cluster.nodes[0].url])
+    client.claim("w", ["q"], wait_s=0)
+    client.claim("w", ["q"], wait_s=0, kinds=["charge", None], kind_max_jobs={"charge": 2})
+    plain, kinded = cluster.nodes[0].seen
+    assert "kinds" not in plain.body and "kind_max_jobs" not in plain.body
+    assert kinded.body["kinds"] == ["charge", None]
+    assert kinded.body["kind_max_jobs"] == {"charge": 2}
+    assert next_claim("q", kinds=("a",)).body()["kinds"] == ["a"]
+    assert "kinds" not in next_claim("q").body()
+
+
+def test_a_cluster_too_old_for_a_kind_is_a_clear_error_and_nothing_is_resent(
+    cluster: FakeCluster,
+) -> None:
+    details = {"reason": "cluster_version", "command": "SubmitJobs", "command_version": 8,
+               "cluster_version": 7, "field": "kind"}  # fmt: skip
+    body = {"error": {"code": "invalid_state", "message": "upgrade every node first",
+                      "details": details}}  # fmt: skip
+    cluster.nodes[0].script = lambda seen: reply(409, body)
+    client = Client([cluster.nodes[0].url])
+    with pytest.raises(ClusterVersionTooLow) as refused:
+        client.submit("q", kind="charge", idempotency_key="k")
+    error = refused.value
+    assert isinstance(error, InvalidState) and error.code == "invalid_state"
+    assert (error.field, error.command_version, error.cluster_version) == ("kind", 8, 7)
+    assert "'kind' needs cluster version 8, the cluster runs 7" in str(error)
+    assert len(cluster.nodes[0].seen) == 1  # not repeated, and not without its kind
+    assert kinds_refused(error)
+
+
+def test_a_claim_of_kinds_refused_by_an_old_node_or_cluster_is_recognized() -> None:
+    old_node = InvalidRequest(400, "invalid_request", "unknown field", {"field": "kinds"})
+    old_next = InvalidRequest(400, "invalid_request", "unknown field", {"field": "next.kinds"})
+    assert kinds_refused(old_node) and kinds_refused(old_next)
+    assert not kinds_refused(InvalidRequest(400, "invalid_request", "x", {"field": "queues"}))
+    assert not kinds_refused(InvalidState(409, "invalid_state", "x", {}))
+    assert not kinds_refused(None)

@@ -2,13 +2,15 @@
 test's own event loop: just enough of api.md for the worker's logic (claim,
 the lease batch and its next claim, effects), with hooks to lose leases,
 request cancellation, stall heartbeats, delay next claims or refuse them as a
-node of 0.5.0 does."""
+node of 0.5.0 does; jobs of kinds, claims of kinds with caps, or their
+refusal as by a cluster below version 8."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import itertools
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +35,7 @@ class FakeJob:
     # A reconciling job: its lease asks about this attempt, from this queue.
     reconcile_queue: str | None = None
     decision: dict[str, Any] | None = None
+    kind: str | None = None
     # The W3C trace context it was submitted with (its leases carry it).
     traceparent: str | None = None
     tracestate: str | None = None
@@ -51,6 +54,8 @@ class FakeLeases:
         self.nexts: list[dict[str, Any]] = []  # the next claims batches carried
         self.refuse_next = False  # answer `next` as a node of 0.5.0 does
         self.next_delay_s = 0.0  # how long a batch with a next claim takes
+        self.refuse_kinds = False  # answer claims of kinds as a cluster below version 8
+        self.claim_bodies: list[dict[str, Any]] = []  # every claim's, next claims' too
         # The `traceparent` header of each lease batch and effect request (None: none).
         self.batch_traceparents: list[str | None] = []
         self.effect_traceparents: list[str | None] = []
@@ -58,9 +63,33 @@ class FakeLeases:
         self._runner: web.AppRunner | None = None
         self.url = ""
 
-    def add(self, job_id: str, payload: Any = None) -> FakeJob:
-        job = self.jobs[job_id] = FakeJob(job_id, payload)
+    def add(self, job_id: str, payload: Any = None, kind: str | None = None) -> FakeJob:
+        job = self.jobs[job_id] = FakeJob(job_id, payload, kind=kind)
         return job
+
+    def _claimable(self, body: dict[str, Any], statuses: tuple[str, ...]) -> list[FakeJob]:
+        """What a claim takes, in order: with `kinds`, only those kinds ("*":
+        any other), at most `kind_max_jobs[kind]` of a kind; reconciliations
+        whatever their kind, as the cluster grants them."""
+        kinds, caps = body.get("kinds"), body.get("kind_max_jobs") or {}
+        taken: Counter[str | None] = Counter()
+        found = []
+        for job in self.jobs.values():
+            if job.status not in statuses:
+                continue
+            if kinds is not None and job.status != "reconciling":
+                key = job.kind if job.kind in kinds else "*"
+                if key not in kinds or taken[key] >= caps.get(key, 10**6):
+                    continue
+                taken[key] += 1
+            found.append(job)
+        return found[: body["max_jobs"]]
+
+    @staticmethod
+    def _too_old() -> dict[str, Any]:
+        details = {"reason": "cluster_version", "command": "ClaimJobsOfKinds",
+                   "command_version": 8, "cluster_version": 7}  # fmt: skip
+        return {"code": "invalid_state", "message": "upgrade every node first", "details": details}
 
     def lose_lease(self, job_id: str) -> None:
         self.jobs[job_id].token = next(self._tokens)  # another worker's token now
@@ -91,14 +120,17 @@ class FakeLeases:
         body = await request.json()
         self.claims += 1
         self.claim_waits.append(body["wait_s"])
+        self.claim_bodies.append(body)
+        if self.refuse_kinds and "kinds" in body:
+            return web.json_response({"error": self._too_old()}, status=409)
         loop = asyncio.get_running_loop()
         until = loop.time() + body["wait_s"]
         while True:
-            ready = [job for job in self.jobs.values() if job.status in ("pending", "reconciling")]
+            ready = self._claimable(body, ("pending", "reconciling"))
             if ready or loop.time() >= until:
                 break
             await asyncio.sleep(0.01)
-        leases = [self._grant(job, body["lease_s"]) for job in ready[: body["max_jobs"]]]
+        leases = [self._grant(job, body["lease_s"]) for job in ready]
         return web.json_response({"leases": leases})
 
     def add_reconciling(self, job_id: str, payload: Any = None, queue: str = "q") -> FakeJob:
@@ -126,6 +158,7 @@ class FakeLeases:
             "expires_at": "2030-01-01T00:00:00.000Z", "lease_s": lease_s, "queue": "q",
             "payload": job.payload, "idempotency_key": f"key-{job.id}", "ordering_key": None,
             "correlation_id": None, "workflow_id": None, "step": None, "inputs": {},
+            "kind": job.kind,
             "traceparent": job.traceparent, "tracestate": job.tracestate,
         }  # fmt: skip
 
@@ -143,12 +176,14 @@ class FakeLeases:
         answer: dict[str, Any] = {"results": [self._apply(op) for op in ops]}
         if claim is not None:
             self.nexts.append(claim)
+            self.claim_bodies.append(claim)
             await asyncio.sleep(self.next_delay_s)
-            ready = [job for job in self.jobs.values() if job.status == "pending"]
+            if self.refuse_kinds and "kinds" in claim:
+                answer["next"] = {"error": self._too_old()}  # the ops stand
+                return web.json_response(answer)
+            ready = self._claimable(claim, ("pending",))
             lease_s = claim.get("lease_s") or 30
-            answer["next"] = {
-                "leases": [self._grant(job, lease_s) for job in ready[: claim["max_jobs"]]]
-            }
+            answer["next"] = {"leases": [self._grant(job, lease_s) for job in ready]}
         return web.json_response(answer)
 
     def _apply(self, op: dict[str, Any]) -> dict[str, Any]:
@@ -200,10 +235,20 @@ Scenario = Callable[[FakeLeases], Awaitable[None]]
 
 
 @contextlib.asynccontextmanager
-async def running_worker(fake: FakeLeases, handler: Any, **options: Any) -> AsyncIterator[Worker]:
+async def running_worker(
+    fake: FakeLeases,
+    handler: Any,
+    *,
+    setup: Callable[[Worker], None] | None = None,
+    **options: Any,
+) -> AsyncIterator[Worker]:
+    """A worker of `handler` (a default handler, or handlers by kind);
+    `setup` registers more before it runs."""
     settings: dict[str, Any] = {"concurrency": 4, "lease_s": 5.0, "poll_wait_s": 0.2}
     settings.update(options)
     worker = Worker(WorkerConfig([fake.url], ("q",), worker_id="w-test", **settings), handler)
+    if setup is not None:
+        setup(worker)
     task = asyncio.create_task(worker.run())
     try:
         yield worker

@@ -34,6 +34,20 @@ class ClaimJobs(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimJobsOfKinds(ClaimJobs):
+    """A claim of only the jobs a worker has handlers for (since cluster
+    version 8): `kinds` is (kind, max_jobs) pairs, the kind None standing
+    for jobs without one; of each kind at most its `max_jobs` (a worker's
+    per-kind concurrency; 0: none now), of all together at most `max_jobs`, of any other
+    kind none, unless the kind "*" (`OTHER_KINDS`) is among them: it stands
+    for every job no other pair names (a worker that dead-letters what it
+    cannot run). Otherwise exactly a `ClaimJobs` (its reconciliations too,
+    which are routed by queue, not kind)."""
+
+    kinds: tuple[tuple[str | None, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class StartJob(Command):
     """The worker is about to run the handler: `claimed -> running`."""
 

@@ -21,6 +21,7 @@ from raftsched.core.jobs import (
 from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
+    ClaimJobsOfKinds,
     CompleteJob,
     Configure,
     ConfigureWheel,
@@ -58,6 +59,7 @@ from raftsched.core.jobs.operator_commands import (
 )
 from raftsched.core.jobs.submit import apply_submit
 from raftsched.core.kernel import wheel
+from raftsched.core.kernel.cluster_version import SPEC_KIND_VERSION
 from raftsched.core.kernel.codec import CodecError, expect
 from raftsched.core.kernel.feature import (
     CommandKind,
@@ -92,6 +94,21 @@ def _decode_effects(value: object) -> tuple[tuple[str, bytes], ...]:
             raise CodecError("an effect is [key, result]")
         expect(pair[0], "str")
         expect(pair[1], "bytes")
+    return value
+
+
+def _encode_claim_kinds(kinds: tuple[tuple[str | None, int], ...]) -> list[list[Any]]:
+    return [[kind, most] for kind, most in kinds]
+
+
+def _decode_claim_kinds(value: object) -> tuple[tuple[str | None, int], ...]:
+    if type(value) is not tuple:
+        raise CodecError("kinds must be an array")
+    for pair in value:
+        if type(pair) is not tuple or len(pair) != 2:
+            raise CodecError("a claim's kind is [kind, max_jobs]")
+        expect(pair[0], "str?")
+        expect(pair[1], "int")
     return value
 
 
@@ -180,8 +197,19 @@ FEATURE: Final = Feature(
             since=wheel.WHEEL_VERSION,
             audit=audit.CONFIGURE_WHEEL,
         ),
+        # Job kinds (a claim of the kinds a worker has handlers for): 130-139.
+        CommandKind(
+            ClaimJobsOfKinds,
+            130,
+            ("str", "strs", "int", "int?", "claim_kinds"),
+            apply_claim,
+            since=SPEC_KIND_VERSION,
+        ),
     ),
-    field_kinds=(FieldKind("effect_results", _encode_effects, _decode_effects),),
+    field_kinds=(
+        FieldKind("effect_results", _encode_effects, _decode_effects),
+        FieldKind("claim_kinds", _encode_claim_kinds, _decode_claim_kinds),
+    ),
     tick=(
         TickWork(10, tick.expire_leases, reports="leases_expired"),
         TickWork(15, reconcile.expire_reconciliations),

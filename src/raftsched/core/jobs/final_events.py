@@ -36,6 +36,8 @@ def job_event_data(job: Job) -> dict[str, Any]:
         data["schedule_id"] = job.schedule_id
     if job.correlation_id is not None:
         data["correlation_id"] = job.correlation_id
+    if job.kind is not None:  # only set since cluster version 8: older events keep their bytes
+        data["kind"] = job.kind
     if job.status != SUCCEEDED and job.last_error is not None:
         data["error_kind"] = job.last_error[0]
     return data

@@ -213,7 +213,11 @@ def drop_if_idle(state: State, queue: str) -> None:
     its rotation state no longer matters. (The caller guarded the record.)"""
     flow = flow_of(state)
     record = flow.queues.get(queue)
-    if record is not None and record.is_default() and queue not in state.runnable.queues:
+    if (
+        record is not None
+        and record.is_default()
+        and not runnable_index.has_lanes(state.runnable, queue)
+    ):
         del flow.queues[queue]
 
 
@@ -398,11 +402,13 @@ def _check_index(state: State, problems: list[str]) -> None:
     for job in wheel.packed_jobs(state):
         runnable_index.add_new(fresh, job)
     runnable_index.rebuild(fresh, pending)
-    for queue, lanes in live.queues.items():
+    for queue, lanes in runnable_index.all_lanes(live):
         if lanes.ring != sorted(lanes.counts) or any(n <= 0 for n in lanes.counts.values()):
             problems.append(f"flow: ring of {queue} disagrees with its counts")
-    live_counts = {q: lanes.counts for q, lanes in live.queues.items()}
-    fresh_counts = {q: lanes.counts for q, lanes in fresh.queues.items()}
+    if any(not by_kind for by_kind in live.kinds.values()):
+        problems.append("flow: a queue without kinds keeps an empty table of them")
+    live_counts = _lane_counts(live)
+    fresh_counts = _lane_counts(fresh)
     if live_counts != fresh_counts:
         problems.append(f"flow: claimable counts {live_counts} != {fresh_counts}")
     nonzero = {t: c for t, c in live.tenants.items() if any(c)}
@@ -419,10 +425,22 @@ def _check_index(state: State, problems: list[str]) -> None:
         problems.append("flow: blocked ordering keys disagree with the jobs")
     in_lanes = {
         (queue, tenant, id(entry[2]))
-        for queue, lanes in live.queues.items()
+        for queue, lanes in runnable_index.all_lanes(live)
         for tenant, heap in lanes.heaps.items()
         for entry in heap
+        if lanes is runnable_index.lane_of(live, queue, entry[2].kind)
     }
     for job in pending:
         if runnable_index.is_head(fresh, job) and (job.queue, job.tenant, id(job)) not in in_lanes:
             problems.append(f"job {job.id}: claimable but not in its lane")
+
+
+def _lane_counts(index: runnable_index.RunnableIndex) -> dict[tuple[str, str | None], Any]:
+    """Each lane's claimable count per tenant, by (queue, kind)."""
+    counts: dict[tuple[str, str | None], Any] = {
+        (queue, None): lanes.counts for queue, lanes in index.queues.items()
+    }
+    for queue, by_kind in index.kinds.items():
+        for kind, lanes in by_kind.items():
+            counts[queue, kind] = lanes.counts
+    return counts

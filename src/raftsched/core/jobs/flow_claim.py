@@ -23,12 +23,23 @@ weights (in claims from that queue), however many jobs they have queued.
 Each pick visits at most `RING_VISITS_MAX` tenants (those at their limit are
 skipped), and blocked ordering-key jobs are parked off the heaps, so a
 claim's cost does not grow with the backlog.
+
+Kinds (cluster version 8). A queue's jobs of each kind are in a lane of
+their own (`runnable_index`). A claim that names kinds (`ClaimJobsOfKinds`,
+a worker's handlers) picks among the lanes of those kinds, at most as many
+jobs of each as the claim allows; any other claim among all of the queue's
+lanes. Over several lanes a pick is exactly the one over one lane holding
+their jobs: the ring is the union of theirs, the tenant's candidate the best
+of its tops, the high-priority candidate the best of their high tops. The
+rules above therefore hold among the jobs a claim may take, and a queue
+whose jobs have no kind is picked from as before.
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Mapping
 from typing import Final, NamedTuple
 
 from raftsched.core.jobs import reconcile_book
@@ -42,7 +53,7 @@ from raftsched.core.jobs.flow import (
     tenant_flow,
 )
 from raftsched.core.kernel.model import PENDING, Job
-from raftsched.core.kernel.runnable_index import Lanes
+from raftsched.core.kernel.runnable_index import Lanes, claim_key, lanes_left, lanes_of
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
 
@@ -54,6 +65,8 @@ class Pick(NamedTuple):
     job: Job
     tenant: str | None  # None: the reserved high-priority share
     left: int  # claims left in the tenant's turn, this one included
+    # The lane whose heap (the tenant's, or `high`) has the job on top.
+    lanes: Lanes
     # Nothing to record: one tenant only and no bucket or circuit to settle,
     # so the queue's record is left alone (the common case stays cheap).
     stateless: bool = False
@@ -73,13 +86,22 @@ def _high_top(lanes: Lanes) -> Job | None:
     return heap[0][2] if heap else None
 
 
-def pick(state: State, lanes: Lanes, record: QueueFlow | None) -> Pick | None:
-    """The queue's next job by the share rules (no change but stale heap entries)."""
+def pick(state: State, lanes_list: list[Lanes], record: QueueFlow | None) -> Pick | None:
+    """The queue's next job by the share rules among the jobs of
+    `lanes_list` (not empty), as if they were one lane (no change but stale
+    heap entries)."""
+    if len(lanes_list) > 1:
+        return _pick_among(state, lanes_list, record)
+    return _pick_in(state, lanes_list[0], record)
+
+
+def _pick_in(state: State, lanes: Lanes, record: QueueFlow | None) -> Pick | None:
+    """`pick` in one lane."""
     flow = flow_of(state)
     if record is not None and record.high_turn:
         job = _high_top(lanes)
         if job is not None and not _at_limit(state, flow, job.tenant):
-            return Pick(job, None, 0)
+            return Pick(job, None, 0, lanes)
     ring = lanes.ring
     if len(ring) == 1 and (
         record is None or (record.rate_milli is None and not record.circuit_open)
@@ -87,7 +109,7 @@ def pick(state: State, lanes: Lanes, record: QueueFlow | None) -> Pick | None:
         tenant = ring[0]
         if _at_limit(state, flow, tenant):
             return None
-        return Pick(lanes.top(tenant), tenant, 0, stateless=True)
+        return Pick(lanes.top(tenant), tenant, 0, lanes, stateless=True)
     cursor = None if record is None else record.cursor
     left = 0 if record is None else record.left
     if cursor is None:
@@ -105,10 +127,90 @@ def pick(state: State, lanes: Lanes, record: QueueFlow | None) -> Pick | None:
         if not _at_limit(state, flow, tenant):
             if left <= 0:
                 left = tenant_flow(flow, tenant).weight
-            return Pick(lanes.top(tenant), tenant, left)
+            return Pick(lanes.top(tenant), tenant, left, lanes)
         index += 1
         left = 0
     return None
+
+
+def _pick_among(state: State, lanes_list: list[Lanes], record: QueueFlow | None) -> Pick | None:
+    """`pick` over several lanes: the same rules on the union of their rings
+    (each ring sorted, so the union's next tenant after any name is the least
+    of theirs), a tenant's job the best of its tops across the lanes."""
+    flow = flow_of(state)
+    if record is not None and record.high_turn:
+        best: tuple[Job, Lanes] | None = None
+        for lanes in lanes_list:
+            job = _high_top(lanes)
+            if job is not None and (best is None or _before(job, best[0])):
+                best = (job, lanes)
+        if best is not None and not _at_limit(state, flow, best[0].tenant):
+            return Pick(best[0], None, 0, best[1])
+    rings = [lanes.ring for lanes in lanes_list]
+    first = min(ring[0] for ring in rings)
+    if first == max(ring[-1] for ring in rings) and (
+        record is None or (record.rate_milli is None and not record.circuit_open)
+    ):
+        if _at_limit(state, flow, first):
+            return None
+        job, lanes = _tenant_top(lanes_list, first)
+        return Pick(job, first, 0, lanes, stateless=True)
+    cursor = None if record is None else record.cursor
+    left = 0 if record is None else record.left
+    tenant: str | None
+    if cursor is None:
+        tenant = first
+    elif left > 0:
+        tenant = _next_tenant(rings, cursor, bisect_left)
+        if tenant != cursor:
+            left = 0  # that tenant has nothing left: the turn moves on
+    else:
+        tenant = _next_tenant(rings, cursor, bisect_right)
+    start: str | None = None
+    for _ in range(RING_VISITS_MAX):
+        if tenant is None:
+            tenant = first  # past the last name: round again
+        if tenant == start:
+            return None  # every tenant is at its limit
+        if start is None:
+            start = tenant
+        if not _at_limit(state, flow, tenant):
+            if left <= 0:
+                left = tenant_flow(flow, tenant).weight
+            job, lanes = _tenant_top(lanes_list, tenant)
+            return Pick(job, tenant, left, lanes)
+        tenant = _next_tenant(rings, tenant, bisect_right)
+        left = 0
+    return None
+
+
+def _before(job: Job, other: Job) -> bool:
+    return (-job.priority, job.seq) < (-other.priority, other.seq)
+
+
+def _next_tenant(
+    rings: list[list[str]], name: str, bisect: Callable[[list[str], str], int]
+) -> str | None:
+    """The least tenant at (`bisect_left`) or after (`bisect_right`) `name`
+    in any of `rings`; None past the last."""
+    found: str | None = None
+    for ring in rings:
+        at = bisect(ring, name)
+        if at < len(ring) and (found is None or ring[at] < found):
+            found = ring[at]
+    return found
+
+
+def _tenant_top(lanes_list: list[Lanes], tenant: str) -> tuple[Job, Lanes]:
+    """The tenant's best job across the lanes that hold one of its jobs."""
+    best: tuple[Job, Lanes] | None = None
+    for lanes in lanes_list:
+        if tenant in lanes.counts:
+            job = lanes.top(tenant)
+            if best is None or _before(job, best[0]):
+                best = (job, lanes)
+    assert best is not None, "a tenant of the rings has a job in one of the lanes"
+    return best
 
 
 def gate_budget(state: State, queue: str, record: QueueFlow | None, now_ms: int) -> int:
@@ -140,11 +242,21 @@ class _Source:
 
 
 class Selector:
-    """The jobs of one ClaimJobs, one at a time; `finish` settles the buckets."""
+    """The jobs of one claim, one at a time; `finish` settles the buckets.
 
-    __slots__ = ("state", "savepoint", "sources")
+    `kinds`: how many jobs of each kind (None: without a kind; "*": of every
+    kind not named) the claim may still take, and none of another kind;
+    None: any job, as a plain `ClaimJobs` takes."""
 
-    def __init__(self, state: State, queues: tuple[str, ...], savepoint: Savepoint) -> None:
+    __slots__ = ("state", "savepoint", "sources", "kinds")
+
+    def __init__(
+        self,
+        state: State,
+        queues: tuple[str, ...],
+        savepoint: Savepoint,
+        kinds: dict[str | None, int] | None = None,
+    ) -> None:
         self.state = state
         self.savepoint = savepoint
         records = flow_of(state).queues
@@ -152,41 +264,52 @@ class Selector:
             _Source(queue, gate_budget(state, queue, records.get(queue), state.now_ms))
             for queue in (queues if len(queues) == 1 else dict.fromkeys(queues))
         ]
+        self.kinds = kinds
+
+    def _pick(self, source: _Source, record: QueueFlow | None) -> Pick | None:
+        """The source's candidate, from the lanes of the claim's kinds."""
+        if source.budget <= 0:
+            return None
+        index = self.state.runnable
+        if self.kinds is None and source.queue not in index.kinds:
+            lanes = index.queues.get(source.queue)  # no kinds: the one lane, if any
+            return None if lanes is None else _pick_in(self.state, lanes, record)
+        if self.kinds is None:
+            lanes_list = lanes_of(index, source.queue)
+        else:
+            lanes_list = lanes_left(index, source.queue, self.kinds)
+        return pick(self.state, lanes_list, record) if lanes_list else None
 
     def pop(self) -> Job | None:
         """Take the best candidate across the claimed queues out of its heap."""
         records = flow_of(self.state).queues
-        index_queues = self.state.runnable.queues
         if len(self.sources) == 1:  # the common case, without comparisons
             source = self.sources[0]
-            lanes = index_queues.get(source.queue)
-            if source.budget <= 0 or lanes is None:
-                return None
-            found = pick(self.state, lanes, records.get(source.queue))
+            found = self._pick(source, records.get(source.queue))
             if found is None:
                 return None
-            self._take(source, lanes, found)
+            self._take(source, found)
             return found.job
-        best: tuple[_Source, Lanes, Pick] | None = None
+        best: tuple[_Source, Pick] | None = None
         for source in self.sources:
-            lanes = index_queues.get(source.queue)
-            if source.budget <= 0 or lanes is None:
-                continue
-            found = pick(self.state, lanes, records.get(source.queue))
+            found = self._pick(source, records.get(source.queue))
             if found is None:
                 continue
-            job = found.job
-            if best is None or (-job.priority, job.seq) < (-best[2].job.priority, best[2].job.seq):
-                best = (source, lanes, found)
+            if best is None or _before(found.job, best[1].job):
+                best = (source, found)
         if best is None:
             return None
-        source, lanes, found = best
-        self._take(source, lanes, found)
+        source, found = best
+        self._take(source, found)
         return found.job
 
-    def _take(self, source: _Source, lanes: Lanes, found: Pick) -> None:
+    def _take(self, source: _Source, found: Pick) -> None:
         source.budget -= 1
         source.granted += 1
+        kinds = self.kinds
+        if kinds is not None:
+            kinds[claim_key(kinds, found.job.kind)] -= 1
+        lanes = found.lanes
         if found.stateless:
             assert found.tenant is not None
             heapq.heappop(lanes.heaps[found.tenant])
@@ -217,22 +340,30 @@ class Selector:
             drop_if_idle(self.state, source.queue)
 
 
-def claimable_at_ms(state: State, queues: tuple[str, ...], now_ms: int) -> int | None:
-    """When a claim of `queues` could next be granted something: `now_ms` if
-    now, a later instant if only time stands in the way (tokens refilling,
-    the circuit's next probe), None if only another command can change it."""
+def claimable_at_ms(
+    state: State,
+    queues: tuple[str, ...],
+    now_ms: int,
+    kinds: Mapping[str | None, int] | None = None,
+) -> int | None:
+    """When a claim of `queues` (of jobs of `kinds` only, as many as each
+    allows, as `ClaimJobsOfKinds` takes them; None: of any job) could next
+    be granted something: `now_ms` if now, a later instant if only time
+    stands in the way (tokens refilling, the circuit's next probe), None if
+    only another command can change it."""
     records = flow_of(state).queues
     # Open reconciliations (jobs.reconcile) bypass the queue's limits.
     soonest = reconcile_book.claimable_at_ms(state, queues)
     if soonest is not None and soonest <= now_ms:
         return now_ms
     for queue in dict.fromkeys(queues):
-        lanes = state.runnable.queues.get(queue)
-        if lanes is None:
+        index = state.runnable
+        lanes_list = lanes_of(index, queue) if kinds is None else lanes_left(index, queue, kinds)
+        if not lanes_list:
             continue
         record = records.get(queue)
         at_ms = _gates_open_at_ms(state, queue, record, now_ms)
-        if at_ms is None or pick(state, lanes, record) is None:
+        if at_ms is None or pick(state, lanes_list, record) is None:
             continue
         if at_ms <= now_ms:
             return now_ms

@@ -9,7 +9,7 @@ from typing import Final
 from raftsched.core.jobs.flow import MICRO, QueueFlow, flow_of, tenant_flow
 from raftsched.core.jobs.flow_claim import gate_budget
 from raftsched.core.jobs.reconcile_book import book_of
-from raftsched.core.kernel.runnable_index import oldest_runnable_ms
+from raftsched.core.kernel.runnable_index import all_lanes, claimable_count, oldest_runnable_ms
 from raftsched.core.kernel.state import State
 
 BLOCKED_LISTED_MAX: Final = 100
@@ -58,8 +58,7 @@ def queue_names(state: State) -> list[str]:
 def queue_view(state: State, name: str, now_ms: int, with_blocked: bool = False) -> QueueView:
     record = flow_of(state).queues.get(name) or QueueFlow()
     counts = state.queue_counts.get(name, [0, 0, 0])
-    lanes = state.runnable.queues.get(name)
-    claimable = 0 if lanes is None else lanes.claimable()
+    claimable = claimable_count(state.runnable, name)
     blocked = [
         (tenant, key, job.id)
         for (tenant, key), job in sorted(state.runnable.blocked.items())
@@ -105,7 +104,7 @@ def tenant_view(state: State, name: str) -> TenantView:
     throttled = 0
     limit = record.concurrency_limit
     if limit is not None and running >= limit:
-        throttled = sum(lanes.counts.get(name, 0) for lanes in state.runnable.queues.values())
+        throttled = sum(lanes.counts.get(name, 0) for _, lanes in all_lanes(state.runnable))
     return TenantView(
         name,
         record.weight,

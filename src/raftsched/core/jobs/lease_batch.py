@@ -20,7 +20,8 @@ Rules
    ops are applied as usual.
 2. The ops are applied in order; then the claim, if any, so that jobs just
    completed free their concurrency slots and ordering keys for it. A claim
-   slot that holds anything but a `ClaimJobs` is rejected in its slot
+   slot that holds anything but a `ClaimJobs` (or a `ClaimJobsOfKinds`,
+   since cluster version 8) is rejected in its slot
    (`{"field": "claim"}`). When the batch has ops and every one of them was
    rejected, the claim is not applied (`claimed` is None): a worker whose
    tokens are all stale may not be the holder it would claim for, and its
@@ -40,6 +41,7 @@ from typing import Final
 
 from raftsched.core.jobs.commands import (
     ClaimJobs,
+    ClaimJobsOfKinds,
     CompleteJob,
     FailJob,
     HeartbeatJob,
@@ -58,6 +60,8 @@ __all__ = ["LEASE_OPS", "LeaseBatch", "apply_lease_batch", "batch_size"]
 # The operations a batch may carry.
 LEASE_OPS: Final = frozenset({StartJob, HeartbeatJob, CompleteJob, FailJob, ReconcileJob})
 
+# What a batch's claim may be.
+_CLAIMS: Final = frozenset({ClaimJobs, ClaimJobsOfKinds})
 _NOT_A_LEASE_OP: Final = (
     "a lease batch carries only start, heartbeat, complete, fail and reconcile operations"
 )
@@ -79,7 +83,7 @@ def apply_lease_batch(
     if results and all(type(result) is Rejected for result in results):
         claim = None
     if claim is not None:
-        if type(claim) is ClaimJobs:
+        if type(claim) in _CLAIMS:
             claimed = apply_command(state, claim, context)
         else:
             claimed = invalid("claim", "a lease batch's claim is a claim")
@@ -95,4 +99,6 @@ def batch_size(command: LeaseBatch) -> int:
     may grant (what the proposer weighs an entry by)."""
     ops = len(command.ops) if type(command.ops) is tuple else 0
     claim = command.claim
-    return ops + (claim.max_jobs if type(claim) is ClaimJobs and type(claim.max_jobs) is int else 0)
+    if claim is None or type(claim) not in _CLAIMS or type(claim.max_jobs) is not int:
+        return ops
+    return ops + claim.max_jobs

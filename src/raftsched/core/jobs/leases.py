@@ -6,7 +6,14 @@ accepted, and any other token is `lease_lost` with nothing changed.
 
 from __future__ import annotations
 
-from raftsched.core.jobs.commands import ClaimJobs, CompleteJob, FailJob, HeartbeatJob, StartJob
+from raftsched.core.jobs.commands import (
+    ClaimJobs,
+    ClaimJobsOfKinds,
+    CompleteJob,
+    FailJob,
+    HeartbeatJob,
+    StartJob,
+)
 from raftsched.core.jobs.flow_claim import Selector
 from raftsched.core.jobs.lifecycle import (
     allowed,
@@ -51,14 +58,17 @@ from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     CLAIM_JOBS_MAX,
+    CLAIM_KINDS_MAX,
     CLAIM_QUEUES_MAX,
     FAILURE_KINDS,
     LEASE_MS_MAX,
     LEASE_MS_MIN,
+    OTHER_KINDS,
     TIME_MS_MAX,
     U32_MAX,
     check_bytes,
     check_int,
+    check_kind,
     check_name,
     check_optional_int,
     check_text,
@@ -100,11 +110,18 @@ def apply_claim(state: State, command: ClaimJobs, context: Context) -> Claimed |
     rejected = _check_claim(command)
     if rejected is not None:
         return rejected
+    kinds = None
+    if type(command) is ClaimJobsOfKinds:
+        rejected = _check_kinds(command.kinds, command.max_jobs)
+        if rejected is not None:
+            return rejected
+        kinds = dict(command.kinds)
     # Flow control decides which jobs (flow_claim): queue gates, the reserved
-    # high-priority share, weighted fair sharing among tenants.
+    # high-priority share, weighted fair sharing among tenants; with kinds,
+    # among the jobs of those kinds only.
     # Open reconciliations first: each holds a job until it is answered.
     leases = grant_reconciliations(state, command, command.max_jobs, savepoint)
-    selector = Selector(state, command.queues, savepoint)
+    selector = Selector(state, command.queues, savepoint, kinds)
     for _ in range(command.max_jobs - len(leases)):
         job = _pop_best(selector)
         if job is None:
@@ -128,6 +145,26 @@ def _check_claim(command: ClaimJobs) -> Rejected | None:
         or check_int(command.max_jobs, "max_jobs", 1, CLAIM_JOBS_MAX)
         or check_optional_int(command.lease_ms, "lease", LEASE_MS_MIN, LEASE_MS_MAX)
     )
+
+
+def _check_kinds(kinds: object, max_jobs: int) -> Rejected | None:
+    """1 to CLAIM_KINDS_MAX distinct (kind, None or "*", 0 to max_jobs) pairs
+    (0: none of that kind, which also keeps "*" from taking it)."""
+    if type(kinds) is not tuple or not 1 <= len(kinds) <= CLAIM_KINDS_MAX:
+        return invalid("kinds", f"claim from 1 to {CLAIM_KINDS_MAX} kinds")
+    for pair in kinds:
+        if type(pair) is not tuple or len(pair) != 2:
+            return invalid("kinds", "each kind is a (kind, max_jobs) pair")
+        kind, most = pair
+        named = kind is None or kind == OTHER_KINDS
+        rejected = (None if named else check_kind(kind, "kinds")) or check_int(
+            most, "kinds", 0, max_jobs
+        )
+        if rejected is not None:
+            return rejected
+    if len({kind for kind, _ in kinds}) != len(kinds):
+        return invalid("kinds", "each kind at most once")
+    return None
 
 
 def _pop_best(selector: Selector) -> Job | None:

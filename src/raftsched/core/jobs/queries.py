@@ -64,6 +64,7 @@ def list_jobs(
     workflow_id: str | None = None,
     correlation_id: str | None = None,
     *,
+    kind: str | None = None,
     tenants: frozenset[str] | None = None,
     queues: frozenset[str] | None = None,
 ) -> tuple[list[Job], str | None]:
@@ -95,6 +96,7 @@ def list_jobs(
             or (schedule_id is not None and job.schedule_id != schedule_id)
             or (workflow_id is not None and job.workflow_id != workflow_id)
             or (correlation_id is not None and job.correlation_id != correlation_id)
+            or (kind is not None and job.kind != kind)
         )
 
     record = wheel.wheel_of(state)

@@ -174,6 +174,7 @@ def _create(
         fingerprint,
         None,
         None,
+        None if spec.kind is None else intern(state, spec.kind),
     )
     trace_book.remember(state, job_id, spec, savepoint)
     if (

@@ -71,10 +71,8 @@ _SPEC_KINDS: Final = (
     "int", "int?", "str?", "str?", "str?", "labels",
 )  # fmt: skip
 _SPEC_KINDS_V5: Final = (*_SPEC_KINDS, "str?", "str?")  # on_unknown, reconcile_queue
-_SPEC_KINDS_V8_TRACE: Final = (*_SPEC_KINDS_V5, "str?", "str?")  # traceparent, tracestate
-_SPEC_KINDS_BY_LENGTH: Final = {
-    len(kinds): kinds for kinds in (_SPEC_KINDS, _SPEC_KINDS_V5, _SPEC_KINDS_V8_TRACE)
-}
+_SPEC_KINDS_V8: Final = (*_SPEC_KINDS_V5, "str?")  # kind
+_SPEC_KINDS_V8_TRACE: Final = (*_SPEC_KINDS_V8, "str?", "str?")  # traceparent, tracestate
 
 Encode = Callable[[Any], Any]
 Decode = Callable[[object], Any]
@@ -192,9 +190,10 @@ def _decoder(kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Decode:
 
 def spec_row(spec: JobSpec) -> list[Any]:
     """A spec as plain data: 14 fields, 16 when it sets the reconcile fields
-    that version 5 added, 18 when it sets the trace context that version 8
-    added (the reconcile fields then as they are, None or not), so that a
-    spec without them encodes, and fingerprints, as before."""
+    that version 5 added, 17 when it sets the `kind` that version 8 added,
+    19 when it sets the trace context that version 8 added (the fields
+    before it then as they are, None or not), so that a spec without them
+    encodes, and fingerprints, as before."""
     backoff = spec.backoff
     row = [
         spec.queue,
@@ -213,8 +212,10 @@ def spec_row(spec: JobSpec) -> list[Any]:
         [list(pair) for pair in spec.labels],
     ]
     if spec.traceparent is not None or spec.tracestate is not None:
-        row += [spec.on_unknown, spec.reconcile_queue]  # since version 5
+        row += [spec.on_unknown, spec.reconcile_queue, spec.kind]  # since versions 5 and 8
         row += [spec.traceparent, spec.tracestate]  # since version 8
+    elif spec.kind is not None:
+        row += [spec.on_unknown, spec.reconcile_queue, spec.kind]  # since version 8
     elif spec.on_unknown is not None or spec.reconcile_queue is not None:
         row += [spec.on_unknown, spec.reconcile_queue]  # since version 5
     return row
@@ -338,9 +339,15 @@ def decode_spec(row: object) -> JobSpec:
     return _decode_spec(row)
 
 
+_SPEC_KINDS_BY_LENGTH: Final = {
+    len(kinds): kinds
+    for kinds in (_SPEC_KINDS, _SPEC_KINDS_V5, _SPEC_KINDS_V8, _SPEC_KINDS_V8_TRACE)
+}
+
+
 def _decode_spec(row: object) -> JobSpec:
     if type(row) is not tuple or (kinds := _SPEC_KINDS_BY_LENGTH.get(len(row))) is None:
-        raise CodecError("a job spec has 14, 16 or 18 fields")
+        raise CodecError("a job spec has 14, 16, 17 or 19 fields")
     values = [decode_field(value, kind) for value, kind in zip(row, kinds, strict=True)]
     return JobSpec(*values)
 
@@ -400,9 +407,12 @@ def encode_state_pieces(state: State, registry: Registry) -> Iterator[memoryview
 
     Jobs are stored in submission order, `_CHUNK_JOBS` to a chunk, column by
     column: a chunk is `[values, column, ...]` with one column per slot in
-    `JOB_FIELDS` order. The columns in `_SHARED_COLUMNS` (names, statuses,
-    backoffs, timestamps) hold indexes into the chunk's `values`, each
-    distinct value once in order of first use. Columns let both sides do
+    `JOB_FIELDS` order, except that the last, `kind` (cluster version 8),
+    is left out of a chunk none of whose jobs has one: a state without
+    kinds keeps the bytes and digest of the release before. The columns in
+    `_SHARED_COLUMNS` (names, statuses, backoffs, timestamps, and kinds when
+    present) hold indexes into the chunk's `values`, each distinct value once
+    in order of first use. Columns let both sides do
     their per-job work in C loops (`map`), and the shared values come back as
     shared objects rather than millions of equal ones.
 
@@ -451,6 +461,8 @@ def _taken(packer: msgpack.Packer) -> Iterator[memoryview]:
 
 
 _CHUNK_JOBS: Final = 4096
+# A chunk's arrays: its values and a column per slot, kind's left out or not.
+_CHUNK_ARRAYS: Final = (len(JOB_FIELDS), len(JOB_FIELDS) + 1)
 _SHARED_COLUMNS: Final = tuple(
     JOB_FIELDS.index(name)
     for name in (
@@ -458,6 +470,7 @@ _SHARED_COLUMNS: Final = tuple(
         "created_at_ms", "updated_at_ms", "run_at_ms", "next_run_at_ms",
     )
 )  # fmt: skip
+_SHARED_WITH_KIND: Final = (*_SHARED_COLUMNS, JOB_FIELDS.index("kind"))
 _COLUMN_OF: Final = tuple(attrgetter(name) for name in JOB_FIELDS)
 _ID, _QUEUE, _TENANT, _STATUS, _PRIORITY, _SEQ = (
     JOB_FIELDS.index(name) for name in ("id", "queue", "tenant", "status", "priority", "seq")
@@ -468,15 +481,24 @@ _LEASE, _ATTEMPTS, _HISTORY, _EFFECTS = (
 _DEADLINE, _IDEMPOTENCY_KEY, _ORDERING_KEY = (
     JOB_FIELDS.index(name) for name in ("deadline_at_ms", "idempotency_key", "ordering_key")
 )
+_KIND: Final = JOB_FIELDS.index("kind")
+assert len(JOB_FIELDS) - 1 == _KIND, "kind is the optional last column"
+_ENCODED_BEFORE_KINDS: Final = len(JOB_FIELDS) - 1
+"""Slots of a job as the releases before cluster version 8 encode it."""
 
 
 def _job_columns(jobs: list[Job]) -> list[Any]:
     columns: list[Any] = [list(map(column_of, jobs)) for column_of in _COLUMN_OF]
+    shared = _SHARED_COLUMNS
+    if columns[_KIND].count(None) == len(jobs):
+        del columns[_KIND]  # no job has a kind: encoded as before version 8
+    else:
+        shared = _SHARED_WITH_KIND
     # Only str, int, None and int tuples occur in shared columns, so equal
     # values are also of the same type.
-    values = dict.fromkeys(chain.from_iterable(columns[i] for i in _SHARED_COLUMNS))
+    values = dict.fromkeys(chain.from_iterable(columns[i] for i in shared))
     position = dict(zip(values, count())).__getitem__
-    for i in _SHARED_COLUMNS:
+    for i in shared:
         columns[i] = list(map(position, columns[i]))
     return [list(values), *columns]
 
@@ -558,8 +580,8 @@ restart from a snapshot written before the upgrade."""
 def _decode_chunk(state: State, chunk: object, into: JobColumns) -> None:
     """One chunk of columns back into jobs (see `encode_state`), appended to
     `into` with the columns that rebuilding the indexes reads."""
-    if type(chunk) is not tuple or len(chunk) != len(JOB_FIELDS) + 1:
-        raise CodecError(f"a job chunk has {len(JOB_FIELDS) + 1} arrays")
+    if type(chunk) is not tuple or len(chunk) not in _CHUNK_ARRAYS:
+        raise CodecError(f"a job chunk has {' or '.join(map(str, _CHUNK_ARRAYS))} arrays")
     if not all(type(column) is tuple for column in chunk):
         raise CodecError("a job chunk holds arrays")
     size = len(chunk[1])
@@ -567,7 +589,11 @@ def _decode_chunk(state: State, chunk: object, into: JobColumns) -> None:
         raise CodecError("the columns of a job chunk differ in length")
     values = [_shared_value(state, value) for value in chunk[0]]
     columns: list[Any] = list(chunk[1:])
-    for i in _SHARED_COLUMNS:
+    shared = _SHARED_WITH_KIND
+    if len(columns) == _ENCODED_BEFORE_KINDS:
+        columns.append((None,) * size)  # no job of the chunk has a kind
+        shared = _SHARED_COLUMNS
+    for i in shared:
         column = columns[i]
         if not column:
             continue
@@ -606,15 +632,20 @@ def _decode_chunk(state: State, chunk: object, into: JobColumns) -> None:
         into.marked += compress(jobs, map(_any_set, *marks))
     if columns[_ORDERING_KEY].count(None) != size:
         into.ordered += compress(jobs, map(_is_set, columns[_ORDERING_KEY]))
+    if columns[_KIND].count(None) != size:
+        into.kinded += compress(jobs, map(_is_set, columns[_KIND]))
 
 
-_job_row_fields: Final = attrgetter(*JOB_FIELDS)
+_job_row_fields: Final = attrgetter(*JOB_FIELDS[:_ENCODED_BEFORE_KINDS])
+_job_row_fields_with_kind: Final = attrgetter(*JOB_FIELDS)
 
 
 def encode_job_row(job: Job) -> bytes:
     """One job as a row of the row encoding (`_decode_rows` reads it): the
-    form the time wheel packs future jobs in (`kernel.wheel`)."""
-    packed: bytes = msgpack.packb(_job_row_fields(job), default=_pack_record)
+    form the time wheel packs future jobs in (`kernel.wheel`). A job without
+    a kind is the row of the releases before version 8, one field shorter."""
+    fields = _job_row_fields(job) if job.kind is None else _job_row_fields_with_kind(job)
+    packed: bytes = msgpack.packb(fields, default=_pack_record)
     return packed
 
 
@@ -729,6 +760,9 @@ def _decode_sections(state: State, rows: object, sections: tuple[Section, ...]) 
         raise CodecError("state sections do not match this version")
 
 
+_ROW_FIELDS: Final = (_ENCODED_BEFORE_KINDS, len(JOB_FIELDS))
+
+
 def _decode_rows(state: State, next_row: Callable[[], Any], count: int) -> Iterator[Job]:
     """`_ROW_FORMAT` rows back into jobs."""
     names: dict[Any, Any] = state.interned
@@ -736,8 +770,8 @@ def _decode_rows(state: State, next_row: Callable[[], Any], count: int) -> Itera
     make_job = Job
     for _ in range(count):
         row = next_row()
-        if type(row) is not tuple or len(row) != 32:
-            raise CodecError("a job row has 32 fields")
+        if type(row) is not tuple or len(row) not in _ROW_FIELDS:
+            raise CodecError("a job row has 32 fields, or 33 with a kind")
         job = make_job(*row)
         # Names, statuses and backoffs are shared objects in a live state.
         queue = names.get(job.queue)
@@ -755,6 +789,8 @@ def _decode_rows(state: State, next_row: Callable[[], Any], count: int) -> Itera
             job.run_at_ms = created_at_ms
         if job.next_run_at_ms == created_at_ms:
             job.next_run_at_ms = created_at_ms
+        if job.kind is not None:
+            job.kind = intern(state, job.kind)
         # Records nested in the row are still plain tuples.
         if row[17] is not None:
             job.lease = JobLease(*row[17])

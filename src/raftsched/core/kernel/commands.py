@@ -72,6 +72,10 @@ class JobSpec:
     # the job's own). Encoded only when set, so older specs keep their bytes.
     on_unknown: str | None = None
     reconcile_queue: str | None = None
+    # Since cluster version 8: which handler a worker runs the job with
+    # (`worker.handler(kind)`); None: the worker's default handler. Encoded
+    # only when set, as the version-5 fields are.
+    kind: str | None = None
     # Since cluster version 8 (jobs.trace_book): the W3C trace context the
     # submission carried (its `traceparent` and `tracestate` headers), kept
     # beside the job and handed to every lease of it, so that a worker's

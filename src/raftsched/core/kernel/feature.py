@@ -106,6 +106,9 @@ class FieldKind:
     # That data (as msgpack decodes it: tuples) back into the value; raises
     # `codec.CodecError` on anything malformed.
     decode: Callable[[object], Any]
+    # Whether the value holds job specs (a schedule's template, a workflow's
+    # steps): a spec's newer fields raise its command's version.
+    holds_specs: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +201,7 @@ class Registry:
         "after_entry",
         "hooks",
         "nested",
+        "spec_holders",
     )
 
     def __init__(self, features: Sequence[Feature]) -> None:
@@ -260,6 +264,11 @@ class Registry:
                 )
             )
         }
+        # The kinds whose fields may hold job specs (`cluster_version.command_version`).
+        holding = {"specs", *(each.name for each in field_kinds if each.holds_specs)}
+        self.spec_holders: frozenset[type[Any]] = frozenset(
+            kind.type for kind in kinds if holding & set(kind.fields)
+        )
         custom = {each.name: (each.encode, each.decode) for each in field_kinds}
         self.codec = codec.CommandCodec([(k.type, k.tag, k.fields) for k in kinds], custom)
         # Encoding order: sorted by name (never import or feature order).

@@ -279,8 +279,11 @@ JOB_FIELDS: Final = (
     "fingerprint",
     "history",
     "effects",
+    "kind",
 )
-"""Every slot of Job, in constructor (and snapshot) order."""
+"""Every slot of Job, in constructor (and snapshot) order. `kind` (cluster
+version 8) is last: a snapshot chunk or a packed row whose jobs have none
+leaves it out, so states without kinds encode as before (`codec`)."""
 
 
 class Job:
@@ -296,6 +299,8 @@ class Job:
     `history` holds every transition after submission (the submission itself
     is derived from the job's fields); `effects` the ledger records this job
     wrote. Both stay None until first needed, to keep queued jobs small.
+    `kind` names the handler a worker runs it with (None: the default one);
+    it never changes.
     """
 
     __slots__ = JOB_FIELDS
@@ -334,6 +339,7 @@ class Job:
         fingerprint: bytes | None,
         history: list[HistoryRecord] | None,
         effects: list[StoredEffect] | None,
+        kind: str | None = None,
     ) -> None:
         self.id = id
         self.queue = queue
@@ -367,6 +373,7 @@ class Job:
         self.fingerprint = fingerprint
         self.history = history
         self.effects = effects
+        self.kind = kind
 
     def __lt__(self, other: Job) -> bool:
         # Heap entries end with the job; two entries compare their jobs only
@@ -388,11 +395,11 @@ class JobColumns:
     in cache misses. A snapshot decoder fills the columns as it builds the
     jobs; `from_jobs` reads them off the objects. `marked` are the jobs with
     a deadline, an idempotency key or effects; `ordered` those with an
-    ordering key."""
+    ordering key; `kinded` those with a kind."""
 
     __slots__ = (
         "jobs", "ids", "statuses", "queues", "tenants",
-        "priorities", "seqs", "marked", "ordered",
+        "priorities", "seqs", "marked", "ordered", "kinded",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -405,6 +412,7 @@ class JobColumns:
         self.seqs: list[int] = []
         self.marked: list[Job] = []
         self.ordered: list[Job] = []
+        self.kinded: list[Job] = []
 
     @classmethod
     def from_jobs(cls, jobs: list[Job]) -> JobColumns:
@@ -418,6 +426,7 @@ class JobColumns:
             if job.deadline_at_ms is not None or job.idempotency_key is not None or job.effects
         ]
         columns.ordered = [job for job in jobs if job.ordering_key is not None]
+        columns.kinded = [job for job in jobs if job.kind is not None]
         return columns
 
 

@@ -7,10 +7,17 @@ buckets, circuits, fair-share cursors) live in the `flow` section.
 Structure
 ---------
 - `queues[queue]` is a `Lanes`: one heap per tenant, `(-priority, seq, job)`,
-  holding the queue's *claimable* pending jobs of that tenant, an exact count
-  of them per tenant, the sorted `ring` of tenants whose count is positive
-  (the fair-share rotation walks it), and `high`, a heap of the claimable jobs
-  with priority above 0 across tenants (the reserved high-priority share).
+  holding the queue's *claimable* pending jobs of that tenant that have no
+  kind, an exact count of them per tenant, the sorted `ring` of tenants whose
+  count is positive (the fair-share rotation walks it), and `high`, a heap of
+  the claimable jobs with priority above 0 across tenants (the reserved
+  high-priority share).
+- `kinds[queue][kind]` is the `Lanes` of the queue's claimable jobs of that
+  kind (cluster version 8). A claim takes from the lanes of the kinds it
+  names (`lanes_left`), or from all of the queue's (`lanes_of`); its choice over
+  several lanes is the one it would make were their jobs in one lane
+  (`flow_claim`), so how jobs are split into lanes never changes an outcome.
+  A lane exists only while it holds a claimable job.
 - `tenants[tenant]` is `[queued, leased]`: jobs scheduled, pending or waiting
   to retry, and jobs claimed or running (the tenant's concurrency).
 - `keys[(tenant, ordering_key)]` is a deque of the key's jobs that still hold
@@ -32,6 +39,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Collection, Iterator, Mapping
 from itertools import compress
 from operator import neg
 from typing import Final
@@ -48,6 +56,7 @@ from raftsched.core.kernel.model import (
     count_pairs,
     uniform,
 )
+from raftsched.core.kernel.validate import OTHER_KINDS
 
 RunnableEntry = tuple[int, int, Job]
 OrderingKey = tuple[str, str]
@@ -80,13 +89,101 @@ class Lanes:
 
 
 class RunnableIndex:
-    __slots__ = ("queues", "tenants", "keys", "blocked")
+    __slots__ = ("queues", "kinds", "tenants", "keys", "blocked")
 
     def __init__(self) -> None:
         self.queues: dict[str, Lanes] = {}
+        self.kinds: dict[str, dict[str, Lanes]] = {}
         self.tenants: dict[str, list[int]] = {}
         self.keys: dict[OrderingKey, deque[Job]] = {}
         self.blocked: dict[OrderingKey, Job] = {}
+
+
+def lanes_of(index: RunnableIndex, queue: str) -> list[Lanes]:
+    """Every lane of `queue`: what a claim without kinds takes from."""
+    plain = index.queues.get(queue)
+    found = [] if plain is None else [plain]
+    by_kind = index.kinds.get(queue)
+    if by_kind is not None:
+        found += by_kind.values()
+    return found
+
+
+def lane_of(index: RunnableIndex, queue: str, kind: str | None) -> Lanes | None:
+    """The lane of `queue`'s jobs of `kind` (None: without a kind), if any."""
+    if kind is None:
+        return index.queues.get(queue)
+    by_kind = index.kinds.get(queue)
+    return None if by_kind is None else by_kind.get(kind)
+
+
+def lanes_left(index: RunnableIndex, queue: str, quotas: Mapping[str | None, int]) -> list[Lanes]:
+    """The lanes of the kinds a claim of kinds may still take from (`quotas`:
+    how many more of each; "*" for every kind it does not name)."""
+    found = []
+    for kind, left in quotas.items():
+        if left > 0 and kind != OTHER_KINDS:
+            lanes = lane_of(index, queue, kind)
+            if lanes is not None:
+                found.append(lanes)
+    by_kind = index.kinds.get(queue)
+    if quotas.get(OTHER_KINDS, 0) > 0:
+        plain = index.queues.get(queue)
+        if plain is not None and None not in quotas:
+            found.append(plain)
+        if by_kind is not None:
+            found += (lanes for kind, lanes in by_kind.items() if kind not in quotas)
+    return found
+
+
+def claim_key(quotas: Collection[str | None], kind: str | None) -> str | None:
+    """Which of a claim's kinds a job of `kind` counts against."""
+    return kind if kind in quotas else OTHER_KINDS
+
+
+def all_lanes(index: RunnableIndex) -> Iterator[tuple[str, Lanes]]:
+    """Every lane with its queue's name."""
+    yield from index.queues.items()
+    for queue, by_kind in index.kinds.items():
+        for lanes in by_kind.values():
+            yield queue, lanes
+
+
+def has_lanes(index: RunnableIndex, queue: str) -> bool:
+    """Whether the queue has a claimable job (of any kind)."""
+    return queue in index.queues or queue in index.kinds
+
+
+def claimable_count(index: RunnableIndex, queue: str) -> int:
+    return sum(lanes.claimable() for lanes in lanes_of(index, queue))
+
+
+def _lanes_for(index: RunnableIndex, job: Job) -> Lanes:
+    """The lane of a claimable job, made if missing."""
+    kind = job.kind
+    if kind is None:
+        lanes = index.queues.get(job.queue)
+        if lanes is None:
+            lanes = index.queues[job.queue] = Lanes()
+        return lanes
+    by_kind = index.kinds.get(job.queue)
+    if by_kind is None:
+        by_kind = index.kinds[job.queue] = {}
+    lanes = by_kind.get(kind)
+    if lanes is None:
+        lanes = by_kind[kind] = Lanes()
+    return lanes
+
+
+def _drop_lanes(index: RunnableIndex, job: Job) -> None:
+    """The job's lane holds nothing claimable any more."""
+    if job.kind is None:
+        del index.queues[job.queue]
+        return
+    by_kind = index.kinds[job.queue]
+    del by_kind[job.kind]
+    if not by_kind:
+        del index.kinds[job.queue]
 
 
 def is_head(index: RunnableIndex, job: Job) -> bool:
@@ -108,9 +205,7 @@ def push(index: RunnableIndex, job: Job) -> None:
 
 
 def _into_lane(index: RunnableIndex, job: Job) -> None:
-    lanes = index.queues.get(job.queue)
-    if lanes is None:
-        lanes = index.queues[job.queue] = Lanes()
+    lanes = _lanes_for(index, job)
     tenant = job.tenant
     entry = (-job.priority, job.seq, job)
     heap = lanes.heaps.get(tenant)
@@ -127,7 +222,7 @@ def _into_lane(index: RunnableIndex, job: Job) -> None:
 
 
 def _out_of_lane(index: RunnableIndex, job: Job) -> None:
-    lanes = index.queues[job.queue]
+    lanes = index.queues[job.queue] if job.kind is None else index.kinds[job.queue][job.kind]
     tenant = job.tenant
     count = lanes.counts[tenant] - 1
     if count:
@@ -138,7 +233,7 @@ def _out_of_lane(index: RunnableIndex, job: Job) -> None:
     ring = lanes.ring
     del ring[bisect_left(ring, tenant)]
     if not ring:
-        del index.queues[job.queue]
+        _drop_lanes(index, job)
 
 
 def add_new(index: RunnableIndex, job: Job) -> None:
@@ -246,9 +341,7 @@ def rebuild(index: RunnableIndex, pending: list[Job]) -> None:
     for job in pending:
         if job.ordering_key is not None and not is_head(index, job):
             continue
-        lanes = index.queues.get(job.queue)
-        if lanes is None:
-            lanes = index.queues[job.queue] = Lanes()
+        lanes = _lanes_for(index, job)
         entry = (-job.priority, job.seq, job)
         heap = lanes.heaps.get(job.tenant)
         if heap is None:
@@ -258,7 +351,7 @@ def rebuild(index: RunnableIndex, pending: list[Job]) -> None:
         if job.priority > HIGH_PRIORITY_ABOVE:
             lanes.high.append(entry)
         lanes.counts[job.tenant] = lanes.counts.get(job.tenant, 0) + 1
-    for lanes in index.queues.values():
+    for _, lanes in all_lanes(index):
         lanes.ring = sorted(lanes.counts)
         heapq.heapify(lanes.high)
         for heap in lanes.heaps.values():
@@ -309,6 +402,14 @@ def rebuild_from_jobs(columns: JobColumns) -> RunnableIndex:
         seqs = list(compress(seqs, mask))
     entries = list(zip(map(neg, priorities), seqs, claimable, strict=True))
     groups: dict[tuple[str, str], list[RunnableEntry]] = {}
+    kinded: list[RunnableEntry] = []
+    if columns.kinded:  # jobs of a kind go to their kind's lanes (below)
+        plain = [entry[2].kind is None for entry in entries]
+        kinded = [entry for entry, no_kind in zip(entries, plain, strict=True) if not no_kind]
+        if kinded:
+            entries = list(compress(entries, plain))
+            queues_of = list(compress(queues_of, plain))
+            tenants_of = list(compress(tenants_of, plain))
     if entries and uniform(queues_of) and uniform(tenants_of):
         groups[queues_of[0], tenants_of[0]] = entries
     else:
@@ -321,11 +422,16 @@ def rebuild_from_jobs(columns: JobColumns) -> RunnableIndex:
             lanes = queues[queue] = Lanes()
         lanes.heaps[tenant] = heap
         lanes.counts[tenant] = len(heap)
+    for entry in kinded:
+        job = entry[2]
+        lanes = _lanes_for(index, job)
+        lanes.heaps.setdefault(job.tenant, []).append(entry)
+        lanes.counts[job.tenant] = lanes.counts.get(job.tenant, 0) + 1
     if max(columns.priorities, default=0) > HIGH_PRIORITY_ABOVE:
-        for entry in entries:
+        for entry in (*entries, *kinded):
             if entry[0] < -HIGH_PRIORITY_ABOVE:
-                queues[entry[2].queue].high.append(entry)
-    for lanes in queues.values():
+                _lanes_for(index, entry[2]).high.append(entry)
+    for _, lanes in all_lanes(index):
         lanes.ring = sorted(lanes.counts)
         heapq.heapify(lanes.high)
         for heap in lanes.heaps.values():
@@ -334,13 +440,12 @@ def rebuild_from_jobs(columns: JobColumns) -> RunnableIndex:
 
 
 def oldest_runnable_ms(index: RunnableIndex, queue: str) -> int | None:
-    """When the longest-waiting job next in line of any tenant became runnable."""
-    lanes = index.queues.get(queue)
-    if lanes is None:
-        return None
+    """When the longest-waiting job next in line of any tenant (and kind)
+    became runnable."""
     oldest: int | None = None
-    for tenant in lanes.ring:
-        runnable_ms = lanes.top(tenant).next_run_at_ms
-        if runnable_ms is not None and (oldest is None or runnable_ms < oldest):
-            oldest = runnable_ms
+    for lanes in lanes_of(index, queue):
+        for tenant in lanes.ring:
+            runnable_ms = lanes.top(tenant).next_run_at_ms
+            if runnable_ms is not None and (oldest is None or runnable_ms < oldest):
+                oldest = runnable_ms
     return oldest

@@ -33,6 +33,13 @@ TOKEN_MAX: Final = 2**63 - 1
 U32_MAX: Final = 2**32 - 1
 U64_MAX: Final = 2**64 - 1
 FAILURE_KINDS: Final = frozenset({"transient", "permanent", "unknown", "cancelled"})
+KIND_CHARS_MAX: Final = 128
+KIND_PATTERN: Final = re.compile(rf"[A-Za-z0-9_.:-]{{1,{KIND_CHARS_MAX}}}")
+"""A job kind: 1 to 128 ASCII letters, digits and `_ . : -` (api.md)."""
+CLAIM_KINDS_MAX: Final = 100
+OTHER_KINDS: Final = "*"
+"""In a claim's kinds: every job of the queues that no other entry names
+(jobs without a kind too, unless None is named). Never a kind itself."""
 
 
 def invalid(field: str, message: str) -> Rejected:
@@ -128,8 +135,15 @@ def check_spec(spec: object) -> Rejected | None:
         or check_labels(spec.labels)
         or check_on_unknown(spec.on_unknown, optional=True)
         or check_optional_name(spec.reconcile_queue, "reconcile_queue")
+        or (None if spec.kind is None else check_kind(spec.kind))
         or check_trace_context(spec.traceparent, spec.tracestate)
     )
+
+
+def check_kind(value: object, field: str = "kind") -> Rejected | None:
+    if type(value) is str and KIND_PATTERN.fullmatch(value) is not None:
+        return None
+    return invalid(field, f"{field} must be 1 to {KIND_CHARS_MAX} of A-Z a-z 0-9 _ . : -")
 
 
 TRACEPARENT_CHARS: Final = 55

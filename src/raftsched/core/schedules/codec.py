@@ -31,4 +31,4 @@ def decode_schedule(row: object) -> ScheduleSpec:
     return ScheduleSpec(*values)
 
 
-SCHEDULE_FIELD: Final = FieldKind("schedule", schedule_row, decode_schedule)
+SCHEDULE_FIELD: Final = FieldKind("schedule", schedule_row, decode_schedule, holds_specs=True)

@@ -37,4 +37,4 @@ def _decode_step(row: object) -> StepSpec:
     )
 
 
-STEPS_FIELD: Final = FieldKind("steps", _step_rows, _decode_steps)
+STEPS_FIELD: Final = FieldKind("steps", _step_rows, _decode_steps, holds_specs=True)
