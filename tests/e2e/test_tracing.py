@@ -237,6 +237,11 @@ def test_the_lease_carries_the_normalized_trace_context_of_the_submission(
             )  # fmt: skip
             assert status == 201, body  # served; the context is not kept
         leases = client.claim("w-probe", ["leased"], max_jobs=10, wait_s=0)
+        jobs = [client.get_job(lease["job_id"]) for lease in leases]
+    # The Job object shows what its leases carry.
+    assert [(job["traceparent"], job["tracestate"]) for job in jobs] == [
+        (lease["traceparent"], lease["tracestate"]) for lease in leases
+    ]
     assert [(lease["payload"], lease["traceparent"], lease["tracestate"]) for lease in leases] == [
         (1, TRACEPARENT, "rojo=1,congo=2"),
         (2, TRACEPARENT, "rojo=1,congo=2"),
@@ -275,6 +280,7 @@ def test_below_cluster_version_8_a_traced_submission_is_kept_without_its_context
             job_id = _submit_traced(cluster.nodes[leader].http_url, "v7")
             (lease,) = client.claim("w-probe", ["v7"], max_jobs=5, wait_s=0)
             assert lease["job_id"] == job_id and lease["traceparent"] is None
+            assert client.get_job(job_id)["traceparent"] is None
 
             # The last member runs today's code: from version 8 on it is kept.
             cluster.kill(old, signal.SIGTERM)
@@ -287,6 +293,7 @@ def test_below_cluster_version_8_a_traced_submission_is_kept_without_its_context
             job_id = _submit_traced(cluster.nodes[leader].http_url, "v8")
             (lease,) = client.claim("w-probe", ["v8"], max_jobs=5, wait_s=0)
             assert (lease["job_id"], lease["traceparent"]) == (job_id, TRACEPARENT)
+            assert client.get_job(job_id)["traceparent"] == TRACEPARENT
             cluster.wait_converged(timeout_s=60)
     finally:
         cluster.stop()
