@@ -108,6 +108,10 @@ class NodeConfig:
     # answered 429 rate_limited (api/auth.py).
     auth_failures_per_minute: int = AUTH_FAILURES_PER_MINUTE
     extra: dict[str, str] = field(default_factory=dict)
+    # Where to export spans over OTLP/HTTP, the collector's base URL (spans
+    # go to its /v1/traces); None: as the OTEL_* environment says, which by
+    # default is nowhere (raftsched.tracing).
+    otlp_endpoint: str | None = None
     # TLS (docs/security.md): the node's certificate chain and key (PEM). With
     # them it serves HTTPS, and presents the certificate to peers that ask.
     tls_cert_file: Path | None = None
@@ -166,6 +170,10 @@ class NodeConfig:
             raise ConfigError("leader_fallback_timeout_s must be between 0.2 and 60")
         if not 0.2 <= self.election_timeout_min_s < self.election_timeout_max_s <= 30:
             raise ConfigError("election timeouts must satisfy 0.2 <= min < max <= 30 seconds")
+        if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(
+            ("http://", "https://")
+        ):
+            raise ConfigError(f"otlp_endpoint must be an http(s) URL, got {self.otlp_endpoint!r}")
         self.webhook_policy()
         if self.proposal_queue_commands_max < 1 or self.proposal_queue_bytes_max < 1:
             raise ConfigError("proposal queue bounds must be at least 1")

@@ -21,8 +21,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from raftsched import tls
-from raftsched.config import NodeConfig
+from raftsched import tls, tracing
+from raftsched.config import ConfigError, NodeConfig
 from raftsched.logs import configure_logging
 from raftsched.node import gc_tuning
 from raftsched.node.service import Node
@@ -66,8 +66,17 @@ def run_node(config: NodeConfig) -> None:
     server_ssl = tls.server_context(config)
     tls.peer_context(config)  # its files load, or the node does not start
     configure_logging(config.log_format, node_id=config.node_id)
+    try:
+        tracing.configure(
+            "raftsched-node", otlp_endpoint=config.otlp_endpoint, instance_id=config.node_id
+        )
+    except tracing.TracingConfigError as error:
+        raise ConfigError(str(error)) from None
     prepare_data_dir(config.data_dir)
-    asyncio.run(_serve(config, server_ssl))
+    try:
+        asyncio.run(_serve(config, server_ssl))
+    finally:
+        tracing.shutdown()  # the spans still buffered go out
 
 
 def prepare_data_dir(data_dir: Path) -> None:
@@ -102,6 +111,7 @@ def assemble(config: NodeConfig, loop: asyncio.AbstractEventLoop) -> tuple[Node,
         max_body_bytes=config.max_body_bytes,
         webhook_targets=policy,
         auth_failures_per_minute=config.auth_failures_per_minute,
+        traced=tracing.enabled(),
     )
 
 

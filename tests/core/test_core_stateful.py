@@ -8,7 +8,7 @@ outcome. After every step the real state must agree with it and pass
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -20,6 +20,7 @@ from raftsched.core import (
     decode_state,
     encode_state,
     get_job,
+    job_trace,
     new_state,
     next_due_ms,
 )
@@ -62,6 +63,12 @@ from raftsched.core.kernel.results import (
 )
 
 BACKOFF_MS = 100
+# Trace contexts a submission may carry (cluster version 8): kept beside the
+# job, no part of its idempotency key's request.
+TRACEPARENTS = (
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+)
 QUEUED = {"scheduled", "pending", "retry_wait"}
 LEASED = {"claimed", "running"}
 FINAL = {"succeeded", "dead_letter", "cancelled"}
@@ -93,6 +100,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.epoch = 1
         self.jobs: dict[str, ModelJob] = {}
         self.keys: dict[str, tuple[str, JobSpec]] = {}
+        self.traces: dict[str, tuple[str, None] | None] = {}  # job -> its trace context
         self.effects: dict[str, tuple[str, int]] = {}  # key -> (job, token) that wrote it
         self.last_token = 0
         self.grants: list[tuple[str, int]] = []
@@ -141,28 +149,34 @@ class CoreMachine(RuleBasedStateMachine):
         key=st.sampled_from([None, None, "a", "b"]),
         payload=st.sampled_from([b"\x01", b"\x02"]),
         lease_ms=st.sampled_from([200, 1_000]),
+        traceparent=st.sampled_from([None, None, *TRACEPARENTS]),
     )
     def submit(
         self, priority: int, delay_ms: int | None, max_attempts: int, key: str | None,
         payload: bytes, lease_ms: int, kind: str | None = None,
+        traceparent: str | None = None,
     ) -> None:  # fmt: skip
         spec = JobSpec(
             "q", payload=payload, priority=priority, delay_ms=delay_ms, max_attempts=max_attempts,
             backoff=Backoff(BACKOFF_MS, BACKOFF_MS, 0), lease_ms=lease_ms, idempotency_key=key,
             kind=kind,
         )  # fmt: skip
+        traced = replace(spec, traceparent=traceparent)  # not part of the request's identity
         job_id = f"job_{self.state.next_seq}_{len(self.submissions)}"
-        command = SubmitJobs((spec,), (job_id,))
+        command = SubmitJobs((traced,), (job_id,))
         self.submissions.append(command)
         (item,) = self._items(self.apply(command))
         if key is not None and key in self.keys:
             original, original_spec = self.keys[key]
             if original_spec == spec:
                 assert (item.job_id, item.created) == (original, False)  # type: ignore[union-attr]
+                assert job_trace(self.state, original) == self.traces[original]
             else:
                 assert isinstance(item, Rejected) and item.code == "idempotency_conflict"
             return
         assert not isinstance(item, Rejected) and item.created
+        self.traces[job_id] = None if traceparent is None else (traceparent, None)
+        assert job_trace(self.state, job_id) == self.traces[job_id]
         waiting = bool(delay_ms)
         self.jobs[job_id] = ModelJob(
             len(self.jobs), priority, max_attempts, "scheduled" if waiting else "pending",
@@ -421,9 +435,12 @@ class WheelMachine(CoreMachine):
         delay_ms=st.sampled_from([4_000, 6_500, 20_000]),
         key=st.sampled_from([None, "a", "c"]),
         payload=st.sampled_from([b"\x01", b"\x02"]),
+        traceparent=st.sampled_from([None, TRACEPARENTS[0]]),
     )
-    def submit_far(self, delay_ms: int, key: str | None, payload: bytes) -> None:
-        self.submit(0, delay_ms, 2, key, payload, 1_000)
+    def submit_far(
+        self, delay_ms: int, key: str | None, payload: bytes, traceparent: str | None
+    ) -> None:
+        self.submit(0, delay_ms, 2, key, payload, 1_000, traceparent=traceparent)
 
     @rule(step_ms=st.integers(1_000, 8_000))
     def much_time_passes(self, step_ms: int) -> None:

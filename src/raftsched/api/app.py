@@ -43,6 +43,7 @@ from raftsched.api import (
 from raftsched.api.auth import LIMITER, FailureLimiter, authorize
 from raftsched.api.errors import ApiError, from_proposal_error
 from raftsched.api.requests import NODE, Handler, node_of
+from raftsched.api.server_spans import server_span_middleware
 from raftsched.limits import AUTH_FAILURES_PER_MINUTE
 from raftsched.logs import REQUEST_ID
 from raftsched.node.lease_ops import PROPOSAL_ERRORS
@@ -191,13 +192,16 @@ def create_app(
     max_body_bytes: int,
     webhook_targets: TargetPolicy | None = None,
     auth_failures_per_minute: int = AUTH_FAILURES_PER_MINUTE,
+    traced: bool = False,
 ) -> web.Application:
     # The one middleware renders the ApiErrors (401, 403, 429, 503) that
-    # the checks before a handler raise, and times them.
-    app = web.Application(
-        middlewares=[request_middleware],
-        client_max_size=max_body_bytes,
-    )
+    # the checks before a handler raise, and times them. With `traced`
+    # (tracing.enabled()), a server span goes around it (api.server_spans);
+    # without, a request costs nothing for tracing.
+    middlewares = [request_middleware]
+    if traced:
+        middlewares.insert(0, server_span_middleware)
+    app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
     app[NODE] = node
     app[LIMITER] = FailureLimiter(failures_max=auth_failures_per_minute)
     app[events.WEBHOOK_TARGETS] = webhook_targets or TargetPolicy()

@@ -23,6 +23,7 @@ from raftsched.api.requests import (
     propose_audited,
     read_json,
 )
+from raftsched.api.trace_headers import with_trace_context
 from raftsched.api.validation import (
     BATCH_JOBS_MAX,
     KIND_RULE,
@@ -66,6 +67,7 @@ def _job_json(request: web.Request, job_id: str) -> dict[str, Any]:
 
 
 async def _submit(request: web.Request, specs: list[JobSpec], size_bytes: int) -> Submitted:
+    specs = with_trace_context(request, specs)  # the traceparent header (cluster version 8)
     job_ids = node_of(request).new_ids("job", len(specs))
     result = await propose(request, SubmitJobs(tuple(specs), job_ids), Submitted, size_bytes)
     _count_queue_full(request, specs, result.items)

@@ -220,9 +220,13 @@ def _granted(node: NodeView, leases: Sequence[Lease]) -> list[dict[str, Any]]:
     node.metrics.leases_granted.inc(len(leases))
     if not leases:
         return []
-    with node.reading() as state:  # the kinds: a leased job is live, never packed
-        kinds = [getattr(state.jobs.get(grant.job_id), "kind", None) for grant in leases]
-    return [render.lease(grant, kind) for grant, kind in zip(leases, kinds, strict=True)]
+    with node.reading() as state:  # a leased job is live, never packed
+        jobs = [state.jobs.get(grant.job_id) for grant in leases]
+        traces = [core.job_trace(state, grant.job_id) for grant in leases]  # cluster version 8
+    return [
+        render.lease(grant, getattr(job, "kind", None), trace=trace)
+        for grant, job, trace in zip(leases, jobs, traces, strict=True)
+    ]
 
 
 def _next_answer(node: NodeView, outcome: ClaimOutcome) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from typing import Any
 
 from raftsched.api.validation import unpack_json
 from raftsched.core.jobs.reconcile_book import book_of, on_unknown, reconcile_queue
+from raftsched.core.jobs.trace_book import trace_of
 from raftsched.core.kernel.results import Effect, Lease, ReconcileTarget
 from raftsched.core.kernel.state import State
 from raftsched.timefmt import format_ms
@@ -28,11 +29,21 @@ def _error(error: Any) -> dict[str, Any] | None:
 
 def job(record: Any, state: State | None = None) -> dict[str, Any]:
     """A Job object; with the state, also how an unknown outcome of it is
-    handled and its open reconciliation (`reconcile`)."""
+    handled and its open reconciliation (`reconcile`), and the trace
+    context it was submitted with (`trace_context`)."""
     body = _job(record)
     if state is not None:
         body.update(reconcile(state, record))
+        body.update(trace_context(trace_of(state, record.id)))
     return body
+
+
+def trace_context(trace: tuple[str, str | None] | None) -> dict[str, str | None]:
+    """`traceparent` and `tracestate` of a Job or a Lease: the W3C trace
+    context its submission carried (cluster version 8), or nulls."""
+    if trace is None:
+        return {"traceparent": None, "tracestate": None}
+    return {"traceparent": trace[0], "tracestate": trace[1]}
 
 
 def reconcile(state: State, record: Any) -> dict[str, Any]:
@@ -129,9 +140,12 @@ def history_event(record: Any) -> dict[str, Any]:
     }
 
 
-def lease(grant: Lease, kind: str | None = None) -> dict[str, Any]:
-    """A Lease object; `kind` is its job's (the core's grant does not carry
-    it: a job's kind never changes, so the caller reads it off the job)."""
+def lease(
+    grant: Lease, kind: str | None = None, *, trace: tuple[str, str | None] | None = None
+) -> dict[str, Any]:
+    """A Lease object; `kind` is its job's, `trace` its job's trace context
+    (the core's grant carries neither: a job's never change, so the caller
+    reads them off the state, `core.job_trace`)."""
     return {
         "job_id": grant.job_id,
         "attempt": grant.attempt,
@@ -148,6 +162,7 @@ def lease(grant: Lease, kind: str | None = None) -> dict[str, Any]:
         "step": grant.step,
         "kind": kind,
         "inputs": unpack_json(grant.inputs) if grant.inputs is not None else {},
+        **trace_context(trace),
         **({} if grant.reconcile is None else {"reconcile": reconcile_target(grant.reconcile)}),
     }
 

@@ -22,6 +22,7 @@ TOML keys mirror the flags (relative paths are relative to the file):
     # proposal_queue_bytes_max, auth_failures_per_minute, and an [extra] table
     # TLS (docs/security.md): tls_cert, tls_key, tls_client_ca, tls_ca
     # (paths), insecure_http = true to serve plain HTTP off loopback
+    # tracing (docs/observability.md): otlp_endpoint = "http://collector:4318"
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ _FILE_KEYS = {
     "leader_fallback_timeout_s", "election_timeout_min_s", "election_timeout_max_s",
     "proposal_queue_commands_max", "proposal_queue_bytes_max", "admin_token_file",
     "tls_cert", "tls_key", "tls_client_ca", "tls_ca", "insecure_http",
-    "auth_failures_per_minute",
+    "auth_failures_per_minute", "otlp_endpoint",
 }  # fmt: skip
 _PATH_KEYS = (
     "data_dir",
@@ -145,6 +146,12 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         "--auth-failures-per-minute", type=int,
         help="failed authentications one address may make in a minute before it is "
         "answered 429 rate_limited (default 10)",
+    )  # fmt: skip
+    node.add_argument(
+        "--otlp-endpoint", metavar="URL",
+        help="export spans over OTLP/HTTP to this collector (its base URL, e.g. "
+        "http://127.0.0.1:4318; spans go to /v1/traces). Default: as the OTEL_* "
+        "environment says, else off (docs/observability.md)",
     )  # fmt: skip
     tls = node.add_argument_group("TLS (docs/security.md)")
     tls.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate chain (PEM)")
@@ -264,6 +271,7 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         "tls_ca": args.tls_ca,
         "insecure_http": args.insecure_http,
         "auth_failures_per_minute": args.auth_failures_per_minute,
+        "otlp_endpoint": args.otlp_endpoint,
     }
     settings.update({key: value for key, value in flags.items() if value is not None})
     return _to_config(settings)
@@ -338,6 +346,7 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
         tls_client_ca_file=_optional_path(settings.get("tls_client_ca")),
         tls_ca_file=_optional_path(settings.get("tls_ca")),
         insecure_http=_flag(settings.get("insecure_http", False), "insecure_http"),
+        otlp_endpoint=str(settings["otlp_endpoint"]) if settings.get("otlp_endpoint") else None,
     )
 
 

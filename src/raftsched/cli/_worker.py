@@ -11,6 +11,7 @@ import logging
 import sys
 from typing import Any, cast
 
+from raftsched import tracing
 from raftsched.cli._common import EXIT_USAGE, tls_options, token_from, urls_from
 from raftsched.logs import configure_logging
 from raftsched.worker import (
@@ -75,6 +76,13 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
     )
     worker.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING"])
     worker.add_argument("--log-format", default="auto", choices=["auto", "json", "text"])
+    worker.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="export spans (each attempt, each ctx.effect) over OTLP/HTTP to this collector "
+        "(its base URL; spans go to /v1/traces). Default: as the OTEL_* environment says, "
+        "else off (docs/observability.md)",
+    )
     worker.set_defaults(run=run_worker_command)
 
 
@@ -105,7 +113,17 @@ def run_worker_command(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
     configure_logging(args.log_format, level=logging.getLevelName(args.log_level))
-    return run_worker(config, handlers, reconcilers)
+    try:
+        tracing.configure(
+            "raftsched-worker", otlp_endpoint=args.otlp_endpoint, instance_id=config.worker_id
+        )
+    except tracing.TracingConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return run_worker(config, handlers, reconcilers)
+    finally:
+        tracing.shutdown()  # the spans still buffered go out
 
 
 def _handlers(specs: list[str]) -> dict[str | None, Handler]:

@@ -36,6 +36,7 @@ from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote, urlencode
 
 import orjson
+from opentelemetry import propagate
 
 from raftsched import timefmt
 from raftsched.client._errors import TransportError
@@ -122,6 +123,11 @@ def request_headers(call: Call[Any], request_id: str, token: str | None) -> dict
         headers["Content-Type"] = "application/json"
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    # The caller's trace context (W3C `traceparent`, `tracestate`, by the
+    # global propagator), when a span is current: a submission's jobs keep
+    # it, and the node's spans join the caller's trace. Nothing without one
+    # (about a microsecond).
+    propagate.inject(headers)
     return headers
 
 

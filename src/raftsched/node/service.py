@@ -41,6 +41,7 @@ from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion
 from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.core.membership.commands import Member
 from raftsched.identity import EXIT_FOREIGN_DATA, NodeIdentity, open_identity, write_identity
+from raftsched.node import commit_spans
 from raftsched.node import identity as node_identity
 from raftsched.node import metrics as families
 from raftsched.node.auth import (
@@ -430,6 +431,11 @@ class Node:
         if not self.is_leader:
             raise NotLeader()
         self._check_allowed((command,))
+        span = commit_spans.start((command,), self.proposer.term)  # None unless traced
+        if span is not None:
+            return await commit_spans.traced(
+                span, self.proposer.propose(command, size_bytes, bounded=bounded)
+            )
         return await self.proposer.propose(command, size_bytes, bounded=bounded)
 
     def submit_all(
@@ -440,7 +446,11 @@ class Node:
         if not self.is_leader:
             raise NotLeader()
         self._check_allowed(commands)
-        return self.proposer.submit_all(commands, size_bytes)
+        futures = self.proposer.submit_all(commands, size_bytes)
+        span = commit_spans.start(commands, self.proposer.term)  # None unless traced
+        if span is not None:
+            commit_spans.end_when_done(span, futures)
+        return futures
 
     def refused_for_version(self, command: Command) -> UpgradeRequired | None:
         """Why `command` may not be proposed yet (the gate), or None."""

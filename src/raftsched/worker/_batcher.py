@@ -23,6 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from contextvars import Context
 from typing import Any, Protocol
 
 from raftsched.client import (
@@ -104,7 +105,10 @@ class LeaseBatcher:
         if len(self._waiting) >= self._max_ops:
             self._flush()
         elif self._timer is None:
-            self._timer = loop.call_later(self._linger_s, self._flush)
+            # In a context of its own: a batch carries many jobs' operations,
+            # and would otherwise run (and send its request) in the trace of
+            # whichever attempt's op started it.
+            self._timer = loop.call_later(self._linger_s, self._flush, context=Context())
         return await future
 
     def _flush(self) -> None:
@@ -113,7 +117,7 @@ class LeaseBatcher:
             self._timer = None
         batch, self._waiting = self._waiting, []
         if batch:
-            task = asyncio.get_running_loop().create_task(self._send(batch))
+            task = asyncio.get_running_loop().create_task(self._send(batch), context=Context())
             self._in_flight[task] = batch
             task.add_done_callback(self._landed)
 

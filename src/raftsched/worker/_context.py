@@ -23,6 +23,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from raftsched.client import AsyncClient, NotFound
 from raftsched.limits import BODY_BYTES_MAX, JSON_DEPTH_MAX
+from raftsched.tracing import EFFECT_REPLAYED
+from raftsched.worker._spans import effect_span
 
 T = TypeVar("T")
 
@@ -84,6 +86,10 @@ class Lease:
     # The job's kind: which of the worker's handlers runs it (None: the
     # default one). A node of 0.7.0 or earlier does not send it.
     kind: str | None = None
+    # The W3C trace context the job was submitted with (cluster version 8),
+    # the parent of the attempt's span (`worker._spans`).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
     @staticmethod
     def from_json(data: Mapping[str, Any], default_lease_s: float) -> Lease:
@@ -104,7 +110,13 @@ class Lease:
             inputs=data.get("inputs") or {},
             reconcile=data.get("reconcile"),
             kind=data.get("kind"),
+            traceparent=_text_or_none(data.get("traceparent")),
+            tracestate=_text_or_none(data.get("tracestate")),
         )
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def log_fields(lease: Lease) -> dict[str, Any]:
@@ -325,19 +337,23 @@ class JobContext:
         (JSON) result fenced by this lease, and return what the ledger holds
         (the first writer's result if another attempt got there first). Pass
         `key` to the downstream API as its idempotency key too. For sync handlers."""
-        found, recorded = self._on_loop(self._lookup(key))
-        if found:
-            return recorded
-        self.check_cancelled()
-        return self._on_loop(self._record(key, fn()))
+        with effect_span(self.lease, key) as span:
+            found, recorded = self._on_loop(self._lookup(key))
+            span.set_attribute(EFFECT_REPLAYED, found)
+            if found:
+                return recorded
+            self.check_cancelled()
+            return self._on_loop(self._record(key, fn()))
 
     async def aeffect(self, key: str, fn: Callable[[], Awaitable[T]]) -> T | Any:
         """`effect` for async handlers: `await ctx.aeffect(key, lambda: charge(...))`."""
-        found, recorded = await self._lookup(key)
-        if found:
-            return recorded
-        self.check_cancelled()
-        return await self._record(key, await fn())
+        with effect_span(self.lease, key) as span:
+            found, recorded = await self._lookup(key)
+            span.set_attribute(EFFECT_REPLAYED, found)
+            if found:
+                return recorded
+            self.check_cancelled()
+            return await self._record(key, await fn())
 
     def _on_loop(self, coroutine: Coroutine[Any, Any, T]) -> T:
         if threading.get_ident() == self._loop_thread_id:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import threading
@@ -30,7 +31,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN, Span
+
 from raftsched.client import ApiError, FailureKind, JsonObject, LeaseLost, RaftschedError
+from raftsched.worker import _spans
 from raftsched.worker._batcher import LeaseOps
 from raftsched.worker._context import (
     CancelReason,
@@ -117,7 +122,26 @@ class JobRun:
             self._abandoned.set_result(None)
 
     async def run(self) -> None:
+        """Start, run and report the attempt, inside its span (a child of
+        the submission's trace context, `worker._spans`): the handler's
+        task, or thread, runs with that span current."""
+        span = _spans.start_attempt(self.ctx.lease, self.ctx.worker_id)
+        if span is INVALID_SPAN:  # no tracer provider, no trace context: nothing to carry
+            await self._run(span)
+            return
+        # Not the exception's message (it may quote a payload): its type.
+        with trace.use_span(
+            span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+        ):
+            try:
+                await self._run(span)
+            except BaseException as error:
+                _spans.attempt_ended(span, "interrupted", type(error).__name__)
+                raise
+
+    async def _run(self, span: Span) -> None:
         if not await self._start():
+            _spans.attempt_ended(span, "not started")
             return
         log.info("job running", extra=self._fields)
         started_at = self._clock()
@@ -139,7 +163,9 @@ class JobRun:
         else:
             outcome = Raised(JobCancelled("shutdown"))
         self.outcome = outcome
-        await self._report(outcome, self._clock() - started_at)
+        ended = await self._report(outcome, self._clock() - started_at)
+        error = outcome.error if isinstance(outcome, Raised) else None
+        _spans.attempt_ended(span, ended, None if error is None else type(error).__name__)
 
     async def _start(self) -> bool:
         op = self._op("start")
@@ -229,25 +255,28 @@ class JobRun:
         self.deadline = sent_at + self._lease_s - safety_margin_s(self._lease_s)
         return answer
 
-    async def _report(self, outcome: Outcome, elapsed_s: float) -> None:
+    async def _report(self, outcome: Outcome, elapsed_s: float) -> str:
+        """Report the outcome; how the attempt ended, for its span."""
         reason = self.ctx.cancel_reason
         if reason == "lease_lost" or _is_lease_lost(outcome):
             log.warning("job lease lost; outcome not reported", extra=self._fields)
-            return
+            return "lease lost"
         op = self._outcome_op(outcome, reason)
         try:
             await self._batcher.op(op)
         except LeaseLost:
             log.warning("job report rejected: lease lost", extra={**self._fields, "op": op["op"]})
-            return
+            return "lease lost"
         except RaftschedError as error:
             log.error("job report failed", extra={**self._fields, "error": _describe(error)})
-            return
+            return "report failed"
         fields = {**self._fields, "elapsed_s": round(elapsed_s, 3)}
         if op["op"] == "complete":
             log.info("job succeeded", extra=fields)
-        else:
-            log.info("job failed", extra={**fields, "kind": op["error"]["kind"]})
+            return "succeeded"
+        kind = op["error"]["kind"]
+        log.info("job failed", extra={**fields, "kind": kind})
+        return f"failed: {kind}"
 
     def _outcome_op(self, outcome: Outcome, reason: CancelReason | None) -> JsonObject:
         if isinstance(outcome, Returned):
@@ -325,6 +354,9 @@ async def _in_thread(handler: Callable[[JobContext], Any], ctx: JobContext) -> O
     cancellation must not keep the process from exiting at shutdown."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Outcome] = loop.create_future()
+    # The thread runs in a copy of this task's context: the attempt's span
+    # is current there, so the handler's spans (ctx.effect's) are its children.
+    context = contextvars.copy_context()
 
     def settle(outcome: Outcome) -> None:
         if not future.done():
@@ -333,7 +365,7 @@ async def _in_thread(handler: Callable[[JobContext], Any], ctx: JobContext) -> O
     def target() -> None:
         outcome: Outcome
         try:
-            outcome = Returned(handler(ctx))
+            outcome = Returned(context.run(handler, ctx))
         except BaseException as error:  # noqa: BLE001 - handed to the loop
             outcome = Raised(error)
         # RuntimeError: the loop is closed, the worker has exited without us.

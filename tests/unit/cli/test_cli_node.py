@@ -41,6 +41,7 @@ def test_flags_build_the_config(tmp_path: Path, captured: list[NodeConfig]) -> N
         "--peer", "n2=10.0.0.2:9701@http://10.0.0.2:8701", "--durability", "none",
         "--proposal-queue-commands-max", "40", "--proposal-queue-bytes-max", "4096",
         "--insecure-http", "--auth-failures-per-minute", "25",
+        "--otlp-endpoint", "http://collector:4318",
     ])  # fmt: skip
     assert code == 0
     [config] = captured
@@ -51,13 +52,14 @@ def test_flags_build_the_config(tmp_path: Path, captured: list[NodeConfig]) -> N
     assert config.durability == "none"
     assert (config.proposal_queue_commands_max, config.proposal_queue_bytes_max) == (40, 4096)
     assert config.auth_failures_per_minute == 25
+    assert config.otlp_endpoint == "http://collector:4318"
 
 
 def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) -> None:
     secret_file(tmp_path)
     (tmp_path / "n1.toml").write_text(
         'id = "n1"\ndata_dir = "data/n1"\nhttp = "127.0.0.1:8701"\nraft = "127.0.0.1:9701"\n'
-        'secret_file = "secret"\nmax_body_bytes = 2048\n'
+        'secret_file = "secret"\nmax_body_bytes = 2048\notlp_endpoint = "https://c:4318"\n'
         'peers = ["n2=127.0.0.1:9702@http://127.0.0.1:8702",'
         ' {id = "n3", raft = "127.0.0.1:9703", http_url = "http://127.0.0.1:8703"}]\n'
     )
@@ -69,6 +71,7 @@ def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) 
     assert config.proposal_queue_commands_max == PROPOSAL_QUEUE_COMMANDS_MAX
     assert config.proposal_queue_bytes_max == PROPOSAL_QUEUE_BYTES_MAX
     assert config.auth_failures_per_minute == AUTH_FAILURES_PER_MINUTE
+    assert config.otlp_endpoint == "https://c:4318"
 
 
 @pytest.mark.parametrize(
@@ -118,6 +121,11 @@ def test_toml_with_flags_overriding(tmp_path: Path, captured: list[NodeConfig]) 
             "auth_failures_per_minute = 0\n",
             ["--id", "n1", "--data-dir", "d", "--http", "127.0.0.1:1", "--raft", "h:1"],
             "auth_failures_per_minute must be at least 1",
+        ),
+        (
+            'otlp_endpoint = "collector:4318"\n',
+            ["--id", "n1", "--data-dir", "d", "--http", "127.0.0.1:1", "--raft", "h:1"],
+            "otlp_endpoint must be an http(s) URL",
         ),
     ],
 )

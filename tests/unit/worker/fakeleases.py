@@ -36,6 +36,9 @@ class FakeJob:
     reconcile_queue: str | None = None
     decision: dict[str, Any] | None = None
     kind: str | None = None
+    # The W3C trace context it was submitted with (its leases carry it).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class FakeLeases:
@@ -53,6 +56,9 @@ class FakeLeases:
         self.next_delay_s = 0.0  # how long a batch with a next claim takes
         self.refuse_kinds = False  # answer claims of kinds as a cluster below version 8
         self.claim_bodies: list[dict[str, Any]] = []  # every claim's, next claims' too
+        # The `traceparent` header of each lease batch and effect request (None: none).
+        self.batch_traceparents: list[str | None] = []
+        self.effect_traceparents: list[str | None] = []
         self._tokens = itertools.count(1000)
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -153,6 +159,7 @@ class FakeLeases:
             "payload": job.payload, "idempotency_key": f"key-{job.id}", "ordering_key": None,
             "correlation_id": None, "workflow_id": None, "step": None, "inputs": {},
             "kind": job.kind,
+            "traceparent": job.traceparent, "tracestate": job.tracestate,
         }  # fmt: skip
 
     async def _batch(self, request: web.Request) -> web.Response:
@@ -163,6 +170,7 @@ class FakeLeases:
                      "details": {"field": "next"}}  # fmt: skip
             return web.json_response({"error": error}, status=400)
         self.batches.append(ops)
+        self.batch_traceparents.append(request.headers.get("traceparent"))
         if self.stall_heartbeats and any(op["op"] == "heartbeat" for op in ops):
             await asyncio.sleep(3600)
         answer: dict[str, Any] = {"results": [self._apply(op) for op in ops]}
@@ -205,6 +213,7 @@ class FakeLeases:
 
     async def _record_effect(self, request: web.Request) -> web.Response:
         body = await request.json()
+        self.effect_traceparents.append(request.headers.get("traceparent"))
         if self.lose_lease_on_effect:
             self.lose_lease(body["job_id"])
         if body["fencing_token"] != self.jobs[body["job_id"]].token:

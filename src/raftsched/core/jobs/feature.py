@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from raftsched.core.jobs import audit, flow, reconcile, reconcile_book, reconcile_log, tick
+from raftsched.core.jobs import (
+    audit,
+    flow,
+    reconcile,
+    reconcile_book,
+    reconcile_log,
+    tick,
+    trace_book,
+)
 from raftsched.core.jobs.commands import (
     CancelJob,
     ClaimJobs,
@@ -109,13 +117,14 @@ def _check(state: State) -> list[str]:
         flow.check_flow(state)
         + reconcile_book.check(state)
         + reconcile_log.check(state)
+        + trace_book.check(state)
         + wheel.check(state)
     )
 
 
 FEATURE: Final = Feature(
     name="jobs",
-    sections=(flow.SECTION, reconcile_book.SECTION, wheel.SECTION),
+    sections=(flow.SECTION, reconcile_book.SECTION, trace_book.SECTION, wheel.SECTION),
     commands=(
         CommandKind(SubmitJobs, 1, ("specs", "strs"), apply_submit),
         CommandKind(ClaimJobs, 2, ("str", "strs", "int", "int?"), apply_claim),

@@ -10,6 +10,7 @@ from operator import attrgetter
 from typing import NamedTuple
 
 from raftsched.core.jobs.operator_commands import public_effect
+from raftsched.core.jobs.trace_book import TraceContext, trace_of
 from raftsched.core.kernel import runnable_index, wheel
 from raftsched.core.kernel.model import INITIAL_STATUSES, SCHEDULED, SUBMIT, Job
 from raftsched.core.kernel.results import Effect
@@ -224,6 +225,12 @@ def job_effects(state: State, job_id: str) -> list[Effect] | None:
     if job is None:
         return None
     return [public_effect(job, effect) for effect in job.effects or ()]
+
+
+def job_trace(state: State, job_id: str) -> TraceContext | None:
+    """The W3C (traceparent, tracestate) the job was submitted with, if its
+    submission carried one (cluster version 8, `trace_book`)."""
+    return trace_of(state, job_id)
 
 
 def job_history(state: State, job_id: str) -> list[HistoryEvent] | None:

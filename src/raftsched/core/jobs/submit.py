@@ -7,7 +7,7 @@ from hashlib import blake2b
 
 import msgpack
 
-from raftsched.core.jobs import flow
+from raftsched.core.jobs import flow, trace_book
 from raftsched.core.jobs.commands import SubmitJobs
 from raftsched.core.jobs.reconcile_book import remember_policy
 from raftsched.core.kernel import wheel
@@ -51,7 +51,11 @@ def submit_jobs(
 
 
 def spec_fingerprint(spec: JobSpec) -> bytes:
-    """16 bytes that are equal exactly when two specs encode equally."""
+    """16 bytes that are equal exactly when two specs encode equally, but
+    for their trace context: a repeat of a request is the same request from
+    whichever span it is sent (a client's retry, a redelivered message)."""
+    if spec.traceparent is not None or spec.tracestate is not None:
+        spec = replace(spec, traceparent=None, tracestate=None)
     return blake2b(msgpack.packb(spec_row(spec)), digest_size=16).digest()
 
 
@@ -125,7 +129,8 @@ def _create(
     version: int = 0,
 ) -> Job:
     """Create a job; from cluster `version` 7 on (0: never) a plain
-    far-future one is packed into the time wheel instead (`kernel.wheel`)."""
+    far-future one is packed into the time wheel instead (`kernel.wheel`).
+    Its trace context, if any, is kept beside it either way (`trace_book`)."""
     now_ms = state.now_ms
     if spec.run_at_ms is not None:
         run_at_ms = spec.run_at_ms
@@ -171,6 +176,7 @@ def _create(
         None,
         None if spec.kind is None else intern(state, spec.kind),
     )
+    trace_book.remember(state, job_id, spec, savepoint)
     if (
         version
         and spec.on_unknown is None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable
 
-from raftsched.core.jobs import reconcile
+from raftsched.core.jobs import reconcile, trace_book
 from raftsched.core.jobs.lifecycle import (
     SYSTEM_ACTOR,
     end_attempt,
@@ -200,6 +200,7 @@ def _purge_finished(state: State, budget: int, savepoint: Savepoint) -> int:
         savepoint.purged.append(job)
         remove_job(state, job)
         forget_job(state, job.id, savepoint)
+        trace_book.forget(state, job.id, savepoint)
         done += 1
     return done
 

@@ -65,7 +65,7 @@ def command_version(command: Command, registry: Registry) -> int:
             if type(inner) in registry.spec_holders:
                 holders.append(inner)
     for holder in holders:
-        if version >= SPEC_KIND_VERSION:
+        if version >= SPEC_FIELDS_VERSION_MAX:
             break  # no spec field is newer
         version = max(version, _specs_version(holder))
     return version
@@ -86,15 +86,32 @@ def newest_kind(command: Command, registry: Registry) -> str:
 
 def newest_spec_field(command: Command, registry: Registry) -> str | None:
     """`kind` when a job spec's kind gives `command` its version (for the
-    gate's answer, which otherwise names only `SubmitJobs`), else None."""
+    gate's answer, which otherwise names only `SubmitJobs`), `traceparent`
+    when a spec's trace context does, else None."""
     versions = registry.command_versions
-    holders = [command, *registry.inner_commands(command)]
-    kind_version = max(versions.get(type(each), 1) for each in holders)
-    spec = max(
-        (_specs_version(each) for each in holders if type(each) in registry.spec_holders),
-        default=CLUSTER_VERSION_DEFAULT,
-    )
-    return "kind" if spec == SPEC_KIND_VERSION > kind_version else None
+    commands = [command, *registry.inner_commands(command)]
+    kind_version = max(versions.get(type(each), 1) for each in commands)
+    holders = [each for each in commands if type(each) in registry.spec_holders]
+    spec = max(map(_specs_version, holders), default=CLUSTER_VERSION_DEFAULT)
+    if not spec > kind_version:
+        return None
+    if spec == SPEC_KIND_VERSION and any(_sets_kind(each) for each in holders):
+        return "kind"
+    return "traceparent" if spec == SPEC_TRACE_VERSION else None
+
+
+def _sets_kind(value: object, depth: int = 0) -> bool:
+    """Whether a job spec anywhere in `value` has a kind (the gate's
+    answer only, when a command was refused)."""
+    if isinstance(value, JobSpec):
+        return value.kind is not None
+    if depth > 4:
+        return False
+    if isinstance(value, tuple):
+        return any(_sets_kind(item, depth + 1) for item in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return any(_sets_kind(getattr(value, field.name), depth + 1) for field in fields(value))
+    return False
 
 
 SPEC_RECONCILE_VERSION: Final = 5
@@ -102,10 +119,17 @@ SPEC_RECONCILE_VERSION: Final = 5
 SPEC_KIND_VERSION: Final = 8
 """The version that added `JobSpec.kind` (and `ClaimJobsOfKinds`, the claim
 of the kinds a worker has handlers for)."""
+SPEC_TRACE_VERSION: Final = 8
+"""The version that added `JobSpec.traceparent` and `tracestate` (the
+W3C trace context of a submission, `jobs.trace_book`)."""
+SPEC_FIELDS_VERSION_MAX: Final = max(SPEC_KIND_VERSION, SPEC_TRACE_VERSION)
+"""The newest version that added a job spec field."""
 
 
 def spec_version(spec: JobSpec) -> int:
     """The version that added the newest field `spec` sets (1: none)."""
+    if spec.traceparent is not None or spec.tracestate is not None:
+        return SPEC_TRACE_VERSION
     if spec.kind is not None:
         return SPEC_KIND_VERSION
     if spec.on_unknown is not None or spec.reconcile_queue is not None:
@@ -130,7 +154,7 @@ def _specs_version(value: object, depth: int = 0) -> int:
         return version
     for item in items:
         version = max(version, _specs_version(item, depth + 1))
-        if version >= SPEC_KIND_VERSION:
+        if version >= SPEC_FIELDS_VERSION_MAX:
             break  # the newest there is
     return version
 

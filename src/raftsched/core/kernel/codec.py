@@ -72,6 +72,7 @@ _SPEC_KINDS: Final = (
 )  # fmt: skip
 _SPEC_KINDS_V5: Final = (*_SPEC_KINDS, "str?", "str?")  # on_unknown, reconcile_queue
 _SPEC_KINDS_V8: Final = (*_SPEC_KINDS_V5, "str?")  # kind
+_SPEC_KINDS_V8_TRACE: Final = (*_SPEC_KINDS_V8, "str?", "str?")  # traceparent, tracestate
 
 Encode = Callable[[Any], Any]
 Decode = Callable[[object], Any]
@@ -189,8 +190,10 @@ def _decoder(kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Decode:
 
 def spec_row(spec: JobSpec) -> list[Any]:
     """A spec as plain data: 14 fields, 16 when it sets the reconcile fields
-    that version 5 added, 17 when it sets the `kind` that version 8 added
-    (so a spec without them encodes, and fingerprints, as before)."""
+    that version 5 added, 17 when it sets the `kind` that version 8 added,
+    19 when it sets the trace context that version 8 added (the fields
+    before it then as they are, None or not), so that a spec without them
+    encodes, and fingerprints, as before."""
     backoff = spec.backoff
     row = [
         spec.queue,
@@ -208,7 +211,10 @@ def spec_row(spec: JobSpec) -> list[Any]:
         spec.correlation_id,
         [list(pair) for pair in spec.labels],
     ]
-    if spec.kind is not None:
+    if spec.traceparent is not None or spec.tracestate is not None:
+        row += [spec.on_unknown, spec.reconcile_queue, spec.kind]  # since versions 5 and 8
+        row += [spec.traceparent, spec.tracestate]  # since version 8
+    elif spec.kind is not None:
         row += [spec.on_unknown, spec.reconcile_queue, spec.kind]  # since version 8
     elif spec.on_unknown is not None or spec.reconcile_queue is not None:
         row += [spec.on_unknown, spec.reconcile_queue]  # since version 5
@@ -334,13 +340,14 @@ def decode_spec(row: object) -> JobSpec:
 
 
 _SPEC_KINDS_BY_LENGTH: Final = {
-    len(kinds): kinds for kinds in (_SPEC_KINDS, _SPEC_KINDS_V5, _SPEC_KINDS_V8)
+    len(kinds): kinds
+    for kinds in (_SPEC_KINDS, _SPEC_KINDS_V5, _SPEC_KINDS_V8, _SPEC_KINDS_V8_TRACE)
 }
 
 
 def _decode_spec(row: object) -> JobSpec:
     if type(row) is not tuple or (kinds := _SPEC_KINDS_BY_LENGTH.get(len(row))) is None:
-        raise CodecError("a job spec has 14, 16 or 17 fields")
+        raise CodecError("a job spec has 14, 16, 17 or 19 fields")
     values = [decode_field(value, kind) for value, kind in zip(row, kinds, strict=True)]
     return JobSpec(*values)
 

@@ -76,6 +76,14 @@ class JobSpec:
     # (`worker.handler(kind)`); None: the worker's default handler. Encoded
     # only when set, as the version-5 fields are.
     kind: str | None = None
+    # Since cluster version 8 (jobs.trace_book): the W3C trace context the
+    # submission carried (its `traceparent` and `tracestate` headers), kept
+    # beside the job and handed to every lease of it, so that a worker's
+    # attempt joins the submitter's trace. Not part of the request's
+    # identity: an idempotent repeat from another span is the same request
+    # (`submit.spec_fingerprint` leaves them out). Encoded only when set.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,6 +136,7 @@ def check_spec(spec: object) -> Rejected | None:
         or check_on_unknown(spec.on_unknown, optional=True)
         or check_optional_name(spec.reconcile_queue, "reconcile_queue")
         or (None if spec.kind is None else check_kind(spec.kind))
+        or check_trace_context(spec.traceparent, spec.tracestate)
     )
 
 
@@ -143,6 +144,38 @@ def check_kind(value: object, field: str = "kind") -> Rejected | None:
     if type(value) is str and KIND_PATTERN.fullmatch(value) is not None:
         return None
     return invalid(field, f"{field} must be 1 to {KIND_CHARS_MAX} of A-Z a-z 0-9 _ . : -")
+
+
+TRACEPARENT_CHARS: Final = 55
+TRACESTATE_CHARS_MAX: Final = 256
+"""A stored trace context's bounds: a version-00 W3C `traceparent` is
+exactly 55 characters; a `tracestate` is kept to 256 (W3C allows 512)."""
+TRACEPARENT_PATTERN: Final = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+"""The one form a job stores (`api` normalizes what a request carries to it)."""
+_TRACESTATE_CHARS: Final = re.compile(r"[\x20-\x7e]+")
+
+
+def check_trace_context(traceparent: object, tracestate: object) -> Rejected | None:
+    """A job's trace context (cluster version 8): none, or a version-00
+    `traceparent` whose trace and parent ids are not all zeros, with an
+    optional `tracestate` of 1 to 256 printable ASCII characters. The API
+    checks a `tracestate` against the W3C grammar; the core only bounds it."""
+    if traceparent is None:
+        if tracestate is None:
+            return None
+        return invalid("tracestate", "a tracestate needs a traceparent")
+    match = TRACEPARENT_PATTERN.fullmatch(traceparent) if type(traceparent) is str else None
+    if match is None or not match[1].strip("0") or not match[2].strip("0"):
+        return invalid("traceparent", "traceparent must be a W3C version-00 traceparent")
+    if tracestate is not None and (
+        type(tracestate) is not str
+        or len(tracestate) > TRACESTATE_CHARS_MAX
+        or _TRACESTATE_CHARS.fullmatch(tracestate) is None
+    ):
+        return invalid(
+            "tracestate", f"tracestate must be 1 to {TRACESTATE_CHARS_MAX} printable ASCII chars"
+        )
+    return None
 
 
 ON_UNKNOWN_POLICIES: Final = ("retry", "reconcile")
