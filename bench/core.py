@@ -50,6 +50,8 @@ bench's ~200-byte payload, a tenant, a random 26-character id and a random
 packed, against the same jobs stored pending (live), each in a fresh
 interpreter: bytes_per_packed_job and bytes_per_pending_shaped_job (RSS
 growth / jobs), snapshot bytes per job and the encode time of each state.
+`--traced` gives every job what issue 20 added (cluster version 8): a kind
+(one of four) and a W3C traceparent with random ids, no tracestate.
 
     .venv/bin/python bench/core.py --lease-only [--lease-jobs 20000] [--batch 100]
 
@@ -241,15 +243,31 @@ def run_child(*arguments: str) -> dict[str, float | int]:
 FAR_DAYS = 30
 
 
-def shaped_spec(i: int, rng: random.Random, run_at_ms: int | None) -> JobSpec:
+KINDS = ("charge", "refund", "payout", "settle")
+
+
+def shaped_spec(
+    i: int, rng: random.Random, run_at_ms: int | None, *, traced: bool = False
+) -> JobSpec:
     """A job as the issue shapes them: bench payload, a tenant and a random
-    30-character idempotency key."""
+    30-character idempotency key; `traced` adds what issue 20 stores (a kind
+    of four, and a W3C traceparent with random trace and span ids)."""
+    if not traced:
+        return JobSpec(
+            "bulk",
+            tenant=f"tenant_{i % 10}",
+            payload=payload(i),
+            run_at_ms=run_at_ms,
+            idempotency_key=f"{rng.getrandbits(150):038x}"[:30],
+        )
     return JobSpec(
         "bulk",
         tenant=f"tenant_{i % 10}",
         payload=payload(i),
         run_at_ms=run_at_ms,
         idempotency_key=f"{rng.getrandbits(150):038x}"[:30],
+        kind=KINDS[i % len(KINDS)],
+        traceparent=f"00-{rng.getrandbits(128):032x}-{rng.getrandbits(64):016x}-01",
     )
 
 
@@ -260,7 +278,7 @@ def far_child(args: argparse.Namespace) -> None:
     packed = args.far_child == "packed"
     rng = random.Random(19)
     state = new_state()
-    setup: tuple[Command, ...] = (TakeOver(), RaiseClusterVersion(7))
+    setup: tuple[Command, ...] = (TakeOver(), RaiseClusterVersion(8 if args.traced else 7))
     if args.bucket_ms is not None:
         setup += (ConfigureWheel(wheel.HORIZON_MS_DEFAULT, args.bucket_ms),)
     apply_entry(state, Entry(1, T0, setup))
@@ -272,7 +290,10 @@ def far_child(args: argparse.Namespace) -> None:
         n = min(BATCH, args.jobs - base)
         specs = tuple(
             shaped_spec(
-                i, rng, T0 + 3_600_000 + rng.randrange(FAR_DAYS * day_ms) if packed else None
+                i,
+                rng,
+                T0 + 3_600_000 + rng.randrange(FAR_DAYS * day_ms) if packed else None,
+                traced=args.traced,
             )
             for i in range(base, base + n)
         )
@@ -302,9 +323,14 @@ def far_child(args: argparse.Namespace) -> None:
 def far(args: argparse.Namespace) -> None:
     """`--far`: memory per packed future job beside a live pending one of
     the same shape, each in its own interpreter."""
-    figures: dict[str, float | int] = {"jobs": args.jobs, "far_days": FAR_DAYS}
+    figures: dict[str, float | int | bool] = {
+        "jobs": args.jobs,
+        "far_days": FAR_DAYS,
+        "traced": args.traced,
+    }
     for kind in ("packed", "pending"):
         more = [] if args.bucket_ms is None else ["--bucket-ms", str(args.bucket_ms)]
+        more += ["--traced"] if args.traced else []
         figures.update(run_child("--jobs", str(args.jobs), "--far-child", kind, *more))
     print(json.dumps(figures))
 
@@ -489,6 +515,11 @@ def main() -> None:
         "--far", action="store_true", help="memory per packed future job (the time wheel)"
     )
     parser.add_argument("--bucket-ms", type=int, help="--far: the wheel's bucket width")
+    parser.add_argument(
+        "--traced",
+        action="store_true",
+        help="--far: every job also has a kind and a traceparent (cluster version 8)",
+    )
     parser.add_argument("--far-child", choices=("packed", "pending"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.far_child is not None:
