@@ -39,6 +39,10 @@ class FakeJob:
     # The W3C trace context it was submitted with (its leases carry it).
     traceparent: str | None = None
     tracestate: str | None = None
+    # Where it came from: a workflow's step, or a schedule's occurrence.
+    workflow_id: str | None = None
+    step: str | None = None
+    schedule_id: str | None = None
 
 
 class FakeLeases:
@@ -157,8 +161,8 @@ class FakeLeases:
             "job_id": job.id, "attempt": job.attempt, "epoch": 1, "fencing_token": job.token,
             "expires_at": "2030-01-01T00:00:00.000Z", "lease_s": lease_s, "queue": "q",
             "payload": job.payload, "idempotency_key": f"key-{job.id}", "ordering_key": None,
-            "correlation_id": None, "workflow_id": None, "step": None, "inputs": {},
-            "kind": job.kind,
+            "correlation_id": None, "workflow_id": job.workflow_id, "step": job.step,
+            "schedule_id": job.schedule_id, "inputs": {}, "kind": job.kind,
             "traceparent": job.traceparent, "tracestate": job.tracestate,
         }  # fmt: skip
 
