@@ -40,7 +40,15 @@ from raftsched.api import (
     wheel,
     workflows,
 )
-from raftsched.api.auth import LIMITER, FailureLimiter, authorize
+from raftsched.api.auth import (
+    CATCH_UPS,
+    LIMITER,
+    CatchUpFirst,
+    CatchUps,
+    FailureLimiter,
+    authorize,
+    catch_up,
+)
 from raftsched.api.errors import ApiError, from_proposal_error
 from raftsched.api.requests import NODE, Handler, node_of
 from raftsched.api.server_spans import server_span_middleware
@@ -158,7 +166,11 @@ async def _answer(
             if preflight is not None:
                 return preflight
         if admit is not None:
-            admit(request)
+            try:
+                admit(request)
+            except CatchUpFirst:  # a token this replica may not have applied yet (api.auth)
+                await catch_up(request)
+                admit(request)
         return await handler(request)
     except ApiError as error:
         return error.response()
@@ -204,6 +216,7 @@ def create_app(
     app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
     app[NODE] = node
     app[LIMITER] = FailureLimiter(failures_max=auth_failures_per_minute)
+    app[CATCH_UPS] = CatchUps()
     app[events.WEBHOOK_TARGETS] = webhook_targets or TargetPolicy()
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)
