@@ -34,7 +34,6 @@ from raftsched.client._calls import (
 from raftsched.client._next_calls import NextClaim, NextLeases
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
 from raftsched.client._schedules import AsyncSchedulesMixin
-from raftsched.client._sync import DEFAULT_URLS
 from raftsched.client._tls import StrPath, client_ssl_context
 
 T = TypeVar("T")
@@ -45,7 +44,7 @@ class AsyncClient(AsyncSchedulesMixin):
 
     def __init__(
         self,
-        urls: Sequence[str] | str = DEFAULT_URLS,
+        urls: Sequence[str] | str | None = None,
         *,
         timeout_s: float = 10.0,
         connect_timeout_s: float = 2.0,

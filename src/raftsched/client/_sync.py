@@ -33,6 +33,9 @@ from raftsched.client._tls import StrPath, client_ssl_context
 
 T = TypeVar("T")
 
+# The three nodes of `raftsched dev`: what the CLI falls back to without
+# --url or $RAFTSCHED_URL. The clients and the worker do not: a program that
+# was not told where its cluster is says so rather than try localhost.
 DEFAULT_URLS = ("http://127.0.0.1:8701", "http://127.0.0.1:8702", "http://127.0.0.1:8703")
 
 
@@ -58,7 +61,10 @@ os.register_at_fork(after_in_child=_after_fork)
 class Client(SchedulesMixin):
     """Typed blocking client for the raftsched HTTP API.
 
-    `urls`: node base URLs (a list, or one comma-separated string). Calls
+    `urls`: node base URLs (a list, or one comma-separated string); None
+    (the default) takes `$RAFTSCHED_URL`, and with neither it raises
+    ValueError. `token`: the bearer secret; None (the default) takes
+    `$RAFTSCHED_TOKEN` if it is set, and "" sends none. Calls
     follow redirects to the leader, move to another node when one is down,
     wait out 503s, and repeat after an unknown outcome only when that is safe
     (see `raftsched.client._calls`). Each call gives up after `retry_budget_s`.
@@ -71,7 +77,7 @@ class Client(SchedulesMixin):
 
     def __init__(
         self,
-        urls: Sequence[str] | str = DEFAULT_URLS,
+        urls: Sequence[str] | str | None = None,
         *,
         timeout_s: float = 10.0,
         connect_timeout_s: float = 2.0,

@@ -55,6 +55,7 @@ from raftsched.client import (
     client_ssl_context,
     kinds_refused,
     next_claim,
+    resolve_urls,
 )
 from raftsched.worker._batcher import LeaseBatcher, LeaseOps
 from raftsched.worker._context import JobContext, Lease, log_fields
@@ -87,8 +88,9 @@ def default_worker_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    urls: Sequence[str] | str
-    queues: tuple[str, ...]
+    # Node URLs (a list, or one comma-separated string); None: $RAFTSCHED_URL.
+    urls: Sequence[str] | str | None = None
+    queues: tuple[str, ...] = ()
     concurrency: int = 4
     worker_id: str = field(default_factory=default_worker_id)
     lease_s: float = 30.0
@@ -98,6 +100,7 @@ class WorkerConfig:
     # After the grace period, how long cancelled handlers get to stop before
     # they are abandoned (their failure is reported without them).
     cancel_wait_s: float = 5.0
+    # The bearer secret; None: $RAFTSCHED_TOKEN if it is set; "": none.
     token: str | None = None
     timeout_s: float = 10.0
     # HTTPS: the CA bundle to trust, and a client certificate for mutual TLS.
@@ -127,6 +130,7 @@ class WorkerConfig:
         return min(self.poll_wait_s, self.lease_s * CLAIM_WAIT_LEASE_SHARE)
 
     def validate(self) -> None:
+        resolve_urls(self.urls)  # given, or in $RAFTSCHED_URL; URLs either way
         if not self.queues:
             raise ValueError("at least one queue is required")
         if self.concurrency < 1:
