@@ -25,6 +25,7 @@ from raftsched.client._calls import (
     JsonObject,
     ReconcileDecision,
     Response,
+    body_size_bytes,
     job_request,
     token_from_env,
 )
@@ -89,6 +90,7 @@ __all__ = [
     "TransportError",
     "Unauthenticated",
     "Unavailable",
+    "body_size_bytes",
     "client_ssl_context",
     "error_from_body",
     "item_error",

@@ -57,6 +57,7 @@ from raftsched.client import (
     next_claim,
     resolve_urls,
 )
+from raftsched.limits import BODY_BYTES_MAX
 from raftsched.worker._batcher import LeaseBatcher, LeaseOps
 from raftsched.worker._context import JobContext, Lease, log_fields
 from raftsched.worker._job import Handler, JobRun, fail_op
@@ -109,6 +110,10 @@ class WorkerConfig:
     client_key: str | None = None
     batch_linger_s: float = 0.005
     batch_max_ops: int = 100
+    # The nodes' limit on a request body (their `max_body_bytes`): lease
+    # batches are split to fit it. A node with a lower one says so in its
+    # 413, and the worker splits to fit that from then on.
+    max_body_bytes: int = BODY_BYTES_MAX
     # Reports of finished jobs also claim the next ones (see the module doc).
     next_claims: bool = True
     # At most this many jobs of a kind at once, on top of `concurrency`
@@ -139,6 +144,8 @@ class WorkerConfig:
             check_kind(kind)
             if type(limit) is not int or limit < 1:
                 raise ValueError(f"the concurrency of kind {kind!r} must be at least 1")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be at least 1024")
         if self.lease_s <= 0 or self.poll_wait_s < 0 or self.shutdown_grace_s < 0:
             raise ValueError("lease_s must be positive, poll_wait_s and grace non-negative")
         client_ssl_context(self.ca_file, self.client_cert, self.client_key)  # the files load
@@ -259,6 +266,7 @@ class Worker:
             linger_s=config.batch_linger_s,
             max_ops=config.batch_max_ops,
             next_claims=_Refill(self),
+            body_bytes_max=config.max_body_bytes,
         )
         self._session = (client, batcher)
         log.info(
