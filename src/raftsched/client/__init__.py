@@ -57,6 +57,7 @@ from raftsched.client._next_calls import (
     next_claim,
     next_refused,
 )
+from raftsched.client._read_calls import Effect, JobEffects, StatsSeries
 from raftsched.client._routing import resolve_urls, urls_from_env
 from raftsched.client._sync import DEFAULT_URLS, Client
 from raftsched.client._tls import client_ssl_context
@@ -70,12 +71,14 @@ __all__ = [
     "ClusterVersionTooLow",
     "Conflict",
     "Consistency",
+    "Effect",
     "FailureKind",
     "ReconcileDecision",
     "Forbidden",
     "IdempotencyConflict",
     "InvalidRequest",
     "InvalidState",
+    "JobEffects",
     "JsonObject",
     "LeaseLost",
     "NextClaim",
@@ -87,6 +90,7 @@ __all__ = [
     "RaftschedError",
     "RateLimited",
     "Response",
+    "StatsSeries",
     "TransportError",
     "Unauthenticated",
     "Unavailable",
