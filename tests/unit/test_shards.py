@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from raftsched.api.principal import ANONYMOUS, Principal, Role, decode_principal, encode_principal
 from raftsched.config import ConfigError, NodeConfig, Peer, config_from_json, config_to_json
 from raftsched.core.workflows.model import step_job_id
 from raftsched.node.draws import Draws
@@ -158,3 +159,14 @@ def test_one_shard_checks_nothing_new(tmp_path: Path) -> None:
 
 def test_the_shard_socket_lives_in_the_shard_data_directory(tmp_path: Path) -> None:
     assert socket_path(tmp_path, 2) == tmp_path / "shards" / "2" / "api.sock"
+
+
+def test_a_principal_goes_to_a_shard_process_and_back() -> None:
+    scoped = Principal("tok_1", "ci é", Role.WORKER, frozenset({"a", "b"}), frozenset({"q"}))
+    for principal in (scoped, ANONYMOUS):
+        text = encode_principal(principal)
+        assert text.isascii()
+        assert decode_principal(text) == principal
+    for bad in ("", "[]", '{"name": 1}', '{"name": "x", "role": "root"}', '{"name":"x"}'):
+        with pytest.raises(ValueError):
+            decode_principal(bad)

@@ -353,6 +353,15 @@ for _op in OP_FIELDS:
 @routes.post("/v1/leases/batch")
 async def lease_batch(request: web.Request) -> web.Response:
     body = require_object(await read_json(request))
+    return json_response(await lease_batch_answer(request, body, body_bytes(request)))
+
+
+async def lease_batch_answer(
+    request: web.Request, body: Mapping[str, Any], size_bytes: int
+) -> dict[str, Any]:
+    """The answer of a lease batch (raises a whole request's errors,
+    NotLeader included). A node of several shards calls it for group 0's
+    part of a batch whose jobs are in several shards."""
     reject_unknown(body, frozenset({"ops", "next"}))
     ops = body.get("ops")
     if not isinstance(ops, list) or not 1 <= len(ops) <= LEASE_BATCH_OPS_MAX:
@@ -384,7 +393,7 @@ async def lease_batch(request: web.Request) -> web.Response:
             slots.append((op, None))
         except ApiError as error:
             slots.append(("error", error))
-    outcome = await propose_lease_ops(node, commands, wanted, body_bytes(request))
+    outcome = await propose_lease_ops(node, commands, wanted, size_bytes)
     outcomes = iter(outcome.results)
     results = [
         error.body() if error is not None else _slot_answer(request, op, next(outcomes))
@@ -393,7 +402,7 @@ async def lease_batch(request: web.Request) -> web.Response:
     answer: dict[str, Any] = {"results": results}
     if outcome.claim is not None:
         answer["next"] = _next_answer(node, outcome.claim)
-    return json_response(answer)
+    return answer
 
 
 def _slot_answer(request: web.Request, op: str, outcome: OpOutcome) -> dict[str, Any]:

@@ -83,6 +83,7 @@ from raftsched.node.versions import (
 from raftsched.node.view import LeaderInfo
 from raftsched.raft import Halt, RaftNode, RaftStatus
 from raftsched.raft_journal import SNAPSHOT_NAME
+from raftsched.shards import SHARD_HEADER
 
 log = logging.getLogger("raftsched.node")
 
@@ -119,7 +120,7 @@ class Node:
         self.loop = loop
         self.metrics = NodeMetrics()
         self.clock = LeaderClock()
-        self.draws = Draws(self.clock.now_ms)  # every id and random number proposed
+        self.draws = Draws(self.clock.now_ms, config.shard)  # every id and random number proposed
         # The dashboard's charts (node.series): every replica counts what it applies.
         self.series = SeriesRing()
         self.replica = ReplicatedState(
@@ -201,6 +202,9 @@ class Node:
         # node's certificate for peers that require one (raftsched.tls).
         self._peer_ssl = tls.peer_context(config)
         self._peer_tls_warned_at: dict[str, float] = {}
+        # A shard process asks its peers' shard processes, through their
+        # nodes, which route the header to them (docs/shards.md).
+        self._peer_headers = {SHARD_HEADER: str(config.shard)} if config.shard else None
         self._skew_measured_at = 0.0
         self.peer_versions = PeerVersions({p.id: p.http_url for p in config.peers})
         # The cluster version this replica last read (it only goes up).
@@ -638,7 +642,7 @@ class Node:
         peer_ssl = True if self._peer_ssl is None else self._peer_ssl  # True: aiohttp's default
         try:
             async with self._http_session.get(
-                url.rstrip("/") + "/v1/time", ssl=peer_ssl
+                url.rstrip("/") + "/v1/time", ssl=peer_ssl, headers=self._peer_headers
             ) as response:
                 body = await response.json()
         except aiohttp.ClientSSLError as error:
