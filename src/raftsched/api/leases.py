@@ -434,8 +434,14 @@ async def record_effect(request: web.Request) -> web.Response:
 
 @routes.get("/v1/effects/{key}")
 async def get_effect(request: web.Request) -> web.Response:
+    body, headers = await effect_answer(request, request.match_info["key"])
+    return json_response(body, headers=headers)
+
+
+async def effect_answer(request: web.Request, key: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """`GET /v1/effects/{key}`'s answer and headers (raises 404, NotLeader).
+    A node of several shards asks each shard this (api.shard_routing)."""
     headers = await prepare_read(request)
-    key = request.match_info["key"]
     principal = principal_of(request)
     with node_of(request).reading() as state:
         effect = core.get_effect(state, key)
@@ -443,4 +449,4 @@ async def get_effect(request: web.Request) -> web.Response:
             effect = effect if scope.visible_effect(principal, state, key) else None
     if effect is None:
         raise ApiError("not_found", f"no effect {key}")
-    return json_response({"effect": render.effect(effect)}, headers=headers)
+    return {"effect": render.effect(effect)}, headers

@@ -405,7 +405,7 @@ class ShardRouter:
         specs = [
             (f"steps[{i}].{where}ordering_key", spec)
             for i, step in enumerate(fields["steps"])
-            for where, spec in (("", step.spec), ("compensation.", step.compensation))
+            for where, spec in (("", step.job), ("compensation.", step.compensation))
             if spec is not None and spec.ordering_key is not None
         ]
         if keyed is None and specs:
@@ -486,6 +486,37 @@ class ShardRouter:
             return await handler(request)  # its 400
         return await self._to(request, handler, self._named(job_id, "job"))
 
+    async def _get_effect(
+        self, request: web.Request, handler: Handler, named: int | None
+    ) -> web.StreamResponse:
+        """An effect is recorded in its job's shard, and its key names no
+        shard: every shard is asked (each as a read of its own says, so a
+        linearizable lookup sees every effect recorded before it), and the
+        first that holds the key answers, naming the others in `also_in`
+        (keys derived from a job's id are never in two)."""
+        if named is not None:
+            return await self._to(request, handler, named)
+        key = request.match_info["key"]
+        path = str(request.rel_url)
+
+        async def group0(size_bytes: int) -> dict[str, Any]:
+            return (await leases.effect_answer(request, key))[0]
+
+        answers = await asyncio.gather(
+            *(self._part(request, shard, path, None, group0) for shard in range(self.count))
+        )
+        found = [(shard, answer) for shard, (status, answer) in enumerate(answers) if status == 200]
+        if found:
+            body = dict(found[0][1])
+            if len(found) > 1:
+                body["also_in"] = [shard for shard, _ in found[1:]]
+            return json_response(body)
+        failed = [(status, answer) for status, answer in answers if status != 404]
+        if failed:  # a shard that could not say may hold it
+            status, answer = failed[0]
+            return json_response(answer, status=status, headers=_retry_after(status))
+        return json_response(answers[0][1], status=404)
+
     async def _lease_batch(
         self, request: web.Request, handler: Handler, named: int | None
     ) -> web.StreamResponse:
@@ -565,17 +596,19 @@ class ShardRouter:
         request: web.Request,
         shard: int,
         path: str,
-        document: Mapping[str, Any],
+        document: Mapping[str, Any] | None,
         in_group0: Callable[[int], Awaitable[dict[str, Any]]],
     ) -> tuple[int, dict[str, Any]]:
         """(status, JSON answer) of one shard's part: group 0 in this
         process, a shard process over its socket, and, where that shard is
-        led from another node, that node, asked by this one."""
-        data = json.dumps(document).encode()
+        led from another node, that node, asked by this one. A POST of
+        `document`, or a GET (`document` None) of `path` with its query."""
+        method = "GET" if document is None else "POST"
+        data = None if document is None else json.dumps(document).encode()
         location: str | None = None
         if shard == 0:
             try:
-                return 200, await in_group0(len(data))
+                return 200, await in_group0(0 if data is None else len(data))
             except NotLeader:
                 leader = self.node.leader()
                 if leader is None or leader.http_url is None or leader.id == self.node.node_id:
@@ -588,29 +621,40 @@ class ShardRouter:
                 return failed.status, failed.body()
         else:
             try:
-                status, headers, answer = await self._call(request, shard, "POST", path, data)
+                status, headers, answer = await self._call(request, shard, method, path, data)
             except ApiError as error:
                 return error.status, error.body()
             if status not in (307, 308):
                 return status, answer
             location = headers.get("Location")
-        return await self._sent_on(request, shard, location, data)
+        return await self._sent_on(request, shard, location, method, data)
 
     async def _sent_on(
-        self, request: web.Request, shard: int, location: str | None, data: bytes
+        self,
+        request: web.Request,
+        shard: int,
+        location: str | None,
+        method: str,
+        data: bytes | None,
     ) -> tuple[int, dict[str, Any]]:
         """A part sent to the node that leads its shard, as its client would
         have sent it there (its own credentials), with the shard named."""
         assert self._remote is not None
         headers = {name: request.headers[name] for name in _PART_HEADERS if name in request.headers}
         headers[SHARD_HEADER] = str(shard)
-        headers["Content-Type"] = "application/json"
+        if data is not None:
+            headers["Content-Type"] = "application/json"
         for _ in range(PART_REDIRECTS_MAX):
             if not location:
                 return 503, _no_leader(shard)
             try:
-                async with self._remote.post(
-                    location, data=data, headers=headers, allow_redirects=False, ssl=self._peer_ssl
+                async with self._remote.request(
+                    method,
+                    location,
+                    data=data,
+                    headers=headers,
+                    allow_redirects=False,
+                    ssl=self._peer_ssl,
                 ) as response:
                     if response.status in (307, 308):
                         location = response.headers.get("Location")
@@ -643,11 +687,12 @@ class ShardRouter:
         return headers
 
     async def _call(
-        self, request: web.Request, shard: int, method: str, path: str, data: bytes
+        self, request: web.Request, shard: int, method: str, path: str, data: bytes | None
     ) -> tuple[int, Mapping[str, str], dict[str, Any]]:
         """A whole JSON exchange with shard `shard`'s process."""
         headers = self._forward_headers(request)
-        headers["Content-Type"] = "application/json"
+        if data is not None:
+            headers["Content-Type"] = "application/json"
         session = self._sessions[shard]
         try:
             async with session.request(
@@ -818,6 +863,7 @@ _PLACEMENTS: Final[dict[tuple[str, str], _PlacementHandler]] = {
     ("POST", "/v1/schedules"): ShardRouter._create_schedule,
     ("POST", "/v1/schedules/batch"): ShardRouter._create_schedules,
     ("POST", "/v1/effects"): ShardRouter._record_effect,
+    ("GET", "/v1/effects/{key}"): ShardRouter._get_effect,
     ("POST", "/v1/leases/batch"): ShardRouter._lease_batch,
 }
 
