@@ -65,7 +65,9 @@ class ShardProcess:
 
     def _spawn(self) -> None:
         command = [sys.executable, "-m", "raftsched.shard_process"]
-        process = child_processes.popen(command, stdin=subprocess.PIPE)
+        # A session of its own: a terminal's Ctrl-C reaches the node only,
+        # which then stops its shard processes itself (and they die with it).
+        process = child_processes.popen(command, stdin=subprocess.PIPE, start_new_session=True)
         assert process.stdin is not None
         try:
             process.stdin.write(json.dumps(config_to_json(self.config)).encode())

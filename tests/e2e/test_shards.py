@@ -402,6 +402,17 @@ def test_cluster_and_readiness_name_every_shard(sharded: LocalCluster) -> None:
         assert wait_for(converged, 30)
 
 
+def test_membership_changes_are_refused_until_shards_have_them(sharded: LocalCluster) -> None:
+    url = sharded.urls[0]
+    body = {"id": "n4", "raft_address": "127.0.0.1:1", "http_url": "http://127.0.0.1:2"}
+    for method, path, data in (("POST", "/v1/cluster/nodes", body),
+                               ("DELETE", "/v1/cluster/nodes/n3", None)):  # fmt: skip
+        status, answer, _ = http_json(method, url + path, data)
+        assert status == 409 and answer["error"]["details"]["reason"] == "shards", answer
+    view = sharded.cluster_view("n1")
+    assert view is not None and sorted(node["id"] for node in view["nodes"]) == ["n1", "n2", "n3"]
+
+
 def test_a_node_refuses_another_number_of_shards(sharded: LocalCluster) -> None:
     node = sharded.nodes["n3"]
     command = sharded.command(node)

@@ -232,6 +232,11 @@ def _joined(config: NodeConfig, join_url: str, token_file: Path | None) -> NodeC
 
     if config.peers:
         raise ConfigError("--join and --peer exclude each other: --join learns the peers")
+    if config.shards > 1:
+        raise ConfigError(
+            "--join: membership changes of a cluster of several shards are not supported yet "
+            "(docs/shards.md, section 5)"
+        )
     token = join_token(config, token_file)
     peers = peers_for_join(config, join_url, token, tls.peer_context(config))
     joined = dataclasses.replace(config, peers=peers)
