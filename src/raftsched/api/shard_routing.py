@@ -58,7 +58,7 @@ from raftsched.api.principal import ANONYMOUS, encode_principal, principal_if_se
 from raftsched.api.requests import Handler, read_body, read_json
 from raftsched.api.validation import choice, parse_job, require_object, string
 from raftsched.core.kernel.commands import JobSpec
-from raftsched.limits import LEASE_BATCH_OPS_MAX
+from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
 from raftsched.logs import REQUEST_ID
 from raftsched.node.lease_ops import PROPOSAL_ERRORS
 from raftsched.node.proposer import NotLeader
@@ -84,7 +84,7 @@ CONNECT_TIMEOUT_S: Final = 5.0
 CLIENT_CHECK_S: Final = 0.5
 # Redirects the node follows itself for a part of a split batch.
 PART_REDIRECTS_MAX: Final = 3
-PART_TIMEOUT_S: Final = 30.0
+PART_TIMEOUT_S: Final = WAIT_S_MAX + 30.0  # a part's next claim may long-poll
 
 _HOP_BY_HOP: Final = frozenset(
     {
@@ -285,8 +285,8 @@ class ShardRouter:
             return await handler(request)
         route = resource.canonical
         placement = _PLACEMENTS.get((request.method, route))
-        named = self.header_shard(request)
-        if named is not None and header_routable(route):
+        named = self.header_shard(request) if header_routable(route) else None
+        if named is not None:
             if placement is not None:
                 return await placement(self, request, handler, named)
             return await self._to(request, handler, named)
