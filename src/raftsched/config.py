@@ -11,10 +11,11 @@ address, unless it has TLS or the operator says `--insecure-http`.
 from __future__ import annotations
 
 import ipaddress
+import os
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from raftsched.limits import (
     AUTH_FAILURES_PER_MINUTE,
@@ -23,6 +24,15 @@ from raftsched.limits import (
     PROPOSAL_QUEUE_COMMANDS_MAX,
 )
 from raftsched.node.webhook_targets import TargetPolicy
+from raftsched.shards import (
+    SHARD_PORT_STRIDE,
+    SHARDS_MAX,
+    SOCKET_NAME,
+    SOCKET_PATH_BYTES_MAX,
+    shard_dir,
+    shift_address,
+    socket_path,
+)
 
 # Log compaction defaults (NodeConfig); raftsched.raft has the same, and why.
 LOG_COMPACTION_BYTES: Final = 64 * 1024 * 1024
@@ -123,6 +133,14 @@ class NodeConfig:
     tls_ca_file: Path | None = None
     # Serve plain HTTP on a non-loopback address anyway (behind a TLS proxy).
     insecure_http: bool = False
+    # Data shards (docs/shards.md): S, fixed when the data directory is
+    # created; shard k's Raft port is the member's plus k × the stride.
+    shards: int = 1
+    shard_port_stride: int = SHARD_PORT_STRIDE
+    # The group this process runs: 0 for the node process (group 0), k for
+    # the shard process of shard k (`for_shard`), which serves its API on a
+    # Unix socket in its data directory only.
+    shard: int = 0
 
     @property
     def tls_enabled(self) -> bool:
@@ -180,6 +198,75 @@ class NodeConfig:
         if self.auth_failures_per_minute < 1:
             raise ConfigError("auth_failures_per_minute must be at least 1")
         self._validate_tls()
+        self._validate_shards()
+
+    def _validate_shards(self) -> None:
+        if not 1 <= self.shards <= SHARDS_MAX:
+            raise ConfigError(f"--shards must be between 1 and {SHARDS_MAX}, got {self.shards}")
+        if not 0 <= self.shard < self.shards:
+            raise ConfigError(f"shard {self.shard} is not one of the {self.shards} shards")
+        if self.shards == 1:
+            return
+        if self.shard_port_stride < 1:
+            raise ConfigError("--shard-port-stride must be at least 1")
+        if self.shard:
+            # A shard process's addresses were shifted and checked by its node.
+            self._check_socket_path(self.data_dir / SOCKET_NAME)
+            return
+        members = [(self.node_id, self.raft_address)]
+        members += [(peer.id, peer.raft_address) for peer in self.peers]
+        if self.raft_bind_address:
+            _shifted_port(
+                self.node_id, self.raft_bind_address, self.shards - 1, self.shard_port_stride
+            )
+        seen: dict[tuple[str, int], str] = {}
+        for node_id, address in members:
+            host = address.rpartition(":")[0]
+            for shard in range(self.shards):
+                port = _shifted_port(node_id, address, shard, self.shard_port_stride)
+                if (host, port) in seen:
+                    raise ConfigError(
+                        f"shard {shard} of {node_id} would listen on {host}:{port}, which "
+                        f"{seen[(host, port)]} uses: choose a --shard-port-stride larger "
+                        "than the spread of the members' Raft ports"
+                    )
+                seen[(host, port)] = f"{node_id}'s group {shard}"
+        self._check_socket_path(socket_path(self.data_dir, self.shards - 1))
+
+    @staticmethod
+    def _check_socket_path(sock: Path) -> None:
+        if len(os.fsencode(sock.absolute())) > SOCKET_PATH_BYTES_MAX:
+            raise ConfigError(
+                f"the shard processes' sockets ({sock}) would be longer than the "
+                f"{SOCKET_PATH_BYTES_MAX} bytes a Unix socket's path may have: use a "
+                "shorter --data-dir"
+            )
+
+    def for_shard(self, shard: int) -> NodeConfig:
+        """The configuration of this node's shard process for `shard`: its
+        own data directory, the Raft addresses of every member shifted by
+        `shard × stride`, the same secrets and TLS files, and this node's
+        public URL as its HTTP URL (its redirects name the node that hosts
+        the shard's leader). It bootstraps no admin token (tokens live in
+        group 0)."""
+        stride = self.shard_port_stride
+        return replace(
+            self,
+            data_dir=shard_dir(self.data_dir, shard),
+            raft_address=shift_address(self.raft_address, shard, stride),
+            raft_bind_address=(
+                shift_address(self.raft_bind_address, shard, stride)
+                if self.raft_bind_address
+                else None
+            ),
+            peers=tuple(
+                Peer(peer.id, shift_address(peer.raft_address, shard, stride), peer.http_url)
+                for peer in self.peers
+            ),
+            http_url=self.advertised_http_url,
+            admin_token_file=None,
+            shard=shard,
+        )
 
     def _validate_tls(self) -> None:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
@@ -205,6 +292,54 @@ class NodeConfig:
                     f"{what} is {url!r}: a node with TLS needs https:// URLs for itself "
                     "and its peers (redirects and peer calls use them)"
                 )
+
+
+_OPTIONAL_PATHS: Final = frozenset(
+    {"admin_token_file", "tls_cert_file", "tls_key_file", "tls_client_ca_file", "tls_ca_file"}
+)
+_TUPLES: Final = frozenset({"accepted_secrets", "webhook_allow_cidrs"})
+
+
+def config_to_json(config: NodeConfig) -> dict[str, Any]:
+    """The configuration as JSON, for a shard process (`config_from_json`).
+    It holds the cluster secret: it goes through a pipe, never an argument."""
+    document: dict[str, Any] = {}
+    for item in fields(config):
+        value = getattr(config, item.name)
+        if isinstance(value, Path):
+            value = str(value)
+        elif item.name == "peers":
+            value = [[peer.id, peer.raft_address, peer.http_url] for peer in value]
+        elif isinstance(value, tuple):
+            value = list(value)
+        document[item.name] = value
+    return document
+
+
+def config_from_json(document: dict[str, Any]) -> NodeConfig:
+    values: dict[str, Any] = {}
+    for item in fields(NodeConfig):
+        if item.name not in document:
+            continue
+        value = document[item.name]
+        if item.name == "data_dir" or (item.name in _OPTIONAL_PATHS and value is not None):
+            value = Path(value)
+        elif item.name == "peers":
+            value = tuple(Peer(str(a), str(b), str(c)) for a, b, c in value)
+        elif item.name in _TUPLES:
+            value = tuple(str(each) for each in value)
+        values[item.name] = value
+    return NodeConfig(**values)
+
+
+def _shifted_port(node_id: str, address: str, shard: int, stride: int) -> int:
+    port = int(address.rpartition(":")[2]) + shard * stride
+    if port >= 65536:
+        raise ConfigError(
+            f"shard {shard} of {node_id} would listen on port {port} ({address} + {shard} × "
+            f"--shard-port-stride {stride}): choose lower Raft ports or a smaller stride"
+        )
+    return port
 
 
 def is_loopback_host(host: str) -> bool:

@@ -6,11 +6,14 @@ Layout under the data directory (default ./data/dev):
     admin.token     the first admin token's secret (mode 0600; `--admin-token-file`)
     worker.token    the demo worker's own token (role worker, queue default), made
                     through the API once authentication is on
-    cluster.json    each node's id, http_url, raft_address, pid and data_dir
+    cluster.json    each node's id, http_url, raft_address, pid and data_dir (and
+                    the number of shards, with --shards)
     tls/            with --tls: ca.pem (the CA file for clients), ca.key, and
                     each node's n1.pem/n1.key (keys mode 0600); the CA is made
                     once and reused, node certificates are made on every run
-    n1/ n2/ ...     each node's data; a second run resumes from it
+    n1/ n2/ ...     each node's data; a second run resumes from it (with
+                    --shards S, each node's shard processes' data under
+                    n1/shards/1/ ... : docs/shards.md)
     n1.log ...      each child's output (also printed, prefixed with its name)
 
 Ctrl-C, SIGTERM or SIGHUP (the terminal closed) stops the worker first, then
@@ -45,6 +48,7 @@ from raftsched import child_processes
 from raftsched.config import is_loopback_host
 from raftsched.node.auth import read_or_create_admin_secret
 from raftsched.pki import DevTls, dev_certificates
+from raftsched.shards import SHARD_PORT_STRIDE, shift_address
 
 STOP_TIMEOUT_S = 10.0
 POLL_S = 0.2
@@ -108,6 +112,7 @@ def node_command(
     tls: DevTls | None = None,
     *,
     insecure_http: bool = False,
+    shards: int = 1,
 ) -> list[str]:
     command = [
         sys.executable, "-m", "raftsched.cli", "node", "--id", node.id,
@@ -125,15 +130,24 @@ def node_command(
         command += ["--tls-cert", str(cert), "--tls-key", str(key), "--tls-ca", str(tls.ca_file)]
     elif insecure_http:
         command += ["--insecure-http"]
+    if shards > 1:
+        command += ["--shards", str(shards)]
     return command
 
 
-def worker_command(nodes: Sequence[DevNode], tls: DevTls | None = None) -> list[str]:
+def worker_command(
+    nodes: Sequence[DevNode], tls: DevTls | None = None, shard: int | None = None
+) -> list[str]:
+    """The demo worker; with `shard`, one of a sharded cluster's demo
+    workers, which claims that shard's jobs (one per shard)."""
+    worker_id = "dev-worker" if shard is None else f"dev-worker-s{shard}"
     command = [
         sys.executable, "-m", "raftsched.cli", "worker", "--queue", "default",
-        "--handler", "raftsched.demo:handle", "--worker-id", "dev-worker",
+        "--handler", "raftsched.demo:handle", "--worker-id", worker_id,
         "--url", ",".join(node.http_url for node in nodes), "--log-format", _log_format(),
     ]  # fmt: skip
+    if shard is not None:
+        command += ["--shard", str(shard)]
     if tls is not None:
         command += ["--ca-file", str(tls.ca_file)]
     return command
@@ -203,13 +217,14 @@ def _log_format() -> str:
     return "text" if sys.stdout.isatty() else "json"
 
 
-def check_layout(path: Path, nodes: Sequence[DevNode]) -> str | None:
+def check_layout(path: Path, nodes: Sequence[DevNode], shards: int = 1) -> str | None:
     """A data directory remembers its cluster: refuse a different one."""
     if not path.exists():
         return None
     try:
-        previous = json.loads(path.read_text(encoding="utf-8")).get("nodes", [])
-    except (OSError, ValueError):
+        document = json.loads(path.read_text(encoding="utf-8"))
+        previous = document.get("nodes", [])
+    except (OSError, ValueError, AttributeError):
         return None
     before = [(item.get("id"), item.get("raft_address")) for item in previous]
     now = [(node.id, node.raft_address) for node in nodes]
@@ -218,12 +233,23 @@ def check_layout(path: Path, nodes: Sequence[DevNode]) -> str | None:
             f"{path.parent} holds a different cluster ({len(before)} nodes, {before}); "
             "use the same --nodes/--raft-port/--host, another --data-dir, or delete it"
         )
+    recorded = document.get("shards", 1)
+    if before and recorded != shards:
+        return (
+            f"{path.parent} holds a cluster of {recorded} shard(s): a cluster's number of "
+            f"shards never changes; use --shards {recorded}, another --data-dir, or delete it"
+        )
     return None
 
 
-def busy_ports(nodes: Sequence[DevNode]) -> list[str]:
+def busy_ports(nodes: Sequence[DevNode], shards: int = 1) -> list[str]:
     busy = []
-    for address in [node.http_address for node in nodes] + [n.raft_address for n in nodes]:
+    raft = [
+        shift_address(node.raft_address, shard, SHARD_PORT_STRIDE)
+        for node in nodes
+        for shard in range(shards)
+    ]
+    for address in [node.http_address for node in nodes] + raft:
         host, _, port = address.rpartition(":")
         with socket.socket() as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -235,7 +261,11 @@ def busy_ports(nodes: Sequence[DevNode]) -> list[str]:
 
 
 def write_cluster_json(
-    path: Path, nodes: Sequence[DevNode], children: Sequence[Child], tls: DevTls | None = None
+    path: Path,
+    nodes: Sequence[DevNode],
+    children: Sequence[Child],
+    tls: DevTls | None = None,
+    shards: int = 1,
 ) -> None:
     pids = {child.name: child.process.pid for child in children}
     document: dict[str, Any] = {
@@ -253,6 +283,13 @@ def write_cluster_json(
         "secret_file": str(path.parent / "secret"),
         "ca_file": None if tls is None else str(tls.ca_file),
     }
+    if shards > 1:
+        document["shards"] = shards
+        document["workers"] = [
+            {"shard": shard, "pid": pids[_worker_name(shard)]}
+            for shard in range(shards)
+            if _worker_name(shard) in pids
+        ]
     temporary = path.with_suffix(".json.tmp")
     temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     temporary.replace(path)
@@ -337,11 +374,25 @@ def watch(children: Sequence[Child], stop: threading.Event, output: Output) -> N
                 )
 
 
+def _worker_name(shard: int) -> str:
+    """A sharded dev cluster's demo worker of `shard` (shard 0's is `worker`)."""
+    return "worker" if shard == 0 else f"worker{shard}"
+
+
 def print_banner(
-    nodes: Sequence[DevNode], data_dir: Path, output: Output, tls: DevTls | None = None
+    nodes: Sequence[DevNode],
+    data_dir: Path,
+    output: Output,
+    tls: DevTls | None = None,
+    shards: int = 1,
 ) -> None:
     urls = ",".join(node.http_url for node in nodes)
     lines = [f"dev: {len(nodes)} nodes, data in {data_dir}"]
+    if shards > 1:
+        lines[0] += (
+            f"; {shards} shards (each node runs group 0 and {shards - 1} shard processes, "
+            "one demo worker per shard: docs/shards.md)"
+        )
     lines += [
         f"  {node.id}  {node.http_url}  raft {node.raft_address}  {node.data_dir}" for node in nodes
     ]
@@ -356,7 +407,8 @@ def print_banner(
         f"                      # elsewhere: export RAFTSCHED_TOKEN=$(cat {data_dir}/admin.token)",
         "  raftsched submit default --payload '{\"amount\": 1200}'",
         '  raftsched submit default --payload \'{"fail": "transient"}\' --max-attempts 3',
-        "  raftsched jobs list",
+        "  raftsched jobs list"
+        + ("    # shard 0's jobs: lists are group 0's for now" if shards > 1 else ""),
         "  raftsched cluster status",
         "  raftsched tokens create ci --role submitter --tenant default   # more tokens",
         f"dashboard: {nodes[0].http_url}/ (token: {data_dir}/admin.token)",
@@ -381,6 +433,7 @@ def run_dev(
     host: str = "127.0.0.1",
     tls: bool = False,
     insecure_http: bool = False,
+    shards: int = 1,
 ) -> int:
     output = Output()
     if not tls and not insecure_http and not is_loopback_host(host):
@@ -392,8 +445,8 @@ def run_dev(
         return 2
     data_dir.mkdir(parents=True, exist_ok=True)
     plan = plan_nodes(nodes, data_dir, host, http_port, raft_port, tls=tls)
-    problem = check_layout(data_dir / "cluster.json", plan)
-    busy = busy_ports(plan)
+    problem = check_layout(data_dir / "cluster.json", plan, shards)
+    busy = busy_ports(plan, shards)
     if problem or busy:
         print(f"error: {problem or 'ports in use: ' + ', '.join(busy)}", file=sys.stderr)
         return 2
@@ -408,7 +461,9 @@ def run_dev(
     children = []
     for index, node in enumerate(plan):
         others = [peer for peer in plan if peer is not node]
-        command = node_command(node, others, secret, certificates, insecure_http=insecure_http)
+        command = node_command(
+            node, others, secret, certificates, insecure_http=insecure_http, shards=shards
+        )
         children.append(spawn(node.id, index, command, True, data_dir, output))
     if worker:
         # The demo worker has a token of its own, made through the API once
@@ -416,11 +471,18 @@ def run_dev(
         token = ensure_worker_token(plan, admin, data_dir / "worker.token", stop, certificates)
         if token is None:
             output.say("dev: authentication did not come on within 60 s; no demo worker")
-        else:
+        elif shards == 1:
             command = worker_command(plan, certificates) + ["--token", token]
             children.append(spawn("worker", len(plan), command, False, data_dir, output))
-    write_cluster_json(data_dir / "cluster.json", plan, children, certificates)
-    print_banner(plan, data_dir, output, certificates)
+        else:
+            # One worker per shard, each claiming its shard's jobs, until a
+            # worker polls every shard itself (docs/shards.md, section 4).
+            for shard in range(shards):
+                command = worker_command(plan, certificates, shard) + ["--token", token]
+                name = _worker_name(shard)
+                children.append(spawn(name, len(plan) + shard, command, False, data_dir, output))
+    write_cluster_json(data_dir / "cluster.json", plan, children, certificates, shards)
+    print_banner(plan, data_dir, output, certificates, shards)
     try:
         watch(children, stop, output)
     finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import ssl
 import stat
@@ -27,6 +28,11 @@ from raftsched.logs import configure_logging
 from raftsched.node import gc_tuning
 from raftsched.node.service import Node
 from raftsched.node.webhooks import WebhookDelivery
+from raftsched.shard_processes import ShardProcesses
+from raftsched.shards import SOCKET_NAME, ShardCountMismatch, settle_shards
+
+# The largest request header a shard process takes (its node's principal header).
+INTERNAL_HEADER_BYTES_MAX = 64 * 1024
 
 log = logging.getLogger("raftsched.node")
 server_log = logging.getLogger("aiohttp.server")
@@ -63,16 +69,21 @@ def run_node(config: NodeConfig) -> None:
     cannot start (TLS files that do not load, see raftsched.tls), and
     NodeRefused once it has stopped because the cluster refused it."""
     config.validate()
-    server_ssl = tls.server_context(config)
+    # A shard process serves its node process on a Unix socket, without TLS.
+    server_ssl = None if config.shard else tls.server_context(config)
     tls.peer_context(config)  # its files load, or the node does not start
-    configure_logging(config.log_format, node_id=config.node_id)
+    name = f"{config.node_id}/s{config.shard}" if config.shard else config.node_id
+    configure_logging(config.log_format, node_id=name)
     try:
-        tracing.configure(
-            "raftsched-node", otlp_endpoint=config.otlp_endpoint, instance_id=config.node_id
-        )
+        tracing.configure("raftsched-node", otlp_endpoint=config.otlp_endpoint, instance_id=name)
     except tracing.TracingConfigError as error:
         raise ConfigError(str(error)) from None
     prepare_data_dir(config.data_dir)
+    if not config.shard:
+        try:
+            settle_shards(config.data_dir, config.shards, durable=config.durability == "fsync")
+        except ShardCountMismatch as error:
+            raise ConfigError(str(error)) from None
     try:
         asyncio.run(_serve(config, server_ssl))
     finally:
@@ -97,43 +108,83 @@ def prepare_data_dir(data_dir: Path) -> None:
             )
 
 
-def assemble(config: NodeConfig, loop: asyncio.AbstractEventLoop) -> tuple[Node, web.Application]:
-    """The node with its leader duties and its HTTP application, not started."""
+def assemble(
+    config: NodeConfig,
+    loop: asyncio.AbstractEventLoop,
+    shard_processes: ShardProcesses | None = None,
+) -> tuple[Node, web.Application]:
+    """The node with its leader duties and its HTTP application, not started.
+    A node of several shards routes requests to its `shard_processes`; a
+    shard process (`config.shard` > 0) takes the principal its node sends."""
     # Imported only now, once logging is configured: api.unsafe logs its
     # warning when it is imported.
     from raftsched.api.app import create_app
+    from raftsched.api.shard_routing import ShardRouter
 
     node = Node(config, loop)
     policy = config.webhook_policy()
     node.add_leader_duty(WebhookDelivery(node, policy=policy))
+    router = None
+    if shard_processes is not None:
+        router = ShardRouter(
+            node,
+            config.shards,
+            config.data_dir,
+            pid_of=shard_processes.pid,
+            peer_ssl=tls.peer_context(config),
+        )
     return node, create_app(
         node,
         max_body_bytes=config.max_body_bytes,
         webhook_targets=policy,
         auth_failures_per_minute=config.auth_failures_per_minute,
         traced=tracing.enabled(),
+        shard_router=router,
+        shard_process=config.shard > 0,
     )
 
 
 async def _serve(config: NodeConfig, server_ssl: ssl.SSLContext | None) -> None:
     gc_tuning.configure()
     loop = asyncio.get_running_loop()
-    node, app = assemble(config, loop)
+    children = ShardProcesses(config) if config.shards > 1 and not config.shard else None
+    node, app = assemble(config, loop, children)
     node.start()
+    if children is not None:
+        children.start(loop)
+    options: dict[str, Any] = {}
+    if config.shard:
+        # The principal a node sends its shard process names up to 100
+        # tenants and 100 queues: more than aiohttp's 8 KiB a header.
+        options["max_field_size"] = INTERNAL_HEADER_BYTES_MAX
     runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, logger=ClientFaultsAsWarnings(server_log)
+        app,
+        access_log=None,
+        handle_signals=False,
+        logger=ClientFaultsAsWarnings(server_log),
+        **options,
     )
     await runner.setup()
-    site = web.TCPSite(
-        runner, config.http_host, config.http_port, reuse_address=True, ssl_context=server_ssl
-    )
-    await site.start()
+    site: web.BaseSite
+    if config.shard:
+        path = config.data_dir / SOCKET_NAME
+        site = web.UnixSite(runner, str(path))
+        await site.start()
+        os.chmod(path, 0o600)  # its node process's user only (the directory is 0700 too)
+        where = str(path)
+    else:
+        site = web.TCPSite(
+            runner, config.http_host, config.http_port, reuse_address=True, ssl_context=server_ssl
+        )
+        await site.start()
+        where = config.advertised_http_url
     log.info(
-        "node started",
+        "shard process started" if config.shard else "node started",
         extra={
-            "http": config.advertised_http_url,
+            "http": where,
             "raft": config.raft_address,
             "tls": "mutual" if config.tls_client_ca_file else "on" if server_ssl else "off",
+            **({"shards": config.shards} if config.shards > 1 else {}),
         },
     )
     stop = asyncio.Event()
@@ -150,6 +201,8 @@ async def _serve(config: NodeConfig, server_ssl: ssl.SSLContext | None) -> None:
         refused.cancel()
         log.info("node stopping")
         await runner.cleanup()
+        if children is not None:
+            await children.stop()
         await node.close()
     if node.refused is not None:
         raise NodeRefused(node.refused.exit_status, node.refused.message)

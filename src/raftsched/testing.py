@@ -157,6 +157,27 @@ def http_json(
         return error.code, parsed, dict(error.headers)
 
 
+def free_port_with_shards(shards: int, stride: int, host: str = "127.0.0.1") -> int:
+    """A port that is free with `port + k × stride` for every shard k
+    (docs/shards.md), none handed out before by this process."""
+    import random
+
+    for _ in range(500):
+        port = random.choice(range(_TEST_PORTS.start, _TEST_PORTS.stop - (shards - 1) * stride))
+        ports = [port + shard * stride for shard in range(shards)]
+        if any(each in _handed_out for each in ports):
+            continue
+        try:
+            for each in ports:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind((host, each))
+        except OSError:
+            continue
+        _handed_out.update(ports)
+        return port
+    raise RuntimeError("no free ports for the shards found")
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterTls:
     """Certificates for a `LocalCluster` that serves HTTPS: one CA, one node
@@ -321,6 +342,10 @@ class LocalCluster:
     auth: bool = True
     admin_secret: str | None = None
     write_admin_token: bool = True
+    # Data shards (docs/shards.md): every node runs `--shards` groups, shard
+    # k's Raft port its own plus k × the stride.
+    shards: int = 1
+    shard_port_stride: int = 100
 
     def __post_init__(self) -> None:
         _note_created(self)
@@ -388,6 +413,9 @@ class LocalCluster:
                     args += ["--peer", f"{other.id}={other.raft_address}@{other.http_url}"]
         if self.tls is not None:
             args += self.tls.node_args()
+        if self.shards > 1:
+            args += ["--shards", str(self.shards)]
+            args += ["--shard-port-stride", str(self.shard_port_stride)]
         return args + self.extra_args
 
     def start(self, node_id: str | None = None) -> None:
@@ -432,7 +460,11 @@ class LocalCluster:
         return NodeProcess(
             id=node_id,
             http_port=free_port(),
-            raft_port=free_port(),
+            raft_port=(
+                free_port()
+                if self.shards == 1
+                else free_port_with_shards(self.shards, self.shard_port_stride)
+            ),
             data_dir=self.root / node_id,
             log_path=self.root / f"{node_id}.log",
             scheme="http" if self.tls is None else "https",
@@ -540,6 +572,40 @@ class LocalCluster:
         except OSError:
             return None
         return body if status == 200 else None
+
+    def shard_views(self, node_id: str) -> list[dict[str, Any]] | None:
+        """`shards` of the node's `GET /v1/cluster` (docs/shards.md), or None."""
+        view = self.cluster_view(node_id, timeout_s=5.0)
+        return None if view is None else view.get("shards")
+
+    def shard_leader(self, shard: int) -> str | None:
+        """The leader of `shard` as the serving nodes agree on it, or None."""
+        seen: set[str | None] = set()
+        for node in self.nodes.values():
+            if not node.serving:
+                continue
+            views = self.shard_views(node.id) or []
+            entry = next((each for each in views if each.get("shard") == shard), None)
+            seen.add(None if entry is None or entry["leader"] is None else entry["leader"]["id"])
+        found = seen.pop() if len(seen) == 1 else None
+        return found if found is not None and self.nodes[found].serving else None
+
+    def wait_for_shard_leader(
+        self, shard: int, timeout_s: float = 30.0, exclude: str | None = None
+    ) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            leader = self.shard_leader(shard)
+            if leader is not None and leader != exclude:
+                return leader
+            time.sleep(0.2)
+        raise TimeoutError(f"shard {shard} has no leader within {timeout_s}s; logs in {self.root}")
+
+    def shard_pid(self, node_id: str, shard: int) -> int | None:
+        """The pid of the node's shard process for `shard`, as the node says."""
+        views = self.shard_views(node_id) or []
+        entry = next((each for each in views if each.get("shard") == shard), None)
+        return None if entry is None else entry.get("pid")
 
     def leader_id(self) -> str | None:
         """The leader as the live nodes agree on it, or None."""

@@ -18,9 +18,10 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from raftsched.api import (
     audit,
@@ -47,11 +48,13 @@ from raftsched.api.auth import (
     CatchUps,
     FailureLimiter,
     authorize,
+    authorize_from_node,
     catch_up,
 )
 from raftsched.api.errors import ApiError, from_proposal_error
 from raftsched.api.requests import NODE, Handler, node_of
 from raftsched.api.server_spans import server_span_middleware
+from raftsched.api.shard_routing import SHARD_ROUTER, ShardRouter, redirect_location
 from raftsched.limits import AUTH_FAILURES_PER_MINUTE
 from raftsched.logs import REQUEST_ID
 from raftsched.node.lease_ops import PROPOSAL_ERRORS
@@ -80,7 +83,7 @@ def leader_redirect(request: web.Request) -> web.Response:
         raise ApiError(
             "no_leader", "no leader is known; retry shortly", headers={"Retry-After": "1"}
         )
-    location = leader.http_url.rstrip("/") + request.path_qs
+    location = redirect_location(request, leader.http_url)
     return web.Response(
         status=307,
         headers={"Location": location, "Raftsched-Leader": leader.id},
@@ -101,30 +104,40 @@ def _new_request_id() -> str:
     return f"{_REQUEST_ID_PREFIX}{next(_request_ids):016x}"
 
 
-@web.middleware
-async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every request's one middleware: its id, its duration in the HTTP
-    histogram, and (in `_answer`, which renders what they raise) the checks
-    before its handler: a removed node's refusal, authentication.
+Route = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
-    One layer rather than three: aiohttp calls each middleware through a
-    partial and a coroutine of its own, about a microsecond a layer."""
-    request_id = request.headers.get("X-Request-Id") or _new_request_id()
-    REQUEST_ID.set(request_id)  # log lines made while handling it carry it
-    started = time.perf_counter()
-    status = 500
-    try:
-        response = await _answer(request, handler, _admit)
-        status = response.status
-        response.headers["X-Request-Id"] = request_id
-        return response
-    finally:
-        route = request.match_info.route.resource
-        route_name = route.canonical if route is not None else "unmatched"
-        metrics = node_of(request).metrics
-        metrics.series(metrics.http_seconds, request.method, route_name, str(status)).observe(
-            time.perf_counter() - started
-        )
+
+def _request_middleware(
+    admit: Callable[[web.Request], None], route: Route | None = None
+) -> Middleware:
+    @web.middleware
+    async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every request's one middleware: its id, its duration in the HTTP
+        histogram, and (in `_answer`, which renders what they raise) the checks
+        before its handler: a removed node's refusal, authentication; in a
+        node of several shards, the shard that answers (api.shard_routing).
+
+        One layer rather than three: aiohttp calls each middleware through a
+        partial and a coroutine of its own, about a microsecond a layer."""
+        request_id = request.headers.get("X-Request-Id") or _new_request_id()
+        REQUEST_ID.set(request_id)  # log lines made while handling it carry it
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = await _answer(request, handler, admit, route)
+            status = response.status
+            if not response.prepared:  # a shard's streamed answer carries the id
+                response.headers["X-Request-Id"] = request_id
+            return response
+        finally:
+            resource = request.match_info.route.resource
+            route_name = resource.canonical if resource is not None else "unmatched"
+            metrics = node_of(request).metrics
+            metrics.series(metrics.http_seconds, request.method, route_name, str(status)).observe(
+                time.perf_counter() - started
+            )
+
+    return request_middleware
 
 
 async def _on_response_prepare(request: web.Request, response: web.StreamResponse) -> None:
@@ -147,6 +160,9 @@ def _removed_node() -> ApiError:
     )
 
 
+request_middleware = _request_middleware(lambda request: _admit(request))
+
+
 def _admit(request: web.Request) -> None:
     """The checks before a handler, in order: a node removed from the cluster
     serves no more (node.membership); then authentication (api.auth)."""
@@ -155,14 +171,23 @@ def _admit(request: web.Request) -> None:
     authorize(request)
 
 
+def _admit_from_node(request: web.Request) -> None:
+    """`_admit` in a shard process: its node process authenticated the
+    caller (api.auth.authorize_from_node)."""
+    if node_of(request).removed and request.path not in REMOVED_NODE_ROUTES:
+        raise _removed_node()
+    authorize_from_node(request)
+
+
 async def _answer(
     request: web.Request,
     handler: Handler,
     admit: Callable[[web.Request], None] | None = None,
+    route: Route | None = None,
 ) -> web.StreamResponse:
     """The handler's answer, or the error response for what it, or `admit`
-    before it, raised. A CORS preflight is answered before `admit`: it
-    carries no token."""
+    before it, raised; with `route`, the answer of the shard the request is
+    for. A CORS preflight is answered before `admit`: it carries no token."""
     try:
         if request.method == "OPTIONS":
             preflight = dashboard.cors_preflight(request)
@@ -174,6 +199,8 @@ async def _answer(
             except CatchUpFirst:  # a token this replica may not have applied yet (api.auth)
                 await catch_up(request)
                 admit(request)
+        if route is not None:
+            return await route(request, handler)
         return await handler(request)
     except ApiError as error:
         return error.response()
@@ -211,17 +238,31 @@ def create_app(
     webhook_targets: TargetPolicy | None = None,
     auth_failures_per_minute: int = AUTH_FAILURES_PER_MINUTE,
     traced: bool = False,
+    shard_router: ShardRouter | None = None,
+    shard_process: bool = False,
 ) -> web.Application:
+    """The application of a node; with `shard_router`, of a node of several
+    shards, which routes requests to them; with `shard_process`, of a shard
+    process, which takes the principal its node process names."""
     # The one middleware renders the ApiErrors (401, 403, 429, 503) that
     # the checks before a handler raise, and times them. With `traced`
     # (tracing.enabled()), a server span goes around it (api.server_spans);
     # without, a request costs nothing for tracing.
-    middlewares = [request_middleware]
+    if shard_process:
+        middlewares = [_request_middleware(_admit_from_node)]
+    elif shard_router is not None:
+        middlewares = [_request_middleware(_admit, shard_router.route)]
+    else:
+        middlewares = [request_middleware]
     if traced:
         middlewares.insert(0, server_span_middleware)
     app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
     app[NODE] = node
     app[MAX_BODY_BYTES] = max_body_bytes
+    if shard_router is not None:
+        app[SHARD_ROUTER] = shard_router
+        app.on_startup.append(shard_router.on_startup)
+        app.on_cleanup.append(shard_router.on_cleanup)
     app[LIMITER] = FailureLimiter(failures_max=auth_failures_per_minute)
     app[CATCH_UPS] = CatchUps()
     app[events.WEBHOOK_TARGETS] = webhook_targets or TargetPolicy()

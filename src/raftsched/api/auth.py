@@ -45,11 +45,21 @@ from aiohttp import web
 
 from raftsched.api.errors import ApiError
 from raftsched.api.permissions import Permission, allows, permission_for
-from raftsched.api.principal import ALL, ANONYMOUS, Principal, Role, principal_of, set_principal
+from raftsched.api.principal import (
+    ALL,
+    ANONYMOUS,
+    Principal,
+    Role,
+    decode_principal,
+    principal_of,
+    set_principal,
+)
 from raftsched.api.requests import node_of
+from raftsched.api.shard_routing import routed_elsewhere
 from raftsched.core.auth.tokens import Token, find_by_hash
 from raftsched.limits import AUTH_FAILURES_PER_MINUTE
 from raftsched.node.auth import hash_secret, looks_like_secret
+from raftsched.shards import INTERNAL_PRINCIPAL_HEADER
 
 log = logging.getLogger("raftsched.api")
 
@@ -253,16 +263,44 @@ def authorize(request: web.Request) -> None:
     if not node_of(request).auth_enabled():
         set_principal(request, ANONYMOUS)
         return
-    principal = _authenticate(request)
+    _admit(request, resource.canonical, permission, _authenticate(request))
+
+
+def authorize_from_node(request: web.Request) -> None:
+    """`authorize` in a shard process (docs/shards.md): its node process
+    authenticated the caller against group 0's tokens and names the
+    principal in `INTERNAL_PRINCIPAL_HEADER`, on the shard's Unix socket,
+    its only listener. The same permission and scope checks follow."""
+    resource = request.match_info.route.resource
+    if resource is None:
+        return
+    permission = permission_for(request.method, resource.canonical)
+    if permission is Permission.PUBLIC:
+        return
+    raw = request.headers.get(INTERNAL_PRINCIPAL_HEADER)
+    try:
+        if raw is None:
+            raise ValueError("missing")
+        principal = decode_principal(raw)
+    except ValueError:
+        raise _unauthenticated("a shard process answers its node process only") from None
+    _admit(request, resource.canonical, permission, principal)
+
+
+def _admit(
+    request: web.Request, route: str, permission: Permission | None, principal: Principal
+) -> None:
     if permission is None or not allows(principal, permission):
         raise ApiError(
             "forbidden",
-            f"a {principal.role} token may not call {request.method} {resource.canonical}",
+            f"a {principal.role} token may not call {request.method} {route}",
             {"role": str(principal.role)},
         )
     set_principal(request, principal)
-    if permission is Permission.READ_JOB and not worker_may_read_job(
-        request, request.match_info.get("job_id", "")
+    if (
+        permission is Permission.READ_JOB
+        and not routed_elsewhere(request)
+        and not worker_may_read_job(request, request.match_info.get("job_id", ""))
     ):
         job_id = request.match_info.get("job_id", "")
         raise ApiError("not_found", f"no job {job_id}", {"job_id": job_id})

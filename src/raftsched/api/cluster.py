@@ -12,6 +12,7 @@ from raftsched.api import scope
 from raftsched.api.jsonbody import json_response
 from raftsched.api.membership import cluster_membership, peer_statuses, pending_nodes
 from raftsched.api.requests import node_of
+from raftsched.api.shard_routing import SHARD_ROUTER
 from raftsched.core.jobs.queries import packed_count
 from raftsched.node.metrics import CONTENT_TYPE
 from raftsched.node.versions import THIS_NODE
@@ -69,6 +70,9 @@ async def cluster(request: web.Request) -> web.Response:
         "nodes": nodes,
         "membership": cluster_membership(request, status),
     }
+    router = request.app.get(SHARD_ROUTER)
+    if router is not None:  # a node of several shards (docs/shards.md)
+        body["shards"] = await router.cluster_shards(request)
     return json_response(body)
 
 
@@ -91,7 +95,9 @@ async def readyz(request: web.Request) -> web.Response:
 
     A replica that stopped applying at an entry it cannot decode is never
     ready, and says where and why (`halted`); one whose disk is full is not
-    ready until there is room, and names the file (`disk_full`).
+    ready until there is room, and names the file (`disk_full`). A node of
+    several shards is ready only when each of its shard processes' replicas
+    is too, and names those that are not (`shards_not_ready`).
     """
     node = node_of(request)
     if node.removed:
@@ -141,6 +147,14 @@ async def readyz(request: web.Request) -> web.Response:
     }
     if disk_full:
         body["disk_full"] = disk_full
+    router = request.app.get(SHARD_ROUTER)
+    if router is not None:
+        # A node of several shards is ready when every local replica is.
+        not_ready = await router.not_ready()
+        if not_ready:
+            ready = False
+            body["ready"] = False
+            body["shards_not_ready"] = not_ready
     return json_response(body, status=200 if ready else 503)
 
 

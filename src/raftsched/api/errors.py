@@ -26,6 +26,11 @@ STATUS_BY_CODE: dict[str, int] = {
     "lease_lost": 409,
     "invalid_state": 409,
     "payload_too_large": 413,
+    # A node of several shards (docs/shards.md): a request whose keys cannot
+    # all be kept in one shard, or place it elsewhere than its header says.
+    "ordering_key_shard": 422,
+    "batch_spans_shards": 422,
+    "wrong_shard": 422,
     "rate_limited": 429,
     "queue_full": 429,
     "internal_error": 500,

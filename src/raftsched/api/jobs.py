@@ -101,15 +101,29 @@ async def submit_job(request: web.Request) -> web.Response:
 @routes.post("/v1/jobs/batch")
 async def submit_batch(request: web.Request) -> web.Response:
     body = require_object(await read_json(request))
+    _, specs = parse_batch(request, body)
+    return json_response(await batch_answer(request, specs, body_bytes(request)))
+
+
+def parse_batch(request: web.Request, body: Mapping[str, Any]) -> tuple[list[Any], list[JobSpec]]:
+    """A batch's job requests and their specs, validated and scoped whole
+    (raises its 400 or 403): the batch commits together, so one bad request
+    fails the call and nothing is proposed. A node of several shards checks
+    the whole batch here before it proposes any shard's part."""
     reject_unknown(body, frozenset({"jobs"}))
     jobs = body.get("jobs")
     if not isinstance(jobs, list) or not 1 <= len(jobs) <= BATCH_JOBS_MAX:
         raise invalid("jobs", f"must be a list of 1 to {BATCH_JOBS_MAX} job requests")
-    # The batch commits together, so it is validated whole first: one bad
-    # request fails the call and nothing is proposed.
     specs = [parse_job(job, prefix=f"jobs[{i}].") for i, job in enumerate(jobs)]
     scope.require_tenant(request, {spec.tenant for spec in specs})
-    result = await _submit(request, specs, body_bytes(request))
+    return jobs, specs
+
+
+async def batch_answer(
+    request: web.Request, specs: list[JobSpec], size_bytes: int
+) -> dict[str, Any]:
+    """Submit validated specs as one command; the answer's `results`."""
+    result = await _submit(request, specs, size_bytes)
     results: list[dict[str, Any]] = []
     for item in result.items:
         if isinstance(item, SubmitItem):
@@ -119,7 +133,7 @@ async def submit_batch(request: web.Request) -> web.Response:
             results.append(entry)
         else:
             results.append(from_rejection(item).body())
-    return json_response({"results": results})
+    return {"results": results}
 
 
 @routes.get("/v1/jobs/{job_id}")

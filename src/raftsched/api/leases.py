@@ -358,6 +358,15 @@ for _op in OP_FIELDS:
 @routes.post("/v1/leases/batch")
 async def lease_batch(request: web.Request) -> web.Response:
     body = require_object(await read_json(request))
+    return json_response(await lease_batch_answer(request, body, body_bytes(request)))
+
+
+async def lease_batch_answer(
+    request: web.Request, body: Mapping[str, Any], size_bytes: int
+) -> dict[str, Any]:
+    """The answer of a lease batch (raises a whole request's errors,
+    NotLeader included). A node of several shards calls it for group 0's
+    part of a batch whose jobs are in several shards."""
     reject_unknown(body, frozenset({"ops", "next"}))
     ops = body.get("ops")
     if not isinstance(ops, list) or not 1 <= len(ops) <= LEASE_BATCH_OPS_MAX:
@@ -389,7 +398,7 @@ async def lease_batch(request: web.Request) -> web.Response:
             slots.append((op, None))
         except ApiError as error:
             slots.append(("error", error))
-    outcome = await propose_lease_ops(node, commands, wanted, body_bytes(request))
+    outcome = await propose_lease_ops(node, commands, wanted, size_bytes)
     outcomes = iter(outcome.results)
     results = [
         error.body() if error is not None else _slot_answer(request, op, next(outcomes))
@@ -398,7 +407,7 @@ async def lease_batch(request: web.Request) -> web.Response:
     answer: dict[str, Any] = {"results": results}
     if outcome.claim is not None:
         answer["next"] = _next_answer(node, outcome.claim)
-    return json_response(answer)
+    return answer
 
 
 def _slot_answer(request: web.Request, op: str, outcome: OpOutcome) -> dict[str, Any]:
@@ -430,8 +439,14 @@ async def record_effect(request: web.Request) -> web.Response:
 
 @routes.get("/v1/effects/{key}")
 async def get_effect(request: web.Request) -> web.Response:
+    body, headers = await effect_answer(request, request.match_info["key"])
+    return json_response(body, headers=headers)
+
+
+async def effect_answer(request: web.Request, key: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """`GET /v1/effects/{key}`'s answer and headers (raises 404, NotLeader).
+    A node of several shards asks each shard this (api.shard_routing)."""
     headers = await prepare_read(request)
-    key = request.match_info["key"]
     principal = principal_of(request)
     with node_of(request).reading() as state:
         effect = core.get_effect(state, key)
@@ -439,4 +454,4 @@ async def get_effect(request: web.Request) -> web.Response:
             effect = effect if scope.visible_effect(principal, state, key) else None
     if effect is None:
         raise ApiError("not_found", f"no effect {key}")
-    return json_response({"effect": render.effect(effect)}, headers=headers)
+    return {"effect": render.effect(effect)}, headers

@@ -13,6 +13,7 @@ and how a bearer secret becomes a principal, live with the middleware.
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
 from typing import Final
 
@@ -85,3 +86,52 @@ def principal_of(request: web.Request) -> Principal:
     """The caller of `request`; `ANONYMOUS` while authentication is off."""
     principal: Principal = request.get(_PRINCIPAL_KEY, ANONYMOUS)
     return principal
+
+
+def principal_if_set(request: web.Request) -> Principal | None:
+    """The principal authentication put on `request`, or None (a public
+    route, or no check made)."""
+    principal: Principal | None = request.get(_PRINCIPAL_KEY)
+    return principal
+
+
+# -- between a node process and its shard processes (docs/shards.md) -----------
+
+
+def encode_principal(principal: Principal) -> str:
+    """The principal as the node process tells a shard process (ASCII JSON)."""
+    return json.dumps(
+        {
+            "token_id": principal.token_id,
+            "name": principal.name,
+            "role": str(principal.role),
+            "tenants": None if principal.tenants is None else sorted(principal.tenants),
+            "queues": None if principal.queues is None else sorted(principal.queues),
+        },
+        separators=(",", ":"),
+    )
+
+
+def decode_principal(text: str) -> Principal:
+    """`encode_principal`'s principal; ValueError if `text` is not one."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError("not an object")
+    token_id, name = raw.get("token_id"), raw.get("name")
+    if not (token_id is None or isinstance(token_id, str)) or not isinstance(name, str):
+        raise ValueError("token_id or name is not a string")
+    return Principal(
+        token_id=token_id,
+        name=name,
+        role=Role(str(raw.get("role"))),
+        tenants=_names(raw.get("tenants")),
+        queues=_names(raw.get("queues")),
+    )
+
+
+def _names(value: object) -> frozenset[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ValueError("not a list of names")
+    return frozenset(value)

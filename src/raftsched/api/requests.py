@@ -34,10 +34,29 @@ def node_of(request: web.Request) -> NodeView:
     return request.app[NODE]
 
 
-async def read_json(request: web.Request) -> Any:
-    if not request.can_read_body:
-        raise invalid("body", "a JSON body is required")
+# Set once a request's body was read (aiohttp keeps the bytes, but says it
+# can read no more): a node of several shards reads a submission's body to
+# place it, then its handler reads it again.
+_BODY_READ = web.RequestKey("raftsched_body_read", bool)
+
+
+def has_body(request: web.Request) -> bool:
+    return request.can_read_body or request.get(_BODY_READ, False)
+
+
+async def read_body(request: web.Request) -> bytes | None:
+    """The request's body, read once however often asked; None without one."""
+    if not has_body(request):
+        return None
     raw = await request.read()
+    request[_BODY_READ] = True
+    return raw
+
+
+async def read_json(request: web.Request) -> Any:
+    raw = await read_body(request)
+    if raw is None:
+        raise invalid("body", "a JSON body is required")
     try:
         return jsonbody.loads(raw)
     except jsonbody.JsonError as error:
@@ -46,7 +65,7 @@ async def read_json(request: web.Request) -> Any:
 
 async def optional_body(request: web.Request) -> Mapping[str, Any]:
     """The JSON object of a request whose body may be left out (then `{}`)."""
-    if not request.can_read_body:
+    if not has_body(request):
         return {}
     return require_object(await read_json(request))
 

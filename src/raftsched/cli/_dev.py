@@ -23,6 +23,11 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         "--insecure-http", action="store_true",
         help="allow plain HTTP on a non-loopback --host",
     )  # fmt: skip
+    dev.add_argument(
+        "--shards", type=int, default=1, choices=range(1, 65), metavar="S",
+        help="data shards (docs/shards.md): every node runs group 0 and S-1 shard processes, "
+        "and one demo worker serves each shard; fixed when DATA_DIR is first used",
+    )  # fmt: skip
     dev.set_defaults(run=run_dev_command)
 
 
@@ -38,4 +43,5 @@ def run_dev_command(args: argparse.Namespace) -> int:
         host=args.host,
         tls=args.tls,
         insecure_http=args.insecure_http,
+        shards=args.shards,
     )

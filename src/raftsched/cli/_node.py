@@ -23,6 +23,7 @@ TOML keys mirror the flags (relative paths are relative to the file):
     # TLS (docs/security.md): tls_cert, tls_key, tls_client_ca, tls_ca
     # (paths), insecure_http = true to serve plain HTTP off loopback
     # tracing (docs/observability.md): otlp_endpoint = "http://collector:4318"
+    # shards (docs/shards.md): shards = 3, shard_port_stride = 100
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from raftsched.limits import (
     PROPOSAL_QUEUE_BYTES_MAX,
     PROPOSAL_QUEUE_COMMANDS_MAX,
 )
+from raftsched.shards import SHARD_PORT_STRIDE
 
 if TYPE_CHECKING:
     from raftsched.raft_journal import CorruptJournal
@@ -60,7 +62,7 @@ _FILE_KEYS = {
     "leader_fallback_timeout_s", "election_timeout_min_s", "election_timeout_max_s",
     "proposal_queue_commands_max", "proposal_queue_bytes_max", "admin_token_file",
     "tls_cert", "tls_key", "tls_client_ca", "tls_ca", "insecure_http",
-    "auth_failures_per_minute", "otlp_endpoint",
+    "auth_failures_per_minute", "otlp_endpoint", "shards", "shard_port_stride",
 }  # fmt: skip
 _PATH_KEYS = (
     "data_dir",
@@ -153,6 +155,16 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
         "http://127.0.0.1:4318; spans go to /v1/traces). Default: as the OTEL_* "
         "environment says, else off (docs/observability.md)",
     )  # fmt: skip
+    node.add_argument(
+        "--shards", type=int, metavar="S",
+        help="data shards (docs/shards.md): this node runs group 0 and one shard process "
+        "per shard 1..S-1; fixed when the data directory is created (default 1)",
+    )  # fmt: skip
+    node.add_argument(
+        "--shard-port-stride", type=int, metavar="N",
+        help="shard k's Raft port is the --raft port plus k × N, on every member "
+        "(default 100)",
+    )  # fmt: skip
     tls = node.add_argument_group("TLS (docs/security.md)")
     tls.add_argument("--tls-cert", type=Path, help="serve HTTPS with this certificate chain (PEM)")
     tls.add_argument("--tls-key", type=Path, help="the certificate's private key (PEM)")
@@ -180,6 +192,12 @@ def run_node_command(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
+    return run_config(config)
+
+
+def run_config(config: NodeConfig) -> int:
+    """Run a node (or a shard process, `raftsched.shard_process`) until it
+    stops; its exit status."""
     # Imported late: the CLI's other commands need no node.
     from raftsched.identity import EXIT_FOREIGN_DATA, ForeignDataDirectory
     from raftsched.process import NodeRefused, run_node
@@ -214,6 +232,11 @@ def _joined(config: NodeConfig, join_url: str, token_file: Path | None) -> NodeC
 
     if config.peers:
         raise ConfigError("--join and --peer exclude each other: --join learns the peers")
+    if config.shards > 1:
+        raise ConfigError(
+            "--join: membership changes of a cluster of several shards are not supported yet "
+            "(docs/shards.md, section 5)"
+        )
     token = join_token(config, token_file)
     peers = peers_for_join(config, join_url, token, tls.peer_context(config))
     joined = dataclasses.replace(config, peers=peers)
@@ -272,6 +295,8 @@ def build_config(args: argparse.Namespace) -> NodeConfig:
         "insecure_http": args.insecure_http,
         "auth_failures_per_minute": args.auth_failures_per_minute,
         "otlp_endpoint": args.otlp_endpoint,
+        "shards": args.shards,
+        "shard_port_stride": args.shard_port_stride,
     }
     settings.update({key: value for key, value in flags.items() if value is not None})
     return _to_config(settings)
@@ -347,6 +372,8 @@ def _to_config(settings: dict[str, Any]) -> NodeConfig:
         tls_ca_file=_optional_path(settings.get("tls_ca")),
         insecure_http=_flag(settings.get("insecure_http", False), "insecure_http"),
         otlp_endpoint=str(settings["otlp_endpoint"]) if settings.get("otlp_endpoint") else None,
+        shards=int(settings.get("shards", 1)),
+        shard_port_stride=int(settings.get("shard_port_stride", SHARD_PORT_STRIDE)),
     )
 
 

@@ -83,6 +83,13 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
         "(its base URL; spans go to /v1/traces). Default: as the OTEL_* environment says, "
         "else off (docs/observability.md)",
     )
+    worker.add_argument(
+        "--shard",
+        type=int,
+        metavar="K",
+        help="a cluster of several data shards (docs/shards.md): claim the jobs of shard K "
+        "only (run one worker per shard). Default: the cluster's group 0 (shard 0)",
+    )
     worker.set_defaults(run=run_worker_command)
 
 
@@ -101,6 +108,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
             next_claims=args.next_claims,
             kind_concurrency=dict(_kind_limit(spec) for spec in args.kind_concurrency),
             dead_letter_unknown_kinds=args.dead_letter_unknown_kinds,
+            shard=args.shard,
             token=token_from(args),
             timeout_s=args.timeout_s,
             **tls_options(args),

@@ -55,8 +55,11 @@ class AsyncClient(AsyncSchedulesMixin):
         ca_file: StrPath | None = None,
         client_cert: StrPath | None = None,
         client_key: StrPath | None = None,
+        shard: int | None = None,
     ) -> None:
         self._nodes = Nodes(urls)
+        # A client of one data shard names it on every call (docs/shards.md).
+        self._shard = shard
         self._timeout_s = timeout_s
         self._connect_timeout_s = min(connect_timeout_s, timeout_s)
         context = client_ssl_context(ca_file, client_cert, client_key)
@@ -102,7 +105,7 @@ class AsyncClient(AsyncSchedulesMixin):
 
     async def _execute(self, call: Call[Any]) -> Response:
         attempts = Attempts(self._nodes, call, budget_s=self._retry_budget_s)
-        headers = request_headers(call, uuid.uuid4().hex, self._token)
+        headers = request_headers(call, uuid.uuid4().hex, self._token, self._shard)
         body = encode_body(call)
         timeout_s = self._timeout_s + call.extra_timeout_s
         while True:
@@ -152,7 +155,7 @@ class AsyncClient(AsyncSchedulesMixin):
 
     async def _send_once(self, url: str, path: str) -> Response | None:
         call = calls.raw("GET", path)
-        headers = request_headers(call, uuid.uuid4().hex, self._token)
+        headers = request_headers(call, uuid.uuid4().hex, self._token, self._shard)
         try:
             return await self._send("GET", base_of(url) + path, None, headers, self._timeout_s)
         except TransportFailure:

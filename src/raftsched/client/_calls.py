@@ -115,14 +115,23 @@ def token_from_env() -> str | None:
     return os.environ.get("RAFTSCHED_TOKEN", "").strip() or None
 
 
-def request_headers(call: Call[Any], request_id: str, token: str | None) -> dict[str, str]:
+# A request naming the data shard it is for (docs/shards.md).
+SHARD_HEADER = "Raftsched-Shard"
+
+
+def request_headers(
+    call: Call[Any], request_id: str, token: str | None, shard: int | None = None
+) -> dict[str, str]:
     """Headers of every send of one call; the request id stays the same across
-    retries and redirects so that node logs tie them together."""
+    retries and redirects so that node logs tie them together. A client of
+    one shard (`shard`, docs/shards.md) names it on every call."""
     headers = {"Accept": "application/json", "User-Agent": USER_AGENT, "X-Request-Id": request_id}
     if call.body is not None:
         headers["Content-Type"] = "application/json"
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    if shard is not None:
+        headers[SHARD_HEADER] = str(shard)
     # The caller's trace context (W3C `traceparent`, `tracestate`, by the
     # global propagator), when a span is current: a submission's jobs keep
     # it, and the node's spans join the caller's trace. Nothing without one

@@ -75,6 +75,11 @@ class Client(SchedulesMixin):
     HTTPS: `ca_file` is the CA bundle to trust instead of the system's
     (a cluster with its own CA); `client_cert` and `client_key` are shown to
     a cluster that requires client certificates (mutual TLS).
+
+    `shard`: a cluster of several data shards (docs/shards.md) answers every
+    call of this client from shard `shard` (the `Raftsched-Shard` header):
+    a worker's claims, say. Calls by id and submissions find their shard
+    without it.
     """
 
     def __init__(
@@ -88,8 +93,11 @@ class Client(SchedulesMixin):
         ca_file: StrPath | None = None,
         client_cert: StrPath | None = None,
         client_key: StrPath | None = None,
+        shard: int | None = None,
     ) -> None:
         self._nodes = Nodes(urls)
+        # A client of one data shard names it on every call (docs/shards.md).
+        self._shard = shard
         self._timeout_s = timeout_s
         self._retry_budget_s = retry_budget_s
         # None: $RAFTSCHED_TOKEN, if set; "" sends no token at all.
@@ -132,7 +140,7 @@ class Client(SchedulesMixin):
 
     def _execute(self, call: Call[Any]) -> Response:
         attempts = Attempts(self._nodes, call, budget_s=self._retry_budget_s)
-        headers = request_headers(call, _new_request_id(), self._token)
+        headers = request_headers(call, _new_request_id(), self._token, self._shard)
         body = encode_body(call)
         timeout_s = self._timeout_s + call.extra_timeout_s
         while True:
@@ -150,7 +158,7 @@ class Client(SchedulesMixin):
     def _send_once(self, url: str, path: str) -> Response | None:
         """One GET to one node, no failover; None if it did not answer."""
         call = calls.raw("GET", path)
-        headers = request_headers(call, _new_request_id(), self._token)
+        headers = request_headers(call, _new_request_id(), self._token, self._shard)
         try:
             return self._transport.send("GET", base_of(url) + path, None, headers, self._timeout_s)
         except TransportFailure:

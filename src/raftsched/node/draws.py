@@ -7,13 +7,16 @@ draws them, so a test or a simulation can replace them all in one place.
 
 Identifiers are `<prefix>_` + 48 bits of milliseconds + 80 random bits in
 Crockford base32 (26 characters, like a ULID): sortable by creation time,
-unique without coordination.
+unique without coordination. The process of data shard k >= 1 (docs/shards.md)
+draws `<prefix><k>_...` (`job3_...`), so an id names its shard.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+
+from raftsched.shards import id_prefix
 
 _CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
@@ -53,17 +56,20 @@ class IdSource:
 
 class Draws:
     """Every identifier and random number this node puts into a command.
-    `now_ms` is the leader clock the identifiers take their time from."""
+    `now_ms` is the leader clock the identifiers take their time from;
+    `shard`, the data shard this process runs (0: group 0, today's ids)."""
 
-    def __init__(self, now_ms: Callable[[], int]) -> None:
+    def __init__(self, now_ms: Callable[[], int], shard: int = 0) -> None:
         self._now_ms = now_ms
         self._ids = IdSource()
+        self._shard = shard
 
     def new_id(self, prefix: str) -> str:
-        return self._ids.new(prefix, self._now_ms())
+        return self._ids.new(id_prefix(prefix, self._shard), self._now_ms())
 
     def new_ids(self, prefix: str, count: int) -> tuple[str, ...]:
         now_ms = self._now_ms()  # one clock read for a batch
+        prefix = id_prefix(prefix, self._shard)
         return tuple(self._ids.new(prefix, now_ms) for _ in range(count))
 
     def u32(self) -> int:

@@ -84,6 +84,7 @@ from raftsched.node.versions import (
 from raftsched.node.view import LeaderInfo
 from raftsched.raft import Halt, RaftNode, RaftStatus
 from raftsched.raft_journal import SNAPSHOT_NAME
+from raftsched.shards import SHARD_HEADER
 
 log = logging.getLogger("raftsched.node")
 
@@ -123,7 +124,7 @@ class Node:
         self.loop = loop
         self.metrics = NodeMetrics()
         self.clock = LeaderClock()
-        self.draws = Draws(self.clock.now_ms)  # every id and random number proposed
+        self.draws = Draws(self.clock.now_ms, config.shard)  # every id and random number proposed
         # The dashboard's charts (node.series): every replica counts what it applies.
         self.series = SeriesRing()
         self.replica = ReplicatedState(
@@ -207,6 +208,9 @@ class Node:
         self._peer_tls_warned_at: dict[str, float] = {}
         # A follower's asks for the leader's commit index (catch_up).
         self.read_index = ReadIndex(self._ask_leader_commit_index)
+        # A shard process asks its peers' shard processes, through their
+        # nodes, which route the header to them (docs/shards.md).
+        self._peer_headers = {SHARD_HEADER: str(config.shard)} if config.shard else None
         self._skew_measured_at = 0.0
         self.peer_versions = PeerVersions({p.id: p.http_url for p in config.peers})
         # The cluster version this replica last read (it only goes up).
@@ -697,7 +701,9 @@ class Node:
         if timeout_s is not None:  # else the session's own
             options["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
         try:
-            async with self._http_session.get(url.rstrip("/") + path, **options) as response:
+            async with self._http_session.get(
+                url.rstrip("/") + path, headers=self._peer_headers, **options
+            ) as response:
                 body = await response.json()
         except aiohttp.ClientSSLError as error:
             self._warn_peer_tls(url, error)

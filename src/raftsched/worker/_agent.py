@@ -122,6 +122,10 @@ class WorkerConfig:
     # Also claim the jobs of kinds without a handler here, and dead-letter
     # them (`_kinds`): for a pool that alone serves its queues.
     dead_letter_unknown_kinds: bool = False
+    # A cluster of several data shards (docs/shards.md): claim from this
+    # shard only, naming it on every request (one worker per shard, until
+    # a worker polls every shard itself).
+    shard: int | None = None
 
     @property
     def claim_wait_s(self) -> float:
@@ -148,6 +152,8 @@ class WorkerConfig:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.lease_s <= 0 or self.poll_wait_s < 0 or self.shutdown_grace_s < 0:
             raise ValueError("lease_s must be positive, poll_wait_s and grace non-negative")
+        if self.shard is not None and not 0 <= self.shard < 64:
+            raise ValueError("shard must be between 0 and 63")
         client_ssl_context(self.ca_file, self.client_cert, self.client_key)  # the files load
 
 
@@ -260,6 +266,7 @@ class Worker:
             ca_file=config.ca_file,
             client_cert=config.client_cert,
             client_key=config.client_key,
+            shard=config.shard,
         )
         batcher = LeaseBatcher(
             client,

@@ -77,6 +77,22 @@ def test_layout_check_refuses_a_different_cluster(tmp_path: Path) -> None:
     assert "different cluster" in (devcluster.check_layout(path, five) or "")
 
 
+def test_a_sharded_dev_cluster_names_its_shards(tmp_path: Path) -> None:
+    plan = devcluster.plan_nodes(3, tmp_path, "127.0.0.1", 8701, 9701)
+    command = devcluster.node_command(plan[0], plan[1:], tmp_path / "secret", shards=3)
+    assert command[command.index("--shards") + 1] == "3"
+    assert "--shards" not in devcluster.node_command(plan[0], plan[1:], tmp_path / "secret")
+    worker = devcluster.worker_command(plan, shard=2)
+    assert worker[worker.index("--shard") + 1] == "2"
+    assert worker[worker.index("--worker-id") + 1] == "dev-worker-s2"
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"nodes": [
+        {"id": n.id, "raft_address": n.raft_address} for n in plan
+    ], "shards": 3}))  # fmt: skip
+    assert devcluster.check_layout(path, plan, 3) is None
+    assert "--shards 3" in (devcluster.check_layout(path, plan, 1) or "")
+
+
 def launch(data_dir: Path, http_port: int, raft_port: int) -> subprocess.Popen[bytes]:
     # Dies with this test process, and its nodes with it (child_processes).
     return child_processes.popen(

@@ -1,0 +1,968 @@
+"""Routing in a node of several shards (docs/shards.md, sections 2 and 3).
+
+A node started with `--shards S` (S > 1) answers every request as before,
+after authentication, but first decides which shard it is for:
+
+- **A request naming a shard** with `Raftsched-Shard: k` (workers' claims)
+  goes to shard k, never anywhere else; on a route that is not a shard's
+  (tokens, membership, queue settings, ...) the header is ignored. A value
+  that names no shard is 400 `invalid_request`.
+- **An id names its shard** (`raftsched.shards.shard_of_id`): a job and its
+  history, effects, cancel, replay and lease operations, a workflow, a
+  schedule. An id naming a shard >= S is 404.
+- **A submission is placed**: by its ordering key, else its idempotency key
+  (`raftsched.shards.key_shard`), else round-robin over the shards whose
+  leader is known. Workflows and schedules are placed whole; a step or
+  template whose ordering key belongs to another shard is 422
+  `ordering_key_shard`. A batch of jobs goes where its keys place it; one
+  whose keys place jobs in several shards needs an idempotency key on every
+  job (else 422 `batch_spans_shards`), is validated whole, then split, each
+  part proposed in its shard and the answers merged in the request's order.
+  A lease batch is split by its jobs' shards.
+- **Everything else** (lists, counts, queues, the dashboard, metrics,
+  events, tokens, membership, backup) is answered by group 0, as before.
+
+Shard 0 is group 0, answered in this process. Shard k >= 1 is this node's
+shard process, reached over the Unix socket in its data directory: the
+request (method, path, query, headers, body) goes there with the caller's
+principal in `INTERNAL_PRINCIPAL_HEADER`, and the answer streams back. A
+shard process that leads its shard answers; one that does not answers its
+own 307 to the node hosting the leader, which passes through unchanged (a
+request the node placed gets `?shard=k` added to the Location, so that the
+node it goes to keeps the placement of a job without keys). The parts of a
+split batch whose shard leads elsewhere are sent on by the node itself to
+that leader's node, with the caller's own credentials and the shard named.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import json
+import logging
+import os
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+from raftsched.api import jobs, leases, scope, workflows
+from raftsched.api.errors import ApiError, from_proposal_error
+from raftsched.api.jsonbody import json_response
+from raftsched.api.principal import ANONYMOUS, encode_principal, principal_if_set
+from raftsched.api.requests import Handler, read_body, read_json
+from raftsched.api.validation import choice, parse_job, require_object, string
+from raftsched.core.kernel.commands import JobSpec
+from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
+from raftsched.logs import REQUEST_ID
+from raftsched.node.lease_ops import PROPOSAL_ERRORS
+from raftsched.node.proposer import NotLeader
+from raftsched.node.view import NodeView
+from raftsched.shards import (
+    INTERNAL_PRINCIPAL_HEADER,
+    SHARD_HEADER,
+    SHARD_QUERY,
+    key_shard,
+    shard_of_id,
+    socket_path,
+)
+
+log = logging.getLogger("raftsched.api")
+
+# How often the node asks its shard processes who leads (round-robin skips
+# a shard without a leader), and how long it waits for each answer.
+STATUS_PERIOD_S: Final = 1.0
+STATUS_TIMEOUT_S: Final = 3.0
+# A shard process that does not accept the connection this fast is down.
+CONNECT_TIMEOUT_S: Final = 5.0
+# While a proxied request (a long poll) waits, whether its client left.
+CLIENT_CHECK_S: Final = 0.5
+# Redirects the node follows itself for a part of a split batch.
+PART_REDIRECTS_MAX: Final = 3
+PART_TIMEOUT_S: Final = WAIT_S_MAX + 30.0  # a part's next claim may long-poll
+
+_HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+# A shard process takes the principal its node names, never a client's
+# claim to one, and needs no bearer secret.
+_NOT_FORWARDED: Final = _HOP_BY_HOP | {
+    INTERNAL_PRINCIPAL_HEADER.lower(),
+    SHARD_HEADER.lower(),
+    "authorization",
+}
+# Headers of a shard's answer the node sets itself.
+_NOT_RETURNED: Final = _HOP_BY_HOP | {"date", "server"}
+# What a part sent on to another node carries of the caller's request.
+_PART_HEADERS: Final = ("Authorization", "traceparent", "tracestate", "X-Request-Id")
+
+# A shard header value: a decimal number without sign, spaces or leading zeros.
+_SHARD_VALUE = re.compile(r"0|[1-9][0-9]{0,3}")
+# Path parameters that hold an id naming its shard.
+_ID_PARAMS: Final = ("job_id", "workflow_id", "schedule_id")
+# Routes the shard header may send to a shard: the shards' data, and what
+# tells about one shard (its time and identity, readiness, status, digest).
+_HEADER_PREFIXES: Final = ("/v1/jobs", "/v1/leases", "/v1/workflows", "/v1/schedules")
+_HEADER_ROUTES: Final = frozenset(
+    {
+        "/v1/effects",
+        "/v1/effects/{key}",
+        "/v1/time",
+        "/healthz",
+        "/readyz",
+        "/v1/cluster",
+        "/v1/debug/digest",
+        "/metrics",
+    }
+)
+
+_PLACED: Final = web.RequestKey("raftsched_placed_shard", int)
+
+
+def header_routable(route: str) -> bool:
+    return route in _HEADER_ROUTES or route.startswith(_HEADER_PREFIXES)
+
+
+def routed_elsewhere(request: web.Request) -> bool:
+    """Whether this request goes to a shard process rather than group 0, as
+    far as its headers and path say (a submission's body is not read here).
+    Authentication leaves the checks on a job's state to the shard that
+    holds the job."""
+    router = request.app.get(SHARD_ROUTER)
+    return router is not None and router.static_shard(request) != 0
+
+
+def redirect_location(request: web.Request, base_url: str) -> str:
+    """Where a 307 sends `request`: the same path and query at `base_url`,
+    with `?shard=k` when this node placed the request in shard k."""
+    placed = request.get(_PLACED)
+    url = request.rel_url
+    if placed is not None:
+        url = url.update_query({SHARD_QUERY: str(placed)})
+    return base_url.rstrip("/") + str(url)
+
+
+class ShardRouter:
+    """The node process's side of its shards: which shard a request is for,
+    and the connections to its shard processes."""
+
+    def __init__(
+        self,
+        node: NodeView,
+        count: int,
+        data_dir: Path,
+        *,
+        pid_of: Callable[[int], int | None],
+        peer_ssl: Any = None,
+    ) -> None:
+        self.node = node
+        self.count = count
+        self._pid_of = pid_of
+        self._peer_ssl = True if peer_ssl is None else peer_ssl
+        self._sockets = {shard: socket_path(data_dir, shard) for shard in range(1, count)}
+        self._sessions: dict[int, aiohttp.ClientSession] = {}
+        self._remote: aiohttp.ClientSession | None = None
+        # Each shard's last /readyz answer (None: its process did not answer).
+        self.known: dict[int, dict[str, Any] | None] = dict.fromkeys(self._sockets)
+        self._turn = itertools.count()
+        self._poll_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle (the application's startup and cleanup) --------------------
+
+    async def on_startup(self, app: web.Application) -> None:
+        for shard, path in self._sockets.items():
+            self._sessions[shard] = aiohttp.ClientSession(
+                connector=aiohttp.UnixConnector(path=str(path)),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+                auto_decompress=False,
+            )
+        self._remote = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=PART_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S)
+        )
+        self._poll_task = asyncio.get_running_loop().create_task(self._poll_forever())
+
+    async def on_cleanup(self, app: web.Application) -> None:
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+        for session in self._sessions.values():
+            await session.close()
+        if self._remote is not None:
+            await self._remote.close()
+
+    # -- which shard -------------------------------------------------------------
+
+    def header_shard(self, request: web.Request) -> int | None:
+        """The shard the request names (`Raftsched-Shard`), or None; 400 for
+        a value that names none."""
+        value = request.headers.get(SHARD_HEADER)
+        if value is None:
+            return None
+        return self._shard_number(value.strip(), SHARD_HEADER)
+
+    def _shard_number(self, value: str, field: str) -> int:
+        if not _SHARD_VALUE.fullmatch(value) or int(value) >= self.count:
+            raise ApiError(
+                "invalid_request",
+                f"{field}: must name a shard, 0 to {self.count - 1}",
+                {"field": field, "shards": self.count},
+            )
+        return int(value)
+
+    def static_shard(self, request: web.Request) -> int:
+        """The shard the header or a path id names (0 when neither does, or
+        the header is not valid: routing answers that 400)."""
+        resource = request.match_info.route.resource
+        if resource is None:
+            return 0
+        value = request.headers.get(SHARD_HEADER)
+        if value is not None and header_routable(resource.canonical):
+            value = value.strip()
+            valid = _SHARD_VALUE.fullmatch(value) and int(value) < self.count
+            return int(value) if valid else 0
+        for name in _ID_PARAMS:
+            identifier = request.match_info.get(name)
+            if identifier is not None:
+                return shard_of_id(identifier)
+        return 0
+
+    def _named(self, identifier: str, what: str) -> int:
+        """The shard `identifier` names; 404 if this cluster has no such shard."""
+        shard = shard_of_id(identifier)
+        if shard >= self.count:
+            raise ApiError(
+                "not_found",
+                f"no {what} {identifier}: it names shard {shard}, and this cluster has "
+                f"{self.count} shards",
+                {"shard": shard, "shards": self.count},
+            )
+        return shard
+
+    def next_shard(self) -> int:
+        """Round-robin over the shards whose leader is known (all of them if
+        none is): where a submission without keys goes."""
+        led = [0] if self.node.leader() is not None else []
+        led += [k for k, seen in self.known.items() if seen and seen.get("leader_id")]
+        candidates = led or list(range(self.count))
+        return candidates[next(self._turn) % len(candidates)]
+
+    def _hint(self, request: web.Request) -> int | None:
+        """`?shard=k` on a request this node's peer placed and redirected."""
+        value = request.query.get(SHARD_QUERY)
+        return None if value is None else self._shard_number(value, SHARD_QUERY)
+
+    def _key_shard(self, spec: JobSpec) -> tuple[int, str] | None:
+        """Where a job's keys place it, and which key: the ordering key, else
+        the idempotency key; None for a job without keys."""
+        if spec.ordering_key is not None:
+            return key_shard(spec.tenant, spec.ordering_key, self.count), "ordering_key"
+        if spec.idempotency_key is not None:
+            return key_shard(spec.tenant, spec.idempotency_key, self.count), "idempotency_key"
+        return None
+
+    # -- the route ---------------------------------------------------------------
+
+    async def route(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Answer `request` in group 0 (`handler`) or in the shard it is for."""
+        resource = request.match_info.route.resource
+        if resource is None:
+            return await handler(request)
+        route = resource.canonical
+        placement = _PLACEMENTS.get((request.method, route))
+        named = self.header_shard(request) if header_routable(route) else None
+        if named is not None:
+            if placement is not None:
+                return await placement(self, request, handler, named)
+            return await self._to(request, handler, named)
+        for name in _ID_PARAMS:
+            identifier = request.match_info.get(name)
+            if identifier is not None:
+                shard = self._named(identifier, name.removesuffix("_id"))
+                return await self._to(request, handler, shard)
+        if placement is None:
+            return await handler(request)
+        return await placement(self, request, handler, None)
+
+    async def _to(
+        self, request: web.Request, handler: Handler, shard: int, *, placed: bool = False
+    ) -> web.StreamResponse:
+        if placed:
+            request[_PLACED] = shard
+        if shard == 0:
+            return await handler(request)
+        return await self._proxy(request, shard, placed=placed)
+
+    def _placed(
+        self,
+        request: web.Request,
+        keyed: int | None,
+        named: int | None,
+        why: str = "the job's keys",
+    ) -> int:
+        """The shard a submission goes to: where its keys place it, checked
+        against the shard the request named; else the named one, the one a
+        redirecting node placed it in, or the next in turn."""
+        if keyed is not None:
+            if named is not None and named != keyed:
+                raise ApiError(
+                    "wrong_shard",
+                    f"{SHARD_HEADER} names shard {named}, but {why} place it in shard {keyed}",
+                    {"shard": keyed, "named": named},
+                )
+            return keyed
+        if named is not None:
+            return named
+        hinted = self._hint(request)
+        return hinted if hinted is not None else self.next_shard()
+
+    # -- submissions -------------------------------------------------------------
+
+    async def _submit_job(
+        self, request: web.Request, handler: Handler, named: int | None
+    ) -> web.StreamResponse:
+        spec = parse_job(await read_json(request))
+        keyed = self._key_shard(spec)
+        shard = self._placed(request, None if keyed is None else keyed[0], named)
+        return await self._to(request, handler, shard, placed=True)
+
+    async def _submit_batch(
+        self, request: web.Request, handler: Handler, named: int | None
+    ) -> web.StreamResponse:
+        body = require_object(await read_json(request))
+        raw_jobs, specs = jobs.parse_batch(request, body)  # the whole batch, before any part
+        keyed = [self._key_shard(spec) for spec in specs]
+        first = next((found[0] for found in keyed if found is not None), None)
+        if named is not None:
+            for index, found in enumerate(keyed):
+                if found is not None and found[0] != named:
+                    raise ApiError(
+                        "wrong_shard",
+                        f"{SHARD_HEADER} names shard {named}, but jobs[{index}].{found[1]} "
+                        f"places that job in shard {found[0]}",
+                        {"shard": found[0], "named": named, "index": index},
+                    )
+        shard = self._placed(request, first, named)
+        # Jobs without keys go with the first keyed job (or all to one shard).
+        shards = [shard if found is None else found[0] for found in keyed]
+        if len(set(shards)) == 1:
+            return await self._to(request, handler, shard, placed=True)
+        for index, spec in enumerate(specs):
+            if spec.idempotency_key is None:
+                raise ApiError(
+                    "batch_spans_shards",
+                    "the batch's keys place its jobs in several shards "
+                    f"({', '.join(map(str, sorted(set(shards))))}), where it commits per "
+                    f"shard: every job needs an idempotency key, so that retrying the whole "
+                    f"batch after a partial failure is exact; jobs[{index}] has none",
+                    {"index": index, "shards": sorted(set(shards))},
+                )
+        parts = _parts(shards)
+
+        async def group0(indexes: list[int], size_bytes: int) -> dict[str, Any]:
+            return await jobs.batch_answer(request, [specs[i] for i in indexes], size_bytes)
+
+        answers = await asyncio.gather(
+            *(
+                self._part(
+                    request,
+                    shard,
+                    "/v1/jobs/batch",
+                    {"jobs": [raw_jobs[i] for i in indexes]},
+                    functools.partial(group0, indexes),
+                )
+                for shard, indexes in parts.items()
+            )
+        )
+        results: list[Any] = [None] * len(specs)
+        for indexes, (status, answer) in zip(parts.values(), answers, strict=True):
+            if status != 200:
+                # Committed parts stand; the client retries the whole batch,
+                # which their idempotency keys make exact.
+                return json_response(answer, status=status, headers=_retry_after(status))
+            for local, index in enumerate(indexes):
+                results[index] = _reindexed(answer["results"][local], "jobs", local, index)
+        return json_response({"results": results})
+
+    async def _submit_workflow(
+        self, request: web.Request, handler: Handler, named: int | None
+    ) -> web.StreamResponse:
+        fields = workflows.parse_workflow(await read_json(request))
+        tenant: str = fields["tenant"]
+        keyed: int | None = None
+        why = "the workflow's idempotency key"
+        if fields["idempotency_key"] is not None:
+            keyed = key_shard(tenant, fields["idempotency_key"], self.count)
+        specs = [
+            (f"steps[{i}].{where}ordering_key", spec)
+            for i, step in enumerate(fields["steps"])
+            for where, spec in (("", step.job), ("compensation.", step.compensation))
+            if spec is not None and spec.ordering_key is not None
+        ]
+        if keyed is None and specs:
+            keyed = key_shard(tenant, str(specs[0][1].ordering_key), self.count)
+            why = f"{specs[0][0]}"
+        shard = self._placed(request, keyed, named, why)
+        for field, spec in specs:
+            belongs = key_shard(tenant, str(spec.ordering_key), self.count)
+            if belongs != shard:
+                raise _ordering_key_shard(field, belongs, shard, "workflow")
+        return await self._to(request, handler, shard, placed=True)
+
+    def _schedule_shard(
+        self, body: object, prefix: str
+    ) -> tuple[int | None, tuple[str, int] | None]:
+        """A schedule's shard as its id names it (None: no id given) and as
+        its template's ordering key does ((field, shard) or None); validates
+        the schedule (400) on the way."""
+        from raftsched.api.schedules import parse_schedule
+
+        document = require_object(body, prefix.rstrip(".") or "body")
+        given = document.get("id")
+        # A schedule without an id gets one drawn by the shard it goes to.
+        spec = parse_schedule(
+            document if given is not None else {**document, "id": "sch_placeholder"},
+            prefix=prefix,
+        )
+        by_id = self._named(spec.id, "schedule") if given is not None else None
+        key = spec.job.ordering_key
+        by_key = None
+        if key is not None:
+            by_key = (f"{prefix}job.ordering_key", key_shard(spec.job.tenant, key, self.count))
+        if by_id is not None and by_key is not None and by_key[1] != by_id:
+            raise _ordering_key_shard(by_key[0], by_key[1], by_id, "schedule")
+        return by_id, by_key
+
+    async def _create_schedule(
+        self, request: web.Request, handler: Handler, named: int | None
+    ) -> web.StreamResponse:
+        by_id, by_key = self._schedule_shard(await read_json(request), "")
+        keyed = by_id if by_id is not None else None if by_key is None else by_key[1]
+        shard = self._placed(request, keyed, named, "the schedule's id or ordering key")
+        return await self._to(request, handler, shard, placed=True)
+
+    async def _create_schedules(
+        self, request: web.Request, handler: Handler, named: int | None
+    ) -> web.StreamResponse:
+        body = require_object(await read_json(request))
+        items = body.get("schedules")
+        if not isinstance(items, list):
+            return await handler(request)  # its 400
+        found: list[tuple[int, int]] = []
+        for index, item in enumerate(items):
+            by_id, by_key = self._schedule_shard(item, f"schedules[{index}].")
+            keyed = by_id if by_id is not None else None if by_key is None else by_key[1]
+            if keyed is not None:
+                found.append((index, keyed))
+        if len({shard for _, shard in found}) > 1:
+            raise ApiError(
+                "batch_spans_shards",
+                "the schedules' ids or ordering keys place them in several shards "
+                f"({', '.join(str(shard) for shard in sorted({s for _, s in found}))}): "
+                "create them in one batch per shard",
+                {"shards": sorted({shard for _, shard in found})},
+            )
+        keyed = found[0][1] if found else None
+        shard = self._placed(request, keyed, named, "the schedules' ids or ordering keys")
+        return await self._to(request, handler, shard, placed=True)
+
+    async def _record_effect(
+        self, request: web.Request, handler: Handler, named: int | None
+    ) -> web.StreamResponse:
+        if named is not None:
+            return await self._to(request, handler, named)
+        body = await read_json(request)
+        job_id = body.get("job_id") if isinstance(body, dict) else None
+        if not isinstance(job_id, str):
+            return await handler(request)  # its 400
+        return await self._to(request, handler, self._named(job_id, "job"))
+
+    async def _get_effect(
+        self, request: web.Request, handler: Handler, named: int | None
+    ) -> web.StreamResponse:
+        """An effect is recorded in its job's shard, and its key names no
+        shard: every shard is asked (each as a read of its own says, so a
+        linearizable lookup sees every effect recorded before it), and the
+        first that holds the key answers, naming the others in `also_in`
+        (keys derived from a job's id are never in two)."""
+        if named is not None:
+            return await self._to(request, handler, named)
+        key = request.match_info["key"]
+        path = str(request.rel_url)
+
+        async def group0(size_bytes: int) -> dict[str, Any]:
+            return (await leases.effect_answer(request, key))[0]
+
+        answers = await asyncio.gather(
+            *(self._part(request, shard, path, None, group0) for shard in range(self.count))
+        )
+        found = [(shard, answer) for shard, (status, answer) in enumerate(answers) if status == 200]
+        if found:
+            body = dict(found[0][1])
+            if len(found) > 1:
+                body["also_in"] = [shard for shard, _ in found[1:]]
+            return json_response(body)
+        failed = [(status, answer) for status, answer in answers if status != 404]
+        if failed:  # a shard that could not say may hold it
+            status, answer = failed[0]
+            return json_response(answer, status=status, headers=_retry_after(status))
+        return json_response(answers[0][1], status=404)
+
+    async def _membership(
+        self, request: web.Request, handler: Handler, named: int | None
+    ) -> web.StreamResponse:
+        """Membership changes are not built for shards yet (docs/shards.md,
+        section 5): a member added to or removed from group 0 alone would
+        leave every shard's group with the old members, and a new member's
+        shard processes would stand for elections in groups that do not
+        know them. Refused, with nothing changed."""
+        raise ApiError(
+            "invalid_state",
+            "membership changes of a cluster of several shards are not supported yet "
+            "(docs/shards.md, section 5); nothing was changed",
+            {"reason": "shards", "shards": self.count},
+        )
+
+    async def _lease_batch(
+        self, request: web.Request, handler: Handler, named: int | None
+    ) -> web.StreamResponse:
+        if named is not None:
+            return await self._to(request, handler, named)
+        body = await read_json(request)
+        ops = body.get("ops") if isinstance(body, dict) else None
+        if (
+            not isinstance(body, dict)
+            or not body.keys() <= {"ops", "next"}
+            or not isinstance(ops, list)
+            or not 1 <= len(ops) <= LEASE_BATCH_OPS_MAX
+        ):
+            return await handler(request)  # its 400
+        shards = [self._op_shard(op, index) for index, op in enumerate(ops)]
+        parts = _parts(shards)
+        if len(parts) == 1:
+            return await self._to(request, handler, shards[0])
+        # The claim is checked before any part is proposed, as a batch's is.
+        scope_next = leases.next_request(body, worker_required=True, after_success_only=False)
+        if scope_next is not None:
+            scope.require_queues(request, scope_next.queues)
+        carrier = shards[0]  # the next claim rides with the first operation's shard
+
+        def part_body(shard: int, indexes: Sequence[int]) -> dict[str, Any]:
+            part: dict[str, Any] = {"ops": [ops[i] for i in indexes]}
+            if shard == carrier and "next" in body:
+                part["next"] = body["next"]
+            return part
+
+        async def group0(document: Mapping[str, Any], size_bytes: int) -> dict[str, Any]:
+            return await leases.lease_batch_answer(request, document, size_bytes)
+
+        documents = {shard: part_body(shard, indexes) for shard, indexes in parts.items()}
+        answers = await asyncio.gather(
+            *(
+                self._part(
+                    request,
+                    shard,
+                    "/v1/leases/batch",
+                    documents[shard],
+                    functools.partial(group0, documents[shard]),
+                )
+                for shard in parts
+            )
+        )
+        results: list[Any] = [None] * len(ops)
+        answer: dict[str, Any] = {}
+        for (shard, indexes), (status, part) in zip(parts.items(), answers, strict=True):
+            for local, index in enumerate(indexes):
+                # Each operation stands alone: a part that failed whole fails
+                # each of its operations with its error.
+                entry = part["results"][local] if status == 200 else part
+                results[index] = _reindexed(entry, "ops", local, index)
+            if shard == carrier and "next" in body:
+                answer["next"] = part.get("next", part) if status == 200 else part
+        return json_response({"results": results, **answer})
+
+    def _op_shard(self, op: object, index: int) -> int:
+        """The shard of a lease batch's operation: its job's. One that is not
+        well formed, or names a shard >= S, goes to group 0, which answers
+        it as an op on its own would be answered (400, 404)."""
+        try:
+            item = require_object(op, f"ops[{index}]")
+            choice(item, "op", leases.OP_FIELDS)
+            job_id = string(item, "job_id", required=True)
+        except ApiError:
+            return 0
+        assert job_id is not None
+        shard = shard_of_id(job_id)
+        return shard if shard < self.count else 0
+
+    # -- a shard's part of a split batch ------------------------------------------
+
+    async def _part(
+        self,
+        request: web.Request,
+        shard: int,
+        path: str,
+        document: Mapping[str, Any] | None,
+        in_group0: Callable[[int], Awaitable[dict[str, Any]]],
+    ) -> tuple[int, dict[str, Any]]:
+        """(status, JSON answer) of one shard's part: group 0 in this
+        process, a shard process over its socket, and, where that shard is
+        led from another node, that node, asked by this one. A POST of
+        `document`, or a GET (`document` None) of `path` with its query."""
+        method = "GET" if document is None else "POST"
+        data = None if document is None else json.dumps(document).encode()
+        location: str | None = None
+        if shard == 0:
+            try:
+                return 200, await in_group0(0 if data is None else len(data))
+            except NotLeader:
+                leader = self.node.leader()
+                if leader is None or leader.http_url is None or leader.id == self.node.node_id:
+                    return 503, _no_leader(shard)
+                location = leader.http_url.rstrip("/") + path
+            except ApiError as error:
+                return error.status, error.body()
+            except PROPOSAL_ERRORS as error:
+                failed = from_proposal_error(error)
+                return failed.status, failed.body()
+        else:
+            try:
+                status, headers, answer = await self._call(request, shard, method, path, data)
+            except ApiError as error:
+                return error.status, error.body()
+            if status not in (307, 308):
+                return status, answer
+            location = headers.get("Location")
+        return await self._sent_on(request, shard, location, method, data)
+
+    async def _sent_on(
+        self,
+        request: web.Request,
+        shard: int,
+        location: str | None,
+        method: str,
+        data: bytes | None,
+    ) -> tuple[int, dict[str, Any]]:
+        """A part sent to the node that leads its shard, as its client would
+        have sent it there (its own credentials), with the shard named."""
+        assert self._remote is not None
+        headers = {name: request.headers[name] for name in _PART_HEADERS if name in request.headers}
+        headers[SHARD_HEADER] = str(shard)
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        for _ in range(PART_REDIRECTS_MAX):
+            if not location:
+                return 503, _no_leader(shard)
+            try:
+                async with self._remote.request(
+                    method,
+                    location,
+                    data=data,
+                    headers=headers,
+                    allow_redirects=False,
+                    ssl=self._peer_ssl,
+                ) as response:
+                    if response.status in (307, 308):
+                        location = response.headers.get("Location")
+                        continue
+                    answer = await response.json(content_type=None)
+                    return response.status, answer if isinstance(answer, dict) else {}
+            except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as error:
+                failed = ApiError(
+                    "outcome_unknown" if isinstance(error, asyncio.TimeoutError) else "unavailable",
+                    f"shard {shard}'s part of the batch could not be sent to its leader: {error}",
+                    {"reason": "shard_part_failed", "shard": shard},
+                )
+                return failed.status, failed.body()
+        return 503, _no_leader(shard)
+
+    # -- over a shard process's socket --------------------------------------------
+
+    def _forward_headers(self, request: web.Request) -> dict[str, str]:
+        headers = {
+            name: value
+            for name, value in request.headers.items()
+            if name.lower() not in _NOT_FORWARDED
+        }
+        principal = principal_if_set(request)
+        if principal is not None:
+            headers[INTERNAL_PRINCIPAL_HEADER] = encode_principal(principal)
+        request_id = REQUEST_ID.get()
+        if request_id is not None:
+            headers["X-Request-Id"] = request_id
+        return headers
+
+    async def _call(
+        self, request: web.Request, shard: int, method: str, path: str, data: bytes | None
+    ) -> tuple[int, Mapping[str, str], dict[str, Any]]:
+        """A whole JSON exchange with shard `shard`'s process."""
+        headers = self._forward_headers(request)
+        if data is not None:
+            headers["Content-Type"] = "application/json"
+        session = self._sessions[shard]
+        try:
+            async with session.request(
+                method, "http://shard" + path, headers=headers, data=data, allow_redirects=False
+            ) as response:
+                answer = await response.json(content_type=None)
+                return response.status, response.headers, answer if isinstance(answer, dict) else {}
+        except (aiohttp.ClientError, OSError, ValueError) as error:
+            raise _shard_unavailable(shard, error) from None
+
+    async def _proxy(self, request: web.Request, shard: int, *, placed: bool) -> web.StreamResponse:
+        """Pass `request` to shard `shard`'s process and stream its answer back."""
+        session = self._sessions[shard]
+        data = await read_body(request)
+        url = request.rel_url
+        if SHARD_QUERY in url.query and placed:
+            url = url.without_query_params(SHARD_QUERY)
+        sending = session.request(
+            request.method,
+            "http://shard" + str(url),
+            headers=self._forward_headers(request),
+            data=data,
+            allow_redirects=False,
+        )
+        try:
+            upstream = await _unless_gone(request, sending)
+        except _ClientGone:
+            return json_response({"error": {"code": "unavailable"}}, status=503)
+        except (aiohttp.ClientError, OSError) as error:
+            raise _shard_unavailable(shard, error) from None
+        async with upstream:
+            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+            for name, value in upstream.headers.items():
+                if name.lower() not in _NOT_RETURNED:
+                    response.headers.add(name, value)
+            if placed and upstream.status in (307, 308) and "Location" in upstream.headers:
+                location = URL(upstream.headers["Location"])
+                response.headers["Location"] = str(location.update_query({SHARD_QUERY: str(shard)}))
+            if upstream.content_length is not None:
+                response.content_length = upstream.content_length
+            await response.prepare(request)
+            try:
+                async for chunk in upstream.content.iter_chunked(64 * 1024):
+                    await response.write(chunk)
+            except (aiohttp.ClientError, OSError) as error:
+                log.warning("shard %d's answer was cut off: %s", shard, error)
+                return response
+            await response.write_eof()
+        return response
+
+    # -- status: readiness, leaders, /v1/cluster -------------------------------------
+
+    async def _poll_forever(self) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(STATUS_PERIOD_S)
+
+    async def refresh(self) -> dict[int, dict[str, Any] | None]:
+        """Ask every shard process for its `/readyz` now; remember the answers."""
+        answers = await asyncio.gather(*(self._readyz(shard) for shard in self._sockets))
+        self.known = dict(zip(self._sockets, answers, strict=True))
+        return self.known
+
+    async def _readyz(self, shard: int) -> dict[str, Any] | None:
+        return await self._get_json(shard, "/readyz")
+
+    async def _get_json(
+        self, shard: int, path: str, principal_header: str | None = None
+    ) -> dict[str, Any] | None:
+        headers = {} if principal_header is None else {INTERNAL_PRINCIPAL_HEADER: principal_header}
+        try:
+            async with self._sessions[shard].get(
+                "http://shard" + path,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=STATUS_TIMEOUT_S),
+            ) as response:
+                answer = await response.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError):
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    async def not_ready(self) -> list[dict[str, Any]]:
+        """The local shard replicas that are not ready, and why (`/readyz`)."""
+        known = await self.refresh()
+        missing: list[dict[str, Any]] = []
+        for shard, seen in known.items():
+            if seen is None:
+                missing.append({"shard": shard, "reason": "its process does not answer"})
+            elif not seen.get("ready"):
+                entry = {"shard": shard, "reason": "not ready"}
+                entry.update(
+                    {
+                        name: seen[name]
+                        for name in (
+                            "leader_id",
+                            "commit_index",
+                            "applied_index",
+                            "halted",
+                            "disk_full",
+                        )
+                        if name in seen
+                    }
+                )
+                missing.append(entry)
+        return missing
+
+    async def cluster_shards(self, request: web.Request) -> list[dict[str, Any]]:
+        """`GET /v1/cluster`'s `shards`: each shard as this node's replica sees it."""
+        node = self.node
+        status = node.status()
+        leader = node.leader()
+        target = max(status.commit_index, status.leader_commit_index or 0)
+        led = None if leader is None else {"id": leader.id, "http_url": leader.http_url}
+        entries: list[dict[str, Any]] = [
+            {
+                "shard": 0,
+                "leader": led,
+                "term": status.term,
+                "commit_index": status.commit_index,
+                "applied_index": status.applied_index,
+                "cluster_version": node.cluster_version(),
+                "cluster_id": node.cluster_id(),
+                "ready": leader is not None and status.applied_index >= target,
+                "pid": os.getpid(),
+                "status": "running",
+            }
+        ]
+        principal = encode_principal(principal_if_set(request) or ANONYMOUS)
+        shards = list(self._sockets)
+        views = await asyncio.gather(
+            *(self._get_json(shard, "/v1/cluster", principal) for shard in shards)
+        )
+        readies = await asyncio.gather(*(self._readyz(shard) for shard in shards))
+        urls = node.http_urls
+        for shard, view, ready in zip(shards, views, readies, strict=True):
+            entry: dict[str, Any] = {"shard": shard, "pid": self._pid_of(shard)}
+            if view is None or "term" not in view:
+                entry.update({"leader": None, "ready": False, "status": "down"})
+            else:
+                leader_id = (view.get("leader") or {}).get("id")
+                entry.update(
+                    {
+                        "leader": (
+                            None
+                            if leader_id is None
+                            else {"id": leader_id, "http_url": urls.get(leader_id)}
+                        ),
+                        "term": view.get("term"),
+                        "commit_index": view.get("commit_index"),
+                        "applied_index": view.get("applied_index"),
+                        "cluster_version": view.get("cluster_version"),
+                        "cluster_id": view.get("cluster_id"),
+                        "ready": bool(ready and ready.get("ready")),
+                        "status": "running",
+                    }
+                )
+            entries.append(entry)
+        return entries
+
+
+_PlacementHandler = Callable[
+    [ShardRouter, web.Request, Handler, "int | None"], Awaitable[web.StreamResponse]
+]
+_PLACEMENTS: Final[dict[tuple[str, str], _PlacementHandler]] = {
+    ("POST", "/v1/jobs"): ShardRouter._submit_job,
+    ("POST", "/v1/jobs/batch"): ShardRouter._submit_batch,
+    ("POST", "/v1/workflows"): ShardRouter._submit_workflow,
+    ("POST", "/v1/schedules"): ShardRouter._create_schedule,
+    ("POST", "/v1/schedules/batch"): ShardRouter._create_schedules,
+    ("POST", "/v1/effects"): ShardRouter._record_effect,
+    ("GET", "/v1/effects/{key}"): ShardRouter._get_effect,
+    ("POST", "/v1/cluster/nodes"): ShardRouter._membership,
+    ("DELETE", "/v1/cluster/nodes/{node_id}"): ShardRouter._membership,
+    ("POST", "/v1/leases/batch"): ShardRouter._lease_batch,
+}
+
+SHARD_ROUTER: Final = web.AppKey("shard_router", ShardRouter)
+
+
+def _parts(shards: Sequence[int]) -> dict[int, list[int]]:
+    """Indexes by shard, the shards in the order they first appear."""
+    parts: dict[int, list[int]] = {}
+    for index, shard in enumerate(shards):
+        parts.setdefault(shard, []).append(index)
+    return parts
+
+
+def _reindexed(entry: Any, list_name: str, local: int, index: int) -> Any:
+    """A part's answer entry as the whole request's: `ops[0].x` of the part
+    is `ops[5].x` of the request."""
+    error = entry.get("error") if isinstance(entry, dict) else None
+    if local == index or not isinstance(error, dict):
+        return entry
+    old, new = f"{list_name}[{local}]", f"{list_name}[{index}]"
+    details = dict(error.get("details") or {})
+    field = details.get("field")
+    if isinstance(field, str) and field.startswith(old):
+        details["field"] = new + field[len(old) :]
+    message = error.get("message")
+    if isinstance(message, str) and message.startswith(old):
+        message = new + message[len(old) :]
+    return {**entry, "error": {**error, "message": message, "details": details}}
+
+
+def _retry_after(status: int) -> dict[str, str]:
+    return {"Retry-After": "1"} if status in (503, 504) else {}
+
+
+def _no_leader(shard: int) -> dict[str, Any]:
+    return ApiError(
+        "no_leader", f"shard {shard} has no known leader; retry shortly", {"shard": shard}
+    ).body()
+
+
+def _shard_unavailable(shard: int, error: BaseException) -> ApiError:
+    return ApiError(
+        "unavailable",
+        f"shard {shard}'s process on this node does not answer ({error}); retry, or use "
+        "another node",
+        {"reason": "shard_unavailable", "shard": shard},
+        headers={"Retry-After": "1"},
+    )
+
+
+def _ordering_key_shard(field: str, belongs: int, shard: int, what: str) -> ApiError:
+    return ApiError(
+        "ordering_key_shard",
+        f"{field} belongs to shard {belongs}, but the {what} is in shard {shard}: a "
+        f"{what}'s jobs live in one shard, and that key's jobs in shard {belongs} keep their "
+        "order only there",
+        {"field": field, "shard": belongs, "placed_in": shard},
+    )
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _unless_gone(request: web.Request, awaitable: Awaitable[Any]) -> Any:
+    """Await `awaitable`, a shard's answer, unless the client leaves first
+    (a worker that stopped while its claim long-polled): then the request
+    to the shard is dropped, so that the shard process's claim sees its
+    connection close and grants nothing."""
+    task = asyncio.ensure_future(awaitable)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=CLIENT_CHECK_S)
+        if done:
+            return task.result()
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            task.cancel()
+            raise _ClientGone
