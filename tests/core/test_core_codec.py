@@ -68,6 +68,7 @@ from raftsched.core.kernel.commands import (
     RaiseClusterVersion,
     RecordIncarnation,
     SetClusterId,
+    SetShard,
     TakeOver,
     Tick,
 )
@@ -195,6 +196,8 @@ EVERY_COMMAND: tuple[Command, ...] = (
     ),
     ClaimJobsOfKinds("w", ("q",), 5, None, (("charge", 2), (None, 5))),
     LeaseBatch((CompleteJob("j1", 1),), ClaimJobsOfKinds("w", ("q",), 1, 1_000, (("c", 1),))),
+    # Shards (issue 21).
+    SetShard(2, 3),
 )  # fmt: skip
 
 
@@ -218,6 +221,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         LeaseBatch: 110,
         ConfigureWheel: 120,
         ClaimJobsOfKinds: 130,
+        SetShard: 140,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 
