@@ -28,6 +28,7 @@ from raftsched.core.jobs.commands import (
     ReconcileJob,
     ReplayReconciled,
     RequestReconcile,
+    SetShardQuotas,
     SetUnknownPolicy,
 )
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION, cluster_version
@@ -70,6 +71,7 @@ def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> N
         ConfigureWheel: 7,
         ClaimJobsOfKinds: 8,
         SetShard: 9,
+        SetShardQuotas: 9,
     }
     assert COMMAND_VERSION_MAX == 9
 
