@@ -62,6 +62,10 @@ COMMAND: Final = "raftsched.command"
 OUTCOME: Final = "raftsched.outcome"
 EFFECT_KEY: Final = "raftsched.effect.key"
 EFFECT_REPLAYED: Final = "raftsched.effect.replayed"
+WORKFLOW_ID: Final = "raftsched.workflow_id"
+STEP: Final = "raftsched.step"
+SCHEDULE_ID: Final = "raftsched.schedule_id"
+RECONCILE_QUEUE: Final = "raftsched.reconcile.queue"
 
 OTLP_TRACES_PATH: Final = "/v1/traces"
 EXPORTERS: Final = ("otlp", "console")

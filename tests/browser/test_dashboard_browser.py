@@ -149,6 +149,32 @@ def test_jobs_are_searched_by_kind_and_show_it(
     shot(page, "job-kind")
 
 
+def test_job_page_shows_the_trace_id(cluster: LocalCluster, client: Client, page: Any) -> None:
+    """A job submitted inside a trace (cluster version 8) shows its trace id
+    on its page, the whole traceparent in the title, to find it in a tracing
+    backend."""
+    raised = wait_for(lambda: client.cluster().get("cluster_version") == COMMAND_VERSION_MAX, 30)
+    assert raised, client.cluster()
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    traceparent = f"00-{trace_id}-00f067aa0ba902b7-01"
+    leader = cluster.nodes[cluster.wait_for_leader()]
+    status, answer, _ = http_json(
+        "POST",
+        leader.http_url + "/v1/jobs",
+        {"queue": "traced", "delay_s": 3600},
+        token=cluster.admin_token,
+        headers={"traceparent": traceparent},
+    )
+    assert status == 201, answer
+    job = answer["job"]
+    assert job["traceparent"] == traceparent, job
+    login(page, follower_url(cluster) + f"/#/jobs/{job['id']}", cluster.admin_token)
+    trace = page.locator("#job dd span", has_text=trace_id)
+    trace.wait_for()
+    assert trace.get_attribute("title") == traceparent
+    shot(page, "job-trace")
+
+
 def test_job_page_shows_attempts_and_timeline(
     cluster: LocalCluster, client: Client, page: Any
 ) -> None:

@@ -12,7 +12,7 @@ import raftsched.core  # noqa: F401  (imports every feature's commands)
 from raftsched.core import COMMAND_TAGS, REGISTRY
 from raftsched.core.jobs import feature as jobs
 from raftsched.core.jobs.commands import CancelJob, SubmitJobs
-from raftsched.core.kernel import apply, codec, invariants, tick
+from raftsched.core.kernel import apply, cluster_version, codec, invariants, tick
 from raftsched.core.kernel.codec import CodecError
 from raftsched.core.kernel.commands import Command, Entry, JobSpec, Tick
 from raftsched.core.kernel.feature import (
@@ -263,3 +263,55 @@ def test_jobs_hooks_reach_finish_through_the_state() -> None:
     apply.apply_entry(state, Entry(1, 1_000, commands), registry)
     assert calls == ["job_1"]
     assert isinstance(apply.apply_entry(state, Entry(1, 2_000, (Tick(),)), registry)[0], Ticked)
+
+
+# -- fields a later version adds to a kind (`CommandKind.tail`) ---------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Noted(Command):
+    """A kind of version 2 to which version 3 added `note` and `by`."""
+
+    name: str
+    note: str | None = None
+    by: str | None = None
+
+
+NOTED = CommandKind(Noted, 901, ("str", "str?", "str?"), _handler, since=2, tail=2, tail_since=3)
+
+
+def test_a_kinds_later_fields_are_encoded_only_when_set_and_raise_its_version() -> None:
+    registry = Registry((*FEATURES, _feature("x", commands=(NOTED,))))
+    assert registry.command_tails[Noted] == (("note", "by"), 3)
+    assert registry.command_version_max >= 3
+    tables = registry.codec
+    assert codec._command_row(Noted("a"), tables) == [901, "a"]  # as version 2 wrote it
+    assert codec._command_row(Noted("a", by="me"), tables) == [901, "a", None, "me"]
+    for command in (Noted("a"), Noted("a", "n"), Noted("a", None, "me")):
+        entry = Entry(1, 1_000, (command,))
+        assert codec.decode_entry(codec.encode_entry(entry, registry), registry) == entry
+    assert codec._decode_command((901, "a"), tables.by_tag) == Noted("a")
+    for bad in ((901,), (901, "a", "n"), (901, "a", "n", "me", "x"), (901, "a", 7, None)):
+        with pytest.raises(CodecError):
+            codec._decode_command(bad, tables.by_tag)
+    assert cluster_version.command_version(Noted("a"), registry) == 2
+    assert cluster_version.command_version(Noted("a", "n"), registry) == 3
+    assert cluster_version.newest_spec_field(Noted("a", None, "me"), registry) == "by"
+    assert cluster_version.newest_spec_field(Noted("a"), registry) is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        (replace(NOTED, tail=3), "not all"),
+        (replace(NOTED, tail=-1), "not all"),
+        (replace(NOTED, tail_since=2), "a version after"),
+        (replace(NOTED, fields=("str", "str?", "str")), "optional ones"),
+        (CommandKind(Ping, 902, ("str", "int"), _handler, tail=1, tail_since=2), "default to None"),
+    ],
+)
+def test_the_registry_refuses_a_tail_that_is_not_later_optional_fields(
+    kind: CommandKind, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        Registry((*FEATURES, _feature("x", commands=(kind,))))

@@ -73,6 +73,11 @@ def provider_reconciler(ctx: ReconcileContext) -> Decision:
     )
 
 
+def found_it(ctx: ReconcileContext) -> Decision:
+    """The effect happened (test_tracing: the reconciliation's span)."""
+    return Happened({"reconciled": ctx.job_id}, reason="found it")
+
+
 def echo(ctx: JobContext) -> Any:
     """Complete with the payload; no side effect."""
     return ctx.payload

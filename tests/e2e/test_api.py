@@ -208,6 +208,7 @@ def test_bad_input_gets_400_naming_the_field_and_commits_nothing(cluster: LocalC
         assert "not valid JSON" in answer["error"]["message"]
     status, answer, _ = raw_post(leader_url + "/v1/jobs", b'{"queue": "' + b"x" * 1_100_000 + b'"}')
     assert status == 413 and answer["error"]["code"] == "payload_too_large"
+    assert answer["error"]["details"] == {"max_body_bytes": 1024 * 1024}  # the default
     assert cluster.digests()[cluster.wait_for_leader()] == before
 
 

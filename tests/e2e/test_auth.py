@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from e2e_support import cluster_env
 
+from raftsched.api.auth import TOKEN_CATCH_UP_S
 from raftsched.client import Client
 from raftsched.client import Unauthenticated as ClientUnauthenticated
 from raftsched.testing import LocalCluster, http_json, metrics_text, wait_for
@@ -353,6 +354,7 @@ def test_repeated_failures_from_one_address_are_rate_limited(cluster: LocalClust
     url = followers(cluster)[0]
     admin = cluster.admin_token
     answers = []
+    started = time.monotonic()
     for _ in range(FAILURES_PER_MINUTE + 2):
         status, body, retry_after = get_from("127.0.0.2", url, "/v1/jobs", "rsk_" + "C" * 43)
         answers.append(status)
@@ -361,6 +363,9 @@ def test_repeated_failures_from_one_address_are_rate_limited(cluster: LocalClust
             assert 1 <= int(retry_after) <= 60
             break
     assert answers == [401] * FAILURES_PER_MINUTE + [429], answers
+    # An unknown secret makes a follower that is not behind ask the leader
+    # how far to catch up, not wait out TOKEN_CATCH_UP_S each time.
+    assert time.monotonic() - started < FAILURES_PER_MINUTE * TOKEN_CATCH_UP_S / 4
     # A caller with a valid secret from the same address still gets through,
     # and other addresses are not held back.
     assert get_from("127.0.0.2", url, "/v1/jobs?consistency=stale", admin)[0] == 200
@@ -378,3 +383,76 @@ def test_no_secret_reaches_a_log_line(cluster: LocalCluster) -> None:
         assert secret not in logs
     # The logs are the nodes' own: they did log requests and the bootstrap.
     assert Path(cluster.admin_token_file).name in logs
+
+
+def test_a_token_just_created_is_known_at_once_on_every_follower(cluster: LocalCluster) -> None:
+    """A follower that has not applied a token's creation yet waits to catch
+    up with the leader's commit index before it calls the secret unknown: a
+    client that creates a token and uses it on another node at once is never
+    refused. Each round creates a token at the leader and presents it to
+    both followers on kept-open connections the moment the 201 arrives."""
+    leader = leader_url(cluster)
+    connections = {
+        url: http.client.HTTPConnection(urllib.parse.urlsplit(url).netloc, timeout=10)
+        for url in [leader, *followers(cluster)]
+    }
+
+    def send(url: str, method: str, path: str, token: str, body: Any = None) -> None:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        connections[url].request(method, path, body=data, headers=headers)
+
+    def answer(url: str) -> tuple[int, dict[str, Any]]:
+        response = connections[url].getresponse()
+        return response.status, json.loads(response.read())
+
+    refused = []
+    try:
+        for round_number in range(40):
+            body = {"name": f"fresh-{round_number}", "role": "viewer"}
+            send(leader, "POST", "/v1/tokens", cluster.admin_token, body)
+            status, created = answer(leader)
+            assert status == 201, created
+            secret = created["secret"]
+            SECRETS.append(secret)
+            # Both requests leave before either answer is read.
+            for url in followers(cluster):
+                send(url, "GET", "/v1/whoami", secret)
+            for url in followers(cluster):
+                status, me = answer(url)
+                if status != 200:
+                    refused.append((round_number, url, status, me))
+                else:
+                    assert me["token"]["id"] == created["token"]["id"]
+    finally:
+        for connection in connections.values():
+            connection.close()
+    assert not refused, refused
+
+
+def test_a_lagging_follower_waits_for_a_token_just_created(cluster: LocalCluster) -> None:
+    """A follower that was stopped while the token was created (SIGSTOP, far
+    shorter than an election timeout) is asked for it the moment it runs
+    again: the request and the leader's entries reach it together, and it
+    answers only once it has applied what the leader had committed."""
+    leader_id = cluster.wait_for_leader()
+    follower = next(node for node in cluster.nodes.values() if node.id != leader_id)
+    connection = http.client.HTTPConnection(f"127.0.0.1:{follower.http_port}", timeout=10)
+    refused = []
+    try:
+        for round_number in range(10):
+            cluster.pause(follower.id)
+            try:
+                _, secret = make_token(cluster, name=f"lagging-{round_number}", role="viewer")
+                headers = {"Authorization": f"Bearer {secret}"}
+                connection.request("GET", "/v1/whoami", headers=headers)
+            finally:
+                cluster.resume(follower.id)
+            response = connection.getresponse()
+            body = json.loads(response.read())
+            if response.status != 200:
+                refused.append((round_number, response.status, body))
+            time.sleep(0.3)  # the follower hears the leader again before the next pause
+    finally:
+        connection.close()
+    assert not refused, refused

@@ -19,9 +19,11 @@ out-of-scope token addressing `acme`'s job, schedule, workflow, effect or
 tenant, or writing for `acme` / `qa`, is refused (`404` as if absent, or
 `403` for a write naming a tenant or queue outside its scope).
 
-Matrix size with the 61 routes of this release: 61 × 5 roles × 3 scope
-variants = 915 authenticated requests, plus 61 without a token (976 in all);
-the test prints the figures it ran. Long-polls are sent with `wait_s` 0.
+Matrix size: for each route of the router, one request per role and scope
+variant (`len(Role) × len(VARIANTS)`) and one without a token, so the total
+follows the router rather than a count written here; the test prints the
+figures it ran and checks that it sent exactly that many requests.
+Long-polls are sent with `wait_s` 0.
 Routes that delete (a schedule, a subscription, a token) run last and address
 objects the matrix does not need any more (a token id that does not exist),
 so the tokens the test uses are never revoked.

@@ -5,17 +5,29 @@ answers the same counts in the same buckets, a new leader (after the old one
 is killed) still has them, and the killed node, restarted, fills its hour
 back in from the replicated outbox and its own Raft log. Bad input gets the
 documented 4xx with a stable code; a token scoped to some tenants gets 403.
+The Python clients (sync and async) read both, typed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from raftsched.client import Client
+import pytest
+
+from raftsched.client import (
+    AsyncClient,
+    Client,
+    Forbidden,
+    InvalidRequest,
+    JobEffects,
+    NotFound,
+    StatsSeries,
+)
 from raftsched.testing import LocalCluster, http_json
 
 QUEUE = "charts-q"
@@ -174,3 +186,81 @@ def test_bad_input_scope_and_a_jobs_effects(cluster: LocalCluster, client: Clien
     assert status == 200 and body["total"] == 2
     status, body, _ = http_json("GET", path, token=scoped_viewer)
     assert status == 200 and body["total"] == 2
+
+
+def test_the_python_clients_read_series_and_effects(cluster: LocalCluster, client: Client) -> None:
+    dead_id = run_jobs(client)
+    job = client.submit("effects-q", tenant="acme")
+    (lease,) = client.claim("effects-w", ["effects-q"], max_jobs=1, wait_s=5)
+    for key in ("charge:1", "email:1", "receipt:1"):
+        client.record_effect(key, lease["job_id"], lease["fencing_token"], {"key": key})
+    client.complete(lease["job_id"], lease["fencing_token"])
+
+    def counts(body: StatsSeries) -> dict[str, float]:
+        fields = ("succeeded_per_s", "failed_per_s", "dead_lettered_per_s")
+        return {field: sum(nonzero(dict(body), field).values()) for field in fields}
+
+    # The blocking client: the node it reaches answers, from its own memory.
+    expected = {"succeeded_per_s": 3, "failed_per_s": 3, "dead_lettered_per_s": 1}
+
+    def all_counted() -> StatsSeries | None:
+        body = client.stats_series(QUEUE)
+        return body if counts(body) == expected else None
+
+    queue_series = wait_until(all_counted)
+    assert queue_series["queue"] == QUEUE and queue_series["period_s"] == PERIOD_S
+    assert queue_series["node_id"] in cluster.nodes and QUEUE in queue_series["queues"]
+    assert len(queue_series["at"]) == 720 == len(queue_series["depth"])
+    short = client.stats_series(QUEUE, window_s=60)
+    assert len(short["at"]) == 12 and len(short["due_to_lease_p99_s"]) == 12
+    whole = client.stats_series()
+    assert whole["queue"] is None and counts(whole)["succeeded_per_s"] >= 4  # and effects-q's
+    with pytest.raises(NotFound) as not_found:
+        client.stats_series("never-used")
+    assert not_found.value.details == {"queue": "never-used"}
+    with pytest.raises(InvalidRequest) as invalid:
+        client.stats_series(window_s=0)
+    assert invalid.value.details["field"] == "window_s"
+
+    effects: JobEffects = client.job_effects(job["id"])
+    assert [effect["key"] for effect in effects["effects"]] == ["charge:1", "email:1", "receipt:1"]
+    assert effects["total"] == 3
+    first = effects["effects"][0]
+    assert (first["job_id"], first["fencing_token"]) == (job["id"], lease["fencing_token"])
+    assert first["result"] == {"key": "charge:1"} and first["recorded_at"].endswith("Z")
+    assert first == client.get_effect("charge:1")
+    one = client.job_effects(job["id"], limit=1, consistency="stale")
+    assert (len(one["effects"]), one["total"]) == (1, 3)
+    assert client.job_effects(dead_id) == {"effects": [], "total": 0}
+    for missing in ("job_nope", "a/b"):
+        with pytest.raises(NotFound):
+            client.job_effects(missing)
+
+    # Scope, as the routes say: a token of another tenant sees no such job,
+    # and one scoped to some tenants may not read the cluster's series.
+    outsider = client.create_token("globex-viewer", "viewer", tenants=["globex"])["secret"]
+    with Client(cluster.urls, token=outsider, timeout_s=10, retry_budget_s=30) as scoped:
+        with pytest.raises(NotFound):
+            scoped.job_effects(job["id"])
+        with pytest.raises(Forbidden):
+            scoped.stats_series()
+
+    # The async client: the same answers.
+    async def read() -> tuple[StatsSeries, StatsSeries, JobEffects, JobEffects]:
+        async with AsyncClient(cluster.urls, timeout_s=10, retry_budget_s=30) as aclient:
+            series_answer = await aclient.stats_series(QUEUE, window_s=3600)
+            whole_answer = await aclient.stats_series()
+            effects_answer = await aclient.job_effects(job["id"])
+            limited = await aclient.job_effects(job["id"], limit=2, consistency="stale")
+            with pytest.raises(NotFound):
+                await aclient.job_effects("job_nope")
+            return series_answer, whole_answer, effects_answer, limited
+
+    async_series, async_whole, async_effects, limited = asyncio.run(read())
+    assert counts(async_series) == expected and async_series["queue"] == QUEUE
+    assert async_whole["queue"] is None
+    assert async_effects == effects
+    assert ([e["key"] for e in limited["effects"]], limited["total"]) == (
+        ["charge:1", "email:1"],
+        3,
+    )

@@ -18,7 +18,11 @@ from opentelemetry.trace import SpanKind
 from raftsched import tracing
 from raftsched.api.requests import NODE
 from raftsched.api.server_spans import server_span_middleware
-from raftsched.api.trace_headers import request_trace_context, with_trace_context
+from raftsched.api.trace_headers import (
+    request_trace_context,
+    storable_trace_context,
+    with_trace_context,
+)
 from raftsched.core.jobs.commands import (
     ClaimJobs,
     CompleteJob,
@@ -164,6 +168,8 @@ def test_no_usable_traceparent_means_no_trace_context(headers: tuple[tuple[str, 
 def test_below_cluster_version_8_the_jobs_are_created_without_it() -> None:
     request = _request(("traceparent", PARENT), version=7)
     assert with_trace_context(request, [JobSpec("q")]) == [JobSpec("q")]
+    assert storable_trace_context(request) is None, "nor a workflow with it"
+    assert storable_trace_context(_request(("traceparent", PARENT))) == (PARENT, None)
     bad_state = _request(("traceparent", PARENT), ("tracestate", "Bad=1"))
     assert with_trace_context(bad_state, [JobSpec("q")]) == [JobSpec("q", traceparent=PARENT)]
 

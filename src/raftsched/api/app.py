@@ -40,7 +40,15 @@ from raftsched.api import (
     wheel,
     workflows,
 )
-from raftsched.api.auth import LIMITER, FailureLimiter, authorize
+from raftsched.api.auth import (
+    CATCH_UPS,
+    LIMITER,
+    CatchUpFirst,
+    CatchUps,
+    FailureLimiter,
+    authorize,
+    catch_up,
+)
 from raftsched.api.errors import ApiError, from_proposal_error
 from raftsched.api.requests import NODE, Handler, node_of
 from raftsched.api.server_spans import server_span_middleware
@@ -52,6 +60,9 @@ from raftsched.node.view import NodeView
 from raftsched.node.webhook_targets import TargetPolicy
 
 log = logging.getLogger("raftsched.api")
+
+# A request body larger than this is answered 413 (NodeConfig.max_body_bytes).
+MAX_BODY_BYTES: web.AppKey[int] = web.AppKey("max_body_bytes")
 
 
 def leader_redirect(request: web.Request) -> web.Response:
@@ -158,7 +169,11 @@ async def _answer(
             if preflight is not None:
                 return preflight
         if admit is not None:
-            admit(request)
+            try:
+                admit(request)
+            except CatchUpFirst:  # a token this replica may not have applied yet (api.auth)
+                await catch_up(request)
+                admit(request)
         return await handler(request)
     except ApiError as error:
         return error.response()
@@ -170,7 +185,10 @@ async def _answer(
     except PROPOSAL_ERRORS as error:
         return from_proposal_error(error).response()
     except web.HTTPRequestEntityTooLarge as error:
-        return ApiError("payload_too_large", str(error.text or "body too large")).response()
+        # The limit, so that a client that batches (the worker's lease
+        # batches) can split what it sends to fit.
+        limit = {"max_body_bytes": request.app[MAX_BODY_BYTES]}
+        return ApiError("payload_too_large", str(error.text or "body too large"), limit).response()
     except web.HTTPNotFound:
         return ApiError("not_found", f"no route for {request.path}").response()
     except web.HTTPMethodNotAllowed as error:
@@ -203,7 +221,9 @@ def create_app(
         middlewares.insert(0, server_span_middleware)
     app = web.Application(middlewares=middlewares, client_max_size=max_body_bytes)
     app[NODE] = node
+    app[MAX_BODY_BYTES] = max_body_bytes
     app[LIMITER] = FailureLimiter(failures_max=auth_failures_per_minute)
+    app[CATCH_UPS] = CatchUps()
     app[events.WEBHOOK_TARGETS] = webhook_targets or TargetPolicy()
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)

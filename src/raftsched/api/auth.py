@@ -14,6 +14,19 @@ state, so a revocation is in force here as soon as this node applies it.
   someone else's failures (secrets are 256 random bits; the limiter bounds
   the cost of failures, guessing is hopeless anyway).
 
+A token created a moment ago may not be applied yet on the replica that is
+presented it. So before a well-formed secret is called unknown, `authorize`
+raises `CatchUpFirst`; the middleware (api.app) then awaits `catch_up`,
+which waits (at most TOKEN_CATCH_UP_S) until this replica has applied what
+the leader had committed when the request arrived (node.read_index), and
+authorizes the request again: a secret still unknown is a 401, counted
+like any other failure. Bounded on every side: an address that the limiter
+refuses is answered 429 at once, without a wait; a request waits at most
+once; at most TOKEN_CATCH_UPS_MAX requests wait at a time (the rest are
+answered at once); the leader is never behind what it acknowledged, and a
+follower that is not behind answers after one round trip to the leader,
+which concurrent waiters share.
+
 Failures are counted in `raftsched_http_auth_failures_total{reason}`. The
 secret itself never reaches a log line, an error, a metric or the history:
 it is hashed here and dropped.
@@ -45,6 +58,11 @@ log = logging.getLogger("raftsched.api")
 AUTH_FAILURE_WINDOW_S: Final = 60.0
 # Addresses remembered at most (the oldest are forgotten first).
 AUTH_ADDRESSES_MAX: Final = 10_000
+# How long a request with a secret this replica does not know may wait for
+# the replica to catch up with the leader (a replica that is applying gets
+# there in milliseconds), and how many such requests wait at once.
+TOKEN_CATCH_UP_S: Final = 1.0
+TOKEN_CATCH_UPS_MAX: Final = 64
 
 
 class FailureLimiter:
@@ -91,6 +109,44 @@ class FailureLimiter:
 
 
 LIMITER: web.AppKey[FailureLimiter] = web.AppKey("auth_limiter")
+
+
+class CatchUpFirst(Exception):
+    """The presented secret is unknown to this replica, which may not have
+    applied its creation yet: await `catch_up`, then `authorize` again."""
+
+
+class CatchUps:
+    """The requests waiting in `catch_up` now (at most `waiting_max`)."""
+
+    __slots__ = ("waiting", "waiting_max")
+
+    def __init__(self, waiting_max: int = TOKEN_CATCH_UPS_MAX) -> None:
+        self.waiting = 0
+        self.waiting_max = waiting_max
+
+
+CATCH_UPS: web.AppKey[CatchUps] = web.AppKey("auth_catch_ups")
+# Set on a request once it has waited: it waits at most once.
+_CAUGHT_UP: Final = web.RequestKey("auth_caught_up", bool)
+
+
+async def catch_up(request: web.Request) -> None:
+    """Wait until this replica has applied what the leader had committed
+    when the request arrived, or TOKEN_CATCH_UP_S passed (see the module's
+    docstring); the caller then authorizes the request again."""
+    request[_CAUGHT_UP] = True
+    catch_ups = request.app[CATCH_UPS]
+    catch_ups.waiting += 1
+    try:
+        await node_of(request).catch_up(TOKEN_CATCH_UP_S)
+    finally:
+        catch_ups.waiting -= 1
+
+
+def _may_catch_up(request: web.Request) -> bool:
+    catch_ups = request.app[CATCH_UPS]
+    return _CAUGHT_UP not in request and catch_ups.waiting < catch_ups.waiting_max
 
 
 def principal_for(token: Token) -> Principal:
@@ -169,6 +225,8 @@ def _authenticate(request: web.Request) -> Principal:
             {"retry_after_s": retry_after},
             headers={"Retry-After": str(retry_after), "WWW-Authenticate": "Bearer"},
         )
+    if reason == "unknown" and _may_catch_up(request):
+        raise CatchUpFirst()
     limiter.failed(address, now)
     node.metrics.http_auth_failures.labels(reason).inc()
     messages = {
@@ -183,8 +241,9 @@ def _authenticate(request: web.Request) -> Principal:
 
 def authorize(request: web.Request) -> None:
     """Let the request through to its handler or raise its 401, 403, 404 or
-    429; on the way, put its principal on it. Called for every request by
-    the application's one middleware (`api.app.request_middleware`)."""
+    429, or `CatchUpFirst`; on the way, put its principal on it. Called for
+    every request by the application's one middleware
+    (`api.app.request_middleware`)."""
     resource = request.match_info.route.resource
     if resource is None:  # no such route: 404 or 405, for anyone
         return

@@ -114,12 +114,19 @@ async def vendor_file(request: web.Request) -> web.Response:
 
 @routes.get("/v1/time")
 async def node_time(request: web.Request) -> web.Response:
+    node = node_of(request)
+    status = node.status()
     body = {
-        "node_id": node_of(request).node_id,
+        "node_id": node.node_id,
         "wall_ms": wall_ms(),
         "version": THIS_NODE.as_json(),
         # Who this node is to its peers (node.identity): ids, never a secret.
-        "identity": node_of(request).identity_json(),
+        "identity": node.identity_json(),
+        # A follower that meets a token it does not know asks the leader
+        # how far to catch up before it calls it unknown (node.read_index).
+        "role": status.role,
+        "term": status.term,
+        "commit_index": status.commit_index,
     }
     return json_response(body)
 

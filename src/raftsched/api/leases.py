@@ -224,7 +224,12 @@ def _granted(node: NodeView, leases: Sequence[Lease]) -> list[dict[str, Any]]:
         jobs = [state.jobs.get(grant.job_id) for grant in leases]
         traces = [core.job_trace(state, grant.job_id) for grant in leases]  # cluster version 8
     return [
-        render.lease(grant, getattr(job, "kind", None), trace=trace)
+        render.lease(
+            grant,
+            getattr(job, "kind", None),
+            trace=trace,
+            schedule_id=getattr(job, "schedule_id", None),
+        )
         for grant, job, trace in zip(leases, jobs, traces, strict=True)
     ]
 

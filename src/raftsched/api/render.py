@@ -141,11 +141,16 @@ def history_event(record: Any) -> dict[str, Any]:
 
 
 def lease(
-    grant: Lease, kind: str | None = None, *, trace: tuple[str, str | None] | None = None
+    grant: Lease,
+    kind: str | None = None,
+    *,
+    trace: tuple[str, str | None] | None = None,
+    schedule_id: str | None = None,
 ) -> dict[str, Any]:
-    """A Lease object; `kind` is its job's, `trace` its job's trace context
-    (the core's grant carries neither: a job's never change, so the caller
-    reads them off the state, `core.job_trace`)."""
+    """A Lease object; `kind` is its job's, `trace` its job's trace context,
+    `schedule_id` the schedule that fired it (the core's grant carries none
+    of them: a job's never change, so the caller reads them off the state,
+    `core.job_trace`)."""
     return {
         "job_id": grant.job_id,
         "attempt": grant.attempt,
@@ -160,6 +165,7 @@ def lease(
         "correlation_id": grant.correlation_id,
         "workflow_id": grant.workflow_id,
         "step": grant.step,
+        "schedule_id": schedule_id,
         "kind": kind,
         "inputs": unpack_json(grant.inputs) if grant.inputs is not None else {},
         **trace_context(trace),

@@ -11,7 +11,7 @@ from raftsched.api import scope
 from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.principal import principal_of
-from raftsched.api.render import time_or_none
+from raftsched.api.render import time_or_none, trace_context
 from raftsched.api.requests import (
     actor,
     body_bytes,
@@ -22,6 +22,7 @@ from raftsched.api.requests import (
     propose_audited,
     read_json,
 )
+from raftsched.api.trace_headers import storable_trace_context
 from raftsched.api.validation import (
     JOB_FIELDS,
     KEY_LENGTH_MAX,
@@ -173,6 +174,7 @@ def workflow_json(workflow: Workflow, jobs: Mapping[str, Any], full: bool = True
         "created_at": format_ms(workflow.created_at_ms),
         "updated_at": format_ms(workflow.updated_at_ms),
         "timeout_at": time_or_none(workflow.timeout_at_ms),
+        **trace_context(workflow.trace),
     }
     if full:
         body["steps"] = {
@@ -202,6 +204,10 @@ async def submit_workflow(request: web.Request) -> web.Response:
     fields = parse_workflow(await read_json(request))
     scope.require_tenant(request, (fields["tenant"],))
     workflow_id = node_of(request).new_id("wf")
+    # The traceparent header (cluster version 8): the workflow and its jobs keep it.
+    context = storable_trace_context(request)
+    if context is not None:
+        fields["traceparent"], fields["tracestate"] = context
     command = SubmitWorkflow(workflow_id, **fields)
     result = await propose(request, command, WorkflowSubmitted, body_bytes(request))
     body = {"workflow": _read_workflow(request, result.workflow_id)}

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
-from raftsched.client import DEFAULT_URLS, ApiError, Client, RaftschedError
+from raftsched.client import DEFAULT_URLS, ApiError, Client, RaftschedError, urls_from_env
 from raftsched.client._calls import token_from_env
 
 Command = Callable[[argparse.Namespace], int]
@@ -74,7 +74,7 @@ def client_options(*, defaults: bool) -> argparse.ArgumentParser:
 
 
 def urls_from(args: argparse.Namespace) -> list[str]:
-    given: Sequence[str] = args.url or [os.environ.get("RAFTSCHED_URL") or ",".join(DEFAULT_URLS)]
+    given: Sequence[str] = args.url or [urls_from_env() or ",".join(DEFAULT_URLS)]
     return [url.strip() for item in given for url in item.split(",") if url.strip()]
 
 

@@ -7,6 +7,11 @@ unknown only when it is safe (idempotency key, fencing token, or a read); the
 full rule is in `raftsched.client._calls`. Answers are the API's JSON objects
 (dicts), unwrapped: `submit` returns the Job, `claim` the list of Leases.
 
+Where to connect: `Client(urls)` with node URLs (a list, or one
+comma-separated string), or `Client()` to take them from `$RAFTSCHED_URL`;
+the token is `token=`, else `$RAFTSCHED_TOKEN`. The worker's `WorkerConfig`
+takes the same defaults; the `raftsched` CLI reads the same variables.
+
 `complete`, `fail` and `lease_batch` may also claim the next jobs
 (`next_claim=next_claim(["payments"], max_jobs=4)`); they then return the
 answer and a `NextLeases` (raftsched.client._next_calls).
@@ -20,7 +25,9 @@ from raftsched.client._calls import (
     JsonObject,
     ReconcileDecision,
     Response,
+    body_size_bytes,
     job_request,
+    token_from_env,
 )
 from raftsched.client._errors import (
     ApiError,
@@ -50,6 +57,8 @@ from raftsched.client._next_calls import (
     next_claim,
     next_refused,
 )
+from raftsched.client._read_calls import Effect, JobEffects, StatsSeries
+from raftsched.client._routing import resolve_urls, urls_from_env
 from raftsched.client._sync import DEFAULT_URLS, Client
 from raftsched.client._tls import client_ssl_context
 
@@ -62,12 +71,14 @@ __all__ = [
     "ClusterVersionTooLow",
     "Conflict",
     "Consistency",
+    "Effect",
     "FailureKind",
     "ReconcileDecision",
     "Forbidden",
     "IdempotencyConflict",
     "InvalidRequest",
     "InvalidState",
+    "JobEffects",
     "JsonObject",
     "LeaseLost",
     "NextClaim",
@@ -79,9 +90,11 @@ __all__ = [
     "RaftschedError",
     "RateLimited",
     "Response",
+    "StatsSeries",
     "TransportError",
     "Unauthenticated",
     "Unavailable",
+    "body_size_bytes",
     "client_ssl_context",
     "error_from_body",
     "item_error",
@@ -89,4 +102,7 @@ __all__ = [
     "kinds_refused",
     "next_claim",
     "next_refused",
+    "resolve_urls",
+    "token_from_env",
+    "urls_from_env",
 ]

@@ -18,6 +18,7 @@ from yarl import URL
 from raftsched.client import _calls as calls
 from raftsched.client import _flow_calls as flow_calls
 from raftsched.client import _next_calls as next_calls
+from raftsched.client import _read_calls as read_calls
 from raftsched.client import _workflow_calls as wf_calls
 from raftsched.client._calls import (
     Call,
@@ -32,9 +33,9 @@ from raftsched.client._calls import (
     token_from_env,
 )
 from raftsched.client._next_calls import NextClaim, NextLeases
+from raftsched.client._read_calls import JobEffects, StatsSeries
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
 from raftsched.client._schedules import AsyncSchedulesMixin
-from raftsched.client._sync import DEFAULT_URLS
 from raftsched.client._tls import StrPath, client_ssl_context
 
 T = TypeVar("T")
@@ -45,7 +46,7 @@ class AsyncClient(AsyncSchedulesMixin):
 
     def __init__(
         self,
-        urls: Sequence[str] | str = DEFAULT_URLS,
+        urls: Sequence[str] | str | None = None,
         *,
         timeout_s: float = 10.0,
         connect_timeout_s: float = 2.0,
@@ -410,6 +411,15 @@ class AsyncClient(AsyncSchedulesMixin):
     async def get_effect(self, key: str, *, consistency: Consistency | None = None) -> JsonObject:
         return await self.call(calls.get_effect(key, consistency))
 
+    async def job_effects(
+        self, job_id: str, *, limit: int | None = None, consistency: Consistency | None = None
+    ) -> JobEffects:
+        """The effects the job recorded, oldest first: `{"effects": [Effect],
+        "total": n}`, at most `limit` of them (1 to 1000, default 100);
+        `total` counts them all. NotFound for a job that does not exist or
+        is outside the token's tenants or queues."""
+        return await self.call(read_calls.job_effects(job_id, limit, consistency))
+
     # --- cluster -----------------------------------------------------------------
 
     async def cluster(self, *, consistency: Consistency | None = None) -> JsonObject:
@@ -560,6 +570,17 @@ class AsyncClient(AsyncSchedulesMixin):
 
     async def metrics(self) -> str:
         return await self.call(calls.metrics())
+
+    async def stats_series(
+        self, queue: str | None = None, *, window_s: int | None = None
+    ) -> StatsSeries:
+        """The charts' figures of `queue` (None: the whole cluster) over the
+        last `window_s` seconds (5 to 3600, default 3600), one value per 5 s
+        bucket. Answered by the node the call reaches, from its own memory
+        (`node_id` names it); counts agree on every node. Needs a token for
+        every tenant (Forbidden otherwise); NotFound for a queue without a
+        series on that node (no job this past hour)."""
+        return await self.call(read_calls.stats_series(queue, window_s))
 
     async def healthz(self, url: str | None = None) -> bool:
         response = await self._send_once(url or self._nodes.preferred(), "/healthz")

@@ -141,6 +141,13 @@ def encode_body(call: Call[Any]) -> bytes | None:
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
+def body_size_bytes(body: Any) -> int:
+    """The size of `body` as the clients send it: compact JSON, ASCII only
+    (so characters are bytes). What a batch is split by to fit a node's
+    `max_body_bytes` (the worker's lease batches)."""
+    return len(_ENCODER.encode(body))
+
+
 def _query(consistency: Consistency | None = None, **params: object) -> tuple[tuple[str, str], ...]:
     items = [(key, str(value)) for key, value in params.items() if value is not None]
     if consistency == "stale":

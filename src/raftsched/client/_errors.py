@@ -105,7 +105,21 @@ class ClusterVersionTooLow(InvalidState):
 
 
 class PayloadTooLarge(ApiError):
-    """413."""
+    """413: the body is over the node's limit, which `max_body_bytes` names
+    (None from a node of release 0.7 or earlier, which does not say)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        details: Mapping[str, Any] | None = None,
+        retry_after_s: float | None = None,
+    ) -> None:
+        super().__init__(status, code, message, details, retry_after_s)
+        limit = self.details.get("max_body_bytes")
+        valid = isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
+        self.max_body_bytes: int | None = limit if valid else None
 
 
 class RateLimited(ApiError):

@@ -22,6 +22,7 @@ Every call is bounded by `budget_s` of wall time (monotonic) and by
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -69,12 +70,42 @@ def split_urls(urls: Sequence[str] | str) -> list[str]:
     return list(dict.fromkeys(bases))
 
 
+def urls_from_env() -> str | None:
+    """The node URLs in `$RAFTSCHED_URL` (comma-separated), the default of
+    every client, the worker and the CLI; None when it is unset or empty."""
+    return os.environ.get("RAFTSCHED_URL", "").strip() or None
+
+
+NO_URLS_MESSAGE = (
+    "no node URLs: pass urls (a list, or one comma-separated string) or set "
+    "$RAFTSCHED_URL, e.g. RAFTSCHED_URL=http://127.0.0.1:8701,http://127.0.0.1:8702,"
+    "http://127.0.0.1:8703 for `raftsched dev`"
+)
+
+
+def urls_or_env(urls: Sequence[str] | str | None) -> Sequence[str] | str:
+    """`urls` when given, else `$RAFTSCHED_URL`; ValueError when neither is."""
+    if urls is not None:
+        return urls
+    from_env = urls_from_env()
+    if from_env is None:
+        raise ValueError(NO_URLS_MESSAGE)
+    return from_env
+
+
+def resolve_urls(urls: Sequence[str] | str | None = None) -> list[str]:
+    """The node base URLs a client given `urls` talks to: `urls`, else
+    `$RAFTSCHED_URL`, split at commas; ValueError when neither has one."""
+    return split_urls(urls_or_env(urls))
+
+
 class Nodes:
     """The configured nodes and the preferred one. Shared by all calls of one
     client, possibly from several threads."""
 
-    def __init__(self, urls: Sequence[str] | str) -> None:
-        self.urls = split_urls(urls)
+    def __init__(self, urls: Sequence[str] | str | None) -> None:
+        """`urls`: None takes `$RAFTSCHED_URL` (`resolve_urls`)."""
+        self.urls = resolve_urls(urls)
         self._preferred = self.urls[0]
         self._lock = threading.Lock()
 

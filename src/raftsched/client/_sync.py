@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar, overload
 from raftsched.client import _calls as calls
 from raftsched.client import _flow_calls as flow_calls
 from raftsched.client import _next_calls as next_calls
+from raftsched.client import _read_calls as read_calls
 from raftsched.client import _workflow_calls as wf_calls
 from raftsched.client._calls import (
     Call,
@@ -27,12 +28,16 @@ from raftsched.client._calls import (
 )
 from raftsched.client._http import HttpTransport
 from raftsched.client._next_calls import NextClaim, NextLeases
+from raftsched.client._read_calls import JobEffects, StatsSeries
 from raftsched.client._routing import Attempts, Nodes, TransportFailure, base_of
 from raftsched.client._schedules import SchedulesMixin
 from raftsched.client._tls import StrPath, client_ssl_context
 
 T = TypeVar("T")
 
+# The three nodes of `raftsched dev`: what the CLI falls back to without
+# --url or $RAFTSCHED_URL. The clients and the worker do not: a program that
+# was not told where its cluster is says so rather than try localhost.
 DEFAULT_URLS = ("http://127.0.0.1:8701", "http://127.0.0.1:8702", "http://127.0.0.1:8703")
 
 
@@ -58,7 +63,10 @@ os.register_at_fork(after_in_child=_after_fork)
 class Client(SchedulesMixin):
     """Typed blocking client for the raftsched HTTP API.
 
-    `urls`: node base URLs (a list, or one comma-separated string). Calls
+    `urls`: node base URLs (a list, or one comma-separated string); None
+    (the default) takes `$RAFTSCHED_URL`, and with neither it raises
+    ValueError. `token`: the bearer secret; None (the default) takes
+    `$RAFTSCHED_TOKEN` if it is set, and "" sends none. Calls
     follow redirects to the leader, move to another node when one is down,
     wait out 503s, and repeat after an unknown outcome only when that is safe
     (see `raftsched.client._calls`). Each call gives up after `retry_budget_s`.
@@ -71,7 +79,7 @@ class Client(SchedulesMixin):
 
     def __init__(
         self,
-        urls: Sequence[str] | str = DEFAULT_URLS,
+        urls: Sequence[str] | str | None = None,
         *,
         timeout_s: float = 10.0,
         connect_timeout_s: float = 2.0,
@@ -428,6 +436,15 @@ class Client(SchedulesMixin):
         """The Effect; raises NotFound if none is recorded."""
         return self.call(calls.get_effect(key, consistency))
 
+    def job_effects(
+        self, job_id: str, *, limit: int | None = None, consistency: Consistency | None = None
+    ) -> JobEffects:
+        """The effects the job recorded, oldest first: `{"effects": [Effect],
+        "total": n}`, at most `limit` of them (1 to 1000, default 100);
+        `total` counts them all. NotFound for a job that does not exist or
+        is outside the token's tenants or queues."""
+        return self.call(read_calls.job_effects(job_id, limit, consistency))
+
     # --- cluster -----------------------------------------------------------------
 
     def cluster(self, *, consistency: Consistency | None = None) -> JsonObject:
@@ -576,6 +593,15 @@ class Client(SchedulesMixin):
 
     def metrics(self) -> str:
         return self.call(calls.metrics())
+
+    def stats_series(self, queue: str | None = None, *, window_s: int | None = None) -> StatsSeries:
+        """The charts' figures of `queue` (None: the whole cluster) over the
+        last `window_s` seconds (5 to 3600, default 3600), one value per 5 s
+        bucket. Answered by the node the call reaches, from its own memory
+        (`node_id` names it); counts agree on every node. Needs a token for
+        every tenant (Forbidden otherwise); NotFound for a queue without a
+        series on that node (no job this past hour)."""
+        return self.call(read_calls.stats_series(queue, window_s))
 
     def healthz(self, url: str | None = None) -> bool:
         """Does this node (default: the preferred one) serve? No failover."""

@@ -70,6 +70,7 @@ from raftsched.node.membership import Directory, Driver
 from raftsched.node.metrics import NodeMetrics, Samples
 from raftsched.node.observability import SKEW_PERIOD_S, Observer, sample_forever
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown, Proposer
+from raftsched.node.read_index import ReadIndex
 from raftsched.node.series import SeriesRing
 from raftsched.node.series import sample_forever as sample_series
 from raftsched.node.versions import (
@@ -97,6 +98,9 @@ IDLE_TICK_PAUSE_S = 0.05
 PEER_TLS_WARNING_PERIOD_S = 60.0
 # The cluster version that brings the identity commands (core.kernel.identity).
 IDENTITY_CLUSTER_VERSION = 4
+# How long a follower waits for the leader to tell it its commit index
+# (node.read_index); the caller's own bound (`catch_up`) is usually shorter.
+READ_INDEX_ASK_TIMEOUT_S = 2.0
 
 
 class LeaderDuty(Protocol):
@@ -201,6 +205,8 @@ class Node:
         # node's certificate for peers that require one (raftsched.tls).
         self._peer_ssl = tls.peer_context(config)
         self._peer_tls_warned_at: dict[str, float] = {}
+        # A follower's asks for the leader's commit index (catch_up).
+        self.read_index = ReadIndex(self._ask_leader_commit_index)
         self._skew_measured_at = 0.0
         self.peer_versions = PeerVersions({p.id: p.http_url for p in config.peers})
         # The cluster version this replica last read (it only goes up).
@@ -232,6 +238,7 @@ class Node:
             self._sampler_task.cancel()
         if self._series_task is not None:
             self._series_task.cancel()
+        self.read_index.close()
         if self._http_session is not None:
             await self._http_session.close()
         self.raft.close()
@@ -411,6 +418,48 @@ class Node:
         """The state digest and the applied index it was taken at."""
         with self.reading():
             return self.replica.digest(), self.status().applied_index
+
+    async def catch_up(self, timeout_s: float) -> bool:
+        """Wait, at most `timeout_s`, until this replica has applied every
+        entry that the leader had committed when the call was made: on the
+        leader its own commit index; on a follower the leader's, asked for
+        over HTTP (node.read_index), or the one it last heard when the
+        leader does not answer. True once it has, False if not in time.
+
+        What a follower that does not know a presented token does before it
+        answers 401 (api.auth): the token may have been created a moment ago."""
+        deadline = self.loop.time() + timeout_s
+        status = self.status()
+        target = max(status.commit_index, status.leader_commit_index or 0)
+        if not self.is_leader and status.leader_id is not None:
+            asked = self.read_index.leader_commit_index()
+            try:
+                leaders = await asyncio.wait_for(asyncio.shield(asked), timeout_s)
+            except TimeoutError:
+                leaders = None
+            target = max(target, leaders or 0)
+        while True:
+            change = self.changed()  # before the status: an entry applied meanwhile sets it
+            if self.status().applied_index >= target:
+                return True
+            remaining_s = deadline - self.loop.time()
+            if remaining_s <= 0:
+                return False
+            await change.wait_s(remaining_s)
+
+    async def _ask_leader_commit_index(self) -> int | None:
+        """The commit index of the leader as it answers `GET /v1/time`, or
+        None when none is known or the node that answers leads no more."""
+        leader = self.leader()
+        if leader is None or leader.id == self.node_id or leader.http_url is None:
+            return None
+        body = await self._peer_get(leader.http_url, "/v1/time", READ_INDEX_ASK_TIMEOUT_S)
+        commit_index = body.get("commit_index")
+        if body.get("node_id") != leader.id or body.get("role") != "leader":
+            return None
+        if not isinstance(commit_index, int) or isinstance(commit_index, bool):
+            return None  # a node of an earlier release says nothing of it
+        return commit_index
 
     async def barrier(self) -> None:
         """Wait until every write committed before this call is applied here,
@@ -633,20 +682,28 @@ class Node:
 
     async def _peer_time(self, url: str) -> dict[str, Any]:
         """A peer's answer to `GET /v1/time`: its clock and its version."""
+        body = await self._peer_get(url, "/v1/time")
+        self._peer_identities[url] = from_answer(body)
+        return body
+
+    async def _peer_get(
+        self, url: str, path: str, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """A peer's JSON object answer to `GET path` (raises if it is not one)."""
         if self._http_session is None:
             self._http_session = aiohttp.ClientSession()
         peer_ssl = True if self._peer_ssl is None else self._peer_ssl  # True: aiohttp's default
+        options: dict[str, Any] = {"ssl": peer_ssl}
+        if timeout_s is not None:  # else the session's own
+            options["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
         try:
-            async with self._http_session.get(
-                url.rstrip("/") + "/v1/time", ssl=peer_ssl
-            ) as response:
+            async with self._http_session.get(url.rstrip("/") + path, **options) as response:
                 body = await response.json()
         except aiohttp.ClientSSLError as error:
             self._warn_peer_tls(url, error)
             raise
         if not isinstance(body, dict):
-            raise ValueError("GET /v1/time did not answer an object")
-        self._peer_identities[url] = from_answer(body)
+            raise ValueError(f"GET {path} did not answer an object")
         return body
 
     def _warn_peer_tls(self, url: str, error: Exception) -> None:

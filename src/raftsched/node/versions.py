@@ -33,6 +33,7 @@ import raftsched
 from raftsched.core import (
     COMMAND_VERSION_MAX,
     COMMAND_VERSIONS,
+    REGISTRY,
     command_version,
     needs_upgrade,
     newest_kind,
@@ -106,16 +107,19 @@ def gated(commands: Iterable[Command]) -> list[Command]:
 
 def plain(kind: type) -> bool:
     """Whether every command of `kind` passes any cluster version, whatever
-    its fields: the kind is as old as the cluster (CLUSTER_VERSION_DEFAULT)
-    and its fields' types cannot hold a job spec (whose version-5 fields
-    raise a command's version, `cluster_version.command_version`) nor
-    another command (`Audited`). Decided once per kind, from its type hints;
+    its fields: the kind is as old as the cluster (CLUSTER_VERSION_DEFAULT),
+    no later version added fields to it (`CommandKind.tail`), and its
+    fields' types cannot hold a job spec (whose version-5 fields raise a
+    command's version, `cluster_version.command_version`) nor another
+    command (`Audited`). Decided once per kind, from its type hints;
     anything the hints leave open counts as not plain, so its commands are
     walked as before."""
     found = _PLAIN.get(kind)
     if found is None:
-        found = _PLAIN[kind] = COMMAND_VERSIONS.get(kind) == CLUSTER_VERSION_DEFAULT and not (
-            _may_hold_spec(kind, 0)
+        found = _PLAIN[kind] = (
+            COMMAND_VERSIONS.get(kind) == CLUSTER_VERSION_DEFAULT
+            and kind not in REGISTRY.command_tails
+            and not _may_hold_spec(kind, 0)
         )
     return found
 

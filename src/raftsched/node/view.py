@@ -167,6 +167,12 @@ class NodeView(StateView, Protocol):
 
     async def barrier(self) -> None: ...
 
+    async def catch_up(self, timeout_s: float) -> bool:
+        """Wait, at most `timeout_s`, until this replica has applied what
+        the leader had committed when the call was made (node.read_index);
+        True once it has."""
+        ...
+
     # API tokens (node.auth).
 
     def auth_enabled(self) -> bool:

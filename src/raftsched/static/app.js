@@ -649,6 +649,7 @@ async function jobView(id) {
     ["attempts", `${esc(j.attempts_made)} of ${esc(j.max_attempts)}`],
     ["idempotency key", dash(j.idempotency_key)], ["correlation id", dash(j.correlation_id)],
     ["ordering key", dash(j.ordering_key)],
+    ["trace", j.traceparent ? `<span title="${esc(j.traceparent)}${j.tracestate ? " · " + esc(j.tracestate) : ""}">${esc(j.traceparent.split("-")[1] || j.traceparent)}</span>` : dash(null)],
     ["schedule", j.schedule_id ? `<a href="#/schedules/${encodeURIComponent(j.schedule_id)}">${esc(j.schedule_id)}</a>` : dash(null)],
     ["workflow", j.workflow_id ? `<a href="#/workflows/${encodeURIComponent(j.workflow_id)}">${esc(j.workflow_id)}</a> step ${esc(j.step)}` : dash(null)],
     ["created", when(j.created_at)], ["run at", when(j.run_at)], ["next run", when(j.next_run_at)],

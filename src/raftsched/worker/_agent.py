@@ -55,7 +55,9 @@ from raftsched.client import (
     client_ssl_context,
     kinds_refused,
     next_claim,
+    resolve_urls,
 )
+from raftsched.limits import BODY_BYTES_MAX
 from raftsched.worker._batcher import LeaseBatcher, LeaseOps
 from raftsched.worker._context import JobContext, Lease, log_fields
 from raftsched.worker._job import Handler, JobRun, fail_op
@@ -87,8 +89,9 @@ def default_worker_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    urls: Sequence[str] | str
-    queues: tuple[str, ...]
+    # Node URLs (a list, or one comma-separated string); None: $RAFTSCHED_URL.
+    urls: Sequence[str] | str | None = None
+    queues: tuple[str, ...] = ()
     concurrency: int = 4
     worker_id: str = field(default_factory=default_worker_id)
     lease_s: float = 30.0
@@ -98,6 +101,7 @@ class WorkerConfig:
     # After the grace period, how long cancelled handlers get to stop before
     # they are abandoned (their failure is reported without them).
     cancel_wait_s: float = 5.0
+    # The bearer secret; None: $RAFTSCHED_TOKEN if it is set; "": none.
     token: str | None = None
     timeout_s: float = 10.0
     # HTTPS: the CA bundle to trust, and a client certificate for mutual TLS.
@@ -106,6 +110,10 @@ class WorkerConfig:
     client_key: str | None = None
     batch_linger_s: float = 0.005
     batch_max_ops: int = 100
+    # The nodes' limit on a request body (their `max_body_bytes`): lease
+    # batches are split to fit it. A node with a lower one says so in its
+    # 413, and the worker splits to fit that from then on.
+    max_body_bytes: int = BODY_BYTES_MAX
     # Reports of finished jobs also claim the next ones (see the module doc).
     next_claims: bool = True
     # At most this many jobs of a kind at once, on top of `concurrency`
@@ -127,6 +135,7 @@ class WorkerConfig:
         return min(self.poll_wait_s, self.lease_s * CLAIM_WAIT_LEASE_SHARE)
 
     def validate(self) -> None:
+        resolve_urls(self.urls)  # given, or in $RAFTSCHED_URL; URLs either way
         if not self.queues:
             raise ValueError("at least one queue is required")
         if self.concurrency < 1:
@@ -135,6 +144,8 @@ class WorkerConfig:
             check_kind(kind)
             if type(limit) is not int or limit < 1:
                 raise ValueError(f"the concurrency of kind {kind!r} must be at least 1")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be at least 1024")
         if self.lease_s <= 0 or self.poll_wait_s < 0 or self.shutdown_grace_s < 0:
             raise ValueError("lease_s must be positive, poll_wait_s and grace non-negative")
         client_ssl_context(self.ca_file, self.client_cert, self.client_key)  # the files load
@@ -255,6 +266,7 @@ class Worker:
             linger_s=config.batch_linger_s,
             max_ops=config.batch_max_ops,
             next_claims=_Refill(self),
+            body_bytes_max=config.max_body_bytes,
         )
         self._session = (client, batcher)
         log.info(

@@ -90,6 +90,10 @@ class Lease:
     # the parent of the attempt's span (`worker._spans`).
     traceparent: str | None = None
     tracestate: str | None = None
+    # The schedule whose occurrence created the job (its runs carry no
+    # trace context: each attempt's span is a root that names it). A node
+    # of 0.7.0 or earlier does not send it.
+    schedule_id: str | None = None
 
     @staticmethod
     def from_json(data: Mapping[str, Any], default_lease_s: float) -> Lease:
@@ -112,6 +116,7 @@ class Lease:
             kind=data.get("kind"),
             traceparent=_text_or_none(data.get("traceparent")),
             tracestate=_text_or_none(data.get("tracestate")),
+            schedule_id=_text_or_none(data.get("schedule_id")),
         )
 
 
@@ -130,7 +135,7 @@ def log_fields(lease: Lease) -> dict[str, Any]:
         "fencing_token": lease.fencing_token,
         "queue": lease.queue,
     }
-    for name in ("kind", "correlation_id", "workflow_id", "step"):
+    for name in ("kind", "correlation_id", "workflow_id", "step", "schedule_id"):
         value = getattr(lease, name)
         if value is not None:
             fields[name] = value

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import logging
 import threading
@@ -33,7 +34,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from raftsched.client import RaftschedError
+from opentelemetry import trace
+from opentelemetry.trace import INVALID_SPAN, Span
+
+from raftsched.client import LeaseLost, RaftschedError
+from raftsched.worker import _spans
 from raftsched.worker._batcher import LeaseOps
 from raftsched.worker._context import CancelReason, Lease, api_json, log_fields
 
@@ -158,6 +163,25 @@ class ReconcileRun:
             self._task.cancel()
 
     async def run(self) -> None:
+        """Ask, keep the lease, answer, inside the reconciliation's span (a
+        child of the job's trace context, `worker._spans`): the handler's
+        task, or thread, runs with that span current."""
+        ctx = self.ctx
+        span = _spans.start_reconcile(ctx.lease, ctx.worker_id, ctx.attempt.queue)
+        if span is INVALID_SPAN:  # no tracer provider, no trace context: nothing to carry
+            await self._run(span)
+            return
+        # Not the exception's message (it may quote a payload): its type.
+        with trace.use_span(
+            span, end_on_exit=True, record_exception=False, set_status_on_exception=False
+        ):
+            try:
+                await self._run(span)
+            except BaseException as error:
+                _spans.reconcile_ended(span, "abandoned", type(error).__name__)
+                raise
+
+    async def _run(self, span: Span) -> None:
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._ask())
         keeper = loop.create_task(self._keep_lease())
@@ -166,6 +190,7 @@ class ReconcileRun:
         except asyncio.CancelledError as cancelled:
             self.error = cancelled
             log.info("reconciliation abandoned", extra=self._fields)
+            _spans.reconcile_ended(span, "abandoned", type(cancelled).__name__)
             return
         except Exception as error:  # noqa: BLE001 - no answer: asked again later
             self.error = error
@@ -173,11 +198,12 @@ class ReconcileRun:
                 "reconcile handler failed; the question will be asked again",
                 extra={**self._fields, "error": f"{type(error).__name__}: {error}"},
             )
+            _spans.reconcile_ended(span, "handler failed", type(error).__name__)
             return
         finally:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
-        await self._answer(decision)
+        _spans.reconcile_ended(span, *await self._answer(decision))
 
     async def _ask(self) -> Decision:
         handler = self._handler
@@ -210,7 +236,9 @@ class ReconcileRun:
                 self.ctx.cancelled.set()
                 return
 
-    async def _answer(self, decision: Decision) -> None:
+    async def _answer(self, decision: Decision) -> tuple[str, str | None]:
+        """Send the decision; how the reconciliation ended, for its span
+        (the decision taken, or why not, and the error's type)."""
         lease = self.ctx.lease
         op: dict[str, Any] = {
             "op": "reconcile",
@@ -231,17 +259,22 @@ class ReconcileRun:
             answer = await self._batcher.op(op)
         except RaftschedError as error:
             log.warning("reconcile answer not taken", extra={**self._fields, "error": str(error)})
-            return
+            lost = isinstance(error, LeaseLost)
+            return ("lease lost" if lost else "answer not taken"), type(error).__name__
         log.info(
             "job reconciled",
             extra={**self._fields, "decision": op["decision"], "status": answer.get("status")},
         )
+        return op["decision"], None
 
 
 async def _in_thread(handler: Callable[[ReconcileContext], Any], ctx: ReconcileContext) -> Any:
-    """A sync handler in its own daemon thread (it may call a slow provider)."""
+    """A sync handler in its own daemon thread (it may call a slow provider),
+    in a copy of this task's context: the reconciliation's span is current
+    there, so the handler's own spans and requests are its children."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
 
     def settle(value: Any, error: BaseException | None) -> None:
         if future.done():
@@ -253,7 +286,7 @@ async def _in_thread(handler: Callable[[ReconcileContext], Any], ctx: ReconcileC
 
     def target() -> None:
         try:
-            value, error = handler(ctx), None
+            value, error = context.run(handler, ctx), None
         except Exception as raised:  # noqa: BLE001 - handed to the loop
             value, error = None, raised
         with contextlib.suppress(RuntimeError):  # the loop is closed: the worker exited

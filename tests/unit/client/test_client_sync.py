@@ -363,3 +363,29 @@ def test_a_claim_of_kinds_refused_by_an_old_node_or_cluster_is_recognized() -> N
     assert not kinds_refused(InvalidRequest(400, "invalid_request", "x", {"field": "queues"}))
     assert not kinds_refused(InvalidState(409, "invalid_state", "x", {}))
     assert not kinds_refused(None)
+
+
+def test_series_and_job_effects_send_their_query_and_check_their_answer(
+    cluster: FakeCluster,
+) -> None:
+    node = cluster.nodes[0]
+    effects = {"effects": [{"key": "k", "job_id": "job_1", "fencing_token": 3, "epoch": 1,
+                            "result": None, "recorded_at": "2026-12-01T09:00:00.000Z"}],
+               "total": 4}  # fmt: skip
+    node.script = lambda seen: reply(200, effects)
+    client = Client([node.url], timeout_s=2)
+    assert client.job_effects("job_1", limit=1, consistency="stale") == effects
+    assert node.seen[-1].path == "/v1/jobs/job_1/effects"
+    assert node.seen[-1].query == {"limit": "1", "consistency": "stale"}
+    client.job_effects("job_1")
+    assert node.seen[-1].query == {}
+    # An answer without the promised fields is not taken for one.
+    node.script = lambda seen: reply(200, {"effects": {}, "total": 0})
+    with pytest.raises(TransportError, match="not a list"):
+        client.job_effects("job_1")
+    node.script = lambda seen: reply(200, {"node_id": "n1", "queue": "q"})
+    with pytest.raises(TransportError, match="lacks at, dead_lettered_per_s"):
+        client.stats_series("q", window_s=60)
+    assert node.seen[-1].path == "/v1/stats/series"
+    assert node.seen[-1].query == {"queue": "q", "window_s": "60"}
+    client.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,10 @@ class FakeJob:
     # The W3C trace context it was submitted with (its leases carry it).
     traceparent: str | None = None
     tracestate: str | None = None
+    # Where it came from: a workflow's step, or a schedule's occurrence.
+    workflow_id: str | None = None
+    step: str | None = None
+    schedule_id: str | None = None
 
 
 class FakeLeases:
@@ -59,6 +64,12 @@ class FakeLeases:
         # The `traceparent` header of each lease batch and effect request (None: none).
         self.batch_traceparents: list[str | None] = []
         self.effect_traceparents: list[str | None] = []
+        # A node's body limit for lease batches: a larger one is answered 413,
+        # naming the limit unless `name_body_limit` is off (a node of 0.7.0).
+        self.max_body_bytes: int | None = None
+        self.name_body_limit = True
+        self.batch_sizes: list[int] = []  # the body of every lease batch, in bytes
+        self.refused_batches = 0
         self._tokens = itertools.count(1000)
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -157,13 +168,20 @@ class FakeLeases:
             "job_id": job.id, "attempt": job.attempt, "epoch": 1, "fencing_token": job.token,
             "expires_at": "2030-01-01T00:00:00.000Z", "lease_s": lease_s, "queue": "q",
             "payload": job.payload, "idempotency_key": f"key-{job.id}", "ordering_key": None,
-            "correlation_id": None, "workflow_id": None, "step": None, "inputs": {},
-            "kind": job.kind,
+            "correlation_id": None, "workflow_id": job.workflow_id, "step": job.step,
+            "schedule_id": job.schedule_id, "inputs": {}, "kind": job.kind,
             "traceparent": job.traceparent, "tracestate": job.tracestate,
         }  # fmt: skip
 
     async def _batch(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        raw = await request.read()
+        self.batch_sizes.append(len(raw))
+        if self.max_body_bytes is not None and len(raw) > self.max_body_bytes:
+            self.refused_batches += 1
+            details = {"max_body_bytes": self.max_body_bytes} if self.name_body_limit else {}
+            error = {"code": "payload_too_large", "message": "too large", "details": details}
+            return web.json_response({"error": error}, status=413)
+        body = json.loads(raw)
         ops, claim = body["ops"], body.get("next")
         if claim is not None and self.refuse_next:
             error = {"code": "invalid_request", "message": "next: unknown field",

@@ -1,7 +1,9 @@
 """The worker's spans: an attempt span, a child of the trace context its
-lease carries, with the lease's attributes; a child span per `ctx.effect`,
-whose request to the ledger carries it; how an attempt ended; nothing of
-a payload or an error message (worker._spans)."""
+lease carries, with the lease's attributes (a workflow step's and a
+schedule run's origin); a child span per `ctx.effect`, whose request to the
+ledger carries it; how an attempt ended; a reconciliation's span, in the
+job's trace, with its decision; nothing of a payload or an error message
+(worker._spans)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,15 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 
 from raftsched import tracing
-from raftsched.worker import JobContext, _spans
+from raftsched.worker import (
+    CannotTell,
+    Decision,
+    DidNotHappen,
+    Happened,
+    JobContext,
+    ReconcileContext,
+    _spans,
+)
 from raftsched.worker._context import Lease
 from spans import in_memory_spans, named
 
@@ -170,3 +180,135 @@ def test_without_a_tracer_provider_an_attempt_only_passes_its_context_on(
     for bad in ("01-" + TRACEPARENT[3:], TRACEPARENT.upper(), "00-" + "0" * 32 + TRACEPARENT[35:]):
         lease = Lease("job_3", 1, 1, 5, 30.0, "q", traceparent=bad)
         assert _spans.start_attempt(lease, "w") is INVALID_SPAN
+
+
+def test_a_workflow_steps_attempt_names_the_workflow_and_a_schedule_runs_names_the_schedule() -> (
+    None
+):
+    """A step's lease carries its workflow's context: its attempt joins that
+    trace and names the workflow and step. A schedule's run carries none:
+    its attempt is a root that names the schedule (docs/observability.md)."""
+    exporter = in_memory_spans()
+
+    async def scenario(fake: FakeLeases) -> None:
+        step = fake.add("job_wf_s1")
+        step.traceparent, step.workflow_id, step.step = TRACEPARENT, "wf_1", "charge"
+        nightly = fake.add("job_nightly")
+        nightly.schedule_id = "sch_nightly"
+        async with running_worker(fake, lambda ctx: None):
+            await fake.wait_for(lambda: step.status == nightly.status == "succeeded")
+            await fake.wait_for(
+                lambda: len(named(exporter.get_finished_spans(), "job attempt")) == 2
+            )
+        attempts = {
+            span.attributes[tracing.JOB_ID]: span  # type: ignore[index]
+            for span in named(exporter.get_finished_spans(), "job attempt")
+        }
+        traced, scheduled = attempts["job_wf_s1"], attempts["job_nightly"]
+        assert _parent(traced) == (TRACE_ID, PARENT_ID)
+        assert traced.attributes is not None
+        assert (traced.attributes[tracing.WORKFLOW_ID], traced.attributes[tracing.STEP]) == (
+            "wf_1",
+            "charge",
+        )
+        assert tracing.SCHEDULE_ID not in traced.attributes
+        assert scheduled.parent is None and _hex(scheduled)[0] != TRACE_ID, "a root"
+        assert scheduled.attributes is not None
+        assert scheduled.attributes[tracing.SCHEDULE_ID] == "sch_nightly"
+        assert tracing.WORKFLOW_ID not in scheduled.attributes
+
+    run(scenario)
+
+
+def never_run(ctx: JobContext) -> None:
+    raise AssertionError("a reconciliation lease reached the job handler")
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+def test_a_reconciliation_is_a_span_in_the_jobs_trace_with_its_decision(is_async: bool) -> None:
+    exporter = in_memory_spans()
+    inside: list[tuple[str, str]] = []
+
+    def look(ctx: ReconcileContext) -> Decision:
+        # The handler's own spans are children of the reconciliation's.
+        with tracing.tracer().start_as_current_span("provider lookup") as lookup:
+            context = lookup.get_span_context()
+            inside.append((f"{context.trace_id:032x}", f"{context.span_id:016x}"))
+        return Happened({"charge": "ch_1"}, effects={"charge:1": "ch_1"})
+
+    async def look_async(ctx: ReconcileContext) -> Decision:
+        return look(ctx)
+
+    async def scenario(fake: FakeLeases) -> None:
+        job = fake.add_reconciling("job_r", {"card": SECRET}, queue="audit")
+        job.traceparent, job.tracestate = TRACEPARENT, "rojo=00f067aa0ba902b7"
+        async with running_worker(fake, never_run) as worker:
+            worker.reconciler("audit")(look_async if is_async else look)
+            await fake.wait_for(lambda: job.decision is not None)
+            await fake.wait_for(lambda: named(exporter.get_finished_spans(), "job reconcile"))
+        (span,) = named(exporter.get_finished_spans(), "job reconcile")
+        (lookup,) = named(exporter.get_finished_spans(), "provider lookup")
+        assert not named(exporter.get_finished_spans(), "job attempt")
+        assert _parent(span) == (TRACE_ID, PARENT_ID), "the job's trace"
+        assert span.kind == SpanKind.CONSUMER
+        assert dict(span.attributes or {}) == {
+            tracing.JOB_ID: "job_r",
+            tracing.QUEUE: "q",
+            tracing.ATTEMPT: 1,
+            tracing.EPOCH: 1,
+            tracing.FENCING_TOKEN: job.token,
+            tracing.WORKER_ID: "w-test",
+            tracing.RECONCILE_QUEUE: "audit",
+            tracing.OUTCOME: "happened",
+        }
+        assert span.status.status_code == StatusCode.UNSET
+        assert _parent(lookup) == _hex(span) and inside == [_hex(lookup)]
+        assert SECRET not in repr(span.to_json()) and "ch_1" not in repr(span.to_json())
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("answer", "outcome", "error_type"),
+    [
+        (DidNotHappen("no charge"), "did_not_happen", None),
+        (CannotTell("provider down"), "cannot_tell", None),
+        (RuntimeError(f"provider said {SECRET}"), "handler failed", "RuntimeError"),
+        ("not a decision", "handler failed", "TypeError"),
+    ],
+)
+def test_how_a_reconciliation_ended_is_its_outcome(
+    answer: object, outcome: str, error_type: str | None
+) -> None:
+    exporter = in_memory_spans()
+
+    def reconciler(ctx: ReconcileContext) -> Decision:
+        if isinstance(answer, Exception):
+            raise answer
+        return answer  # type: ignore[return-value]
+
+    async def scenario(fake: FakeLeases) -> None:
+        job = fake.add_reconciling("job_r")  # no trace context: a trace of its own
+        async with running_worker(fake, never_run) as worker:
+            worker.reconciler(None)(reconciler)
+            await fake.wait_for(lambda: named(exporter.get_finished_spans(), "job reconcile"))
+        span = named(exporter.get_finished_spans(), "job reconcile")[0]
+        assert span.parent is None
+        assert span.attributes is not None and span.attributes[tracing.OUTCOME] == outcome
+        assert span.attributes.get("error.type") == error_type
+        failed = error_type is not None
+        assert (span.status.status_code == StatusCode.ERROR) is failed
+        assert (job.decision is None) is failed
+        assert SECRET not in repr(span.to_json()) and not span.events
+
+    run(scenario)
+
+
+def test_without_a_tracer_provider_a_reconciliation_makes_no_span(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tracing, "recording", lambda: False)
+    traced = Lease("job_1", 1, 1, 5, 30.0, "q", traceparent=TRACEPARENT)
+    span = _spans.start_reconcile(traced, "w", "q")
+    assert not span.is_recording() and span.get_span_context().span_id == int(PARENT_ID, 16)
+    assert _spans.start_reconcile(Lease("job_2", 1, 1, 5, 30.0, "q"), "w", "q") is INVALID_SPAN

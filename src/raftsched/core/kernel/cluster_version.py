@@ -55,13 +55,14 @@ def command_version(command: Command, registry: Registry) -> int:
     holds commands (`Audited`, `LeaseBatch`), the highest of its own and its
     inner commands'; at least the version that added a job spec field that
     a spec inside sets (`spec_version`: older replicas cannot decode such a
-    spec)."""
-    versions = registry.command_versions
-    version = versions[type(command)]
+    spec), or a field a later version added to its kind that it sets
+    (`CommandKind.tail`)."""
+    version = _kind_version(command, registry)
     holders = [command] if type(command) in registry.spec_holders else []
     if type(command) in registry.nested:
         for inner in registry.inner_commands(command):
-            version = max(version, versions.get(type(inner), version))
+            if type(inner) in registry.command_versions:
+                version = max(version, _kind_version(inner, registry))
             if type(inner) in registry.spec_holders:
                 holders.append(inner)
     for holder in holders:
@@ -69,6 +70,21 @@ def command_version(command: Command, registry: Registry) -> int:
             break  # no spec field is newer
         version = max(version, _specs_version(holder))
     return version
+
+
+def _kind_version(command: Command, registry: Registry) -> int:
+    """The version of the command's kind, or of the later fields of its
+    kind that it sets (`CommandKind.tail`)."""
+    version = registry.command_versions[type(command)]
+    tail = registry.command_tails.get(type(command))
+    if tail is not None and tail[1] > version and _tail_set(command, tail[0]) is not None:
+        version = tail[1]
+    return version
+
+
+def _tail_set(command: Command, names: tuple[str, ...]) -> str | None:
+    """The first of `names` that `command` sets (not None), if any."""
+    return next((name for name in names if getattr(command, name, None) is not None), None)
 
 
 def newest_kind(command: Command, registry: Registry) -> str:
@@ -87,12 +103,20 @@ def newest_kind(command: Command, registry: Registry) -> str:
 def newest_spec_field(command: Command, registry: Registry) -> str | None:
     """`kind` when a job spec's kind gives `command` its version (for the
     gate's answer, which otherwise names only `SubmitJobs`), `traceparent`
-    when a spec's trace context does, else None."""
+    when a spec's trace context does; the first field a later version added
+    to the command's kind (`CommandKind.tail`: a workflow's `traceparent`)
+    when it sets one that does; else None."""
     versions = registry.command_versions
     commands = [command, *registry.inner_commands(command)]
     kind_version = max(versions.get(type(each), 1) for each in commands)
     holders = [each for each in commands if type(each) in registry.spec_holders]
     spec = max(map(_specs_version, holders), default=CLUSTER_VERSION_DEFAULT)
+    for each in commands:
+        tail = registry.command_tails.get(type(each))
+        if tail is not None and tail[1] > kind_version and tail[1] >= spec:
+            field = _tail_set(each, tail[0])
+            if field is not None:
+                return field
     if not spec > kind_version:
         return None
     if spec == SPEC_KIND_VERSION and any(_sets_kind(each) for each in holders):

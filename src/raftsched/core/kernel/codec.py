@@ -4,7 +4,9 @@ Every command type has a stable integer tag, declared with the command by its
 feature (`feature.CommandKind`); a tag is never reused, and a new command type
 takes a new one. The tables come from the registry the functions are given.
 An entry is `[ENTRY_FORMAT, epoch, now_ms, [[tag, field, ...], ...]]` with
-fields in dataclass order. Decoding checks
+fields in dataclass order; the optional fields a later version added to a
+kind (`CommandKind.tail`) are left out while none is set, so such a command
+keeps the bytes the release before wrote. Decoding checks
 every field's type exactly, so garbage becomes a `CodecError`, never a
 half-built command.
 
@@ -87,24 +89,30 @@ class CommandCodec:
 
     def __init__(
         self,
-        kinds: Iterable[tuple[type[Any], int, tuple[str, ...]]],
+        kinds: Iterable[tuple[type[Any], int, tuple[str, ...], int]],
         custom: dict[str, tuple[Encode, Decode]],
     ) -> None:
         kinds = list(kinds)
-        self.by_type: dict[type[Any], tuple[int, tuple[str, ...], tuple[Encode | None, ...]]] = {}
-        self.by_tag: dict[int, tuple[type[Any], tuple[Decode, ...]]] = {}
+        # type -> (tag, field names, encoders, tail); tag -> (type, decoders,
+        # tail): `tail` is how many of the last fields a later version added,
+        # encoded only when one of them is set (`feature.CommandKind.tail`).
+        self.by_type: dict[
+            type[Any], tuple[int, tuple[str, ...], tuple[Encode | None, ...], int]
+        ] = {}
+        self.by_tag: dict[int, tuple[type[Any], tuple[Decode, ...], int]] = {}
         # The kinds that hold commands: never nested themselves.
-        nesting = [(cls, tag) for cls, tag, fields in kinds if set(fields) & set(NESTING_KINDS)]
+        nesting = [(cls, tag) for cls, tag, fields, _ in kinds if set(fields) & set(NESTING_KINDS)]
         self.nesting_types = frozenset(cls for cls, _ in nesting)
         self.nesting_tags = frozenset(tag for _, tag in nesting)
-        for cls, tag, field_kinds in kinds:
+        for cls, tag, field_kinds, tail in kinds:
             for kind in field_kinds:
                 if kind not in KERNEL_FIELD_KINDS and kind not in custom:
                     raise ValueError(f"{cls.__name__}: unknown field kind {kind}")
             names = tuple(cls.__dataclass_fields__)
             encoders = tuple(self._encoder(kind, custom) for kind in field_kinds)
-            self.by_type[cls] = (tag, names, encoders)
-            self.by_tag[tag] = (cls, tuple(self._decoder(kind, custom) for kind in field_kinds))
+            self.by_type[cls] = (tag, names, encoders, tail)
+            decoders = tuple(self._decoder(kind, custom) for kind in field_kinds)
+            self.by_tag[tag] = (cls, decoders, tail)
 
     def _encoder(self, kind: str, custom: dict[str, tuple[Encode, Decode]]) -> Encode | None:
         if kind == "command":
@@ -222,11 +230,13 @@ def spec_row(spec: JobSpec) -> list[Any]:
 
 
 def _command_row(command: Command, tables: CommandCodec) -> list[Any]:
-    tag, names, encoders = tables.by_type[type(command)]
+    tag, names, encoders, tail = tables.by_type[type(command)]
     row: list[Any] = [tag]
     for name, encode in zip(names, encoders, strict=True):
         value = getattr(command, name)
         row.append(value if encode is None else encode(value))
+    if tail and all(value is None for value in row[-tail:]):
+        del row[-tail:]  # the fields a later version added, unset: as before it
     return row
 
 
@@ -257,16 +267,18 @@ def decode_entry(data: bytes, registry: Registry) -> Entry:
 
 
 def _decode_command(
-    row: object, by_tag: dict[int, tuple[type[Any], tuple[Decode, ...]]]
+    row: object, by_tag: dict[int, tuple[type[Any], tuple[Decode, ...], int]]
 ) -> Command:
     if type(row) is not tuple or not row or type(row[0]) is not int:
         raise CodecError("a command is [tag, fields...]")
     found = by_tag.get(row[0])
     if found is None:
         raise CodecError(f"unknown command tag {row[0]}")
-    cls, decoders = found
+    cls, decoders, tail = found
     if len(row) != len(decoders) + 1:
-        raise CodecError(f"{cls.__name__} has {len(decoders)} fields")
+        if not tail or len(row) != len(decoders) + 1 - tail:
+            raise CodecError(f"{cls.__name__} has {len(decoders)} fields")
+        decoders = decoders[:-tail]  # written without the later fields: they are None
     values = [decode(value) for decode, value in zip(decoders, row[1:], strict=True)]
     command: Command = cls(*values)
     return command

@@ -94,6 +94,13 @@ class CommandKind:
     since: int = 1
     # Set for operator commands: they may be wrapped in `Audited`.
     audit: Audit | None = None
+    # How many of the last fields a later cluster version, `tail_since`,
+    # added to the kind (optional ones, None unless set): a command that
+    # leaves them all None is encoded without them, exactly as the release
+    # before wrote it, and a row without them decodes to None; a command
+    # that sets one needs `tail_since` (`cluster_version.command_version`).
+    tail: int = 0
+    tail_since: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +198,7 @@ class Registry:
         "audits",
         "command_tags",
         "command_versions",
+        "command_tails",
         "command_version_max",
         "codec",
         "sections",
@@ -215,6 +223,7 @@ class Registry:
                 raise ValueError(f"{kind.type.__name__}: one field kind per dataclass field")
             if type(kind.since) is not int or kind.since < 1:
                 raise ValueError(f"{kind.type.__name__}: since is a version from 1")
+            _check_tail(kind)
         field_kinds = [each for feature in self.features for each in feature.field_kinds]
         _unique("field kind", [*codec.KERNEL_FIELD_KINDS, *(each.name for each in field_kinds)])
         sections = [section for feature in self.features for section in feature.sections]
@@ -242,10 +251,21 @@ class Registry:
         _unique("audit kind", (audit.kind for audit in self.audits.values()))
         self.command_tags: dict[type[Any], int] = {kind.type: kind.tag for kind in kinds}
         self.command_versions: dict[type[Any], int] = {kind.type: kind.since for kind in kinds}
+        # The kinds with fields a later version added (`CommandKind.tail`):
+        # those fields' names, and that version.
+        self.command_tails: dict[type[Any], tuple[tuple[str, ...], int]] = {
+            kind.type: (
+                tuple(kind.type.__dataclass_fields__)[-kind.tail :],  # type: ignore[attr-defined]
+                kind.tail_since,
+            )
+            for kind in kinds
+            if kind.tail
+        }
         # The highest cluster version this code understands (and reports to
         # its peers): its command kinds' and its features' other versions.
         self.command_version_max: int = max(
-            [*(kind.since for kind in kinds), *behaviours], default=1
+            [*(kind.since for kind in kinds), *(kind.tail_since for kind in kinds), *behaviours],
+            default=1,
         )
         # The kinds that hold commands (`Audited`, `LeaseBatch`), and the
         # names of their fields that do: see `inner_commands`.
@@ -270,7 +290,7 @@ class Registry:
             kind.type for kind in kinds if holding & set(kind.fields)
         )
         custom = {each.name: (each.encode, each.decode) for each in field_kinds}
-        self.codec = codec.CommandCodec([(k.type, k.tag, k.fields) for k in kinds], custom)
+        self.codec = codec.CommandCodec([(k.type, k.tag, k.fields, k.tail) for k in kinds], custom)
         # Encoding order: sorted by name (never import or feature order).
         self.sections = tuple(sorted(sections, key=lambda section: section.name))
         self.tick_work = tuple(sorted(tick_work, key=lambda work: work.rank))
@@ -304,6 +324,23 @@ class Registry:
     def create_sections(self) -> dict[str, Any]:
         """Fresh, empty sections, in encoding order (what `new_state()` holds)."""
         return {section.name: section.create() for section in self.sections}
+
+
+def _check_tail(kind: CommandKind) -> None:
+    """A tail is optional fields (their codec kinds end in `?`, their
+    defaults None) that a version after the kind's own added."""
+    name = kind.type.__name__
+    if kind.tail == 0:
+        return
+    if type(kind.tail) is not int or not 0 < kind.tail < len(kind.fields):
+        raise ValueError(f"{name}: a tail is some of its last fields, not all")
+    if type(kind.tail_since) is not int or kind.tail_since <= kind.since:
+        raise ValueError(f"{name}: a tail comes in a version after the kind's own")
+    for field in fields(kind.type)[-kind.tail :]:  # type: ignore[arg-type]
+        if field.default is not None:
+            raise ValueError(f"{name}: tail field {field.name} must default to None")
+    if not all(each.endswith("?") for each in kind.fields[-kind.tail :]):
+        raise ValueError(f"{name}: a tail's field kinds are optional ones")
 
 
 def _present(items: Iterable[T | None]) -> tuple[T, ...]:

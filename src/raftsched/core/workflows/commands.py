@@ -33,6 +33,14 @@ class SubmitWorkflow(Command):
     timeout_ms: int | None = None
     on_failure: str = "fail_fast"
     compensate_on_cancel: bool = True
+    # Since cluster version 8: the W3C trace context the submission carried
+    # (its `traceparent` and `tracestate` headers), kept with the workflow
+    # and given to every job it creates (a step's own wins), so that the
+    # workers' attempts of all its steps join the submitter's trace. Not
+    # part of the request's identity; encoded only when set (the kind's
+    # `tail`), so a workflow without them encodes as release 0.7.0's did.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from raftsched.core.kernel.cluster_version import SPEC_TRACE_VERSION
 from raftsched.core.kernel.feature import CommandKind, Feature, JobFinishedHook, TickWork
 from raftsched.core.workflows import audit, handlers, invariants, model
 from raftsched.core.workflows.codec import STEPS_FIELD
@@ -17,8 +18,11 @@ FEATURE: Final = Feature(
         CommandKind(
             SubmitWorkflow,
             50,
-            ("str", "steps", "str", "str?", "int?", "str", "bool"),
+            ("str", "steps", "str", "str?", "int?", "str", "bool", "str?", "str?"),
             handlers.apply_submit_workflow,
+            # traceparent, tracestate: the submission's trace context.
+            tail=2,
+            tail_since=SPEC_TRACE_VERSION,
         ),
         CommandKind(
             CancelWorkflow,

@@ -21,6 +21,10 @@ statuses:
 Cancelling a step job inside `_advance` re-enters `record_step_outcome` for that
 job; the `advancing` flag turns the re-entry into bookkeeping only and the
 outer loop picks up the change.
+
+Every job a workflow creates, steps and compensations alike, gets the trace
+context its submission carried (cluster version 8), unless its spec has one
+of its own: the workers' attempts of all its steps join the one trace.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from raftsched.core.kernel.validate import (
     check_optional_name,
     check_spec,
     check_text,
+    check_trace_context,
     invalid,
 )
 from raftsched.core.workflows.codec import step_row
@@ -174,6 +179,7 @@ def _check_submit(command: SubmitWorkflow) -> list[tuple[int, ...]] | Rejected:
         or check_name(command.tenant, "tenant")
         or check_optional_name(command.idempotency_key, "idempotency_key", KEY_CHARS_MAX)
         or check_optional_int(command.timeout_ms, "timeout", 1, TIME_MS_MAX)
+        or check_trace_context(command.traceparent, command.tracestate)
     )
     if rejected is not None:
         return rejected
@@ -258,6 +264,9 @@ def _find_cycle(deps: list[tuple[int, ...]]) -> list[int] | None:
 
 
 def _fingerprint(command: SubmitWorkflow) -> bytes:
+    """What makes two submissions the same request: all but the workflow id
+    and the trace context (a repeat from another span is the same request,
+    as a job's is, `submit.spec_fingerprint`)."""
     row = [
         command.tenant,
         command.idempotency_key,
@@ -299,6 +308,7 @@ def _create(
         None,
         steps,
         [(now_ms, "submitted", None)],
+        None if command.traceparent is None else (command.traceparent, command.tracestate),
     )
     found.workflows[workflow.id] = workflow
     found.index(workflow)
@@ -429,8 +439,13 @@ def _start_step(
 def _create_job(
     state: State, savepoint: Savepoint, workflow: Workflow, spec: JobSpec, job_id: str, step: str
 ) -> None:
+    """A step's or a compensation's job, in the workflow's tenant, with the
+    workflow's trace context unless the step's spec has one of its own."""
     if spec.tenant != workflow.tenant:
         spec = _with_tenant(spec, workflow.tenant)
+    trace = workflow.trace
+    if trace is not None and spec.traceparent is None:
+        spec = replace(spec, traceparent=trace[0], tracestate=trace[1])
     job = create_job(state, spec, job_id, savepoint)
     job.workflow_id = workflow.id
     job.step = step

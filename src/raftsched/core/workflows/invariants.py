@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from raftsched.core.kernel.state import State
+from raftsched.core.kernel.validate import check_trace_context
 from raftsched.core.workflows.model import (
     ACTIVE,
     RUNNING,
@@ -34,6 +35,13 @@ def check(state: State) -> list[str]:
             problems.append(f"{where}: final with steps still to run")
         if len(set(workflow.completed)) != len(workflow.completed):
             problems.append(f"{where}: a step completed twice")
+        trace = workflow.trace
+        if trace is not None and (
+            type(trace) is not tuple
+            or len(trace) != 2
+            or check_trace_context(trace[0], trace[1]) is not None
+        ):
+            problems.append(f"{where}: an invalid trace context")
     for (tenant, key), workflow_id in found.keys.items():
         keyed = found.workflows.get(workflow_id)
         if keyed is None or (keyed.tenant, keyed.idempotency_key) != (tenant, key):

@@ -17,6 +17,12 @@ docs/workflows.md draws them):
 Step job ids derive from the workflow id and the step's position
 (`job_<base>_s<i>`, compensations `job_<base>_c<i>`), so that the core never
 draws an identifier of its own and a repeated proposal creates nothing twice.
+
+A workflow submitted inside a trace keeps the W3C trace context in its
+record (`trace`, cluster version 8), encoded only when it has one, and
+hands it to every job it creates, whose record in the traces section
+(`jobs.trace_book`) gives it to their leases; it goes when the workflow
+is purged.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import heapq
 from typing import Any, Final
 
+from raftsched.core.jobs.trace_book import TraceContext
 from raftsched.core.kernel.codec import decode_spec, spec_row
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.core.kernel.model import next_status
@@ -183,6 +190,9 @@ class Workflow:
         "compensations",
         "steps",
         "history",
+        # The W3C (traceparent, tracestate) the submission carried, or None
+        # (cluster version 8): every job the workflow creates keeps it.
+        "trace",
         # Not encoded: true only while this workflow is being advanced.
         "advancing",
     )
@@ -206,6 +216,7 @@ class Workflow:
         compensations: list[int] | None,
         steps: list[Step],
         history: list[WorkflowHistory],
+        trace: TraceContext | None = None,
     ) -> None:
         self.id = id
         self.seq = seq
@@ -225,6 +236,7 @@ class Workflow:
         self.compensations = compensations
         self.steps = steps
         self.history = history
+        self.trace = trace
         self.advancing = False
 
     @property
@@ -256,6 +268,7 @@ class Workflow:
             None if self.compensations is None else list(self.compensations),
             [step.copy() for step in self.steps],
             list(self.history),
+            self.trace,
         )
 
 
@@ -307,7 +320,9 @@ def _step_row(step: Step) -> list[Any]:
 
 
 def _workflow_row(workflow: Workflow) -> list[Any]:
-    return [
+    """17 fields; 19 with the trace context (cluster version 8), so that a
+    workflow without one encodes as release 0.7.0's did."""
+    row = [
         workflow.id,
         workflow.seq,
         workflow.tenant,
@@ -326,6 +341,9 @@ def _workflow_row(workflow: Workflow) -> list[Any]:
         [_step_row(step) for step in workflow.steps],
         [list(record) for record in workflow.history],
     ]
+    if workflow.trace is not None:
+        row += workflow.trace  # traceparent, tracestate
+    return row
 
 
 def _encode(state: State) -> Any:
@@ -344,11 +362,19 @@ def _decode_step(row: Any) -> Step:
     )
 
 
+_TRACED_ROW: Final = 19
+"""A workflow row with its trace context (`_workflow_row`)."""
+
+
 def _decode(state: State, data: Any) -> None:
     next_seq, rows = data
     found = WorkflowTable()
     found.next_seq = next_seq
     for row in rows:
+        trace: TraceContext | None = None
+        if len(row) == _TRACED_ROW:
+            *row, traceparent, tracestate = row
+            trace = (traceparent, tracestate)
         *head, completed, compensations, steps, history = row
         fields: list[Any] = [
             *head,
@@ -356,6 +382,7 @@ def _decode(state: State, data: Any) -> None:
             None if compensations is None else list(compensations),
             [_decode_step(step) for step in steps],
             [tuple(record) for record in history],
+            trace,
         ]
         workflow = Workflow(*fields)
         found.workflows[workflow.id] = workflow
