@@ -28,6 +28,7 @@ from raftsched.core.jobs.commands import (
     ReconcileJob,
     ReplayReconciled,
     RequestReconcile,
+    SetShardQuotas,
     SetUnknownPolicy,
 )
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION, cluster_version
@@ -38,6 +39,7 @@ from raftsched.core.kernel.commands import (
     RaiseClusterVersion,
     RecordIncarnation,
     SetClusterId,
+    SetShard,
 )
 from raftsched.core.kernel.results import Ack, Rejected
 from raftsched.core.membership.commands import AddMember, RemoveMember
@@ -68,8 +70,10 @@ def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> N
         LeaseBatch: 6,
         ConfigureWheel: 7,
         ClaimJobsOfKinds: 8,
+        SetShard: 9,
+        SetShardQuotas: 9,
     }
-    assert COMMAND_VERSION_MAX == 8
+    assert COMMAND_VERSION_MAX == 9
 
 
 def test_raise_moves_the_version_up_and_never_down() -> None:

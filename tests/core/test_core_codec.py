@@ -52,6 +52,7 @@ from raftsched.core.jobs.commands import (
     ReplayReconciled,
     RequestReconcile,
     SetQueue,
+    SetShardQuotas,
     SetTenant,
     SetUnknownPolicy,
     StartJob,
@@ -68,6 +69,7 @@ from raftsched.core.kernel.commands import (
     RaiseClusterVersion,
     RecordIncarnation,
     SetClusterId,
+    SetShard,
     TakeOver,
     Tick,
 )
@@ -195,6 +197,10 @@ EVERY_COMMAND: tuple[Command, ...] = (
     ),
     ClaimJobsOfKinds("w", ("q",), 5, None, (("charge", 2), (None, 5))),
     LeaseBatch((CompleteJob("j1", 1),), ClaimJobsOfKinds("w", ("q",), 1, 1_000, (("c", 1),))),
+    # Shards (issue 21).
+    SetShard(2, 3),
+    SetShardQuotas(1_800_000_000_000, (("q", 2, None, None), ("r", None, 500, 1)), (("a", 3, 9),)),
+    SetShardQuotas(2),
 )  # fmt: skip
 
 
@@ -218,6 +224,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         LeaseBatch: 110,
         ConfigureWheel: 120,
         ClaimJobsOfKinds: 130,
+        SetShard: 140, SetShardQuotas: 141,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

@@ -102,7 +102,10 @@ class CoreMachine(RuleBasedStateMachine):
         self.keys: dict[str, tuple[str, JobSpec]] = {}
         self.traces: dict[str, tuple[str, None] | None] = {}  # job -> its trace context
         self.effects: dict[str, tuple[str, int]] = {}  # key -> (job, token) that wrote it
-        self.last_token = 0
+        self.last_token = 0  # the token counter
+        # The shard this state is (kernel.shard): (0, 1) while unset, when a
+        # token is the counter itself; else counter * count + index.
+        self.shard = (0, 1)
         self.grants: list[tuple[str, int]] = []
         self.submissions: list[SubmitJobs] = []
         self.seen_token = 0
@@ -228,7 +231,8 @@ class CoreMachine(RuleBasedStateMachine):
         assert [lease.job_id for lease in result.leases] == expected
         for lease in result.leases:
             self.last_token += 1
-            assert lease.fencing_token == self.last_token
+            index, count = self.shard
+            assert lease.fencing_token == self.last_token * count + index
             job = self.jobs[lease.job_id]
             job.status, job.token, job.due_ms = "claimed", lease.fencing_token, None
             job.lease_ms = lease.lease_ms

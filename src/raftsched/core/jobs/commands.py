@@ -244,4 +244,32 @@ class LeaseBatch(Command):
     claim: ClaimJobs | None = None
 
 
+# -- Shards (issue 21; since cluster version 9) ---------------------------------
+
+QueueQuotaRow = tuple[str, int | None, int | None, int | None]
+"""(queue, concurrency_limit, rate_limit_milli_per_s, burst); None: the setting."""
+TenantQuotaRow = tuple[str, int | None, int | None]
+"""(tenant, concurrency_limit, max_queued); None: the setting."""
+
+
+@dataclass(frozen=True, slots=True)
+class SetShardQuotas(Command):
+    """This shard's quotas of the cluster-wide flow limits, all of one
+    rebalance round (jobs.quota_book): they replace the shard's quotas
+    whole, and flow control enforces a limit's quota where one is given,
+    else the setting.
+
+    `round` grows with every round (say, group 0's replicated time); an
+    older round than the shard's is refused, the same one again is a repeat.
+    `queues` and `tenants` are in ascending order of name, each at most
+    4,096 rows; a row gives at least one quota, a queue's rate
+    (`rate_limit_milli_per_s`, tokens per 1,000 s, as `SetQueue`'s) together
+    with its burst. Quotas may be 0 (a shard with no share of the limit).
+    """
+
+    round: int
+    queues: tuple[QueueQuotaRow, ...] = ()
+    tenants: tuple[TenantQuotaRow, ...] = ()
+
+
 # -- Recurring schedules (issue 5) -------------------------------------------------

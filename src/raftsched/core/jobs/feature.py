@@ -7,11 +7,13 @@ are steps of a job's life cycle rather than a feature of their own.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from raftsched.core.jobs import (
     audit,
     flow,
+    quota_book,
     reconcile,
     reconcile_book,
     reconcile_log,
@@ -35,6 +37,7 @@ from raftsched.core.jobs.commands import (
     ReplayReconciled,
     RequestReconcile,
     SetQueue,
+    SetShardQuotas,
     SetTenant,
     SetUnknownPolicy,
     StartJob,
@@ -58,7 +61,7 @@ from raftsched.core.jobs.operator_commands import (
     apply_replay_reconciled,
 )
 from raftsched.core.jobs.submit import apply_submit
-from raftsched.core.kernel import wheel
+from raftsched.core.kernel import shard, wheel
 from raftsched.core.kernel.cluster_version import SPEC_KIND_VERSION
 from raftsched.core.kernel.codec import CodecError, expect
 from raftsched.core.kernel.feature import (
@@ -112,9 +115,32 @@ def _decode_claim_kinds(value: object) -> tuple[tuple[str | None, int], ...]:
     return value
 
 
+def _encode_quota_rows(rows: tuple[tuple[Any, ...], ...]) -> list[list[Any]]:
+    return [list(row) for row in rows]
+
+
+def _quota_rows(width: int, what: str) -> Callable[[object], tuple[Any, ...]]:
+    """The decoder of `SetShardQuotas`' rows of `width` fields: a name and
+    integers or nil (what they may be is the handler's to check)."""
+
+    def decode(value: object) -> tuple[Any, ...]:
+        if type(value) is not tuple:
+            raise CodecError(f"{what} must be an array")
+        for row in value:
+            if type(row) is not tuple or len(row) != width:
+                raise CodecError(f"a row of {what} has {width} fields")
+            expect(row[0], "str")
+            for item in row[1:]:
+                expect(item, "int?")
+        return value
+
+    return decode
+
+
 def _check(state: State) -> list[str]:
     return (
         flow.check_flow(state)
+        + quota_book.check(state)
         + reconcile_book.check(state)
         + reconcile_log.check(state)
         + trace_book.check(state)
@@ -124,7 +150,13 @@ def _check(state: State) -> list[str]:
 
 FEATURE: Final = Feature(
     name="jobs",
-    sections=(flow.SECTION, reconcile_book.SECTION, trace_book.SECTION, wheel.SECTION),
+    sections=(
+        flow.SECTION,
+        quota_book.SECTION,
+        reconcile_book.SECTION,
+        trace_book.SECTION,
+        wheel.SECTION,
+    ),
     commands=(
         CommandKind(SubmitJobs, 1, ("specs", "strs"), apply_submit),
         CommandKind(ClaimJobs, 2, ("str", "strs", "int", "int?"), apply_claim),
@@ -205,10 +237,21 @@ FEATURE: Final = Feature(
             apply_claim,
             since=SPEC_KIND_VERSION,
         ),
+        # Shards: this shard's quotas of the flow limits (jobs.quota_book);
+        # 140, SetShard, is the kernel's (kernel.shard).
+        CommandKind(
+            SetShardQuotas,
+            141,
+            ("int", "queue_quotas", "tenant_quotas"),
+            flow.apply_set_shard_quotas,
+            since=shard.SHARD_VERSION,
+        ),
     ),
     field_kinds=(
         FieldKind("effect_results", _encode_effects, _decode_effects),
         FieldKind("claim_kinds", _encode_claim_kinds, _decode_claim_kinds),
+        FieldKind("queue_quotas", _encode_quota_rows, _quota_rows(4, "queue quotas")),
+        FieldKind("tenant_quotas", _encode_quota_rows, _quota_rows(3, "tenant quotas")),
     ),
     tick=(
         TickWork(10, tick.expire_leases, reports="leases_expired"),

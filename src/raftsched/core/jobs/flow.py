@@ -13,6 +13,12 @@ This module keeps the replicated part in the `flow` section:
   whether the next claim belongs to the reserved high-priority share);
 - per tenant (`TenantFlow`): weight, concurrency limit and maximum queued.
 
+In a shard of a sharded cluster, the limits that are counts or rates have a
+quota (`quota_book`, `SetShardQuotas`): where one is set, it is the limit
+this shard enforces instead of the setting (`queue_gates`,
+`tenant_concurrency_limit`, `tenant_max_queued`); the queue's token bucket
+then refills at the quota's rate up to its burst.
+
 Which pending jobs are claimable is the derived `runnable_index`; the claim
 itself is `flow_claim`. A queue record with default settings exists only
 while it carries rotation state, and is dropped when the queue has no
@@ -28,10 +34,21 @@ forgets the window; a failure keeps it open.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
-from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetTenant
-from raftsched.core.kernel import runnable_index, wheel
+from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetShardQuotas, SetTenant
+from raftsched.core.jobs.quota_book import (
+    QUOTA_QUEUES_MAX,
+    QUOTA_TENANTS_MAX,
+    ROUND_MAX,
+    QueueQuota,
+    TenantQuota,
+    queue_quota,
+    quotas_of,
+    tenant_quota,
+)
+from raftsched.core.kernel import runnable_index, shard, wheel
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.model import (
@@ -40,11 +57,12 @@ from raftsched.core.kernel.model import (
     OUTCOME_SUCCEEDED,
     Job,
 )
-from raftsched.core.kernel.results import QUEUE_FULL, Ack, Rejected
+from raftsched.core.kernel.results import INVALID_REQUEST, INVALID_STATE, QUEUE_FULL, Ack, Rejected
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
+    NAME_CHARS_MAX,
     TIME_MS_MAX,
     check_int,
     check_name,
@@ -112,10 +130,22 @@ class QueueFlow:
         return self.settings() == _DEFAULT_SETTINGS
 
     def tokens_at(self, now_ms: int) -> int:
-        """Micro-tokens in the bucket at `now_ms` (without storing the refill)."""
+        """Micro-tokens in the bucket at `now_ms` (without storing the refill)
+        under the settings' rate and burst (`bucket_tokens` for a quota's)."""
         assert self.rate_milli is not None and self.burst is not None
-        elapsed_ms = max(0, now_ms - self.refilled_at_ms)
-        return min(self.burst * MICRO, self.tokens_micro + elapsed_ms * self.rate_milli)
+        return bucket_tokens(self, now_ms, (self.rate_milli, self.burst))
+
+
+Bucket = tuple[int, int]
+"""A token bucket's (rate in tokens per 1,000 s, burst in tokens)."""
+
+
+def bucket_tokens(record: QueueFlow, now_ms: int, bucket: Bucket) -> int:
+    """Micro-tokens in `record`'s bucket at `now_ms` when it refills at
+    `bucket`'s rate up to its burst (without storing the refill)."""
+    rate_milli, burst = bucket
+    elapsed_ms = max(0, now_ms - record.refilled_at_ms)
+    return min(burst * MICRO, record.tokens_micro + elapsed_ms * rate_milli)
 
 
 class TenantFlow:
@@ -138,6 +168,8 @@ class Flow:
 
 
 DEFAULT_TENANT: Final = TenantFlow()
+FRESH_QUEUE: Final = QueueFlow()
+"""What a queue without a record holds (never changed)."""
 
 
 def flow_of(state: State) -> Flow:
@@ -147,6 +179,48 @@ def flow_of(state: State) -> Flow:
 
 def tenant_flow(flow: Flow, tenant: str) -> TenantFlow:
     return flow.tenants.get(tenant, DEFAULT_TENANT)
+
+
+# -- the limits this shard enforces ----------------------------------------------
+
+
+def bucket_of(record: QueueFlow | None, quota: QueueQuota | None) -> Bucket | None:
+    """The (rate, burst) the queue's bucket refills at in this shard: its
+    quota's, else its setting's; None: no rate limit."""
+    if quota is not None and quota.rate_milli is not None:
+        assert quota.burst is not None
+        return quota.rate_milli, quota.burst
+    if record is not None and record.rate_milli is not None:
+        assert record.burst is not None
+        return record.rate_milli, record.burst
+    return None
+
+
+def queue_gates(
+    record: QueueFlow | None, quota: QueueQuota | None
+) -> tuple[int | None, Bucket | None]:
+    """The queue's concurrency limit and bucket in this shard (see `bucket_of`)."""
+    concurrency = None if record is None else record.concurrency_limit
+    if quota is not None and quota.concurrency_limit is not None:
+        concurrency = quota.concurrency_limit
+    return concurrency, bucket_of(record, quota)
+
+
+def tenant_concurrency_limit(state: State, flow: Flow, tenant: str) -> int | None:
+    """The tenant's concurrency limit in this shard: its quota, else its setting."""
+    quota = tenant_quota(state, tenant)
+    if quota is not None and quota.concurrency_limit is not None:
+        return quota.concurrency_limit
+    settings = flow.tenants.get(tenant)
+    return None if settings is None else settings.concurrency_limit
+
+
+def tenant_max_queued(state: State, tenant: str) -> int | None:
+    """The tenant's maximum of queued jobs in this shard: its quota, else its setting."""
+    quota = tenant_quota(state, tenant)
+    if quota is not None and quota.max_queued is not None:
+        return quota.max_queued
+    return tenant_flow(flow_of(state), tenant).max_queued
 
 
 # -- encoding ------------------------------------------------------------------
@@ -210,7 +284,8 @@ def guard_queue(state: State, queue: str, savepoint: Savepoint) -> QueueFlow:
 
 def drop_if_idle(state: State, queue: str) -> None:
     """Forget a default-settings queue record once nothing is claimable there:
-    its rotation state no longer matters. (The caller guarded the record.)"""
+    its rotation state no longer matters; but not while a rate quota refills
+    its bucket (`quota_book`). (The caller guarded the record.)"""
     flow = flow_of(state)
     record = flow.queues.get(queue)
     if (
@@ -218,7 +293,9 @@ def drop_if_idle(state: State, queue: str) -> None:
         and record.is_default()
         and not runnable_index.has_lanes(state.runnable, queue)
     ):
-        del flow.queues[queue]
+        quota = queue_quota(state, queue)
+        if quota is None or quota.rate_milli is None:
+            del flow.queues[queue]
 
 
 # -- commands ------------------------------------------------------------------
@@ -230,10 +307,14 @@ def apply_set_queue(state: State, command: SetQueue, context: Context) -> Ack | 
     if rejected is not None:
         return rejected
     record = guard_queue(state, command.queue, savepoint)
-    bucket_changed = (record.rate_milli, record.burst) != (
-        command.rate_limit_milli_per_s,
-        _burst(command),
-    )
+    quota = queue_quota(state, command.queue)
+    before = bucket_of(record, quota)
+    rate_milli, burst = command.rate_limit_milli_per_s, _burst(command)
+    # A rate quota keeps this shard's bucket as it is (quota_book).
+    after = before if quota is not None and quota.rate_milli is not None else None
+    if after is None and rate_milli is not None and burst is not None:
+        after = (rate_milli, burst)
+    bucket_changed = before != after
     record.paused = command.paused
     record.rate_milli = command.rate_limit_milli_per_s
     record.burst = _burst(command)
@@ -244,7 +325,7 @@ def apply_set_queue(state: State, command: SetQueue, context: Context) -> Ack | 
     record.circuit_window = command.circuit_window
     record.circuit_probe_ms = command.circuit_probe_ms
     if bucket_changed:
-        record.tokens_micro = 0 if record.burst is None else record.burst * MICRO
+        record.tokens_micro = 0 if after is None else after[1] * MICRO
         record.refilled_at_ms = state.now_ms
     drop_if_idle(state, command.queue)
     return Ack()
@@ -320,13 +401,138 @@ def _restore_tenant(tenants: dict[str, TenantFlow], name: str, record: TenantFlo
         tenants[name] = record
 
 
+def apply_set_shard_quotas(
+    state: State, command: SetShardQuotas, context: Context
+) -> Ack | Rejected:
+    """This shard's quotas of one rebalance round, replacing the last
+    round's (quota_book); a queue whose bucket changes keeps the tokens it
+    has, at most the new burst."""
+    savepoint = context.savepoint
+    rejected = _check_shard_quotas(command)
+    if rejected is not None:
+        return rejected
+    if shard.identity(state) is None:
+        return Rejected(
+            INVALID_STATE,
+            "quotas are a shard's share of the flow limits, and this group is no shard",
+        )
+    quotas = quotas_of(state)
+    queues = {name: QueueQuota(*rest) for name, *rest in command.queues}
+    tenants = {name: TenantQuota(*rest) for name, *rest in command.tenants}
+    if command.round < quotas.round:
+        return Rejected(
+            INVALID_STATE,
+            f"round {command.round} is older than this shard's quotas, of round {quotas.round}",
+            {"round": quotas.round},
+        )
+    if command.round == quotas.round:
+        if (queues, tenants) == (quotas.queues, quotas.tenants):
+            return Ack()  # a repeated proposal
+        return Rejected(
+            INVALID_REQUEST,
+            f"round {command.round} gave this shard other quotas",
+            {"field": "round"},
+        )
+    records = flow_of(state).queues
+    now_ms = state.now_ms
+    changed = []
+    for name in sorted(quotas.queues.keys() | queues.keys()):
+        record = records.get(name)
+        before = bucket_of(record, quotas.queues.get(name))
+        after = bucket_of(record, queues.get(name))
+        if before == after:
+            continue
+        record = guard_queue(state, name, savepoint)
+        if after is not None:
+            tokens = after[1] * MICRO  # a new bucket starts full
+            if before is not None:
+                tokens = min(tokens, bucket_tokens(record, now_ms, before))
+            record.tokens_micro = tokens
+            record.refilled_at_ms = now_ms
+        changed.append(name)
+    previous = (quotas.round, quotas.queues, quotas.tenants)
+
+    def restore() -> None:
+        quotas.round, quotas.queues, quotas.tenants = previous
+
+    savepoint.on_rollback(restore)
+    quotas.round, quotas.queues, quotas.tenants = command.round, queues, tenants
+    for name in changed:
+        drop_if_idle(state, name)  # with no rate left, a default record goes
+    return Ack()
+
+
+def _check_shard_quotas(command: SetShardQuotas) -> Rejected | None:
+    """A round, then at most QUOTA_*_MAX rows of each kind in ascending
+    order of name, each with at least one quota in range (a rate with its
+    burst); a bad row is named by its field and index."""
+    rejected = check_int(command.round, "round", 1, ROUND_MAX)
+    if rejected is not None:
+        return rejected
+    return _check_rows(command.queues, "queues", QUOTA_QUEUES_MAX, _check_queue_row) or (
+        _check_rows(command.tenants, "tenants", QUOTA_TENANTS_MAX, _check_tenant_row)
+    )
+
+
+def _check_rows(
+    rows: object, field: str, most: int, check_row: Callable[[tuple[Any, ...]], str | None]
+) -> Rejected | None:
+    if type(rows) is not tuple or len(rows) > most:
+        return invalid(field, f"{field} must be at most {most} rows")
+    previous = ""
+    for index, row in enumerate(rows):
+        problem = check_row(row) if type(row) is tuple else "a row is a tuple"
+        if problem is None and check_name(row[0], field) is not None:
+            problem = f"a name is a non-empty string of at most {NAME_CHARS_MAX} chars"
+        if problem is None and not row[0] > previous:
+            problem = "rows are in ascending order of name, each name once"
+        if problem is not None:
+            return Rejected(
+                INVALID_REQUEST, f"{field}[{index}]: {problem}", {"field": field, "index": index}
+            )
+        previous = row[0]
+    return None
+
+
+def _quota(value: object, high: int) -> bool:
+    return value is None or (type(value) is int and 0 <= value <= high)
+
+
+def _check_queue_row(row: tuple[Any, ...]) -> str | None:
+    if len(row) != 4:
+        return "a queue's row is (queue, concurrency_limit, rate_limit, burst)"
+    _, concurrency, rate_milli, burst = row
+    if not (
+        _quota(concurrency, LIMIT_MAX)
+        and _quota(rate_milli, RATE_MILLI_MAX)
+        and _quota(burst, LIMIT_MAX)
+    ):
+        return f"quotas are from 0 to {LIMIT_MAX} (a rate to {RATE_MILLI_MAX}), or none"
+    if (rate_milli is None) != (burst is None):
+        return "a rate quota comes with its burst"
+    if concurrency is None and rate_milli is None:
+        return "a row gives at least one quota"
+    return None
+
+
+def _check_tenant_row(row: tuple[Any, ...]) -> str | None:
+    if len(row) != 3:
+        return "a tenant's row is (tenant, concurrency_limit, max_queued)"
+    _, concurrency, max_queued = row
+    if not (_quota(concurrency, LIMIT_MAX) and _quota(max_queued, LIMIT_MAX)):
+        return f"quotas are from 0 to {LIMIT_MAX}, or none"
+    if concurrency is None and max_queued is None:
+        return "a row gives at least one quota"
+    return None
+
+
 # -- hooks -----------------------------------------------------------------------
 
 
 def admit(state: State, spec: JobSpec) -> Rejected | None:
     """Backpressure: a new job for a tenant at its maximum of queued jobs is
     refused, and nothing is stored."""
-    limit = tenant_flow(flow_of(state), spec.tenant).max_queued
+    limit = tenant_max_queued(state, spec.tenant)
     if limit is None:
         return None
     counts = state.runnable.tenants.get(spec.tenant)
@@ -386,6 +592,9 @@ def check_flow(state: State) -> list[str]:
     for name, record in flow.queues.items():
         if record.rate_milli is not None and record.burst is None:
             problems.append(f"flow: queue {name} has a rate without a burst")
+    for name, quota in quotas_of(state).queues.items():
+        if quota.rate_milli is not None and name not in flow.queues:
+            problems.append(f"flow: queue {name} has a rate quota and no bucket")
     _check_index(state, problems)
     return problems
 

@@ -44,14 +44,20 @@ from typing import Final, NamedTuple
 
 from raftsched.core.jobs import reconcile_book
 from raftsched.core.jobs.flow import (
+    FRESH_QUEUE,
     MICRO,
+    Bucket,
     Flow,
     QueueFlow,
+    bucket_tokens,
     drop_if_idle,
     flow_of,
     guard_queue,
+    queue_gates,
+    tenant_concurrency_limit,
     tenant_flow,
 )
+from raftsched.core.jobs.quota_book import QueueQuota, queue_quota
 from raftsched.core.kernel.model import PENDING, Job
 from raftsched.core.kernel.runnable_index import Lanes, claim_key, lanes_left, lanes_of
 from raftsched.core.kernel.savepoint import Savepoint
@@ -73,10 +79,11 @@ class Pick(NamedTuple):
 
 
 def _at_limit(state: State, flow: Flow, tenant: str) -> bool:
-    settings = flow.tenants.get(tenant)
-    if settings is None or settings.concurrency_limit is None:
+    """Whether the tenant holds as many leases as this shard allows it."""
+    limit = tenant_concurrency_limit(state, flow, tenant)
+    if limit is None:
         return False
-    return state.runnable.tenants[tenant][1] >= settings.concurrency_limit
+    return state.runnable.tenants[tenant][1] >= limit
 
 
 def _high_top(lanes: Lanes) -> Job | None:
@@ -214,29 +221,42 @@ def _tenant_top(lanes_list: list[Lanes], tenant: str) -> tuple[Job, Lanes]:
 
 
 def gate_budget(state: State, queue: str, record: QueueFlow | None, now_ms: int) -> int:
-    """How many jobs the queue's own limits let one claim at `now_ms` take."""
-    if record is None:
-        return _UNLIMITED
+    """How many jobs the queue's own limits (in this shard: its quotas where
+    it has them, `flow.queue_gates`) let one claim at `now_ms` take."""
+    return _budget(state, queue, record, queue_quota(state, queue), now_ms)
+
+
+def _budget(
+    state: State, queue: str, record: QueueFlow | None, quota: QueueQuota | None, now_ms: int
+) -> int:
+    if quota is None:
+        if record is None:
+            return _UNLIMITED
+    elif record is None:
+        record = FRESH_QUEUE  # a rate quota keeps a record: only a count quota here
     if record.paused:
         return 0
+    concurrency, bucket = queue_gates(record, quota)
     budget = _UNLIMITED
-    if record.concurrency_limit is not None:
+    if concurrency is not None:
         counts = state.queue_counts.get(queue)
         leased = 0 if counts is None else counts[1]
-        budget = min(budget, record.concurrency_limit - leased)
-    if record.rate_milli is not None:
-        budget = min(budget, record.tokens_at(now_ms) // MICRO)
+        budget = min(budget, concurrency - leased)
+    if bucket is not None:
+        budget = min(budget, bucket_tokens(record, now_ms, bucket) // MICRO)
     if record.circuit_open:
         budget = min(budget, 1 if now_ms >= record.probe_at_ms else 0)
     return max(0, budget)
 
 
 class _Source:
-    __slots__ = ("queue", "budget", "granted", "guarded")
+    __slots__ = ("queue", "budget", "bucket", "granted", "guarded")
 
-    def __init__(self, queue: str, budget: int) -> None:
+    def __init__(self, queue: str, budget: int, bucket: Bucket | None) -> None:
         self.queue = queue
         self.budget = budget
+        # The bucket its grants are taken from (`flow.bucket_of`), if any.
+        self.bucket = bucket
         self.granted = 0
         self.guarded: QueueFlow | None = None
 
@@ -260,10 +280,12 @@ class Selector:
         self.state = state
         self.savepoint = savepoint
         records = flow_of(state).queues
-        self.sources = [
-            _Source(queue, gate_budget(state, queue, records.get(queue), state.now_ms))
-            for queue in (queues if len(queues) == 1 else dict.fromkeys(queues))
-        ]
+        now_ms = state.now_ms
+        self.sources = []
+        for queue in queues if len(queues) == 1 else dict.fromkeys(queues):
+            record, quota = records.get(queue), queue_quota(state, queue)
+            budget = _budget(state, queue, record, quota, now_ms)
+            self.sources.append(_Source(queue, budget, queue_gates(record, quota)[1]))
         self.kinds = kinds
 
     def _pick(self, source: _Source, record: QueueFlow | None) -> Pick | None:
@@ -330,11 +352,17 @@ class Selector:
         now_ms = self.state.now_ms
         for source in self.sources:
             record = source.guarded
+            bucket = source.bucket
+            if bucket is not None and source.granted:
+                # A pick with nothing to record (one tenant, the bucket a
+                # quota's) left the record alone: it is guarded here.
+                if record is None:
+                    record = source.guarded = guard_queue(self.state, source.queue, self.savepoint)
+                tokens = bucket_tokens(record, now_ms, bucket)
+                record.tokens_micro = tokens - source.granted * MICRO
+                record.refilled_at_ms = now_ms
             if record is None:
                 continue
-            if record.rate_milli is not None:
-                record.tokens_micro = record.tokens_at(now_ms) - source.granted * MICRO
-                record.refilled_at_ms = now_ms
             if record.circuit_open:
                 record.probe_at_ms = now_ms + record.circuit_probe_ms
             drop_if_idle(self.state, source.queue)
@@ -374,19 +402,27 @@ def claimable_at_ms(
 def _gates_open_at_ms(
     state: State, queue: str, record: QueueFlow | None, now_ms: int
 ) -> int | None:
-    if record is None:
-        return now_ms
+    quota = queue_quota(state, queue)
+    if quota is None:
+        if record is None:
+            return now_ms
+    elif record is None:
+        record = FRESH_QUEUE  # as in `_budget`
     if record.paused:
         return None
-    if record.concurrency_limit is not None:
+    concurrency, bucket = queue_gates(record, quota)
+    if concurrency is not None:
         counts = state.queue_counts.get(queue)
-        if counts is not None and counts[1] >= record.concurrency_limit:
+        if counts is not None and counts[1] >= concurrency:
             return None
     at_ms = now_ms
-    if record.rate_milli is not None:
-        missing = MICRO - record.tokens_at(now_ms)
+    if bucket is not None:
+        missing = MICRO - bucket_tokens(record, now_ms, bucket)
         if missing > 0:
-            at_ms = now_ms + -(-missing // record.rate_milli)
+            rate_milli, burst = bucket
+            if rate_milli == 0 or burst == 0:
+                return None  # a quota of nothing: no token comes
+            at_ms = now_ms + -(-missing // rate_milli)
     if record.circuit_open and record.probe_at_ms > at_ms:
         at_ms = record.probe_at_ms
     return at_ms

@@ -55,6 +55,7 @@ from raftsched.core.kernel.results import (
     stale_epoch,
 )
 from raftsched.core.kernel.savepoint import Savepoint
+from raftsched.core.kernel.shard import next_fencing_token
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     CLAIM_JOBS_MAX,
@@ -177,8 +178,7 @@ def _grant(state: State, job: Job, worker_id: str, lease_ms: int, savepoint: Sav
     savepoint.touch(job)
     now_ms = state.now_ms
     epoch = state.epoch
-    token = state.last_fencing_token + 1
-    state.last_fencing_token = token
+    token = next_fencing_token(state)
     expires_at_ms = now_ms + lease_ms
     number = len(job.attempts) + 1
     runnable_since_ms = job.next_run_at_ms  # when a pending job became runnable

@@ -85,6 +85,7 @@ from raftsched.core.kernel.results import (
     Rejected,
 )
 from raftsched.core.kernel.savepoint import Savepoint
+from raftsched.core.kernel.shard import next_fencing_token
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     KEY_CHARS_MAX,
@@ -184,8 +185,7 @@ def _grant(
 ) -> Lease:
     savepoint.touch(job)
     guard_task(task, savepoint)
-    token = state.last_fencing_token + 1
-    state.last_fencing_token = token
+    token = next_fencing_token(state)
     expires_at_ms = state.now_ms + lease_ms
     task.lease = (worker_id, state.epoch, token, expires_at_ms, lease_ms)
     attempt = job.attempts[task.attempt - 1]

@@ -44,6 +44,7 @@ from raftsched.core.kernel.model import (
 )
 from raftsched.core.kernel.savepoint import Savepoint
 from raftsched.core.kernel.sections import Section
+from raftsched.core.kernel.shard import last_fencing_token
 from raftsched.core.kernel.state import State
 
 if TYPE_CHECKING:
@@ -318,7 +319,7 @@ def check(state: State) -> list[str]:
         lease = task.lease
         if lease is not None:
             token = lease[2]
-            if not last.fencing_token < token <= state.last_fencing_token:
+            if not last.fencing_token < token <= last_fencing_token(state):
                 problems.append(f"reconcile lease of {job_id} has token {token}")
             if lease[1] > state.epoch:
                 problems.append(f"reconcile lease of {job_id}: epoch above state epoch")

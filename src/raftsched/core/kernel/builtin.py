@@ -5,15 +5,16 @@
 the optional `cluster_version` section, the audit trail (`Audited` and its
 optional `audit` section), the cluster's identity (`SetClusterId`,
 `RecordIncarnation`, `ForgetIncarnation` and the optional `identity`
-section), and the invariants of the jobs and
-their indexes. `raftsched.core.registry` lists it first.
+section), the shard this group is (`SetShard` and the optional `shard`
+section, whose identity makes the fencing tokens), and the invariants of
+the jobs and their indexes. `raftsched.core.registry` lists it first.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-from raftsched.core.kernel import audit, cluster_version, identity, invariants, outbox
+from raftsched.core.kernel import audit, cluster_version, identity, invariants, outbox, shard
 from raftsched.core.kernel.commands import (
     Audited,
     Barrier,
@@ -22,6 +23,7 @@ from raftsched.core.kernel.commands import (
     RaiseClusterVersion,
     RecordIncarnation,
     SetClusterId,
+    SetShard,
     TakeOver,
     Tick,
 )
@@ -37,12 +39,23 @@ def acknowledge(state: State, command: Command, context: Context) -> Ack:
 
 
 def _check(state: State) -> list[str]:
-    return invariants.check_kernel(state) + audit.check(state) + identity.check(state)
+    return (
+        invariants.check_kernel(state)
+        + audit.check(state)
+        + identity.check(state)
+        + shard.check(state)
+    )
 
 
 FEATURE: Final = Feature(
     name="kernel",
-    sections=(outbox.SECTION, cluster_version.SECTION, audit.SECTION, identity.SECTION),
+    sections=(
+        outbox.SECTION,
+        cluster_version.SECTION,
+        audit.SECTION,
+        identity.SECTION,
+        shard.SECTION,
+    ),
     commands=(
         CommandKind(Tick, 10, ("int", "int"), apply_tick),
         CommandKind(TakeOver, 11, (), acknowledge),
@@ -58,6 +71,11 @@ FEATURE: Final = Feature(
             RecordIncarnation, 91, ("str", "str"), identity.apply_record_incarnation, since=4
         ),
         CommandKind(ForgetIncarnation, 92, ("str",), identity.apply_forget_incarnation, since=4),
+        # Shards (issue 21): 140-149, cluster version 9 (SetShardQuotas, the
+        # shard's share of the flow limits, is the jobs feature's 141).
+        CommandKind(
+            SetShard, 140, ("int", "int"), shard.apply_set_shard, since=shard.SHARD_VERSION
+        ),
     ),
     check=_check,
 )

@@ -172,3 +172,15 @@ class ForgetIncarnation(Command):
     may be added again later with a new data directory."""
 
     node_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetShard(Command):
+    """Name this Raft group's shard (kernel.shard; since cluster version 9):
+    shard `index` of `count` data shards (0 <= index < count <= 64), set once
+    when a sharded cluster creates the group. Setting the same again changes
+    nothing; another shard or count is refused (a cluster's count never
+    changes). Its fencing tokens are then `counter * count + index`."""
+
+    index: int
+    count: int

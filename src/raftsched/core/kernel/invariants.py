@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from raftsched.core.kernel import cluster_version, outbox, wheel
+from raftsched.core.kernel import cluster_version, outbox, shard, wheel
 from raftsched.core.kernel.model import (
     FINAL_STATUSES,
     JOB_STATUSES,
@@ -38,6 +38,7 @@ def check_kernel(state: State) -> list[str]:
     problems: list[str] = []
     _check_scalars(state, problems)
     tokens: set[int] = set()
+    last_token = shard.last_fencing_token(state)
     # Jobs are stored in submission order, except those hydrated from the
     # time wheel (kernel.wheel), which join after the jobs already live.
     seqs: set[int] = set()
@@ -47,7 +48,7 @@ def check_kernel(state: State) -> list[str]:
         if job.seq in seqs:
             problems.append(f"{job_id}: seq {job.seq} used twice")
         seqs.add(job.seq)
-        _check_job(state, job, tokens, problems)
+        _check_job(state, job, tokens, last_token, problems)
     if max(seqs, default=0) >= state.next_seq:
         problems.append("next_seq is not above every job's seq")
     _check_counters(state, problems)
@@ -65,7 +66,9 @@ def _check_scalars(state: State, problems: list[str]) -> None:
             problems.append(f"state.{name} is {value!r}")
 
 
-def _check_job(state: State, job: Job, tokens: set[int], problems: list[str]) -> None:
+def _check_job(
+    state: State, job: Job, tokens: set[int], last_token: int, problems: list[str]
+) -> None:
     where = f"job {job.id}"
     if job.status not in JOB_STATUSES:
         problems.append(f"{where}: unknown status {job.status}")
@@ -82,8 +85,10 @@ def _check_job(state: State, job: Job, tokens: set[int], problems: list[str]) ->
         if attempt.fencing_token in tokens:
             problems.append(f"{where}: fencing token {attempt.fencing_token} granted twice")
         tokens.add(attempt.fencing_token)
-        if attempt.fencing_token > state.last_fencing_token:
-            problems.append(f"{where}: token above last_fencing_token")
+        if attempt.fencing_token > last_token:
+            problems.append(f"{where}: token above the last one handed out")
+        if number > 1 and attempt.fencing_token <= job.attempts[number - 2].fencing_token:
+            problems.append(f"{where}: attempt {number}'s token is not above the one before")
         if attempt.epoch > state.epoch:
             problems.append(f"{where}: attempt epoch above state epoch")
         is_open = attempt.ended_at_ms is None
