@@ -46,6 +46,7 @@ from raftsched.core.kernel.commands import (
     Barrier,
     Command,
     Entry,
+    JobSpec,
     RaiseClusterVersion,
     SetShard,
     Tick,
@@ -57,12 +58,14 @@ from raftsched.core.kernel.results import (
     Completed,
     EffectRecorded,
     HeartbeatAccepted,
+    OccurrenceDecided,
     Reconciled,
     Rejected,
     Result,
     Started,
 )
 from raftsched.core.kernel.state import State
+from raftsched.core.schedules.commands import CreateSchedule, ScheduleSpec, TriggerSchedule
 
 
 def section_names(state: State) -> list[str]:
@@ -401,3 +404,24 @@ ShardedPayments.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestShardedPayments = ShardedPayments.TestCase
+
+
+def test_the_jobs_a_schedule_fires_name_their_shard() -> None:
+    """An occurrence's job id is derived from the occurrence (the same on
+    every replica); in shard k >= 1 it is `job<k>_...`, as the node draws
+    ids there, so a request for the job is routed to its shard. Without a
+    shard (and in shard 0) it is `job_...`, as before."""
+
+    def fired(shard_command: SetShard | None) -> str:
+        cluster = Cluster()
+        if shard_command is not None:
+            cluster.run(shard_command)
+        spec = ScheduleSpec(id="s1", job=JobSpec("q"), interval_ms=60_000)
+        cluster.run(CreateSchedule(spec))
+        result = cluster.one(TriggerSchedule("s1"))
+        assert isinstance(result, OccurrenceDecided) and result.job_id is not None
+        return result.job_id
+
+    plain, zero, two = fired(None), fired(SetShard(0, 3)), fired(SetShard(2, 3))
+    assert plain.startswith("job_") and zero == plain
+    assert two == "job2_" + plain.removeprefix("job_")

@@ -402,6 +402,48 @@ def test_cluster_and_readiness_name_every_shard(sharded: LocalCluster) -> None:
         assert wait_for(converged, 30)
 
 
+def test_each_group_records_its_shard_and_names_it_in_tokens_and_fired_jobs(
+    sharded: LocalCluster,
+) -> None:
+    """Once the cluster version has shards (9), each group's leader records
+    its shard (`SetShard`): shard k's fencing tokens are then k modulo S, and
+    the jobs its schedules fire have ids that name it, so a request for
+    them from any node reaches the shard."""
+
+    def recorded() -> bool:
+        for node in sharded.nodes.values():
+            view = sharded.cluster_view(node.id)
+            if view is None or not all(e.get("identity_recorded") for e in view["shards"]):
+                return False
+        return True
+
+    assert wait_for(recorded, 60), [sharded.cluster_view(n) for n in sharded.nodes]
+    for shard in range(SHARDS):
+        queue = f"tokens-{shard}"
+        with Client(sharded.urls, timeout_s=10, retry_budget_s=30, shard=shard) as one:
+            status, view, _ = http_json(
+                "GET", sharded.urls[0] + "/v1/cluster", headers={"Raftsched-Shard": str(shard)}
+            )
+            assert status == 200 and view["shard_identity"] == {"index": shard, "count": SHARDS}
+            for n in range(3):
+                one.submit(queue, {"n": n})
+            leases = one.claim("token-w", [queue], max_jobs=3, wait_s=5)
+            assert len(leases) == 3, leases
+            for lease in leases:
+                assert shard_of_id(lease["job_id"]) == shard
+                assert lease["fencing_token"] % SHARDS == shard, lease
+                one.complete(lease["job_id"], lease["fencing_token"], {})
+        with Client(sharded.urls, timeout_s=10, retry_budget_s=30, shard=shard) as one:
+            schedule = one.create_schedule({"interval_s": 3600, "job": {"queue": queue}})
+            assert shard_of_id(schedule["id"]) == shard
+            fired = one.trigger_schedule(schedule["id"])
+        job_id = fired["job_id"]
+        assert shard_of_id(job_id) == shard, fired
+        for url in sharded.urls:
+            with Client([url], timeout_s=10, retry_budget_s=30) as any_node:
+                assert any_node.get_job(job_id)["schedule_id"] == schedule["id"]
+
+
 def test_membership_changes_are_refused_until_shards_have_them(sharded: LocalCluster) -> None:
     url = sharded.urls[0]
     body = {"id": "n4", "raft_address": "127.0.0.1:1", "http_url": "http://127.0.0.1:2"}

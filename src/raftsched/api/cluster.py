@@ -14,8 +14,10 @@ from raftsched.api.membership import cluster_membership, peer_statuses, pending_
 from raftsched.api.requests import node_of
 from raftsched.api.shard_routing import SHARD_ROUTER
 from raftsched.core.jobs.queries import packed_count
+from raftsched.core.kernel import shard as core_shard
 from raftsched.node.metrics import CONTENT_TYPE
 from raftsched.node.versions import THIS_NODE
+from raftsched.node.view import NodeView
 
 # How long /readyz waits for this replica to apply what was committed when the
 # request arrived: a replica that is applying gets there in milliseconds.
@@ -67,6 +69,7 @@ async def cluster(request: web.Request) -> web.Response:
         "applied_index": status.applied_index,
         "cluster_version": node.cluster_version(),
         "cluster_id": node.cluster_id(),
+        "shard_identity": _shard_identity(node),
         "nodes": nodes,
         "membership": cluster_membership(request, status),
     }
@@ -74,6 +77,14 @@ async def cluster(request: web.Request) -> web.Response:
     if router is not None:  # a node of several shards (docs/shards.md)
         body["shards"] = await router.cluster_shards(request)
     return json_response(body)
+
+
+def _shard_identity(node: NodeView) -> dict[str, int] | None:
+    """The shard this group recorded it is (`SetShard`, docs/shards.md), or
+    None: a one-shard cluster, or a group that has not recorded it yet."""
+    with node.reading() as state:
+        recorded = core_shard.identity(state)
+    return None if recorded is None else {"index": recorded[0], "count": recorded[1]}
 
 
 @routes.get("/healthz")

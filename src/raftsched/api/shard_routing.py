@@ -57,6 +57,7 @@ from raftsched.api.jsonbody import json_response
 from raftsched.api.principal import ANONYMOUS, encode_principal, principal_if_set
 from raftsched.api.requests import Handler, read_body, read_json
 from raftsched.api.validation import choice, parse_job, require_object, string
+from raftsched.core.kernel import shard as core_shard
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
 from raftsched.logs import REQUEST_ID
@@ -836,6 +837,7 @@ class ShardRouter:
                 "applied_index": status.applied_index,
                 "cluster_version": node.cluster_version(),
                 "cluster_id": node.cluster_id(),
+                "identity_recorded": _recorded(node),
                 "ready": leader is not None and status.applied_index >= target,
                 "pid": os.getpid(),
                 "status": "running",
@@ -866,6 +868,7 @@ class ShardRouter:
                         "applied_index": view.get("applied_index"),
                         "cluster_version": view.get("cluster_version"),
                         "cluster_id": view.get("cluster_id"),
+                        "identity_recorded": view.get("shard_identity") is not None,
                         "ready": bool(ready and ready.get("ready")),
                         "status": "running",
                     }
@@ -966,3 +969,9 @@ async def _unless_gone(request: web.Request, awaitable: Awaitable[Any]) -> Any:
         if transport is None or transport.is_closing():
             task.cancel()
             raise _ClientGone
+
+
+def _recorded(node: NodeView) -> bool:
+    """Whether this group has recorded its shard (`SetShard`)."""
+    with node.reading() as state:
+        return core_shard.identity(state) is not None

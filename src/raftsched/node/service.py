@@ -36,8 +36,16 @@ from raftsched.core.auth.tokens import auth_enabled
 from raftsched.core.jobs.flow_claim import claimable_at_ms
 from raftsched.core.jobs.reconcile_report import reconciling_per_queue
 from raftsched.core.kernel import identity as core_identity
+from raftsched.core.kernel import shard as core_shard
 from raftsched.core.kernel.cluster_version import CLUSTER_VERSION_DEFAULT, cluster_version
-from raftsched.core.kernel.commands import Barrier, Command, RaiseClusterVersion, TakeOver, Tick
+from raftsched.core.kernel.commands import (
+    Barrier,
+    Command,
+    RaiseClusterVersion,
+    SetShard,
+    TakeOver,
+    Tick,
+)
 from raftsched.core.kernel.results import Claimed, Lease, Rejected, Result, Ticked
 from raftsched.core.membership.commands import Member
 from raftsched.identity import EXIT_FOREIGN_DATA, NodeIdentity, open_identity, write_identity
@@ -669,6 +677,7 @@ class Node:
             await self.peer_versions.poll(self._peer_time)
             self._check_peers_accept_me()
             await self._raise_cluster_version()
+            await self._name_shard()
         await self._identity_duties()
         await self._auth_duties()
         if not self.is_leader:
@@ -740,6 +749,36 @@ class Node:
             log.warning("raising the cluster version to %d was rejected: %r", version, result)
         else:
             log.info("cluster version raised to %d: every member understands it", version)
+
+    async def _name_shard(self) -> None:
+        """As leader of a group of a sharded cluster, once the cluster version
+        has shards (9), record which shard the group is (`SetShard`), so its
+        fencing tokens and the ids it makes name it (docs/shards.md). Once
+        recorded, nothing more: S never changes."""
+        if not self.is_leader or self.config.shards <= 1:
+            return
+        if self.cluster_version() < core_shard.SHARD_VERSION:
+            return
+        with self.reading() as state:
+            if core_shard.identity(state) is not None:
+                return
+        command = SetShard(self.config.shard, self.config.shards)
+        try:
+            result = await self.propose(command, bounded=False)
+        except (NotLeader, NotCommitted, OutcomeUnknown) as error:
+            log.info("shard identity not recorded yet: %r", error)  # the next poll tries again
+            return
+        if isinstance(result, Rejected):
+            # Another index or count than this process's: a data directory
+            # moved between shards. The core refuses a second identity.
+            log.error(
+                "the group refused shard identity %d of %d: %r",
+                command.index,
+                command.count,
+                result,
+            )
+        else:
+            log.info("shard identity recorded: shard %d of %d", command.index, command.count)
 
     # -- identity (node.identity) -------------------------------------------------
 

@@ -33,6 +33,7 @@ from raftsched.core.kernel.model import Job
 from raftsched.core.kernel.outbox import EVENT_TENANT_SINCE, emit
 from raftsched.core.kernel.results import OccurrenceDecided, Rejected
 from raftsched.core.kernel.savepoint import Savepoint
+from raftsched.core.kernel.shard import shard_of
 from raftsched.core.kernel.state import State
 from raftsched.core.schedules.calendar import cron_next_ms, interval_next_ms
 from raftsched.core.schedules.model import (
@@ -210,15 +211,19 @@ def occurrence_key(schedule_id: str, nominal_ms: int, kind: str) -> str:
     return f"schedule:{schedule_id}:{nominal_ms}"
 
 
-def occurrence_job_id(now_ms: int, key: str) -> str:
+def occurrence_job_id(now_ms: int, key: str, shard: int = 0) -> str:
     """`job_` + 48 bits of time + 80 bits of the key's hash, like the node's ids:
-    sortable by creation time, and the same on every replica."""
+    sortable by creation time, and the same on every replica. In shard `k`
+    >= 1 of a sharded cluster (`SetShard`, cluster version 9) the prefix is
+    `job<k>_`, as the node draws its ids there (docs/shards.md), so a request
+    for the job is routed to its shard."""
     value = (now_ms << 80) | (_u64(key) << 16) | (_u64(key, 1) & 0xFFFF)
     chars = []
     for _ in range(26):
         chars.append(_CROCKFORD[value & 31])
         value >>= 5
-    return "job_" + "".join(reversed(chars))
+    prefix = f"job{shard}_" if shard else "job_"
+    return prefix + "".join(reversed(chars))
 
 
 def _fire_job(
@@ -227,7 +232,7 @@ def _fire_job(
     """Create (or find) the occurrence's job: (job id, None) or (None, reason)."""
     key = occurrence_key(schedule.id, nominal_ms, kind)
     spec = replace(schedule.spec.job, idempotency_key=key)
-    job_id = occurrence_job_id(state.now_ms, key)
+    job_id = occurrence_job_id(state.now_ms, key, shard_of(state).index)
     result = submit_jobs(state, SubmitJobs((spec,), (job_id,)), savepoint)
     item = result if isinstance(result, Rejected) else result.items[0]
     if isinstance(item, Rejected):
