@@ -11,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,14 +86,21 @@ def peers_heard_over_https(cluster: LocalCluster) -> bool:
 def test_submit_through_a_follower_follows_an_https_redirect(https_cluster: LocalCluster) -> None:
     tls = https_cluster.tls
     assert tls is not None
-    leader, follower = follower_of(https_cluster)
-    follower_url = https_cluster.nodes[follower].http_url
-    assert follower_url.startswith("https://")
-
     body = {"queue": "tls", "payload": {"n": 1}}
-    status, answer, headers = http_json(
-        "POST", follower_url + "/v1/jobs", body, context=https_cluster.ssl_context
-    )
+    # A follower that does not see the leader as reachable yet (a loaded
+    # machine, just after the election) answers 503 no_leader, having
+    # proposed nothing: ask again, as a client does.
+    deadline = time.monotonic() + 30
+    while True:
+        leader, follower = follower_of(https_cluster)
+        follower_url = https_cluster.nodes[follower].http_url
+        assert follower_url.startswith("https://")
+        status, answer, headers = http_json(
+            "POST", follower_url + "/v1/jobs", body, context=https_cluster.ssl_context
+        )
+        if status != 503 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
     assert status == 307, answer
     assert headers["Location"] == https_cluster.nodes[leader].http_url + "/v1/jobs"
     # Served over HTTPS: browsers are told to keep to it (api/headers.py).
