@@ -15,8 +15,8 @@ from typing import Final
 
 from chaos.cluster import REPO_ROOT
 
-TAG: Final = "v0.7.0"
-COMMIT: Final = "7f273a934790110964b4577eb3fed50f010a65c5"
+TAG: Final = "v0.8.0"
+COMMIT: Final = "6c0c133ed8cbb058a007aa6a2b7e62c02cef1536"
 CACHE: Final = REPO_ROOT / "runs" / "chaos" / ".previous"
 
 
