@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: dev test lint typecheck diagrams check mutate bench bench-core bench-cluster bench-schedules bench-hot-minute bench-versus-postgres bench-ten-million bench-scale-plot chaos chaos-long clean
+.PHONY: dev test lint typecheck diagrams check mutate bench bench-core bench-cluster bench-schedules bench-hot-minute bench-versus-postgres bench-ten-million bench-shards bench-scale-plot chaos chaos-long clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,11 @@ bench-versus-postgres: $(STAMP)
 ## --out bench-1m.json"; a smoke: BENCH_ARGS="--jobs 50000 --log-compaction-entries 200".
 bench-ten-million: $(STAMP)
 	$(PY) bench/ten_million.py $(BENCH_ARGS)
+
+## 3 nodes x S data shards, S = 1, 2, 4 (issue 21; docs/shards.md, section 8): jobs/s
+## and each shard leader's CPU per job (~4 min; BENCH_ARGS=--quick ~1.5 min).
+bench-shards: $(STAMP)
+	$(PY) bench/shards.py $(BENCH_ARGS)
 
 ## docs/scale.png from ten_million results (needs the bench extra: matplotlib).
 ## E.g. PLOT_ARGS="bench-1m.json bench-3m.json bench-10m.json".

@@ -1,0 +1,382 @@
+"""Benchmark of a real 3-node cluster of S data shards (docs/shards.md, section 8).
+
+For each S in `--shards` (default 1,2,4) it starts three `raftsched node
+--shards S` processes on loopback with durability on, waits until every
+shard has a leader (and, with S > 1, has recorded its shard), drives the
+cluster over HTTP with aiohttp from this process, stops it, and goes on to
+the next S. It prints one JSON object as its last line.
+
+    .venv/bin/python bench/shards.py                 # about 4 minutes
+    .venv/bin/python bench/shards.py --quick         # about 1.5 minutes
+    .venv/bin/python bench/shards.py --shards 1,4
+
+The load is the same for every S: the same number of submitters and
+workers in all, split evenly over the shards. Each shard's submitters and
+workers talk to the node that hosts that shard's leader and name the shard
+(`Raftsched-Shard: k`), as the worker SDK's per-shard pollers do, so no
+request pays a redirect. Every load loop is bounded by a job count and a
+time limit.
+
+Figures, per S (`runs[i]`):
+- jobs_per_s_single / _batched: jobs taken through submit -> claim -> start
+  -> complete, one job per request (single) or BATCH per request (batched:
+  `POST /v1/jobs/batch`, claims of BATCH, `/v1/leases/batch` for the starts
+  and the completions), over the phase's wall time.
+- shard_leader_cpu_ms_per_job_single / _batched: for each shard, the CPU
+  time (user + system) of the process that leads it (group 0's node process
+  for shard 0, the shard process for k >= 1) divided by the jobs that shard
+  completed. The design's claim is that this stays flat as S grows: each
+  shard's leader does the same work per job whatever S is, so with more
+  cores the shards' leaders run in parallel. Shard 0's leader is group 0's
+  node process, which is also its machine's HTTP front for every shard, so
+  its figure includes that routing: compare the shards k >= 1.
+- node_cpu_ms_per_job_*: CPU per job (all jobs) of the node processes
+  (group 0, HTTP, authentication and the routing to shard processes), the
+  front every request crosses; shard processes' own CPU is
+  shard_processes_cpu_ms_per_job_*. total_cpu_ms_per_job_* adds this load
+  generator. cores_busy_*: all that CPU over the wall time (the machine has
+  os.cpu_count() cores).
+- leaders_by_node: how many shards each node leads (pysyncobj elects
+  whoever times out first; there is no balancing, docs/shards.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from cluster import BATCH, PAYLOAD, Pipeline, cpu_s, expect, loadavg, log
+
+from raftsched.testing import LocalCluster, wait_for
+
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    single_jobs: int
+    single_time_s: float
+    submitters: int
+    workers: int
+    batched_jobs: int
+    batched_time_s: float
+    batch_submitters: int
+    batch_workers: int
+    backlog_max: int
+
+    @staticmethod
+    def for_run(quick: bool) -> Settings:
+        if quick:
+            return Settings(2_000, 12, 16, 16, 8_000, 12, 4, 4, 2_000)
+        return Settings(8_000, 30, 32, 32, 40_000, 30, 8, 8, 4_000)
+
+
+class ShardHttp:
+    """Raw aiohttp calls to the node hosting one shard's leader, naming the
+    shard on every request."""
+
+    def __init__(self, session: aiohttp.ClientSession, base_url: str, shard: int) -> None:
+        self.session = session
+        self.base_url = base_url
+        self.headers = {**JSON_HEADERS, "Raftsched-Shard": str(shard)}
+
+    async def post(self, path: str, body: Any) -> tuple[int, Any]:
+        async with self.session.post(
+            self.base_url + path,
+            data=json.dumps(body).encode(),
+            headers=self.headers,
+            allow_redirects=False,
+        ) as response:
+            raw = await response.read()
+            return response.status, (json.loads(raw) if raw else None)
+
+
+@dataclass
+class ShardPipeline:
+    """One phase's counters for all shards together, and each shard's own."""
+
+    total: Pipeline
+    completed: list[int]
+
+    def done(self, shard: int, count: int) -> None:
+        self.completed[shard] += count
+        self.total.done(count)
+
+
+async def single_submitter(http: ShardHttp, p: ShardPipeline, backlog_max: int, queue: str) -> None:
+    t = p.total
+    while t.running() and t.submitted < t.target:
+        await t.wait_for_room(backlog_max)
+        t.submitted += 1
+        status, _ = await http.post("/v1/jobs", {"queue": queue, "payload": PAYLOAD})
+        if status != 201:
+            t.submitted -= 1
+            t.errors += 1
+            await asyncio.sleep(0.05)
+
+
+async def single_worker(
+    http: ShardHttp, shard: int, worker_id: str, p: ShardPipeline, queue: str
+) -> None:
+    claim = {"worker_id": worker_id, "queues": [queue], "max_jobs": 1, "wait_s": 1}
+    while p.total.running():
+        body = expect(*await http.post("/v1/leases", claim))
+        for lease in body["leases"]:
+            job_id, token = lease["job_id"], lease["fencing_token"]
+            prefix = f"/v1/leases/{job_id}"
+            expect(*await http.post(prefix + "/start", {"fencing_token": token}))
+            done = {"fencing_token": token, "result": {"ok": True}}
+            expect(*await http.post(prefix + "/complete", done))
+            p.done(shard, 1)
+
+
+async def batch_submitter(http: ShardHttp, p: ShardPipeline, backlog_max: int, queue: str) -> None:
+    t = p.total
+    jobs = [{"queue": queue, "payload": PAYLOAD}] * BATCH
+    while t.running() and t.submitted < t.target:
+        await t.wait_for_room(backlog_max)
+        t.submitted += BATCH
+        status, body = await http.post("/v1/jobs/batch", {"jobs": jobs})
+        if status != 200 or any("error" in r for r in body["results"]):
+            raise RuntimeError(f"batch submit failed: {status} {str(body)[:300]}")
+
+
+async def batch_worker(
+    http: ShardHttp, shard: int, worker_id: str, p: ShardPipeline, queue: str
+) -> None:
+    claim = {"worker_id": worker_id, "queues": [queue], "max_jobs": BATCH, "wait_s": 1}
+    while p.total.running():
+        leases = expect(*await http.post("/v1/leases", claim))["leases"]
+        if not leases:
+            continue
+        for op, extra in (("start", {}), ("complete", {"result": {"ok": True}})):
+            ops = [
+                {"op": op, "job_id": lease["job_id"], "fencing_token": lease["fencing_token"]}
+                | extra
+                for lease in leases
+            ]
+            answer = expect(*await http.post("/v1/leases/batch", {"ops": ops}))
+            failed = [r for r in answer["results"] if "error" in r]
+            if failed:
+                raise RuntimeError(f"lease batch {op} failed: {failed[:3]}")
+        p.done(shard, len(leases))
+
+
+def spread(total: int, shards: int) -> list[int]:
+    """`total` loops split over the shards as evenly as integers allow."""
+    return [total // shards + (1 if k < total % shards else 0) for k in range(shards)]
+
+
+async def run_phase(
+    shards: int,
+    time_s: float,
+    target: int,
+    tasks: Callable[[ShardPipeline], Sequence[Awaitable[None]]],
+) -> tuple[ShardPipeline, float]:
+    pipeline = ShardPipeline(Pipeline(target, time.monotonic() + time_s), [0] * shards)
+    started = time.monotonic()
+    running = [asyncio.ensure_future(task) for task in tasks(pipeline)]
+    try:
+        while pipeline.total.running() and not all(t.done() for t in running):
+            await asyncio.sleep(0.02)
+    finally:
+        elapsed = time.monotonic() - started
+        for task in running:
+            task.cancel()
+        results = await asyncio.gather(*running, return_exceptions=True)
+    for result in results:
+        if isinstance(result, Exception) and not isinstance(result, asyncio.CancelledError):
+            raise result
+    return pipeline, elapsed
+
+
+class Meter:
+    """CPU seconds of every process of the cluster and of this one, over a phase."""
+
+    def __init__(self, leaders: list[int], nodes: list[int], shard_processes: list[int]) -> None:
+        self.leaders, self.nodes, self.shard_processes = leaders, nodes, shard_processes
+        self.started = self._sample()
+
+    def _sample(self) -> tuple[list[float], float, float, float, float]:
+        return (
+            [cpu_s(pid) for pid in self.leaders],
+            sum(cpu_s(pid) for pid in self.nodes),
+            sum(cpu_s(pid) for pid in self.shard_processes),
+            time.process_time(),
+            time.monotonic(),
+        )
+
+    def figures(self, p: ShardPipeline, phase: str) -> dict[str, Any]:
+        leaders0, nodes0, shards0, own0, wall0 = self.started
+        leaders1, nodes1, shards1, own1, wall1 = self._sample()
+        jobs = max(1, p.total.completed)
+        per_shard = [
+            round((after - before) * 1000 / max(1, done), 3)
+            for before, after, done in zip(leaders0, leaders1, p.completed, strict=True)
+        ]
+        total = (nodes1 - nodes0) + (shards1 - shards0) + (own1 - own0)
+        return {
+            f"shard_leader_cpu_ms_per_job_{phase}": per_shard,
+            f"node_cpu_ms_per_job_{phase}": round((nodes1 - nodes0) * 1000 / jobs, 3),
+            f"shard_processes_cpu_ms_per_job_{phase}": round((shards1 - shards0) * 1000 / jobs, 3),
+            f"load_generator_cpu_ms_per_job_{phase}": round((own1 - own0) * 1000 / jobs, 3),
+            f"total_cpu_ms_per_job_{phase}": round(total * 1000 / jobs, 3),
+            f"cores_busy_{phase}": round(total / max(1e-9, wall1 - wall0), 2),
+            f"jobs_by_shard_{phase}": list(p.completed),
+        }
+
+
+async def load(
+    shards: int,
+    leader_urls: list[str],
+    meter_for: Callable[[], Meter],
+    settings: Settings,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    connector = aiohttp.TCPConnector(limit=512)
+    token = os.environ.get("RAFTSCHED_TOKEN", "")
+    async with aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=30),
+        headers={"Authorization": f"Bearer {token}"} if token else {},
+    ) as session:
+        https = [ShardHttp(session, leader_urls[k], k) for k in range(shards)]
+        s = settings
+
+        def single(p: ShardPipeline) -> list[Awaitable[None]]:
+            loops: list[Awaitable[None]] = []
+            for k, n in enumerate(spread(s.submitters, shards)):
+                loops += [single_submitter(https[k], p, s.backlog_max, "single") for _ in range(n)]
+            for k, n in enumerate(spread(s.workers, shards)):
+                loops += [single_worker(https[k], k, f"w{k}-{i}", p, "single") for i in range(n)]
+            return loops
+
+        def batched(p: ShardPipeline) -> list[Awaitable[None]]:
+            loops: list[Awaitable[None]] = []
+            for k, n in enumerate(spread(s.batch_submitters, shards)):
+                loops += [batch_submitter(https[k], p, s.backlog_max, "batched") for _ in range(n)]
+            for k, n in enumerate(spread(s.batch_workers, shards)):
+                loops += [batch_worker(https[k], k, f"b{k}-{i}", p, "batched") for i in range(n)]
+            return loops
+
+        for phase, time_s, target, tasks in (
+            ("single", s.single_time_s, s.single_jobs, single),
+            ("batched", s.batched_time_s, s.batched_jobs, batched),
+        ):
+            meter = meter_for()
+            pipeline, elapsed = await run_phase(shards, time_s, target, tasks)
+            out[f"jobs_per_s_{phase}"] = round(pipeline.total.completed / elapsed, 1)
+            out.update(meter.figures(pipeline, phase))
+            out[f"errors_{phase}"] = pipeline.total.errors
+            log(
+                f"S={shards} {phase}: {pipeline.total.completed} jobs in {elapsed:.1f} s = "
+                f"{out[f'jobs_per_s_{phase}']} jobs/s; shard leaders' CPU ms/job "
+                f"{out[f'shard_leader_cpu_ms_per_job_{phase}']}; nodes' "
+                f"{out[f'node_cpu_ms_per_job_{phase}']}"
+            )
+    return out
+
+
+def run_one(shards: int, settings: Settings, src: Path | None) -> dict[str, Any]:
+    # A short root: a shard process's Unix socket path must fit in 107 bytes.
+    root = Path(tempfile.mkdtemp(prefix="rs-sh-", dir="/tmp"))
+    env = {"PYTHONPATH": str(src.resolve())} if src else {}
+    cluster = LocalCluster(root / "c", size=3, durability="fsync", env=env, shards=shards)
+    os.environ["RAFTSCHED_TOKEN"] = cluster.admin_token
+    try:
+        cluster.start()
+        leaders = [cluster.wait_for_leader(timeout_s=90)]  # one shard: group 0
+        cluster.wait_for_auth(timeout_s=60)
+        if shards > 1:
+
+            def recorded() -> bool:
+                for node_id in cluster.nodes:
+                    views = cluster.shard_views(node_id) or []
+                    if len(views) != shards or not all(v.get("identity_recorded") for v in views):
+                        return False
+                return True
+
+            if not wait_for(recorded, 90):
+                raise RuntimeError("the shards did not record their identity")
+            leaders = [cluster.wait_for_shard_leader(k, timeout_s=90) for k in range(shards)]
+        time.sleep(1.0)
+        node_pids = {}
+        for node_id, node in cluster.nodes.items():
+            assert node.process is not None
+            node_pids[node_id] = node.process.pid
+        shard_pids = [
+            pid
+            for node_id in cluster.nodes
+            for k in range(1, shards)
+            if (pid := cluster.shard_pid(node_id, k)) is not None
+        ]
+        leader_pids = [
+            node_pids[leader] if k == 0 else cluster.shard_pid(leader, k)
+            for k, leader in enumerate(leaders)
+        ]
+        if any(pid is None for pid in leader_pids):
+            raise RuntimeError(f"a shard leader's process is unknown: {leader_pids}")
+        leader_urls = [cluster.nodes[leader].http_url for leader in leaders]
+        result: dict[str, Any] = {
+            "shards": shards,
+            "leaders_by_node": {n: leaders.count(n) for n in sorted(cluster.nodes)},
+        }
+
+        def meter() -> Meter:
+            return Meter([int(p) for p in leader_pids if p], list(node_pids.values()), shard_pids)
+
+        result.update(asyncio.run(load(shards, leader_urls, meter, settings)))
+        # Changed leaders during the run would make the per-shard CPU figure wrong.
+        now = (
+            [cluster.leader_id()]
+            if shards == 1
+            else [cluster.shard_leader(k) for k in range(shards)]
+        )
+        result["leaders_changed"] = [
+            after != before for after, before in zip(now, leaders, strict=True)
+        ]
+        return result
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="shorter phases")
+    parser.add_argument("--shards", default="1,2,4", help="comma-separated values of S")
+    parser.add_argument(
+        "--src", type=Path, help="run the nodes from this source tree (before/after comparisons)"
+    )
+    args = parser.parse_args()
+    settings = Settings.for_run(args.quick)
+    counts = [int(part) for part in args.shards.split(",")]
+    result: dict[str, Any] = {
+        "quick": args.quick,
+        "cpus": os.cpu_count(),
+        "loadavg_before": loadavg(),
+        "durability": "fsync",
+        "runs": [],
+    }
+    for shards in counts:
+        result["runs"].append(run_one(shards, settings, args.src))
+    result["loadavg_after"] = loadavg()
+    print(json.dumps(result), flush=True)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
