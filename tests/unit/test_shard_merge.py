@@ -209,9 +209,7 @@ def test_events_merge_by_time_and_every_event_arrives_once(
             clocks[box.number] += step
             box.events.append((len(box.events) + 1, clocks[box.number]))
         limit = sizes[turn % len(sizes)]
-        asked = {
-            box.number: box.after(str(positions[box.number]), limit) for box in outboxes
-        }
+        asked = {box.number: box.after(str(positions[box.number]), limit) for box in outboxes}
         merged = merge(asked, positions, limit, newest_first=False, endless=True)
         page = [item for _, item in merged.items]
         ranks = [(at, number) for number, _, at in page]
