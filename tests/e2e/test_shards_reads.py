@@ -13,8 +13,11 @@ shard and passes promtool. One cluster serves the module.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -266,6 +269,15 @@ def test_events_merge_the_shards_outboxes(sharded: LocalCluster, client: Client)
         shard = shard_of_id(job_id)
         assert event["shard"] == shard
         assert event["id"] == f"evt{'' if shard == 0 else shard}_{event['seq']}"
+    # `raftsched events tail` follows every shard with the cursor.
+    tail = subprocess.run(
+        [sys.executable, "-m", "raftsched", "--url", url, "events", "tail", "--no-follow",
+         "--after", start, "--types", "job.cancelled"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, **cluster_env()},
+    )  # fmt: skip
+    assert tail.returncode == 0, tail.stderr
+    printed = [json.loads(line) for line in tail.stdout.splitlines()]
+    assert sorted(event["id"] for event in printed) == sorted(event["id"] for event in seen)
     # Digits are shard 0's seq: the others' events all come from their start.
     early = _get(url + "/v1/events", after=0, limit=1000)
     assert {event["shard"] for event in early["events"]} == set(range(SHARDS))
