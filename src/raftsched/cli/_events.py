@@ -27,8 +27,8 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
 
 def tail_events(args: argparse.Namespace, client: Client) -> int:
     types = [t for t in (args.types or "").split(",") if t] or None
-    after: int | str | None = args.after
-    if after is None:  # like `tail -f`: only what happens from now on
+    after: int | str = args.after
+    if args.after is None:  # like `tail -f`: only what happens from now on
         after = 0 if args.no_follow else client.events(0, limit=1)["last_seq"]
     while True:
         page = client.events(after, types=types, wait_s=0 if args.no_follow else 20, limit=500)
