@@ -192,6 +192,8 @@ def test_a_scoped_token_sees_its_tenants_jobs_of_every_shard(
     secret = client.create_token("acme-viewer", "viewer", tenants=["acme"])["secret"]
     # An operator of one tenant reads the event stream, filtered to it.
     operator = client.create_token("acme-operator", "operator", tenants=["acme"])["secret"]
+    by_tenant = _get(sharded.urls[0] + "/v1/jobs", tenant="acme", queue=queue, limit=100)
+    assert sorted(job["id"] for job in by_tenant["jobs"]) == sorted(mine)
     for url in sharded.urls:
         pages = _page_through(url, 4, token=secret, queue=queue)
         listed = [job for page in pages for job in page]
