@@ -19,8 +19,12 @@ after authentication, but first decides which shard it is for:
   job (else 422 `batch_spans_shards`), is validated whole, then split, each
   part proposed in its shard and the answers merged in the request's order.
   A lease batch is split by its jobs' shards.
-- **Everything else** (lists, counts, queues, the dashboard, metrics,
-  events, tokens, membership, backup) is answered by group 0, as before.
+- **Reads of every shard** (lists, counts, queues, tenants, the
+  reconciliation report, the overview, the series, events, /metrics) ask
+  each shard and merge (api.shard_reads, api.shard_counts); with the
+  header they are that shard's alone.
+- **Everything else** (tokens, settings, subscriptions, membership,
+  backup) is answered by group 0, as before.
 
 Shard 0 is group 0, answered in this process. Shard k >= 1 is this node's
 shard process, reached over the Unix socket in its data directory: the
