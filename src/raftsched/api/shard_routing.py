@@ -322,7 +322,10 @@ class ShardRouter:
         if placed:
             request[_PLACED] = shard
         if shard == 0:
-            return await handler(request)
+            response = await handler(request)
+            if not response.prepared:
+                response.headers[SHARD_HEADER] = "0"
+            return response
         return await self._proxy(request, shard, placed=placed)
 
     def _placed(
@@ -706,6 +709,10 @@ class ShardRouter:
                     if response.status in (307, 308):
                         location = response.headers.get("Location")
                         continue
+                    if method == "GET" and response.status == 200:
+                        named = response.headers.get(SHARD_HEADER)
+                        if named != str(shard):
+                            return 503, _not_named(shard, named)
                     answer = await response.json(content_type=None)
                     return response.status, answer if isinstance(answer, dict) else {}
             except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as error:
@@ -866,6 +873,10 @@ class ShardRouter:
             for name, value in upstream.headers.items():
                 if name.lower() not in _NOT_RETURNED:
                     response.headers.add(name, value)
+            # Which shard answered: a node that asks another for one shard's
+            # part of a read checks it (an earlier release ignored the
+            # header on some reads and answered group 0's).
+            response.headers[SHARD_HEADER] = str(shard)
             if placed and upstream.status in (307, 308) and "Location" in upstream.headers:
                 location = URL(upstream.headers["Location"])
                 response.headers["Location"] = str(location.update_query({SHARD_QUERY: str(shard)}))
@@ -1042,6 +1053,15 @@ def _retry_after(status: int) -> dict[str, str]:
 def _no_leader(shard: int) -> dict[str, Any]:
     return ApiError(
         "no_leader", f"shard {shard} has no known leader; retry shortly", {"shard": shard}
+    ).body()
+
+
+def _not_named(shard: int, named: str | None) -> dict[str, Any]:
+    return ApiError(
+        "unavailable",
+        f"the node leading shard {shard} answered for shard {named or 'none named'} (a node of "
+        "an earlier release, during an upgrade?); retry once every node runs this release",
+        {"reason": "shard_not_named", "shard": shard},
     ).body()
 
 
