@@ -47,6 +47,10 @@ INTERNAL_PRINCIPAL_HEADER: Final = "Raftsched-Internal-Principal"
 # node adds `?shard=k` to the Location of a 307 for a request it placed.
 SHARD_QUERY: Final = "shard"
 
+# A node of several shards asks each shard's list for the cursor after each
+# item (`each`), to merge the shards' pages (api.shard_reads).
+CURSORS_HEADER: Final = "Raftsched-Cursors"
+
 RECORD_NAME: Final = "shards.json"
 RECORD_FORMAT: Final = 1
 SHARDS_DIR: Final = "shards"

@@ -11,6 +11,7 @@ who sees every tenant (403 otherwise).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -60,16 +61,37 @@ def event_json(event: OutboxEvent) -> dict[str, Any]:
     }
 
 
+EVENTS_QUERY = frozenset({"after", "types", "wait_s", "limit", "consistency"})
+
+
+def check_events_query(query: Mapping[str, str]) -> tuple[float, int, list[str] | None]:
+    """Check `GET /v1/events`'s query but `after` (400 naming the field):
+    its wait, page size and types. A node of several shards checks it
+    before it asks any shard, and reads its own kind of `after`."""
+    reject_unknown(query, EVENTS_QUERY)
+    wait_s = query_number(query, "wait_s", 0, WAIT_S_MAX) or 0.0
+    limit = query_integer(query, "limit", 1, EVENTS_LIMIT_MAX, default=100)
+    assert limit is not None
+    types = [t for t in query.get("types", "").split(",") if t] or None
+    return wait_s, limit, types
+
+
 @routes.get("/v1/events")
 async def list_events(request: web.Request) -> web.Response:
     """Events with seq > `after`, waiting up to `wait_s` for the first one."""
     query = request.query
-    reject_unknown(query, frozenset({"after", "types", "wait_s", "limit", "consistency"}))
+    wait_s, limit, types = check_events_query(query)
     after = query_integer(query, "after", 0, 2**63 - 1, default=0)
-    wait_s = query_number(query, "wait_s", 0, WAIT_S_MAX) or 0.0
-    limit = query_integer(query, "limit", 1, EVENTS_LIMIT_MAX, default=100)
-    assert after is not None and limit is not None
-    types = [t for t in query.get("types", "").split(",") if t] or None
+    assert after is not None
+    body, headers = await events_answer(request, after, types, limit, wait_s)
+    return json_response(body, headers=headers)
+
+
+async def events_answer(
+    request: web.Request, after: int, types: list[str] | None, limit: int, wait_s: float
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The events of this group's outbox after `after`, as `GET /v1/events`
+    answers them, waiting up to `wait_s` for the first one."""
     headers = await prepare_read(request)
     node = node_of(request)
     principal = principal_of(request)
@@ -90,7 +112,7 @@ async def list_events(request: web.Request) -> web.Response:
             }
         remaining = deadline - time.monotonic()
         if found or remaining <= 0:
-            return json_response(body, headers=headers)
+            return body, headers
         await changed.wait_s(remaining)
 
 

@@ -16,6 +16,7 @@ from raftsched.api.principal import principal_of
 from raftsched.api.requests import (
     actor,
     body_bytes,
+    cursors_wanted,
     node_of,
     optional_body,
     prepare_read,
@@ -149,42 +150,66 @@ async def get_job(request: web.Request) -> web.Response:
     return json_response(body, headers=headers)
 
 
-@routes.get("/v1/jobs")
-async def list_jobs(request: web.Request) -> web.Response:
-    query = request.query
-    reject_unknown(
-        query,
-        frozenset(
-            {
-                "queue",
-                "status",
-                "tenant",
-                "schedule_id",
-                "workflow_id",
-                "correlation_id",
-                "idempotency_key",
-                "kind",
-                "limit",
-                "cursor",
-                "consistency",
-            }
-        ),
-    )
+LIST_QUERY = frozenset(
+    {
+        "queue",
+        "status",
+        "tenant",
+        "schedule_id",
+        "workflow_id",
+        "correlation_id",
+        "idempotency_key",
+        "kind",
+        "limit",
+        "cursor",
+        "consistency",
+    }
+)
+
+
+def check_list_query(query: Mapping[str, str]) -> int:
+    """Check `GET /v1/jobs`'s query but its cursor (400 naming the field);
+    the page size. A node of several shards checks it before it asks any
+    shard (api.shard_reads), and reads its own kind of cursor."""
+    reject_unknown(query, LIST_QUERY)
     status = query.get("status")
     if status is not None and status not in core.JOB_STATUSES:
         raise invalid("status", "unknown status")
     kind = query.get("kind")
     if kind is not None and not is_kind(kind):
         raise invalid("kind", KIND_RULE)
+    limit = query_integer(query, "limit", 1, LIST_LIMIT_MAX, default=50)
+    assert limit is not None
+    return limit
+
+
+def digit_cursor(query: Mapping[str, str]) -> str | None:
+    """A one-shard list's cursor: the seq it continues below (400 otherwise)."""
     cursor = query.get("cursor")
     if cursor is not None and not (cursor.isascii() and cursor.isdigit()):
         raise invalid("cursor", "not a cursor this API returned")
-    limit = query_integer(query, "limit", 1, LIST_LIMIT_MAX, default=50)
-    assert limit is not None
+    return cursor
+
+
+@routes.get("/v1/jobs")
+async def list_jobs(request: web.Request) -> web.Response:
+    body, headers = await list_answer(request, request.query, cursors_wanted(request))
+    return json_response(body, headers=headers)
+
+
+async def list_answer(
+    request: web.Request, query: Mapping[str, str], with_cursors: bool = False
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A page of jobs as `query` (checked) asks, and the answer's headers;
+    `with_cursors` adds `cursors`, the cursor after each job (a node of
+    several shards merges the shards' pages with them, api.shard_reads)."""
+    limit = check_list_query(query)
+    cursor = digit_cursor(query)
     headers = await prepare_read(request)
     key = query.get("idempotency_key")
     if key is not None:
-        return json_response(_by_idempotency_key(request, key), headers=headers)
+        return _by_idempotency_key(request, query, key, with_cursors), headers
+    status, kind = query.get("status"), query.get("kind")
     principal = principal_of(request)
     with node_of(request).reading() as state:
         jobs, next_cursor = core.list_jobs(
@@ -201,14 +226,20 @@ async def list_jobs(request: web.Request) -> web.Response:
             tenants=principal.tenants,
             queues=principal.queues,
         )
-        body = {"jobs": [render.job(job, state) for job in jobs], "next_cursor": next_cursor}
-    return json_response(body, headers=headers)
+        body: dict[str, Any] = {
+            "jobs": [render.job(job, state) for job in jobs],
+            "next_cursor": next_cursor,
+        }
+    if with_cursors:
+        body["cursors"] = [str(job.seq) for job in jobs]
+    return body, headers
 
 
-def _by_idempotency_key(request: web.Request, key: str) -> dict[str, Any]:
+def _by_idempotency_key(
+    request: web.Request, query: Mapping[str, str], key: str, with_cursors: bool
+) -> dict[str, Any]:
     """An idempotency key names at most one job per tenant (default tenant
     when none is given); the other filters still apply to it."""
-    query = request.query
     with node_of(request).reading() as state:
         job = core.find_by_idempotency_key(state, query.get("tenant", "default"), key)
         wanted = {
@@ -225,7 +256,13 @@ def _by_idempotency_key(request: web.Request, key: str) -> dict[str, Any]:
             job = None
         if job is not None and not scope.visible_job(principal_of(request), job):
             job = None
-        return {"jobs": [] if job is None else [render.job(job, state)], "next_cursor": None}
+        body: dict[str, Any] = {
+            "jobs": [] if job is None else [render.job(job, state)],
+            "next_cursor": None,
+        }
+        if with_cursors:
+            body["cursors"] = [] if job is None else [str(job.seq)]
+        return body
 
 
 def _reason(body: Mapping[str, Any]) -> str:

@@ -22,6 +22,7 @@ from raftsched.core.kernel.results import Rejected
 from raftsched.limits import ACTOR_CHARS_MAX
 from raftsched.node.proposer import NotCommitted, OutcomeUnknown
 from raftsched.node.view import NodeView
+from raftsched.shards import CURSORS_HEADER
 
 NODE: web.AppKey[NodeView] = web.AppKey("node")
 # The cluster version from which operator commands are proposed `Audited`.
@@ -119,6 +120,13 @@ async def propose_audited(
     """`propose` for an operator command: audited (see `audited`). The
     answer is the inner command's."""
     return await propose(request, audited(request, command, default_actor), expect, size_bytes)
+
+
+def cursors_wanted(request: web.Request) -> bool:
+    """Whether a list's answer should name the cursor after each item: a
+    node of several shards asks each shard so (`Raftsched-Cursors: each`),
+    to merge their pages and continue each where its part ended."""
+    return request.headers.get(CURSORS_HEADER) == "each"
 
 
 def consistency(request: web.Request) -> str:

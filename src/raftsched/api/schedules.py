@@ -21,6 +21,7 @@ from raftsched.api.render import time_or_none
 from raftsched.api.requests import (
     audited,
     body_bytes,
+    cursors_wanted,
     node_of,
     optional_body,
     prepare_read,
@@ -336,21 +337,40 @@ async def create_schedules(request: web.Request) -> web.Response:
     return json_response({"results": answers})
 
 
-@routes.get("/v1/schedules")
-async def list_all(request: web.Request) -> web.Response:
-    query = request.query
-    reject_unknown(query, frozenset({"limit", "cursor", "consistency"}))
+LIST_QUERY = frozenset({"limit", "cursor", "consistency"})
+
+
+def check_list_query(query: Mapping[str, str]) -> int:
+    """Check `GET /v1/schedules`'s query but its cursor; the page size."""
+    reject_unknown(query, LIST_QUERY)
     limit = query_integer(query, "limit", 1, LIST_LIMIT_MAX, default=50)
     assert limit is not None
+    return limit
+
+
+@routes.get("/v1/schedules")
+async def list_all(request: web.Request) -> web.Response:
+    body, headers = await list_answer(request, request.query, cursors_wanted(request))
+    return json_response(body, headers=headers)
+
+
+async def list_answer(
+    request: web.Request, query: Mapping[str, str], with_cursors: bool = False
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A page of schedules in id order; with `with_cursors`, the cursor
+    after each, its id (api.shard_reads merges the shards' pages)."""
+    limit = check_list_query(query)
     headers = await prepare_read(request)
     principal = principal_of(request)
     with node_of(request).reading() as state:
         page, cursor = list_schedules(state, limit, query.get("cursor"), principal.tenants)
-        body = {
+        body: dict[str, Any] = {
             "schedules": [render_schedule(state, schedule) for schedule in page],
             "next_cursor": cursor,
         }
-    return json_response(body, headers=headers)
+    if with_cursors:
+        body["cursors"] = [schedule.id for schedule in page]
+    return body, headers
 
 
 @routes.get("/v1/schedules/{schedule_id}")

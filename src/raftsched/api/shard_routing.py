@@ -19,8 +19,12 @@ after authentication, but first decides which shard it is for:
   job (else 422 `batch_spans_shards`), is validated whole, then split, each
   part proposed in its shard and the answers merged in the request's order.
   A lease batch is split by its jobs' shards.
-- **Everything else** (lists, counts, queues, the dashboard, metrics,
-  events, tokens, membership, backup) is answered by group 0, as before.
+- **Reads of every shard** (lists, counts, queues, tenants, the
+  reconciliation report, the overview, the series, events, /metrics) ask
+  each shard and merge (api.shard_reads, api.shard_counts); with the
+  header they are that shard's alone.
+- **Everything else** (tokens, settings, subscriptions, membership,
+  backup) is answered by group 0, as before.
 
 Shard 0 is group 0, answered in this process. Shard k >= 1 is this node's
 shard process, reached over the Unix socket in its data directory: the
@@ -45,15 +49,16 @@ import os
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 from yarl import URL
 
-from raftsched.api import jobs, leases, scope, workflows
+from raftsched.api import jobs, leases, scope, shard_reads, workflows
 from raftsched.api.errors import ApiError, from_proposal_error
-from raftsched.api.jsonbody import json_response
+from raftsched.api.jsonbody import json_response, loads
 from raftsched.api.principal import ANONYMOUS, encode_principal, principal_if_set
 from raftsched.api.requests import Handler, read_body, read_json
 from raftsched.api.validation import choice, parse_job, require_object, string
@@ -120,6 +125,10 @@ _SHARD_VALUE = re.compile(r"0|[1-9][0-9]{0,3}")
 _ID_PARAMS: Final = ("job_id", "workflow_id", "schedule_id")
 # Routes the shard header may send to a shard: the shards' data, and what
 # tells about one shard (its time and identity, readiness, status, digest).
+# Reads that a node answers by asking every shard (api.shard_reads) are also
+# one shard's with the header, which is how a node asks another node for a
+# shard it leads; their routes' writes (queue and tenant settings) are
+# group 0's whatever the header says.
 _HEADER_PREFIXES: Final = ("/v1/jobs", "/v1/leases", "/v1/workflows", "/v1/schedules")
 _HEADER_ROUTES: Final = frozenset(
     {
@@ -137,8 +146,12 @@ _HEADER_ROUTES: Final = frozenset(
 _PLACED: Final = web.RequestKey("raftsched_placed_shard", int)
 
 
-def header_routable(route: str) -> bool:
-    return route in _HEADER_ROUTES or route.startswith(_HEADER_PREFIXES)
+def header_routable(method: str, route: str) -> bool:
+    return (
+        route in _HEADER_ROUTES
+        or route.startswith(_HEADER_PREFIXES)
+        or (method == "GET" and route in shard_reads.GATHERED)
+    )
 
 
 def routed_elsewhere(request: web.Request) -> bool:
@@ -233,7 +246,7 @@ class ShardRouter:
         if resource is None:
             return 0
         value = request.headers.get(SHARD_HEADER)
-        if value is not None and header_routable(resource.canonical):
+        if value is not None and header_routable(request.method, resource.canonical):
             value = value.strip()
             valid = _SHARD_VALUE.fullmatch(value) and int(value) < self.count
             return int(value) if valid else 0
@@ -286,11 +299,15 @@ class ShardRouter:
             return await handler(request)
         route = resource.canonical
         placement = _PLACEMENTS.get((request.method, route))
-        named = self.header_shard(request) if header_routable(route) else None
+        named = self.header_shard(request) if header_routable(request.method, route) else None
         if named is not None:
             if placement is not None:
                 return await placement(self, request, handler, named)
             return await self._to(request, handler, named)
+        if request.method == "GET":
+            gather = shard_reads.GATHERED.get(route)
+            if gather is not None:
+                return await gather(self, request, handler)
         for name in _ID_PARAMS:
             identifier = request.match_info.get(name)
             if identifier is not None:
@@ -306,7 +323,10 @@ class ShardRouter:
         if placed:
             request[_PLACED] = shard
         if shard == 0:
-            return await handler(request)
+            response = await handler(request)
+            if not response.prepared:
+                response.headers[SHARD_HEADER] = "0"
+            return response
         return await self._proxy(request, shard, placed=placed)
 
     def _placed(
@@ -380,7 +400,7 @@ class ShardRouter:
 
         answers = await asyncio.gather(
             *(
-                self._part(
+                self.part(
                     request,
                     shard,
                     "/v1/jobs/batch",
@@ -510,7 +530,7 @@ class ShardRouter:
             return (await leases.effect_answer(request, key))[0]
 
         answers = await asyncio.gather(
-            *(self._part(request, shard, path, None, group0) for shard in range(self.count))
+            *(self.part(request, shard, path, None, group0) for shard in range(self.count))
         )
         found = [(shard, answer) for shard, (status, answer) in enumerate(answers) if status == 200]
         if found:
@@ -575,7 +595,7 @@ class ShardRouter:
         documents = {shard: part_body(shard, indexes) for shard, indexes in parts.items()}
         answers = await asyncio.gather(
             *(
-                self._part(
+                self.part(
                     request,
                     shard,
                     "/v1/leases/batch",
@@ -611,20 +631,24 @@ class ShardRouter:
         shard = shard_of_id(job_id)
         return shard if shard < self.count else 0
 
-    # -- a shard's part of a split batch ------------------------------------------
+    # -- a shard's part of a split batch, or of a read of every shard ------------
 
-    async def _part(
+    async def part(
         self,
         request: web.Request,
         shard: int,
         path: str,
         document: Mapping[str, Any] | None,
         in_group0: Callable[[int], Awaitable[dict[str, Any]]],
+        *,
+        headers: Mapping[str, str] | None = None,
+        what: str = "the batch",
     ) -> tuple[int, dict[str, Any]]:
         """(status, JSON answer) of one shard's part: group 0 in this
         process, a shard process over its socket, and, where that shard is
         led from another node, that node, asked by this one. A POST of
-        `document`, or a GET (`document` None) of `path` with its query."""
+        `document`, or a GET (`document` None) of `path` with its query;
+        `headers` go with it wherever it goes."""
         method = "GET" if document is None else "POST"
         data = None if document is None else json.dumps(document).encode()
         location: str | None = None
@@ -643,13 +667,15 @@ class ShardRouter:
                 return failed.status, failed.body()
         else:
             try:
-                status, headers, answer = await self._call(request, shard, method, path, data)
+                status, answered, answer = await self._call(
+                    request, shard, method, path, data, headers
+                )
             except ApiError as error:
                 return error.status, error.body()
             if status not in (307, 308):
                 return status, answer
-            location = headers.get("Location")
-        return await self._sent_on(request, shard, location, method, data)
+            location = answered.get("Location")
+        return await self._sent_on(request, shard, location, method, data, headers, what)
 
     async def _sent_on(
         self,
@@ -658,11 +684,14 @@ class ShardRouter:
         location: str | None,
         method: str,
         data: bytes | None,
+        extra: Mapping[str, str] | None = None,
+        what: str = "the batch",
     ) -> tuple[int, dict[str, Any]]:
         """A part sent to the node that leads its shard, as its client would
         have sent it there (its own credentials), with the shard named."""
         assert self._remote is not None
         headers = {name: request.headers[name] for name in _PART_HEADERS if name in request.headers}
+        headers.update(extra or {})
         headers[SHARD_HEADER] = str(shard)
         if data is not None:
             headers["Content-Type"] = "application/json"
@@ -681,16 +710,104 @@ class ShardRouter:
                     if response.status in (307, 308):
                         location = response.headers.get("Location")
                         continue
+                    if method == "GET" and response.status == 200:
+                        named = response.headers.get(SHARD_HEADER)
+                        if named != str(shard):
+                            return 503, _not_named(shard, named)
                     answer = await response.json(content_type=None)
                     return response.status, answer if isinstance(answer, dict) else {}
             except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as error:
                 failed = ApiError(
                     "outcome_unknown" if isinstance(error, asyncio.TimeoutError) else "unavailable",
-                    f"shard {shard}'s part of the batch could not be sent to its leader: {error}",
+                    f"shard {shard}'s part of {what} could not be sent to its leader: {error}",
                     {"reason": "shard_part_failed", "shard": shard},
                 )
                 return failed.status, failed.body()
         return 503, _no_leader(shard)
+
+    async def answered_here(
+        self, request: web.Request, handler: Handler, path: str, headers: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """Group 0's JSON answer to GET `path` (with its query), from its
+        handler in this process, asked as `request` with `headers` added:
+        a read of every shard asks shard 0 so. Raises what the handler
+        raises (NotLeader: the caller asks group 0's leader instead)."""
+        sent = CIMultiDict(request.headers)
+        sent.update(headers)
+        response = await handler(request.clone(rel_url=path, headers=sent))
+        assert isinstance(response, web.Response) and response.body is not None
+        answer = loads(cast(bytes, response.body))
+        assert isinstance(answer, dict), answer
+        return answer
+
+    async def local(
+        self,
+        request: web.Request,
+        handler: Handler,
+        shard: int,
+        path: str,
+        timeout_s: float = STATUS_TIMEOUT_S,
+    ) -> tuple[int, dict[str, Any]]:
+        """(status, JSON answer) of this node's own replica of `shard` to
+        GET `path`: what a process keeps in its memory (the overview, the
+        charts' series) is read on every node, never redirected."""
+        try:
+            if shard == 0:
+                return 200, await self.answered_here(request, handler, path, {})
+            status, _, answer = await asyncio.wait_for(
+                self._call(request, shard, "GET", path, None), timeout_s
+            )
+        except ApiError as error:
+            return error.status, error.body()
+        except TimeoutError as error:
+            failed = _shard_unavailable(shard, error)
+            return failed.status, failed.body()
+        return status, answer
+
+    async def at_leader(
+        self, request: web.Request, handler: Handler, shard: int, path: str
+    ) -> tuple[tuple[int, dict[str, Any]], str]:
+        """(status, JSON answer) to GET `path` from the process that leads
+        shard `shard` when its node is known (what a leader alone knows: stuck
+        jobs, the counters of what it proposed), else from this node's own
+        replica; and the id of the node that answered."""
+        seen = self.known.get(shard) or {}
+        leader_id = seen.get("leader_id")
+        url = self.node.http_urls.get(leader_id) if isinstance(leader_id, str) else None
+        if url and leader_id != self.node.node_id:
+            try:
+                status, answer = await asyncio.wait_for(
+                    self._sent_on(
+                        request,
+                        shard,
+                        url.rstrip("/") + path,
+                        "GET",
+                        None,
+                        None,
+                        f"the read of {request.path}",
+                    ),
+                    STATUS_TIMEOUT_S,
+                )
+            except TimeoutError:
+                status, answer = 504, {}
+            if status == 200:
+                return (status, answer), str(leader_id)
+        return await self.local(request, handler, shard, path), self.node.node_id
+
+    async def local_text(self, request: web.Request, shard: int, path: str) -> bytes | None:
+        """The body of shard `shard`'s process's answer to GET `path` (its
+        /metrics), or None if it does not answer 200 in time."""
+        try:
+            async with self._sessions[shard].get(
+                "http://shard" + path,
+                headers=self._forward_headers(request),
+                timeout=aiohttp.ClientTimeout(total=STATUS_TIMEOUT_S),
+            ) as response:
+                if response.status != 200:
+                    return None
+                return await response.read()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return None
 
     # -- over a shard process's socket --------------------------------------------
 
@@ -709,10 +826,17 @@ class ShardRouter:
         return headers
 
     async def _call(
-        self, request: web.Request, shard: int, method: str, path: str, data: bytes | None
+        self,
+        request: web.Request,
+        shard: int,
+        method: str,
+        path: str,
+        data: bytes | None,
+        extra: Mapping[str, str] | None = None,
     ) -> tuple[int, Mapping[str, str], dict[str, Any]]:
         """A whole JSON exchange with shard `shard`'s process."""
         headers = self._forward_headers(request)
+        headers.update(extra or {})
         if data is not None:
             headers["Content-Type"] = "application/json"
         session = self._sessions[shard]
@@ -750,6 +874,10 @@ class ShardRouter:
             for name, value in upstream.headers.items():
                 if name.lower() not in _NOT_RETURNED:
                     response.headers.add(name, value)
+            # Which shard answered: a node that asks another for one shard's
+            # part of a read checks it (an earlier release ignored the
+            # header on some reads and answered group 0's).
+            response.headers[SHARD_HEADER] = str(shard)
             if placed and upstream.status in (307, 308) and "Location" in upstream.headers:
                 location = URL(upstream.headers["Location"])
                 response.headers["Location"] = str(location.update_query({SHARD_QUERY: str(shard)}))
@@ -928,6 +1056,15 @@ def _retry_after(status: int) -> dict[str, str]:
 def _no_leader(shard: int) -> dict[str, Any]:
     return ApiError(
         "no_leader", f"shard {shard} has no known leader; retry shortly", {"shard": shard}
+    ).body()
+
+
+def _not_named(shard: int, named: str | None) -> dict[str, Any]:
+    return ApiError(
+        "unavailable",
+        f"the node leading shard {shard} answered for shard {named or 'none named'} (a node of "
+        "an earlier release, during an upgrade?); retry once every node runs this release",
+        {"reason": "shard_not_named", "shard": shard},
     ).body()
 
 

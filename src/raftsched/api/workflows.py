@@ -15,6 +15,7 @@ from raftsched.api.render import time_or_none, trace_context
 from raftsched.api.requests import (
     actor,
     body_bytes,
+    cursors_wanted,
     node_of,
     optional_body,
     prepare_read,
@@ -239,24 +240,43 @@ async def workflow_history(request: web.Request) -> web.Response:
     return json_response({"events": events}, headers=headers)
 
 
-@routes.get("/v1/workflows")
-async def list_workflows(request: web.Request) -> web.Response:
-    query = request.query
-    reject_unknown(query, frozenset({"status", "tenant", "limit", "cursor", "consistency"}))
+LIST_QUERY = frozenset({"status", "tenant", "limit", "cursor", "consistency"})
+
+
+def check_list_query(query: Mapping[str, str]) -> int:
+    """Check `GET /v1/workflows`'s query but its cursor; the page size."""
+    reject_unknown(query, LIST_QUERY)
     status = query.get("status")
     if status is not None and status not in WORKFLOW_STATUSES:
         raise invalid("status", f"must be one of {', '.join(WORKFLOW_STATUSES)}")
     limit = query_integer(query, "limit", 1, LIST_LIMIT_MAX, default=50)
     assert limit is not None
+    return limit
+
+
+@routes.get("/v1/workflows")
+async def list_workflows(request: web.Request) -> web.Response:
+    body, headers = await list_answer(request, request.query, cursors_wanted(request))
+    return json_response(body, headers=headers)
+
+
+async def list_answer(
+    request: web.Request, query: Mapping[str, str], with_cursors: bool = False
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """A page of workflows, newest first; with `with_cursors`, the cursor
+    after each (api.shard_reads merges the shards' pages with them)."""
+    limit = check_list_query(query)
     cursor = query_integer(query, "cursor", 0, 2**63 - 1)
+    status = query.get("status")
     tenant = query.get("tenant")
     headers = await prepare_read(request)
     found: list[dict[str, Any]] = []
+    seqs: list[int] = []
     next_cursor: str | None = None
-    found_seq = 0
     tenant_in = within(tenant, principal_of(request).tenants)
     if tenant_in == frozenset():
-        return json_response({"workflows": [], "next_cursor": None}, headers=headers)
+        body: dict[str, Any] = {"workflows": [], "next_cursor": None}
+        return ({**body, "cursors": []} if with_cursors else body), headers
     with node_of(request).reading() as state:
         workflows = list(table(state).workflows.values())
         for workflow in reversed(workflows):
@@ -267,11 +287,14 @@ async def list_workflows(request: web.Request) -> web.Response:
             ):
                 continue
             if len(found) == limit:
-                next_cursor = str(found_seq)
+                next_cursor = str(seqs[-1])
                 break
             found.append(workflow_json(workflow, state.jobs, full=False))
-            found_seq = workflow.seq
-    return json_response({"workflows": found, "next_cursor": next_cursor}, headers=headers)
+            seqs.append(workflow.seq)
+    body = {"workflows": found, "next_cursor": next_cursor}
+    if with_cursors:
+        body["cursors"] = [str(seq) for seq in seqs]
+    return body, headers
 
 
 @routes.post("/v1/workflows/{workflow_id}/cancel")

@@ -526,14 +526,19 @@ class Client(SchedulesMixin):
 
     def events(
         self,
-        after: int = 0,
+        after: int | str = 0,
         *,
         types: Sequence[str] | None = None,
         wait_s: float | None = None,
         limit: int | None = None,
         consistency: Consistency | None = None,
     ) -> JsonObject:
-        """`{"events": [...], "last_seq", "first_seq"}`: events with seq > after."""
+        """`{"events": [...], "last_seq", "first_seq"}`: events with seq > after.
+
+        In a cluster of several shards `after` is the cursor an answer gave
+        (`next_after`, or `last_seq` to start from now: `v1.<seq0>.<seq1>...`),
+        each event names its `shard` and `id`, and `last_seq` and `first_seq`
+        are such cursors too (docs/events.md)."""
         return self.call(wf_calls.events(after, types, wait_s, limit, consistency))
 
     def audit(

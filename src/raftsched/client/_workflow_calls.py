@@ -52,7 +52,7 @@ def cancel_workflow(workflow_id: str, reason: str | None) -> Call[JsonObject]:
 
 
 def events(
-    after: int,
+    after: int | str,
     types: Sequence[str] | None,
     wait_s: float | None,
     limit: int | None,

@@ -92,7 +92,15 @@ const esc = (value) =>
 const badge = (text) => `<span class="badge s-${esc(text)}">${esc(text)}</span>`;
 const dash = (value) => (value === null || value === undefined || value === "" ? '<span class="muted">–</span>' : esc(value));
 const num = (value, digits = 0) => (value === null || value === undefined ? "–" : Number(value).toFixed(digits));
-const jobLink = (id) => `<a class="mono" href="#/jobs/${encodeURIComponent(id)}">${esc(id)}</a>`;
+// A job id names its shard in a cluster of several shards (docs/shards.md):
+// `job<k>_...`, and a workflow step's `job_wf<k>_...`; shard 0's read `job_`.
+const shardOf = (id) => Number((/^job(?:_wf)?([1-9][0-9]*)_/.exec(id) || [null, 0])[1]);
+const shardNote = (id) => (shardOf(id) ? ` <span class="muted shard" title="shard ${shardOf(id)}">s${shardOf(id)}</span>` : "");
+const jobLink = (id) => `<a class="mono" href="#/jobs/${encodeURIComponent(id)}">${esc(id)}</a>${shardNote(id)}`;
+// The outbox's last seq: a number, or with several shards a cursor of each
+// shard's (`v1.<seq0>.<seq1>...`), shown per shard.
+const lastSeqs = (value) =>
+  typeof value === "string" && value.startsWith("v1.") ? value.split(".").slice(1).map((seq, shard) => `shard ${shard}: ${seq}`).join(", ") : String(value);
 const when = (iso) => (iso ? `<span title="${esc(iso)}">${esc(iso.replace("T", " ").replace("Z", ""))}</span>` : dash(null));
 const ms = (at) => (at ? new Date(at).toISOString() : null);
 
@@ -515,8 +523,8 @@ async function onCallView() {
   if (!events.ok) outbox = failed(events, "GET /v1/events");
   else {
     const list = events.body.events || [];
-    outbox = `<p>last event seq <b>${esc(events.body.last_seq)}</b>${o.outbox_lag ? `, undelivered per subscription: ${Object.entries(o.outbox_lag).map(([k, v]) => `${esc(k)} ${esc(v)}`).join(", ") || "no subscriptions"}` : ""}</p>` +
-      table(["seq#", "type", "at"], list.slice(-10).reverse().map((e) => [esc(e.seq), esc(e.type), when(e.at)]), "no events");
+    outbox = `<p>last event seq <b>${esc(lastSeqs(events.body.last_seq))}</b>${o.outbox_lag ? `, undelivered per subscription: ${Object.entries(o.outbox_lag).map(([k, v]) => `${esc(k)} ${esc(v)}`).join(", ") || "no subscriptions"}` : ""}</p>` +
+      table(["seq#", "type", "at"], list.slice(-10).reverse().map((e) => [e.id ? `<span class="mono" title="shard ${esc(e.shard)}, seq ${esc(e.seq)}">${esc(e.id)}</span>` : esc(e.seq), esc(e.type), when(e.at)]), "no events");
   }
   // The cluster's last hour: jobs per second and depth (the rest: Charts).
   const hourCharts = lastHour.ok ? seriesCharts("oncall", lastHour.body).slice(0, 2) : [];
