@@ -58,7 +58,7 @@ from typing import Any
 import aiohttp
 from cluster import BATCH, PAYLOAD, Pipeline, cpu_s, expect, loadavg, log
 
-from raftsched.testing import LocalCluster, wait_for
+from raftsched.testing import LocalCluster
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -299,17 +299,7 @@ def run_one(shards: int, settings: Settings, src: Path | None) -> dict[str, Any]
         leaders = [cluster.wait_for_leader(timeout_s=90)]  # one shard: group 0
         cluster.wait_for_auth(timeout_s=60)
         if shards > 1:
-
-            def recorded() -> bool:
-                for node_id in cluster.nodes:
-                    views = cluster.shard_views(node_id) or []
-                    if len(views) != shards or not all(v.get("identity_recorded") for v in views):
-                        return False
-                return True
-
-            if not wait_for(recorded, 90):
-                raise RuntimeError("the shards did not record their identity")
-            leaders = [cluster.wait_for_shard_leader(k, timeout_s=90) for k in range(shards)]
+            leaders = cluster.wait_for_shards(timeout_s=90)
         time.sleep(1.0)
         node_pids = {}
         for node_id, node in cluster.nodes.items():

@@ -601,6 +601,34 @@ class LocalCluster:
             time.sleep(0.2)
         raise TimeoutError(f"shard {shard} has no leader within {timeout_s}s; logs in {self.root}")
 
+    def wait_for_shards(self, timeout_s: float = 90.0) -> list[str]:
+        """Every shard has a leader and has recorded which shard it is
+        (`SetShard`, which needs cluster version 9: from then on its groups
+        take every command this release has), as every serving node sees it.
+        Returns each shard's leader."""
+        deadline = time.monotonic() + timeout_s
+
+        def recorded() -> bool:
+            for node in self.nodes.values():
+                if not node.serving:
+                    continue
+                views = self.shard_views(node.id) or []
+                if len(views) != self.shards or not all(
+                    view.get("identity_recorded") for view in views
+                ):
+                    return False
+            return True
+
+        while not recorded():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the shards did not record their identity within {timeout_s}s; "
+                    f"logs in {self.root}"
+                )
+            time.sleep(0.2)
+        left = max(1.0, deadline - time.monotonic())
+        return [self.wait_for_shard_leader(shard, timeout_s=left) for shard in range(self.shards)]
+
     def shard_pid(self, node_id: str, shard: int) -> int | None:
         """The pid of the node's shard process for `shard`, as the node says."""
         views = self.shard_views(node_id) or []

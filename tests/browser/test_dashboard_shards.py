@@ -30,8 +30,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     try:
         local.wait_for_leader(timeout_s=90)
         local.wait_for_auth(timeout_s=60)
-        for shard in range(SHARDS):
-            local.wait_for_shard_leader(shard, timeout_s=60)
+        local.wait_for_shards(timeout_s=90)
         yield local
     finally:
         local.stop()

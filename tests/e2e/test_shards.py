@@ -44,8 +44,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     try:
         cluster.wait_for_leader(timeout_s=90)
         cluster.wait_for_auth(timeout_s=60)
-        for shard in range(SHARDS):
-            cluster.wait_for_shard_leader(shard, timeout_s=60)
+        cluster.wait_for_shards(timeout_s=90)
         yield cluster
     finally:
         cluster.stop()

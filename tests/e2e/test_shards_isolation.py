@@ -103,8 +103,7 @@ def test_a_shard_leaders_death_pauses_that_shard_only(tmp_path: Path) -> None:
     try:
         cluster.wait_for_leader(timeout_s=90)
         cluster.wait_for_auth(timeout_s=60)
-        for shard in range(SHARDS):
-            cluster.wait_for_shard_leader(shard, timeout_s=60)
+        cluster.wait_for_shards(timeout_s=90)
         for loop in loops:
             loop.start()
         assert wait_for(lambda: all(len(loop.completed_at) >= 10 for loop in loops), 60)
