@@ -108,7 +108,9 @@ async def readyz(request: web.Request) -> web.Response:
     ready, and says where and why (`halted`); one whose disk is full is not
     ready until there is room, and names the file (`disk_full`). A node of
     several shards is ready only when each of its shard processes' replicas
-    is too, and names those that are not (`shards_not_ready`).
+    is too, and names those that are not (`shards_not_ready`); each group of
+    such a node is ready only once it has recorded which shard it is
+    (`shard_identity: null` until then).
     """
     node = node_of(request)
     if node.removed:
@@ -158,6 +160,13 @@ async def readyz(request: web.Request) -> web.Response:
     }
     if disk_full:
         body["disk_full"] = disk_full
+    if node.shards > 1 and _shard_identity(node) is None:
+        # A group of a sharded cluster that has not recorded its shard yet
+        # (`SetShard`, cluster version 9) still runs at a lower version and
+        # refuses what needs it: not ready (docs/shards.md).
+        ready = False
+        body["ready"] = False
+        body["shard_identity"] = None
     router = request.app.get(SHARD_ROUTER)
     if router is not None:
         # A node of several shards is ready when every local replica is.

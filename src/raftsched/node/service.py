@@ -379,6 +379,10 @@ class Node:
     def identity(self) -> NodeIdentity:
         return self.gate.identity
 
+    @property
+    def shards(self) -> int:
+        return self.config.shards
+
     def cluster_id(self) -> str | None:
         """The cluster this node belongs to: its data directory's, else (not
         written there yet) the one its replica applied."""

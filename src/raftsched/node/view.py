@@ -137,6 +137,12 @@ class NodeView(StateView, Protocol):
         """The cluster this node belongs to; None until its first leader named it."""
         ...
 
+    @property
+    def shards(self) -> int:
+        """S, the cluster's number of data shards (docs/shards.md); 1 for a
+        cluster without shards."""
+        ...
+
     def identity_json(self) -> dict[str, Any]:
         """This node's identity as `GET /v1/time` tells its peers."""
         ...
