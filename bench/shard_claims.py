@@ -5,9 +5,10 @@ Starts 3 `raftsched node --shards 3` processes on loopback (each with its
 two shard processes) and runs a phase per consumer below under each load
 (LOADS: "steady", every shard busy; "trickle", every shard mostly idle): a
 submitter puts the load's jobs/s without keys (so they go round the
-shards) for DURATION seconds, and a consumer claims them (max_jobs SLOTS, long polls of WAIT_S)
-and completes each at once (`POST /v1/leases/batch`: start, complete, at the
-node hosting its shard's leader). Only how the consumer claims differs:
+shards) for DURATION seconds, and a consumer claims them (max_jobs SLOTS,
+long polls of WAIT_S) and completes each at once (`POST /v1/leases/batch`:
+start, complete, at the node hosting its shard's leader). Only how the
+consumer claims differs:
 
 - per_shard: a long-poll loop per shard, each naming its shard
   (`Raftsched-Shard: k`), as the worker SDK does.
