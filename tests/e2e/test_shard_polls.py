@@ -28,7 +28,7 @@ from e2e_support import cluster_env
 from raftsched import child_processes
 from raftsched.client import Client, RaftschedError
 from raftsched.shards import shard_of_id
-from raftsched.testing import LocalCluster, log_errors, process_running, wait_for
+from raftsched.testing import LocalCluster, http_json, log_errors, process_running, wait_for
 
 SHARDS = 3
 QUEUE = "polled"
@@ -107,6 +107,10 @@ def test_one_worker_serves_every_shard_and_outlives_a_shard_leader(tmp_path: Pat
         cluster.wait_for_auth(timeout_s=60)
         for shard in range(SHARDS):
             cluster.wait_for_shard_leader(shard, timeout_s=60)
+        # What a worker token reads the number of shards from (public).
+        for url in cluster.urls:
+            status, body, _ = http_json("GET", url + "/v1/time", token="")
+            assert status == 200 and body["shards"] == SHARDS
         with Client(cluster.urls, timeout_s=10, retry_budget_s=30) as admin:
             token = admin.create_token("poller", "worker", queues=[QUEUE])["secret"]
             worker = _worker(cluster, token, worker_log, sink)

@@ -406,11 +406,12 @@ class Worker:
     def _map_changed(self) -> None:
         """A claim suggests the map changed (its shard's leader moved, or the
         map was never read): read it again, at most every REFRESH_MIN_S. A
-        cluster of one shard stays one; a pinned worker never reads it."""
+        cluster of one shard stays one, a count read from /v1/time names no
+        leaders, and a pinned worker never reads it."""
         if self.config.shard is not None or self._stopping_now():
             return
-        if self._map is not None and self._map.count == 1:
-            return
+        if self._map is not None and (self._map.count == 1 or not self._map.names_leaders):
+            return  # nothing to learn: S never changes
         if self._map_task is not None and not self._map_task.done():
             return
         now = time.monotonic()

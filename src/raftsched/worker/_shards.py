@@ -12,7 +12,9 @@ the redirects of the claims themselves. A node that has no `/v1/cluster`
 
 The number of shards never changes; their leaders do. The worker reads the
 map again when a claim fails (its shard's leader may have moved: the next
-claim then goes straight to the new one), at most every `REFRESH_MIN_S`.
+claim then goes straight to the new one), at most every `REFRESH_MIN_S`,
+unless it names no leaders to learn (one shard, or a count from
+`/v1/time`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from raftsched.client import AsyncClient, Forbidden, JsonObject, NotFound
 
@@ -32,10 +35,12 @@ REFRESH_MIN_S: Final = 5.0
 @dataclass(frozen=True, slots=True)
 class ShardMap:
     """`count` data shards (1: a cluster without shards), and the URL of the
-    node hosting each shard's leader where it is known."""
+    node hosting each shard's leader where it is known; `names_leaders`:
+    read from `/v1/cluster`, which names them (`/v1/time` does not)."""
 
     count: int
     leaders: Mapping[int, str] = field(default_factory=dict)
+    names_leaders: bool = True
 
 
 ONE_SHARD: Final = ShardMap(1)
@@ -61,7 +66,10 @@ def shard_map_of(view: JsonObject) -> ShardMap:
 
 def _leader_url(leader: Any) -> str | None:
     url = leader.get("http_url") if isinstance(leader, dict) else None
-    return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+    if not isinstance(url, str):
+        return None
+    parts = urlsplit(url)
+    return url if parts.scheme in ("http", "https") and parts.netloc else None
 
 
 async def read_shard_map(client: AsyncClient) -> ShardMap:
@@ -77,4 +85,4 @@ async def read_shard_map(client: AsyncClient) -> ShardMap:
     count = answer.get("shards") if isinstance(answer, dict) else None
     if type(count) is not int or not 1 < count <= SHARDS_MAX:
         return ONE_SHARD
-    return ShardMap(count)
+    return ShardMap(count, names_leaders=False)

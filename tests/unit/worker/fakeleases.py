@@ -78,6 +78,7 @@ class FakeLeases:
         # as to a worker token, with `cluster_forbidden`; /v1/time names them).
         self.shard_count = 1
         self.cluster_forbidden = False
+        self.cluster_unavailable = False  # /v1/cluster answers 503
         self.cluster_reads = 0
         self.down_shards: set[int] = set()  # their claims answer 503 no_leader
         self.claim_shards: list[int] = []  # the shard each claim is for
@@ -156,6 +157,9 @@ class FakeLeases:
 
     async def _cluster(self, request: web.Request) -> web.Response:
         self.cluster_reads += 1
+        if self.cluster_unavailable:
+            error = {"code": "unavailable", "message": "not now"}
+            return web.json_response({"error": error}, status=503, headers={"Retry-After": "0"})
         if self.cluster_forbidden:
             error = {"code": "forbidden", "message": "a worker token may not"}
             return web.json_response({"error": error}, status=403)

@@ -245,10 +245,38 @@ def test_a_worker_token_learns_the_shards_from_the_time_route() -> None:
     async def scenario(fake: FakeLeases) -> None:
         _sharded(fake)
         fake.cluster_forbidden = True
+        fake.down_shards = {1}  # its failed claims find no leaders to learn there
         fake.add("job2_a", shard=2)
         async with running_worker(fake, Peak(0.001)):
             await fake.wait_for(_all_done(fake))
+            await fake.wait_for(lambda: fake.claim_shards.count(1) > 1)
         assert fake.misrouted == []
+        assert fake.cluster_reads == 1
+
+    run(scenario)
+
+
+def test_shards_unknown_at_start_are_learnt_from_a_later_claim(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr("raftsched.worker._agent.REFRESH_MIN_S", 0.3)
+
+    async def scenario(fake: FakeLeases) -> None:
+        _sharded(fake)
+        fake.cluster_unavailable = True
+        fake.add("job_0", shard=0)
+        fake.add("job2_a", shard=2)
+        with caplog.at_level(logging.INFO, logger="raftsched.worker"):
+            async with running_worker(fake, Peak(0.001)) as worker:
+                # Meanwhile it claims from shard 0, as a worker of one shard.
+                await fake.wait_for(lambda: fake.jobs["job_0"].status == "succeeded")
+                assert worker.shards == [0]
+                fake.cluster_unavailable = False
+                await fake.wait_for(_all_done(fake))
+                assert worker.shards == [0, 1, 2]
+        messages = [record.getMessage() for record in caplog.records]
+        assert any(m.startswith("could not read the cluster's shards") for m in messages)
+        assert "claiming from every shard of the cluster" in messages
 
     run(scenario)
 
