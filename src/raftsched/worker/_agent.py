@@ -376,7 +376,7 @@ class Worker:
         base = self._links[0].client
         try:
             shard_map = await read_shard_map(base)
-        except RaftschedError as error:
+        except (RaftschedError, ValueError) as error:  # ValueError: not JSON
             known = "claiming from shard 0 until it is read" if self._map is None else "as before"
             log.warning(
                 f"could not read the cluster's shards; {known}",
@@ -457,7 +457,8 @@ class Worker:
             slots.wait(shard)
             free = self._free_slots()
             share = min(slots.share(shard, free), CLAIM_JOBS_MAX)
-            plan = routes.plan(share, probe=routes.probe_due()) if share > 0 else None
+            parts = len(self._links)
+            plan = routes.plan(share, probe=routes.probe_due(), parts=parts) if share > 0 else None
             if plan is None:
                 # Every slot taken, other shards' turn first, every kind at its
                 # limit, or nothing to run before the cluster takes kinds: wait

@@ -15,6 +15,7 @@ import pytest
 from fakeleases import FakeLeases, run, running_worker
 
 from raftsched.worker import JobContext
+from raftsched.worker._kinds import Routes
 from raftsched.worker._shards import ONE_SHARD, ShardMap, shard_map_of
 from raftsched.worker._slots import CROWDED_POLL_WAIT_S, LoopState, ShardSlots
 
@@ -306,5 +307,38 @@ def test_a_pinned_shard_is_the_only_one_claimed_from() -> None:
         assert fake.jobs["job1_a"].status == "pending"
         assert fake.cluster_reads == 0
         assert set(fake.claim_headers) == {"2"}
+
+    run(scenario)
+
+
+def test_a_kinds_limit_is_shared_by_the_shards_polls() -> None:
+    routes = Routes()
+    routes.add("charge", lambda ctx: None, 2)
+    alone = routes.plan(4)
+    assert alone is not None and alone.caps == {"charge": 2} and alone.max_jobs == 2
+    first = routes.plan(4, parts=3)
+    assert first is not None and first.caps == {"charge": 1} and first.max_jobs == 1
+    routes.hold(first)
+    second = routes.plan(4, parts=3)
+    assert second is not None and second.caps == {"charge": 1}
+    routes.hold(second)
+    assert routes.plan(4, parts=3) is None  # the kind's room is held by the others
+
+
+def test_every_shard_polls_for_a_limited_kind() -> None:
+    async def scenario(fake: FakeLeases) -> None:
+        _sharded(fake)
+        async with running_worker(
+            fake, {"charge": Peak(0.001)}, concurrency=4, kind_concurrency={"charge": 3}
+        ):
+            await fake.wait_for(lambda: len(+fake.polling) == 3)
+            for shard in range(3):
+                fake.add(f"job{shard}_c", kind="charge", shard=shard)
+            await fake.wait_for(_all_done(fake))
+        firsts = {}
+        for shard, body in zip(fake.claim_shards, fake.claim_bodies, strict=False):
+            firsts.setdefault(shard, body)
+        assert {shard: body["kind_max_jobs"] for shard, body in firsts.items()} == {
+            0: {"charge": 1}, 1: {"charge": 1}, 2: {"charge": 1}}  # fmt: skip
 
     run(scenario)
