@@ -176,10 +176,11 @@ Handlers = Handler | Mapping[str | None, Handler]
 
 @dataclass(slots=True)
 class _Link:
-    """A shard the worker claims from: the client that names it (None: none,
-    a cluster of one shard) and the batcher of its jobs' lease operations,
-    whose next claims therefore ask that shard. `owned`: the worker made the
-    client and closes it."""
+    """A shard the worker claims from: the client that names it (shard 0's,
+    unpinned, is the worker's own client, which names none: group 0 is
+    shard 0) and the batcher of its jobs' lease operations, whose next
+    claims therefore ask that shard. `owned`: the worker made the client and
+    closes it."""
 
     shard: int
     client: AsyncClient
@@ -464,8 +465,12 @@ class Worker:
                 # limit, or nothing to run before the cluster takes kinds: wait
                 # for a slot or the probe.
                 if share > 0:
-                    slots.rest(shard)  # nothing to claim here: the others may have them
-                    self._wake()
+                    # Nothing to claim here: the slots are the others' turn.
+                    # (Only waiting loops are woken: loops that rest for the
+                    # same reason would wake each other back and forth.)
+                    slots.rest(shard)
+                    if slots.others_wait(shard):
+                        self._wake()
                 self._slot_freed.clear()
                 waits: list[Awaitable[object]] = [self._slot_freed.wait(), self._stopping.wait()]
                 if free > 0 and routes.falling_back:

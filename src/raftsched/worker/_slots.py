@@ -160,6 +160,13 @@ class ShardSlots:
             return False
         return any(self._starved(other) for other in self._states if other != shard)
 
+    def others_wait(self, shard: int) -> bool:
+        """Whether another shard's loop waits to claim (and may be next in
+        line once `shard` rests)."""
+        return any(
+            state is LoopState.WAITING for other, state in self._states.items() if other != shard
+        )
+
     def owed(self, shard: int) -> int:
         """The slots a next claim of `shard` leaves to starved loops of other shards."""
         return sum(1 for other in self._states if other != shard and self._starved(other))

@@ -342,3 +342,31 @@ def test_every_shard_polls_for_a_limited_kind() -> None:
             0: {"charge": 1}, 1: {"charge": 1}, 2: {"charge": 1}}  # fmt: skip
 
     run(scenario)
+
+
+def test_loops_with_nothing_to_claim_rest_without_waking_each_other() -> None:
+    """Every kind at its limit while slots are free: each loop rests until a
+    job ends, rather than wake the others back and forth (a busy loop)."""
+    started = threading.Event()
+
+    def slow(ctx: JobContext) -> None:
+        started.set()
+        time.sleep(0.8)
+
+    async def scenario(fake: FakeLeases) -> None:
+        _sharded(fake)
+        fake.add("job0_a", kind="a", shard=0)
+        fake.add("job1_a", kind="a", shard=1)
+        async with running_worker(
+            fake, {"a": slow}, concurrency=4, kind_concurrency={"a": 1}
+        ) as worker:
+            await fake.wait_for(started.is_set)
+            await fake.wait_for(lambda: not fake.polling.total())  # the polls came back
+            claims, cpu_before = fake.claims, time.process_time()
+            await asyncio.sleep(0.4)  # "a" at its limit: nothing to claim anywhere
+            assert time.process_time() - cpu_before < 0.2
+            assert fake.claims == claims
+            assert worker.running == 1
+            await fake.wait_for(_all_done(fake))
+
+    run(scenario)
