@@ -135,19 +135,13 @@ def node_command(
     return command
 
 
-def worker_command(
-    nodes: Sequence[DevNode], tls: DevTls | None = None, shard: int | None = None
-) -> list[str]:
-    """The demo worker; with `shard`, one of a sharded cluster's demo
-    workers, which claims that shard's jobs (one per shard)."""
-    worker_id = "dev-worker" if shard is None else f"dev-worker-s{shard}"
+def worker_command(nodes: Sequence[DevNode], tls: DevTls | None = None) -> list[str]:
+    """The demo worker (of a sharded cluster too: it polls every shard)."""
     command = [
         sys.executable, "-m", "raftsched.cli", "worker", "--queue", "default",
-        "--handler", "raftsched.demo:handle", "--worker-id", worker_id,
+        "--handler", "raftsched.demo:handle", "--worker-id", "dev-worker",
         "--url", ",".join(node.http_url for node in nodes), "--log-format", _log_format(),
     ]  # fmt: skip
-    if shard is not None:
-        command += ["--shard", str(shard)]
     if tls is not None:
         command += ["--ca-file", str(tls.ca_file)]
     return command
@@ -285,11 +279,6 @@ def write_cluster_json(
     }
     if shards > 1:
         document["shards"] = shards
-        document["workers"] = [
-            {"shard": shard, "pid": pids[_worker_name(shard)]}
-            for shard in range(shards)
-            if _worker_name(shard) in pids
-        ]
     temporary = path.with_suffix(".json.tmp")
     temporary.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     temporary.replace(path)
@@ -374,11 +363,6 @@ def watch(children: Sequence[Child], stop: threading.Event, output: Output) -> N
                 )
 
 
-def _worker_name(shard: int) -> str:
-    """A sharded dev cluster's demo worker of `shard` (shard 0's is `worker`)."""
-    return "worker" if shard == 0 else f"worker{shard}"
-
-
 def print_banner(
     nodes: Sequence[DevNode],
     data_dir: Path,
@@ -391,7 +375,7 @@ def print_banner(
     if shards > 1:
         lines[0] += (
             f"; {shards} shards (each node runs group 0 and {shards - 1} shard processes, "
-            "one demo worker per shard: docs/shards.md)"
+            "and the demo worker polls every shard: docs/shards.md)"
         )
     lines += [
         f"  {node.id}  {node.http_url}  raft {node.raft_address}  {node.data_dir}" for node in nodes
@@ -471,16 +455,10 @@ def run_dev(
         token = ensure_worker_token(plan, admin, data_dir / "worker.token", stop, certificates)
         if token is None:
             output.say("dev: authentication did not come on within 60 s; no demo worker")
-        elif shards == 1:
+        else:
+            # It learns the shards from the cluster and polls each of them.
             command = worker_command(plan, certificates) + ["--token", token]
             children.append(spawn("worker", len(plan), command, False, data_dir, output))
-        else:
-            # One worker per shard, each claiming its shard's jobs, until a
-            # worker polls every shard itself (docs/shards.md, section 4).
-            for shard in range(shards):
-                command = worker_command(plan, certificates, shard) + ["--token", token]
-                name = _worker_name(shard)
-                children.append(spawn(name, len(plan) + shard, command, False, data_dir, output))
     write_cluster_json(data_dir / "cluster.json", plan, children, certificates, shards)
     print_banner(plan, data_dir, output, certificates, shards)
     try:

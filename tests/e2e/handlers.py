@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -36,6 +37,28 @@ def effect_once(ctx: JobContext) -> dict[str, Any]:
     recorded = ctx.effect(f"effect:{ctx.job_id}", side_effect)
     time.sleep(0.01)
     return {"effect_token": recorded["token"]}
+
+
+_running = 0
+_running_lock = threading.Lock()
+
+
+def counted(ctx: JobContext) -> dict[str, Any]:
+    """Note how many of this process's handlers run at once (this one
+    included) and when, pause `RAFTSCHED_TEST_PAUSE_S`, and complete: a
+    worker's slot pool is never exceeded if no line says more than its
+    concurrency (test_shard_polls)."""
+    global _running
+    with _running_lock:
+        _running += 1
+        running = _running
+    try:
+        _sink({"job_id": ctx.job_id, "running": running, "at": time.time()})
+        time.sleep(float(os.environ.get("RAFTSCHED_TEST_PAUSE_S", "0.05")))
+    finally:
+        with _running_lock:
+            _running -= 1
+    return {"ran": ctx.job_id}
 
 
 # -- a payment provider that cannot deduplicate (test_reconcile_faults) -------

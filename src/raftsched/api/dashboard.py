@@ -46,6 +46,7 @@ from raftsched.api.membership import peer_statuses
 from raftsched.api.permissions import Permission, permission_for
 from raftsched.api.principal import principal_of
 from raftsched.api.requests import actor, node_of
+from raftsched.api.shard_routing import SHARD_ROUTER
 from raftsched.api.validation import query_integer, reject_unknown
 from raftsched.core.jobs.reconcile_book import awaits_reconciliation
 from raftsched.limits import OVERVIEW_ERRORS_MAX
@@ -128,6 +129,11 @@ async def node_time(request: web.Request) -> web.Response:
         "term": status.term,
         "commit_index": status.commit_index,
     }
+    router = request.app.get(SHARD_ROUTER)
+    if router is not None:
+        # How many data shards (docs/shards.md): a worker whose token may not
+        # read /v1/cluster learns here which shards to poll.
+        body["shards"] = router.count
     return json_response(body)
 
 

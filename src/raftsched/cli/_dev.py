@@ -26,7 +26,7 @@ def register(commands: argparse._SubParsersAction[Any]) -> None:
     dev.add_argument(
         "--shards", type=int, default=1, choices=range(1, 65), metavar="S",
         help="data shards (docs/shards.md): every node runs group 0 and S-1 shard processes, "
-        "and one demo worker serves each shard; fixed when DATA_DIR is first used",
+        "and the demo worker polls every shard; fixed when DATA_DIR is first used",
     )  # fmt: skip
     dev.set_defaults(run=run_dev_command)
 

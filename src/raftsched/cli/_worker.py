@@ -88,7 +88,7 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
         type=int,
         metavar="K",
         help="a cluster of several data shards (docs/shards.md): claim the jobs of shard K "
-        "only (run one worker per shard). Default: the cluster's group 0 (shard 0)",
+        "only. Default: every shard the cluster has, sharing --concurrency",
     )
     worker.set_defaults(run=run_worker_command)
 

@@ -7,6 +7,7 @@ Create it inside a running loop (or first use it there) and close it with
 from __future__ import annotations
 
 import asyncio
+import copy
 import ssl
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -73,6 +74,28 @@ class AsyncClient(AsyncSchedulesMixin):
     @property
     def urls(self) -> list[str]:
         return list(self._nodes.urls)
+
+    @property
+    def shard(self) -> int | None:
+        """The data shard this client names on every call (None: none)."""
+        return self._shard
+
+    def for_shard(self, shard: int | None) -> AsyncClient:
+        """A client like this one (nodes, credentials, TLS, timeouts) that
+        names `shard` on every call, with connections and a preferred node
+        of its own: a shard's calls go to the node hosting its leader, which
+        is not another shard's. Close it apart from this one."""
+        twin = copy.copy(self)
+        twin._nodes = Nodes(self._nodes.urls)
+        twin._nodes.prefer(self._nodes.preferred())
+        twin._shard = shard
+        twin._session = None
+        return twin
+
+    def prefer(self, url: str) -> None:
+        """Send the next call to the node at `url` first (one that leads, say);
+        redirects and failures move on from it as from any node."""
+        self._nodes.prefer(base_of(url))
 
     async def close(self) -> None:
         if self._session is not None:

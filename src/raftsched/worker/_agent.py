@@ -29,6 +29,17 @@ Kinds (`_kinds`): the worker runs each job with the handler of its kind
 kind with the default handler), claims only the kinds it has handlers for,
 at most `max_concurrency` of a kind at once besides `concurrency` in all,
 and dead-letters a job it has no handler for (`no_handler_for_kind`).
+
+Shards (docs/shards.md, section 4): on a cluster of several data shards
+(`_shards`: learnt at start) the worker runs one claim loop per shard, each
+naming its shard (`Raftsched-Shard`) through a client of its own (so each
+shard's calls go straight to the node hosting its leader), sharing the one
+pool of slots (`_slots`: who claims how many). A job's lease operations and
+effects go through the client and lease batcher of the shard it was leased
+from, so a batch's next claim asks that shard. A shard without a leader
+fails its own loop's claims only: that loop backs off (warnings) and its
+slots go to the others. `WorkerConfig.shard` pins one shard instead, and a
+cluster of one shard is claimed from exactly as before.
 """
 
 from __future__ import annotations
@@ -68,6 +79,8 @@ from raftsched.worker._reconcile import (
     ReconcileRun,
     UnknownAttempt,
 )
+from raftsched.worker._shards import REFRESH_MIN_S, ShardMap, read_shard_map
+from raftsched.worker._slots import CROWDED_POLL_WAIT_S, ShardSlots
 
 log = logging.getLogger("raftsched.worker")
 
@@ -123,8 +136,8 @@ class WorkerConfig:
     # them (`_kinds`): for a pool that alone serves its queues.
     dead_letter_unknown_kinds: bool = False
     # A cluster of several data shards (docs/shards.md): claim from this
-    # shard only, naming it on every request (one worker per shard, until
-    # a worker polls every shard itself).
+    # shard only, naming it on every request. None: claim from every shard
+    # the cluster has (the module doc), sharing the slots.
     shard: int | None = None
 
     @property
@@ -161,6 +174,20 @@ Handlers = Handler | Mapping[str | None, Handler]
 """A worker's handlers: the default one, or one per kind (the key None: the default)."""
 
 
+@dataclass(slots=True)
+class _Link:
+    """A shard the worker claims from: the client that names it (shard 0's,
+    unpinned, is the worker's own client, which names none: group 0 is
+    shard 0) and the batcher of its jobs' lease operations, whose next
+    claims therefore ask that shard. `owned`: the worker made the client and
+    closes it."""
+
+    shard: int
+    client: AsyncClient
+    batcher: LeaseBatcher
+    owned: bool
+
+
 class Worker:
     def __init__(
         self,
@@ -188,14 +215,23 @@ class Worker:
         self._stopping: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
         self._slot_freed: asyncio.Event | None = None
-        # Slots that claims in flight (the claim loop's, next claims) may fill.
+        # Slots that claims in flight (the claim loops', next claims) may fill.
         self._reserved = 0
         # Jobs whose report, carrying a next claim, is in flight: their slots
         # are that claim's to fill, though the jobs still count as running.
         self._finishing = 0
         self._next_claims = config.next_claims
-        # While running: what launching a lease needs.
-        self._session: tuple[AsyncClient, LeaseBatcher] | None = None
+        # While running: the shards claimed from (the first one's client is
+        # the worker's own), their loops, and how they share the slots.
+        self._links: dict[int, _Link] = {}
+        self._loops: dict[int, asyncio.Task[None]] = {}
+        self._slots = ShardSlots()
+        self._open = False
+        # The cluster's shards: None until read (and never for a pinned shard).
+        self._map: ShardMap | None = None
+        self._map_task: asyncio.Task[None] | None = None
+        self._map_read_at: float | None = None
+        self._crash: BaseException | None = None
 
     def handler(
         self, kind: str | None = None, *, max_concurrency: int | None = None
@@ -237,6 +273,12 @@ class Worker:
     def running(self) -> int:
         return len(self._runs)
 
+    @property
+    def shards(self) -> list[int]:
+        """The shards the worker claims from (while it runs): [0] on a
+        cluster of one shard, the pinned one with `config.shard`."""
+        return sorted(self._links)
+
     def stop(self) -> None:
         """Stop claiming and drain; a second call skips the grace period.
         Call on the worker's loop (signal handlers installed by `run_worker` do)."""
@@ -268,14 +310,8 @@ class Worker:
             client_key=config.client_key,
             shard=config.shard,
         )
-        batcher = LeaseBatcher(
-            client,
-            linger_s=config.batch_linger_s,
-            max_ops=config.batch_max_ops,
-            next_claims=_Refill(self),
-            body_bytes_max=config.max_body_bytes,
-        )
-        self._session = (client, batcher)
+        self._open, self._crash, self._slots = True, None, ShardSlots()
+        self._add_link(config.shard or 0, client, owned=self._client is None)
         log.info(
             "worker started",
             extra={
@@ -286,42 +322,174 @@ class Worker:
                 "poll_wait_s": config.claim_wait_s,
                 "kinds": ",".join(routes.kinds),
                 "default_handler": routes.has_default,
+                **({} if config.shard is None else {"shard": config.shard}),
             },
         )
         try:
-            await self._claim_until_stopped(client, batcher)
+            if config.shard is None:
+                # Which shards to claim from, before any claim takes the slots.
+                self._map_task = asyncio.ensure_future(self._read_map())
+                await _first(self._map_task, self._stopping.wait())
+            await self._claim_until_stopped()
+            if self._crash is not None:
+                raise self._crash
             await self._drain()
         finally:
-            await batcher.close()
-            self._session = None
-            if self._client is None:
-                await client.close()
+            self._open = False
+            if self._map_task is not None:
+                self._map_task.cancel()
+                await asyncio.gather(self._map_task, return_exceptions=True)
+            for link in self._links.values():
+                await link.batcher.close()
+            for link in self._links.values():
+                if link.owned:
+                    await link.client.close()
+            self._links.clear()
+            self._loops.clear()
         log.info("worker stopped", extra={"worker_id": config.worker_id})
 
-    async def _claim_until_stopped(self, client: AsyncClient, batcher: LeaseBatcher) -> None:
+    # -- shards ---------------------------------------------------------------
+
+    def _add_link(self, shard: int, client: AsyncClient, *, owned: bool) -> _Link:
+        config = self.config
+        batcher = LeaseBatcher(
+            client,
+            linger_s=config.batch_linger_s,
+            max_ops=config.batch_max_ops,
+            next_claims=_Refill(self, shard),
+            body_bytes_max=config.max_body_bytes,
+        )
+        link = self._links[shard] = _Link(shard, client, batcher, owned)
+        self._slots.add(shard)
+        return link
+
+    @property
+    def _sharded(self) -> bool:
+        """Whether this worker names shards (several, or a pinned one) in its logs."""
+        return self.config.shard is not None or len(self._links) > 1
+
+    def _shard_fields(self, shard: int) -> dict[str, int]:
+        return {"shard": shard} if self._sharded else {}
+
+    async def _read_map(self) -> None:
+        """Read the cluster's shards (`_shards`) and claim from each of them."""
+        self._map_read_at = time.monotonic()
+        base = self._links[0].client
+        try:
+            shard_map = await read_shard_map(base)
+        except (RaftschedError, ValueError) as error:  # ValueError: not JSON
+            known = "claiming from shard 0 until it is read" if self._map is None else "as before"
+            log.warning(
+                f"could not read the cluster's shards; {known}",
+                extra={"error": str(error), "retry_in_s": REFRESH_MIN_S},
+            )
+            return
+        first = self._map is None
+        self._map = shard_map
+        if shard_map.count == 1:
+            return
+        added = [shard for shard in range(1, shard_map.count) if shard not in self._links]
+        for shard in added:
+            self._add_link(shard, base.for_shard(shard), owned=True)
+        for shard, url in shard_map.leaders.items():
+            if shard in self._links:
+                self._links[shard].client.prefer(url)
+        if first or added:
+            log.info(
+                "claiming from every shard of the cluster",
+                extra={"shards": shard_map.count, "worker_id": self.config.worker_id},
+            )
+        if self._loops:  # the loops run already: start the new shards'
+            for shard in added:
+                self._start_loop(shard)
+            self._wake()
+
+    def _map_changed(self) -> None:
+        """A claim suggests the map changed (its shard's leader moved, or the
+        map was never read): read it again, at most every REFRESH_MIN_S. A
+        cluster of one shard stays one, a count read from /v1/time names no
+        leaders, and a pinned worker never reads it."""
+        if self.config.shard is not None or self._stopping_now():
+            return
+        if self._map is not None and (self._map.count == 1 or not self._map.names_leaders):
+            return  # nothing to learn: S never changes
+        if self._map_task is not None and not self._map_task.done():
+            return
+        now = time.monotonic()
+        if self._map_read_at is not None and now - self._map_read_at < REFRESH_MIN_S:
+            return
+        self._map_task = asyncio.get_running_loop().create_task(self._read_map())
+
+    # -- the claim loops --------------------------------------------------------
+
+    async def _claim_until_stopped(self) -> None:
+        assert self._stopping is not None
+        for shard in list(self._links):
+            self._start_loop(shard)
+        await self._stopping.wait()
+        while self._loops and not all(task.done() for task in self._loops.values()):
+            await asyncio.gather(*self._loops.values(), return_exceptions=True)
+
+    def _start_loop(self, shard: int) -> None:
+        if shard not in self._loops and not self._stopping_now():
+            task = asyncio.get_running_loop().create_task(
+                self._claim_loop(self._links[shard]), name=f"claim-shard-{shard}"
+            )
+            self._loops[shard] = task
+
+    def _wake(self) -> None:
+        """Slots came back or the loops' order changed: let waiting loops look."""
+        if self._slot_freed is not None:
+            self._slot_freed.set()
+
+    async def _claim_loop(self, link: _Link) -> None:
+        try:
+            await self._claim_from(link)
+        except Exception as error:  # a bug: stop the worker and raise it from run()
+            self._crash = error
+            assert self._stopping is not None
+            self._stopping.set()
+
+    async def _claim_from(self, link: _Link) -> None:
         assert self._stopping is not None and self._slot_freed is not None
         backoff_s = CLAIM_BACKOFF_INITIAL_S
-        routes = self._routes
+        routes, slots, shard = self._routes, self._slots, link.shard
         while not self._stopping.is_set():
-            free = min(self._free_slots(), CLAIM_JOBS_MAX)
-            plan = routes.plan(free, probe=routes.probe_due()) if free > 0 else None
+            slots.wait(shard)
+            free = self._free_slots()
+            share = min(slots.share(shard, free), CLAIM_JOBS_MAX)
+            parts = len(self._links)
+            plan = routes.plan(share, probe=routes.probe_due(), parts=parts) if share > 0 else None
             if plan is None:
-                # Every slot taken, every kind at its limit, or nothing to run
-                # before the cluster takes kinds: wait for a slot or the probe.
+                # Every slot taken, other shards' turn first, every kind at its
+                # limit, or nothing to run before the cluster takes kinds: wait
+                # for a slot or the probe.
+                if share > 0:
+                    # Nothing to claim here: the slots are the others' turn.
+                    # (Only waiting loops are woken: loops that rest for the
+                    # same reason would wake each other back and forth.)
+                    slots.rest(shard)
+                    if slots.others_wait(shard):
+                        self._wake()
                 self._slot_freed.clear()
                 waits: list[Awaitable[object]] = [self._slot_freed.wait(), self._stopping.wait()]
                 if free > 0 and routes.falling_back:
                     waits.append(asyncio.sleep(routes.probe_s))
                 await _first(*waits)
                 continue
+            wait_s = self.config.claim_wait_s
+            if slots.crowded(shard, free - plan.max_jobs):
+                wait_s = min(wait_s, CROWDED_POLL_WAIT_S)
             claim_sent_at = time.monotonic()
-            claim = asyncio.ensure_future(self._claim(client, plan))
+            claim = asyncio.ensure_future(self._claim(link.client, plan, wait_s))
             self._reserved += plan.max_jobs
+            slots.poll(shard, plan.max_jobs)
             routes.hold(plan)
             try:
                 await _first(claim, self._stopping.wait())
             finally:
                 self._reserved -= plan.max_jobs
+                slots.polled(shard, plan.max_jobs)
                 routes.release(plan)
             if not claim.done():
                 # Stopping: cancelling closes the poll's connection, and the
@@ -336,7 +504,17 @@ class Worker:
                 if plan.kinds is not None and kinds_refused(error):
                     self._kinds_refused(error)  # claim again at once, without them
                     continue
-                log.warning("claim failed", extra={"error": str(error), "retry_in_s": backoff_s})
+                log.warning(
+                    "claim failed",
+                    extra={
+                        "error": str(error),
+                        "retry_in_s": backoff_s,
+                        **self._shard_fields(shard),
+                    },
+                )
+                slots.rest(shard)  # its slots are the other shards' meanwhile
+                self._wake()
+                self._map_changed()
                 await _first(asyncio.sleep(backoff_s), self._stopping.wait())
                 backoff_s = min(backoff_s * 2, CLAIM_BACKOFF_MAX_S)
                 continue
@@ -344,7 +522,11 @@ class Worker:
             if plan.kinds is not None and routes.taken():
                 log.info("the cluster takes job kinds now: claiming only this worker's")
             for data in leases:
-                self._launch(client, batcher, data, claim_sent_at)
+                self._launch(link, data, claim_sent_at)
+            if len(leases) < plan.max_jobs:
+                self._wake()  # slots it held came back
+            if self._map is None:
+                self._map_changed()  # not read at start: the cluster answers now
 
     def _free_slots(self) -> int:
         return self.config.concurrency - self.running - self._reserved
@@ -367,14 +549,16 @@ class Worker:
 
     # -- next claims (called by the batcher through _Refill) -------------------
 
-    def _ask_next(self, ops: Sequence[JsonObject]) -> NextClaim | None:
-        """The next claim for a batch that reports finished jobs: as many jobs
-        as will be free once they and the others reported meanwhile end,
-        unless stopping or turned off."""
+    def _ask_next(self, ops: Sequence[JsonObject], shard: int) -> NextClaim | None:
+        """The next claim for a batch of `shard` that reports finished jobs:
+        as many jobs as will be free once they and the others reported
+        meanwhile end, less a slot for each other shard's loop that holds
+        none (`_slots`), unless stopping or turned off."""
         finishing = _finishing(ops)
         if not finishing or not self._next_claims or self._stopping_now():
             return None
-        wanted = min(self._free_slots() + self._finishing + finishing, CLAIM_JOBS_MAX)
+        wanted = self._free_slots() + self._finishing + finishing - self._slots.owed(shard)
+        wanted = min(wanted, CLAIM_JOBS_MAX)
         if wanted <= 0:
             return None
         routes, ids = self._routes, _finishing_ids(ops)
@@ -384,6 +568,7 @@ class Worker:
             routes.finishing(ids, -1)
             return None
         self._reserved += plan.max_jobs
+        self._slots.reserve(shard, plan.max_jobs)
         routes.hold(plan)
         self._finishing += finishing
         config = self.config
@@ -398,15 +583,22 @@ class Worker:
         )
 
     def _next_granted(
-        self, ops: Sequence[JsonObject], claim: NextClaim, leases: list[JsonObject], sent_at: float
+        self,
+        ops: Sequence[JsonObject],
+        claim: NextClaim,
+        leases: list[JsonObject],
+        sent_at: float,
+        shard: int,
     ) -> None:
         self._reserved -= claim.max_jobs
+        self._slots.unreserve(shard, claim.max_jobs)
         self._finishing -= _finishing(ops)
         routes = self._routes
         routes.release(ClaimPlan(claim.max_jobs, claim.kinds, claim.kind_max_jobs or {}))
         routes.finishing(_finishing_ids(ops), -1)
+        link = self._links.get(shard)
         for data in leases:
-            if self._session is None or self._stopping_now():
+            if link is None or not self._open or self._stopping_now():
                 log.warning(
                     "lease not started: the worker is stopping; it expires unstarted",
                     extra={
@@ -415,10 +607,8 @@ class Worker:
                     },
                 )
                 continue
-            client, batcher = self._session
-            self._launch(client, batcher, data, sent_at)
-        if self._slot_freed is not None:
-            self._slot_freed.set()  # a claim asked for more than it got
+            self._launch(link, data, sent_at)
+        self._wake()  # a claim asked for more than it got
 
     def _next_refused(self, error: InvalidRequest) -> None:
         if self._next_claims:
@@ -432,25 +622,24 @@ class Worker:
     def _stopping_now(self) -> bool:
         return self._stopping is None or self._stopping.is_set()
 
-    async def _claim(self, client: AsyncClient, plan: ClaimPlan) -> list[JsonObject]:
+    async def _claim(self, client: AsyncClient, plan: ClaimPlan, wait_s: float) -> list[JsonObject]:
         config = self.config
         return await client.claim(
             config.worker_id,
             self.queues,
             max_jobs=plan.max_jobs,
-            wait_s=config.claim_wait_s,
+            wait_s=wait_s,
             lease_s=config.lease_s,
             kinds=plan.kinds,
             kind_max_jobs=plan.caps or None,
         )
 
-    def _launch(
-        self, client: AsyncClient, batcher: LeaseBatcher, data: JsonObject, claim_sent_at: float
-    ) -> None:
+    def _launch(self, link: _Link, data: JsonObject, claim_sent_at: float) -> None:
         lease = Lease.from_json(data, self.config.lease_s)
         loop = asyncio.get_running_loop()
         run: JobRun | ReconcileRun | UnroutedRun
         routes = self._routes
+        batcher = link.batcher
         if lease.kind is not None and routes.falling_back and routes.taken():
             log.info("a lease with a kind: the cluster takes job kinds now")
         if lease.reconcile is not None:
@@ -471,12 +660,15 @@ class Worker:
                 unrouted = routes.unrouted(lease.kind, self.config.worker_id)
                 run = UnroutedRun(lease, unrouted, batcher)
             else:
-                ctx = JobContext(lease, worker_id=self.config.worker_id, client=client, loop=loop)
+                ctx = JobContext(
+                    lease, worker_id=self.config.worker_id, client=link.client, loop=loop
+                )
                 run = JobRun(ctx, handler, batcher, claim_sent_at=claim_sent_at)
             routes.started(lease.job_id, lease.kind)
         task = loop.create_task(run.run(), name=f"job-{lease.job_id}")
         self._runs[task] = run
-        task.add_done_callback(partial(self._finished, lease.job_id))
+        self._slots.started(link.shard)
+        task.add_done_callback(partial(self._finished, lease.job_id, link.shard))
         log.info(
             "job leased",
             extra={
@@ -486,16 +678,17 @@ class Worker:
                 "epoch": lease.epoch,
                 "queue": lease.queue,
                 "kind": lease.kind,
+                **self._shard_fields(link.shard),
             },
         )
 
-    def _finished(self, job_id: str, task: asyncio.Task[None]) -> None:
+    def _finished(self, job_id: str, shard: int, task: asyncio.Task[None]) -> None:
         self._runs.pop(task, None)
         self._routes.ended(job_id)
+        self._slots.ended(shard)
         if not task.cancelled() and task.exception() is not None:
             log.error("job run crashed", exc_info=task.exception())
-        if self._slot_freed is not None:
-            self._slot_freed.set()
+        self._wake()
 
     async def _drain(self) -> None:
         assert self._hurry is not None
@@ -557,13 +750,14 @@ class UnroutedRun:
 
 
 class _Refill:
-    """The worker as the batcher's `NextClaims`."""
+    """The worker as the `NextClaims` of the batcher of one shard's jobs."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, shard: int) -> None:
         self._worker = worker
+        self._shard = shard
 
     def ask(self, ops: Sequence[JsonObject]) -> NextClaim | None:
-        return self._worker._ask_next(ops)
+        return self._worker._ask_next(ops, self._shard)
 
     def granted(
         self,
@@ -572,7 +766,7 @@ class _Refill:
         leases: list[JsonObject],
         sent_at: float,
     ) -> None:
-        self._worker._next_granted(ops, claim, leases, sent_at)
+        self._worker._next_granted(ops, claim, leases, sent_at, self._shard)
 
     def refused(self, error: InvalidRequest) -> None:
         self._worker._next_refused(error)

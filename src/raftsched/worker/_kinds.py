@@ -170,11 +170,13 @@ class Routes:
 
     # -- what to claim ------------------------------------------------------------
 
-    def plan(self, max_jobs: int, *, probe: bool = False) -> ClaimPlan | None:
+    def plan(self, max_jobs: int, *, probe: bool = False, parts: int = 1) -> ClaimPlan | None:
         """The claim for `max_jobs` free slots, or None when nothing the
         worker could run may be claimed now (every kind at its limit, or
         falling back without a default handler). `probe`: with kinds even
-        while falling back."""
+        while falling back. `parts`: how many claims share a kind's room
+        (one per shard, `_slots`): each asks for at most its part, so a
+        limited kind is claimed from every shard, not from the first only."""
         if max_jobs <= 0:
             return None
         if self.falling_back and not probe:
@@ -198,8 +200,8 @@ class Routes:
             room = limit - self._busy[kind]
             if room > 0:
                 kinds.append(kind)
-                caps[kind] = min(room, max_jobs)
-                bounded += room
+                caps[kind] = min(-(-room // parts), max_jobs)
+                bounded += caps[kind]
             elif self.take_unknown:  # named with 0, or "*" would take it
                 kinds.append(kind)
                 caps[kind] = 0

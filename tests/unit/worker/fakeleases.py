@@ -3,7 +3,9 @@ test's own event loop: just enough of api.md for the worker's logic (claim,
 the lease batch and its next claim, effects), with hooks to lose leases,
 request cancellation, stall heartbeats, delay next claims or refuse them as a
 node of 0.5.0 does; jobs of kinds, claims of kinds with caps, or their
-refusal as by a cluster below version 8."""
+refusal as by a cluster below version 8; data shards (`shard_count`): the
+`Raftsched-Shard` header picks a shard's jobs, `/v1/cluster` and `/v1/time`
+name the shards, and a shard may be down (503 `no_leader`)."""
 
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ class FakeJob:
     workflow_id: str | None = None
     step: str | None = None
     schedule_id: str | None = None
+    # The data shard that holds it (a request names it with Raftsched-Shard).
+    shard: int = 0
 
 
 class FakeLeases:
@@ -70,15 +74,33 @@ class FakeLeases:
         self.name_body_limit = True
         self.batch_sizes: list[int] = []  # the body of every lease batch, in bytes
         self.refused_batches = 0
+        # Data shards: more than one answers /v1/cluster with them (or 403,
+        # as to a worker token, with `cluster_forbidden`; /v1/time names them).
+        self.shard_count = 1
+        self.cluster_forbidden = False
+        self.cluster_unavailable = False  # /v1/cluster answers 503
+        self.cluster_reads = 0
+        self.down_shards: set[int] = set()  # their claims answer 503 no_leader
+        self.claim_shards: list[int] = []  # the shard each claim is for
+        self.claim_headers: list[str | None] = []  # the Raftsched-Shard each claim sent
+        # Slots held by claims in flight (their max_jobs), per shard, and the most at once.
+        self.polling: Counter[int] = Counter()
+        self.polling_max = 0
+        self.misrouted: list[tuple[str, int]] = []  # (job id, shard named) of lease ops
+        self.batch_shards: list[int] = []  # the shard each lease batch named
         self._tokens = itertools.count(1000)
         self._runner: web.AppRunner | None = None
         self.url = ""
 
-    def add(self, job_id: str, payload: Any = None, kind: str | None = None) -> FakeJob:
-        job = self.jobs[job_id] = FakeJob(job_id, payload, kind=kind)
+    def add(
+        self, job_id: str, payload: Any = None, kind: str | None = None, shard: int = 0
+    ) -> FakeJob:
+        job = self.jobs[job_id] = FakeJob(job_id, payload, kind=kind, shard=shard)
         return job
 
-    def _claimable(self, body: dict[str, Any], statuses: tuple[str, ...]) -> list[FakeJob]:
+    def _claimable(
+        self, body: dict[str, Any], statuses: tuple[str, ...], shard: int = 0
+    ) -> list[FakeJob]:
         """What a claim takes, in order: with `kinds`, only those kinds ("*":
         any other), at most `kind_max_jobs[kind]` of a kind; reconciliations
         whatever their kind, as the cluster grants them."""
@@ -86,7 +108,7 @@ class FakeLeases:
         taken: Counter[str | None] = Counter()
         found = []
         for job in self.jobs.values():
-            if job.status not in statuses:
+            if job.status not in statuses or job.shard != shard:
                 continue
             if kinds is not None and job.status != "reconciling":
                 key = job.kind if job.kind in kinds else "*"
@@ -111,6 +133,8 @@ class FakeLeases:
         app.router.add_post("/v1/leases/batch", self._batch)
         app.router.add_post("/v1/effects", self._record_effect)
         app.router.add_get("/v1/effects/{key}", self._get_effect)
+        app.router.add_get("/v1/cluster", self._cluster)
+        app.router.add_get("/v1/time", self._time)
         self._runner = web.AppRunner(app, shutdown_timeout=0.1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -127,20 +151,58 @@ class FakeLeases:
             while not predicate():
                 await asyncio.sleep(0.01)
 
+    @staticmethod
+    def _shard(request: web.Request) -> int:
+        return int(request.headers.get("Raftsched-Shard", "0"))
+
+    async def _cluster(self, request: web.Request) -> web.Response:
+        self.cluster_reads += 1
+        if self.cluster_unavailable:
+            error = {"code": "unavailable", "message": "not now"}
+            return web.json_response({"error": error}, status=503, headers={"Retry-After": "0"})
+        if self.cluster_forbidden:
+            error = {"code": "forbidden", "message": "a worker token may not"}
+            return web.json_response({"error": error}, status=403)
+        body: dict[str, Any] = {"node_id": "n1"}
+        if self.shard_count > 1:
+            leader = {"id": "n1", "http_url": self.url}
+            body["shards"] = [
+                {"shard": shard, "leader": None if shard in self.down_shards else leader}
+                for shard in range(self.shard_count)
+            ]
+        return web.json_response(body)
+
+    async def _time(self, request: web.Request) -> web.Response:
+        body: dict[str, Any] = {"node_id": "n1", "wall_ms": 0}
+        if self.shard_count > 1:
+            body["shards"] = self.shard_count
+        return web.json_response(body)
+
     async def _claim(self, request: web.Request) -> web.Response:
         body = await request.json()
+        shard = self._shard(request)
         self.claims += 1
+        self.claim_shards.append(shard)
+        self.claim_headers.append(request.headers.get("Raftsched-Shard"))
         self.claim_waits.append(body["wait_s"])
         self.claim_bodies.append(body)
+        if shard in self.down_shards:
+            error = {"code": "no_leader", "message": f"shard {shard} has no leader"}
+            return web.json_response({"error": error}, status=503, headers={"Retry-After": "0"})
         if self.refuse_kinds and "kinds" in body:
             return web.json_response({"error": self._too_old()}, status=409)
         loop = asyncio.get_running_loop()
         until = loop.time() + body["wait_s"]
-        while True:
-            ready = self._claimable(body, ("pending", "reconciling"))
-            if ready or loop.time() >= until:
-                break
-            await asyncio.sleep(0.01)
+        self.polling[shard] += body["max_jobs"]
+        self.polling_max = max(self.polling_max, self.polling.total())
+        try:
+            while True:
+                ready = self._claimable(body, ("pending", "reconciling"), shard)
+                if ready or loop.time() >= until:
+                    break
+                await asyncio.sleep(0.01)
+        finally:
+            self.polling[shard] -= body["max_jobs"]
         leases = [self._grant(job, body["lease_s"]) for job in ready]
         return web.json_response({"leases": leases})
 
@@ -188,6 +250,10 @@ class FakeLeases:
                      "details": {"field": "next"}}  # fmt: skip
             return web.json_response({"error": error}, status=400)
         self.batches.append(ops)
+        shard = self._shard(request)
+        self.batch_shards.append(shard)
+        self.misrouted += [(op["job_id"], shard) for op in ops
+                           if self.jobs[op["job_id"]].shard != shard]  # fmt: skip
         self.batch_traceparents.append(request.headers.get("traceparent"))
         if self.stall_heartbeats and any(op["op"] == "heartbeat" for op in ops):
             await asyncio.sleep(3600)
@@ -199,7 +265,7 @@ class FakeLeases:
             if self.refuse_kinds and "kinds" in claim:
                 answer["next"] = {"error": self._too_old()}  # the ops stand
                 return web.json_response(answer)
-            ready = self._claimable(claim, ("pending",))
+            ready = self._claimable(claim, ("pending",), shard)
             lease_s = claim.get("lease_s") or 30
             answer["next"] = {"leases": [self._grant(job, lease_s) for job in ready]}
         return web.json_response(answer)
