@@ -36,6 +36,15 @@ Figures, per S (`runs[i]`):
   shard_processes_cpu_ms_per_job_*. total_cpu_ms_per_job_* adds this load
   generator. cores_busy_*: all that CPU over the wall time (the machine has
   os.cpu_count() cores).
+- shard_leader_busy_cpu_ms_per_job_*: the same less what each leader
+  spends idle (measured for IDLE_S before the phases: election timers,
+  heartbeats, the once-a-second polls of its peers), which a slow phase
+  would otherwise charge to its few jobs.
+- leader_idle_cpu_per_s: that idle rate, CPU seconds per second, by shard.
+- `--load per-shard` gives every shard the loops the settings give the
+  whole cluster (so S times the offered load), to compare shards that are
+  each as busy as the one shard of S = 1; the default splits the same loops
+  over the shards.
 - leaders_by_node: how many shards each node leads (pysyncobj elects
   whoever times out first; there is no balancing, docs/shards.md).
 """
@@ -61,6 +70,7 @@ from cluster import BATCH, PAYLOAD, Pipeline, cpu_s, expect, loadavg, log
 from raftsched.testing import LocalCluster
 
 JSON_HEADERS = {"Content-Type": "application/json"}
+IDLE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -173,8 +183,16 @@ async def batch_worker(
         p.done(shard, len(leases))
 
 
+PER_SHARD = False
+"""`--load per-shard`: each shard gets the loops the settings give the
+whole cluster (so S times the load), instead of a share of them."""
+
+
 def spread(total: int, shards: int) -> list[int]:
-    """`total` loops split over the shards as evenly as integers allow."""
+    """`total` loops split over the shards as evenly as integers allow (or,
+    with `--load per-shard`, `total` for every shard)."""
+    if PER_SHARD:
+        return [total] * shards
     return [total // shards + (1 if k < total % shards else 0) for k in range(shards)]
 
 
@@ -204,8 +222,17 @@ async def run_phase(
 class Meter:
     """CPU seconds of every process of the cluster and of this one, over a phase."""
 
-    def __init__(self, leaders: list[int], nodes: list[int], shard_processes: list[int]) -> None:
+    def __init__(
+        self,
+        leaders: list[int],
+        nodes: list[int],
+        shard_processes: list[int],
+        idle_rates: list[float],
+    ) -> None:
         self.leaders, self.nodes, self.shard_processes = leaders, nodes, shard_processes
+        # CPU seconds per second each leader spends with no load (timers,
+        # heartbeats, the once-a-second polls), subtracted for the _busy figure.
+        self.idle_rates = idle_rates
         self.started = self._sample()
 
     def _sample(self) -> tuple[list[float], float, float, float, float]:
@@ -225,9 +252,17 @@ class Meter:
             round((after - before) * 1000 / max(1, done), 3)
             for before, after, done in zip(leaders0, leaders1, p.completed, strict=True)
         ]
+        elapsed = wall1 - wall0
+        busy = [
+            round(max(0.0, after - before - idle * elapsed) * 1000 / max(1, done), 3)
+            for before, after, done, idle in zip(
+                leaders0, leaders1, p.completed, self.idle_rates, strict=True
+            )
+        ]
         total = (nodes1 - nodes0) + (shards1 - shards0) + (own1 - own0)
         return {
             f"shard_leader_cpu_ms_per_job_{phase}": per_shard,
+            f"shard_leader_busy_cpu_ms_per_job_{phase}": busy,
             f"node_cpu_ms_per_job_{phase}": round((nodes1 - nodes0) * 1000 / jobs, 3),
             f"shard_processes_cpu_ms_per_job_{phase}": round((shards1 - shards0) * 1000 / jobs, 3),
             f"load_generator_cpu_ms_per_job_{phase}": round((own1 - own0) * 1000 / jobs, 3),
@@ -323,8 +358,17 @@ def run_one(shards: int, settings: Settings, src: Path | None) -> dict[str, Any]
             "leaders_by_node": {n: leaders.count(n) for n in sorted(cluster.nodes)},
         }
 
+        leader_list = [int(p) for p in leader_pids if p]
+        idle_before = [cpu_s(pid) for pid in leader_list]
+        time.sleep(IDLE_S)
+        idle_rates = [
+            (cpu_s(pid) - before) / IDLE_S
+            for pid, before in zip(leader_list, idle_before, strict=True)
+        ]
+        result["leader_idle_cpu_per_s"] = [round(rate, 4) for rate in idle_rates]
+
         def meter() -> Meter:
-            return Meter([int(p) for p in leader_pids if p], list(node_pids.values()), shard_pids)
+            return Meter(leader_list, list(node_pids.values()), shard_pids, idle_rates)
 
         result.update(asyncio.run(load(shards, leader_urls, meter, settings)))
         # Changed leaders during the run would make the per-shard CPU figure wrong.
@@ -349,9 +393,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter phases")
     parser.add_argument("--shards", default="1,2,4", help="comma-separated values of S")
     parser.add_argument(
+        "--load",
+        choices=("total", "per-shard"),
+        default="total",
+        help="total: the same loops for every S, split over the shards; per-shard: "
+        "every shard gets them all (S times the load)",
+    )
+    parser.add_argument(
         "--src", type=Path, help="run the nodes from this source tree (before/after comparisons)"
     )
     args = parser.parse_args()
+    global PER_SHARD
+    PER_SHARD = args.load == "per-shard"
     settings = Settings.for_run(args.quick)
     counts = [int(part) for part in args.shards.split(",")]
     result: dict[str, Any] = {
@@ -359,6 +412,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "loadavg_before": loadavg(),
         "durability": "fsync",
+        "load": args.load,
         "runs": [],
     }
     for shards in counts:
