@@ -140,6 +140,7 @@ _HEADER_ROUTES: Final = frozenset(
         "/v1/cluster",
         "/v1/debug/digest",
         "/metrics",
+        "/v1/backup",
     }
 )
 
@@ -808,6 +809,73 @@ class ShardRouter:
                 return await response.read()
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None
+
+    async def open_part_stream(
+        self, request: web.Request, shard: int, path: str, remote: aiohttp.ClientSession
+    ) -> aiohttp.ClientResponse:
+        """Shard `shard`'s answer to GET `path` with its body not yet read
+        (a backup's part, streamed): this node's shard process, or, when it
+        redirects, the node hosting the shard's leader, asked with the
+        caller's credentials and the shard named (on `remote`). Raises
+        ApiError for anything but a 200 that names the shard; the caller
+        releases the answer."""
+        try:
+            response = await self._sessions[shard].get(
+                "http://shard" + path,
+                headers=self._forward_headers(request),
+                allow_redirects=False,
+            )
+        except (aiohttp.ClientError, OSError) as error:
+            raise _shard_unavailable(shard, error) from None
+        headers = {name: request.headers[name] for name in _PART_HEADERS if name in request.headers}
+        headers[SHARD_HEADER] = str(shard)
+        remote_hop = False
+        for _ in range(PART_REDIRECTS_MAX):
+            if response.status not in (307, 308):
+                break
+            location = response.headers.get("Location")
+            response.release()
+            if not location:
+                raise ApiError("no_leader", f"shard {shard} has no known leader; retry shortly")
+            try:
+                response = await remote.get(
+                    location, headers=headers, allow_redirects=False, ssl=self._peer_ssl
+                )
+            except (TimeoutError, aiohttp.ClientError, OSError) as error:
+                raise ApiError(
+                    "unavailable",
+                    f"shard {shard}'s part could not be asked of its leader: {error}",
+                    {"reason": "shard_part_failed", "shard": shard},
+                    headers={"Retry-After": "1"},
+                ) from None
+            remote_hop = True
+        if response.status != 200:
+            status = response.status
+            try:
+                answer = await response.json(content_type=None)
+            except (aiohttp.ClientError, ValueError):
+                answer = None
+            finally:
+                response.release()
+            failure = answer.get("error") if isinstance(answer, dict) else None
+            code = failure.get("code") if isinstance(failure, dict) else None
+            raise ApiError(
+                code if isinstance(code, str) and status >= 400 else "unavailable",
+                f"shard {shard}'s part: {status} "
+                f"{failure.get('message') if isinstance(failure, dict) else ''}".rstrip(),
+                {"reason": "shard_part_failed", "shard": shard, "status": status},
+                headers={"Retry-After": "1"},
+            )
+        if remote_hop and response.headers.get(SHARD_HEADER) != str(shard):
+            named = response.headers.get(SHARD_HEADER)
+            response.release()
+            raise ApiError(
+                "unavailable",
+                _not_named(shard, named)["error"]["message"],
+                {"reason": "shard_not_named", "shard": shard},
+                headers={"Retry-After": "1"},
+            )
+        return response
 
     # -- over a shard process's socket --------------------------------------------
 
