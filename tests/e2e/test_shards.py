@@ -384,6 +384,18 @@ def test_cluster_and_readiness_name_every_shard(sharded: LocalCluster) -> None:
             assert isinstance(entry["pid"], int)
         # Each group names itself.
         assert len({entry["cluster_id"] for entry in shards}) == SHARDS
+        # The cluster's version is the lowest of its groups' (group 0's own
+        # is `group_cluster_version`); with the header, one group's own.
+        assert view["cluster_version"] == min(entry["cluster_version"] for entry in shards)
+        assert view["group_cluster_version"] == shards[0]["cluster_version"]
+        for entry in shards:
+            status, one, _ = http_json(
+                "GET",
+                node.http_url + "/v1/cluster",
+                headers={"Raftsched-Shard": str(entry["shard"])},
+            )
+            assert status == 200 and "group_cluster_version" not in one, one
+            assert isinstance(one["cluster_version"], int)
         # The shard processes' replicas converge, as group 0's do.
     for shard in range(1, SHARDS):
 

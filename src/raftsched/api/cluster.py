@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from importlib import resources
+from typing import Any
 
 from aiohttp import web
 
@@ -18,6 +19,7 @@ from raftsched.core.kernel import shard as core_shard
 from raftsched.node.metrics import CONTENT_TYPE
 from raftsched.node.versions import THIS_NODE
 from raftsched.node.view import NodeView
+from raftsched.shards import SHARD_HEADER
 
 # How long /readyz waits for this replica to apply what was committed when the
 # request arrived: a replica that is applying gets there in milliseconds.
@@ -75,8 +77,22 @@ async def cluster(request: web.Request) -> web.Response:
     }
     router = request.app.get(SHARD_ROUTER)
     if router is not None:  # a node of several shards (docs/shards.md)
-        body["shards"] = await router.cluster_shards(request)
+        shards = await router.cluster_shards(request)
+        body["shards"] = shards
+        if SHARD_HEADER not in request.headers:
+            body["group_cluster_version"] = body["cluster_version"]
+            body["cluster_version"] = lowest_cluster_version(shards)
     return json_response(body)
+
+
+def lowest_cluster_version(shards: list[dict[str, Any]]) -> int:
+    """The cluster version of a cluster of several shards (docs/shards.md,
+    section 5): the lowest of its groups', as this node's replicas know
+    them. A shard whose process does not answer (`down`) has no version
+    here and is left out; group 0's is always known. Each group still gates
+    its own commands by its own version."""
+    versions = [entry.get("cluster_version") for entry in shards]
+    return min(version for version in versions if type(version) is int)
 
 
 def _shard_identity(node: NodeView) -> dict[str, int] | None:
