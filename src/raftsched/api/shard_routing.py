@@ -109,6 +109,9 @@ STATUS_TIMEOUT_S: Final = 3.0
 CONNECT_TIMEOUT_S: Final = 5.0
 # While a proxied request (a long poll) waits, whether its client left.
 CLIENT_CHECK_S: Final = 0.5
+# How long the shards' membership driver waits for this node's replica of
+# group 0 to catch up with its leader before a change (else next period).
+CATCH_UP_S: Final = 5.0
 # Redirects the node follows itself for a part of a split batch.
 PART_REDIRECTS_MAX: Final = 3
 PART_TIMEOUT_S: Final = WAIT_S_MAX + 30.0  # a part's next claim may long-poll
@@ -1012,6 +1015,15 @@ class ShardRouter:
             view = await self._get_json(shard, "/v1/cluster", encode_principal(ANONYMOUS))
             step = next_membership_step(view, wanted, shard, self.stride)
             if step is None:
+                continue
+            # This node's replica of group 0 may trail its leader's: a
+            # directory read before a change applied here would undo it in
+            # the shard. So it catches up first and acts only if the
+            # directory it then reads asks for the same step.
+            if not await self.node.catch_up(CATCH_UP_S):
+                continue
+            fresh = self.wanted_members()
+            if fresh is None or next_membership_step(view, fresh, shard, self.stride) != step:
                 continue
             method, path, document = step
             data = None if document is None else json.dumps(document).encode()
