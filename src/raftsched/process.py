@@ -132,6 +132,7 @@ def assemble(
             config.data_dir,
             pid_of=shard_processes.pid,
             peer_ssl=tls.peer_context(config),
+            stride=config.shard_port_stride,
         )
     return node, create_app(
         node,

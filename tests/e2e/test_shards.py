@@ -384,6 +384,18 @@ def test_cluster_and_readiness_name_every_shard(sharded: LocalCluster) -> None:
             assert isinstance(entry["pid"], int)
         # Each group names itself.
         assert len({entry["cluster_id"] for entry in shards}) == SHARDS
+        # The cluster's version is the lowest of its groups' (group 0's own
+        # is `group_cluster_version`); with the header, one group's own.
+        assert view["cluster_version"] == min(entry["cluster_version"] for entry in shards)
+        assert view["group_cluster_version"] == shards[0]["cluster_version"]
+        for entry in shards:
+            status, one, _ = http_json(
+                "GET",
+                node.http_url + "/v1/cluster",
+                headers={"Raftsched-Shard": str(entry["shard"])},
+            )
+            assert status == 200 and "group_cluster_version" not in one, one
+            assert isinstance(one["cluster_version"], int)
         # The shard processes' replicas converge, as group 0's do.
     for shard in range(1, SHARDS):
 
@@ -443,15 +455,21 @@ def test_each_group_records_its_shard_and_names_it_in_tokens_and_fired_jobs(
                 assert any_node.get_job(job_id)["schedule_id"] == schedule["id"]
 
 
-def test_membership_changes_are_refused_until_shards_have_them(sharded: LocalCluster) -> None:
+def test_a_membership_change_naming_a_shard_goes_to_that_shard(sharded: LocalCluster) -> None:
+    """With `Raftsched-Shard: k` a change is shard k's alone (how the
+    shards' drivers and an operator's repair reach one group); a change of
+    a non-member is refused there by the shard's own membership code."""
     url = sharded.urls[0]
-    body = {"id": "n4", "raft_address": "127.0.0.1:1", "http_url": "http://127.0.0.1:2"}
-    for method, path, data in (("POST", "/v1/cluster/nodes", body),
-                               ("DELETE", "/v1/cluster/nodes/n3", None)):  # fmt: skip
-        status, answer, _ = http_json(method, url + path, data)
-        assert status == 409 and answer["error"]["details"]["reason"] == "shards", answer
+    for shard in range(SHARDS):
+        status, answer, _ = _follow(
+            "DELETE", url + "/v1/cluster/nodes/n9", headers={"Raftsched-Shard": str(shard)}
+        )
+        assert status == 404 and answer["error"]["details"]["id"] == "n9", answer
     view = sharded.cluster_view("n1")
     assert view is not None and sorted(node["id"] for node in view["nodes"]) == ["n1", "n2", "n3"]
+    assert view["membership"]["shards_behind"] == []
+    for entry in view["shards"][1:]:
+        assert entry["members"] == ["n1", "n2", "n3"] and entry["membership_change"] is None
 
 
 def test_a_node_refuses_another_number_of_shards(sharded: LocalCluster) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from importlib import resources
+from typing import Any
 
 from aiohttp import web
 
@@ -12,12 +13,13 @@ from raftsched.api import scope
 from raftsched.api.jsonbody import json_response
 from raftsched.api.membership import cluster_membership, peer_statuses, pending_nodes
 from raftsched.api.requests import node_of
-from raftsched.api.shard_routing import SHARD_ROUTER
+from raftsched.api.shard_routing import SHARD_ROUTER, ShardRouter
 from raftsched.core.jobs.queries import packed_count
 from raftsched.core.kernel import shard as core_shard
 from raftsched.node.metrics import CONTENT_TYPE
 from raftsched.node.versions import THIS_NODE
 from raftsched.node.view import NodeView
+from raftsched.shards import SHARD_HEADER
 
 # How long /readyz waits for this replica to apply what was committed when the
 # request arrived: a replica that is applying gets there in milliseconds.
@@ -61,7 +63,8 @@ async def cluster(request: web.Request) -> web.Response:
             }
         )
     nodes += pending_nodes(request, status)
-    body = {
+    membership = cluster_membership(request, status)
+    body: dict[str, Any] = {
         "node_id": node.node_id,
         "leader": None if leader is None else {"id": leader.id, "http_url": leader.http_url},
         "term": status.term,
@@ -71,12 +74,41 @@ async def cluster(request: web.Request) -> web.Response:
         "cluster_id": node.cluster_id(),
         "shard_identity": _shard_identity(node),
         "nodes": nodes,
-        "membership": cluster_membership(request, status),
+        "membership": membership,
     }
     router = request.app.get(SHARD_ROUTER)
     if router is not None:  # a node of several shards (docs/shards.md)
-        body["shards"] = await router.cluster_shards(request)
+        shards = await router.cluster_shards(request)
+        body["shards"] = shards
+        if SHARD_HEADER not in request.headers:
+            body["group_cluster_version"] = body["cluster_version"]
+            body["cluster_version"] = lowest_cluster_version(shards)
+            membership["shards_behind"] = shards_behind(router, shards)
     return json_response(body)
+
+
+def shards_behind(router: ShardRouter, shards: list[dict[str, Any]]) -> list[int]:
+    """The shards whose members are not yet group 0's (docs/shards.md,
+    section 5): a membership change is done when this is empty. A shard
+    that does not answer is behind as far as this node can tell."""
+    wanted = router.wanted_members()
+    if wanted is None:
+        return []
+    return [
+        entry["shard"]
+        for entry in shards[1:]
+        if entry.get("members") is None or set(entry["members"]) != set(wanted)
+    ]
+
+
+def lowest_cluster_version(shards: list[dict[str, Any]]) -> int:
+    """The cluster version of a cluster of several shards (docs/shards.md,
+    section 5): the lowest of its groups', as this node's replicas know
+    them. A shard whose process does not answer (`down`) has no version
+    here and is left out; group 0's is always known. Each group still gates
+    its own commands by its own version."""
+    versions = [entry.get("cluster_version") for entry in shards]
+    return min(version for version in versions if type(version) is int)
 
 
 def _shard_identity(node: NodeView) -> dict[str, int] | None:

@@ -23,8 +23,27 @@ after authentication, but first decides which shard it is for:
   reconciliation report, the overview, the series, events, /metrics) ask
   each shard and merge (api.shard_reads, api.shard_counts); with the
   header they are that shard's alone.
-- **Everything else** (tokens, settings, subscriptions, membership,
-  backup) is answered by group 0, as before.
+- **Membership** (`POST /v1/cluster/nodes`, `DELETE .../{id}`) is changed
+  in group 0 by the request; every shard follows group 0's directory
+  (`ShardRouter.drive_membership`, below). With the header, a change is
+  that shard's alone (the drivers' own requests, and an operator's repair).
+- **Everything else** (tokens, settings, subscriptions, backup) is
+  answered by group 0, as before (backup: every group's, api.backup).
+
+Membership of the shards. Group 0's replicated directory is what every
+group's members must be. Each node, once a second, compares it with the
+member directory of every shard whose leader is its own shard process, and
+when they differ asks that process (over the socket, as the node itself)
+for the one change that brings the shard closer: adding a member of group
+0's directory that the shard lacks, at its Raft address shifted by `k ×
+stride`, else removing one that group 0 no longer has. The shard's own
+membership code does the change exactly as group 0's does (one change at a
+time, a new member caught up before the next, quorum checks, a removed
+leader handing over), so a shard's change never stacks on another. A shard
+led elsewhere is driven by the node hosting its leader; a new leader's node
+takes over where the last stopped. `GET /v1/cluster` shows each shard's
+members and change, and `membership.shards_behind` the shards whose members
+are not yet group 0's.
 
 Shard 0 is group 0, answered in this process. Shard k >= 1 is this node's
 shard process, reached over the Unix socket in its data directory: the
@@ -72,9 +91,11 @@ from raftsched.node.view import NodeView
 from raftsched.shards import (
     INTERNAL_PRINCIPAL_HEADER,
     SHARD_HEADER,
+    SHARD_PORT_STRIDE,
     SHARD_QUERY,
     key_shard,
     shard_of_id,
+    shift_address,
     socket_path,
 )
 
@@ -88,6 +109,9 @@ STATUS_TIMEOUT_S: Final = 3.0
 CONNECT_TIMEOUT_S: Final = 5.0
 # While a proxied request (a long poll) waits, whether its client left.
 CLIENT_CHECK_S: Final = 0.5
+# How long the shards' membership driver waits for this node's replica of
+# group 0 to catch up with its leader before a change (else next period).
+CATCH_UP_S: Final = 5.0
 # Redirects the node follows itself for a part of a split batch.
 PART_REDIRECTS_MAX: Final = 3
 PART_TIMEOUT_S: Final = WAIT_S_MAX + 30.0  # a part's next claim may long-poll
@@ -140,6 +164,9 @@ _HEADER_ROUTES: Final = frozenset(
         "/v1/cluster",
         "/v1/debug/digest",
         "/metrics",
+        "/v1/backup",
+        "/v1/cluster/nodes",
+        "/v1/cluster/nodes/{node_id}",
     }
 )
 
@@ -185,9 +212,11 @@ class ShardRouter:
         *,
         pid_of: Callable[[int], int | None],
         peer_ssl: Any = None,
+        stride: int = SHARD_PORT_STRIDE,
     ) -> None:
         self.node = node
         self.count = count
+        self.stride = stride
         self._pid_of = pid_of
         self._peer_ssl = True if peer_ssl is None else peer_ssl
         self._sockets = {shard: socket_path(data_dir, shard) for shard in range(1, count)}
@@ -547,17 +576,9 @@ class ShardRouter:
     async def _membership(
         self, request: web.Request, handler: Handler, named: int | None
     ) -> web.StreamResponse:
-        """Membership changes are not built for shards yet (docs/shards.md,
-        section 5): a member added to or removed from group 0 alone would
-        leave every shard's group with the old members, and a new member's
-        shard processes would stand for elections in groups that do not
-        know them. Refused, with nothing changed."""
-        raise ApiError(
-            "invalid_state",
-            "membership changes of a cluster of several shards are not supported yet "
-            "(docs/shards.md, section 5); nothing was changed",
-            {"reason": "shards", "shards": self.count},
-        )
+        """A membership change: group 0's (the directory every shard
+        follows, `drive_membership`), or with the header one shard's alone."""
+        return await self._to(request, handler, named or 0)
 
     async def _lease_batch(
         self, request: web.Request, handler: Handler, named: int | None
@@ -809,6 +830,73 @@ class ShardRouter:
         except (TimeoutError, aiohttp.ClientError, OSError):
             return None
 
+    async def open_part_stream(
+        self, request: web.Request, shard: int, path: str, remote: aiohttp.ClientSession
+    ) -> aiohttp.ClientResponse:
+        """Shard `shard`'s answer to GET `path` with its body not yet read
+        (a backup's part, streamed): this node's shard process, or, when it
+        redirects, the node hosting the shard's leader, asked with the
+        caller's credentials and the shard named (on `remote`). Raises
+        ApiError for anything but a 200 that names the shard; the caller
+        releases the answer."""
+        try:
+            response = await self._sessions[shard].get(
+                "http://shard" + path,
+                headers=self._forward_headers(request),
+                allow_redirects=False,
+            )
+        except (aiohttp.ClientError, OSError) as error:
+            raise _shard_unavailable(shard, error) from None
+        headers = {name: request.headers[name] for name in _PART_HEADERS if name in request.headers}
+        headers[SHARD_HEADER] = str(shard)
+        remote_hop = False
+        for _ in range(PART_REDIRECTS_MAX):
+            if response.status not in (307, 308):
+                break
+            location = response.headers.get("Location")
+            response.release()
+            if not location:
+                raise ApiError("no_leader", f"shard {shard} has no known leader; retry shortly")
+            try:
+                response = await remote.get(
+                    location, headers=headers, allow_redirects=False, ssl=self._peer_ssl
+                )
+            except (TimeoutError, aiohttp.ClientError, OSError) as error:
+                raise ApiError(
+                    "unavailable",
+                    f"shard {shard}'s part could not be asked of its leader: {error}",
+                    {"reason": "shard_part_failed", "shard": shard},
+                    headers={"Retry-After": "1"},
+                ) from None
+            remote_hop = True
+        if response.status != 200:
+            status = response.status
+            try:
+                answer = await response.json(content_type=None)
+            except (aiohttp.ClientError, ValueError):
+                answer = None
+            finally:
+                response.release()
+            failure = answer.get("error") if isinstance(answer, dict) else None
+            code = failure.get("code") if isinstance(failure, dict) else None
+            raise ApiError(
+                code if isinstance(code, str) and status >= 400 else "unavailable",
+                f"shard {shard}'s part: {status} "
+                f"{failure.get('message') if isinstance(failure, dict) else ''}".rstrip(),
+                {"reason": "shard_part_failed", "shard": shard, "status": status},
+                headers={"Retry-After": "1"},
+            )
+        if remote_hop and response.headers.get(SHARD_HEADER) != str(shard):
+            named = response.headers.get(SHARD_HEADER)
+            response.release()
+            raise ApiError(
+                "unavailable",
+                _not_named(shard, named)["error"]["message"],
+                {"reason": "shard_not_named", "shard": shard},
+                headers={"Retry-After": "1"},
+            )
+        return response
+
     # -- over a shard process's socket --------------------------------------------
 
     def _forward_headers(self, request: web.Request) -> dict[str, str]:
@@ -898,7 +986,75 @@ class ShardRouter:
     async def _poll_forever(self) -> None:
         while True:
             await self.refresh()
+            try:
+                await self.drive_membership()
+            except Exception:  # never stop polling; tried again next period
+                log.warning("the shards' membership driver failed", exc_info=True)
             await asyncio.sleep(STATUS_PERIOD_S)
+
+    # -- membership of the shards (the module's docstring) -------------------------
+
+    def wanted_members(self) -> dict[str, tuple[str, str | None]] | None:
+        """Group 0's members by id (Raft address, HTTP URL) as this node's
+        replica records them, or None before the first change: until then
+        every group's members are the start-up flags, alike."""
+        directory = self.node.directory
+        if not directory.replicated:
+            return None
+        return {m.node_id: (m.raft_address, m.http_url) for m in directory.members}
+
+    async def drive_membership(self) -> None:
+        """The next change of each shard this node leads whose members are
+        not group 0's (one request per shard; its own driver does the rest)."""
+        wanted = self.wanted_members()
+        if wanted is None:
+            return
+        for shard, seen in self.known.items():
+            if not seen or seen.get("leader_id") != self.node.node_id:
+                continue
+            view = await self._get_json(shard, "/v1/cluster", encode_principal(ANONYMOUS))
+            step = next_membership_step(view, wanted, shard, self.stride)
+            if step is None:
+                continue
+            # This node's replica of group 0 may trail its leader's: a
+            # directory read before a change applied here would undo it in
+            # the shard. So it catches up first and acts only if the
+            # directory it then reads asks for the same step.
+            if not await self.node.catch_up(CATCH_UP_S):
+                continue
+            fresh = self.wanted_members()
+            if fresh is None or next_membership_step(view, fresh, shard, self.stride) != step:
+                continue
+            method, path, document = step
+            data = None if document is None else json.dumps(document).encode()
+            headers = {INTERNAL_PRINCIPAL_HEADER: encode_principal(ANONYMOUS)}
+            if data is not None:
+                headers["Content-Type"] = "application/json"
+            try:
+                async with self._sessions[shard].request(
+                    method,
+                    "http://shard" + path,
+                    data=data,
+                    headers=headers,
+                    allow_redirects=False,
+                    timeout=aiohttp.ClientTimeout(total=30.0),
+                ) as response:
+                    answer = await response.text()
+                    status = response.status
+            except (TimeoutError, aiohttp.ClientError, OSError) as error:
+                log.warning("shard %d's membership change %s %s: %s", shard, method, path, error)
+                continue
+            if status == 202:
+                log.info("shard %d follows group 0's members: %s %s", shard, method, path)
+            elif status != 409:  # 409: a change in progress there; asked again
+                log.warning(
+                    "shard %d refused its membership change %s %s: %d %s",
+                    shard,
+                    method,
+                    path,
+                    status,
+                    answer[:500],
+                )
 
     async def refresh(self) -> dict[int, dict[str, Any] | None]:
         """Ask every shard process for its `/readyz` now; remember the answers."""
@@ -997,12 +1153,53 @@ class ShardRouter:
                         "cluster_version": view.get("cluster_version"),
                         "cluster_id": view.get("cluster_id"),
                         "identity_recorded": view.get("shard_identity") is not None,
+                        "members": sorted(shard_members(view) or ()),
+                        "membership_change": (view.get("membership") or {}).get("change"),
                         "ready": bool(ready and ready.get("ready")),
                         "status": "running",
                     }
                 )
             entries.append(entry)
         return entries
+
+
+def shard_members(view: Mapping[str, Any] | None) -> set[str] | None:
+    """The member ids a group's `GET /v1/cluster` lists (those being added
+    included, those being removed not), or None if it did not answer."""
+    if view is None or not isinstance(view.get("nodes"), list):
+        return None
+    return {
+        str(item.get("id"))
+        for item in view["nodes"]
+        if isinstance(item, dict) and item.get("status") not in ("removing", "removed")
+    }
+
+
+def next_membership_step(
+    view: Mapping[str, Any] | None,
+    wanted: Mapping[str, tuple[str, str | None]],
+    shard: int,
+    stride: int,
+) -> tuple[str, str, dict[str, Any] | None] | None:
+    """The one request (method, path, body) that brings shard `shard`'s
+    members (its `GET /v1/cluster`, `view`) closer to group 0's (`wanted`):
+    an add first, in id order, then a remove; None when they agree, when
+    the shard did not answer, or while a change is in progress there."""
+    have = shard_members(view)
+    if view is None or have is None:
+        return None
+    membership = view.get("membership") or {}
+    if membership.get("change") is not None or membership.get("joining"):
+        return None
+    for node_id in sorted(set(wanted) - have):
+        address, url = wanted[node_id]
+        document = {"id": node_id, "raft_address": shift_address(address, shard, stride)}
+        if url is not None:
+            document["http_url"] = url
+        return "POST", "/v1/cluster/nodes", document
+    for node_id in sorted(have - set(wanted)):
+        return "DELETE", f"/v1/cluster/nodes/{node_id}", None
+    return None
 
 
 _PlacementHandler = Callable[

@@ -70,7 +70,7 @@ def register(commands: argparse._SubParsersAction[Any], common: argparse.Argumen
 
 
 def run_backup(args: argparse.Namespace) -> int:
-    from raftsched.backup import BackupError, open_backup, summary
+    from raftsched.backup import BackupError, OpenBackup, open_any, sharded_summary, summary
     from raftsched.client import client_ssl_context
 
     started = time.monotonic()
@@ -94,8 +94,11 @@ def run_backup(args: argparse.Namespace) -> int:
         print("error: no node gave a backup: " + "; ".join(errors), file=sys.stderr)
         return EXIT_ERROR
     try:
-        with open_backup(partial) as backup:
-            described = summary(backup.header)
+        with open_any(partial) as backup:
+            if isinstance(backup, OpenBackup):
+                described = summary(backup.header)
+            else:  # a cluster of several shards: every group's part
+                described = sharded_summary(backup.header)
     except BackupError as error:
         print(f"error: the backup received is damaged: {error}", file=sys.stderr)
         return EXIT_DAMAGED_BACKUP

@@ -233,10 +233,15 @@ def _joined(config: NodeConfig, join_url: str, token_file: Path | None) -> NodeC
     if config.peers:
         raise ConfigError("--join and --peer exclude each other: --join learns the peers")
     if config.shards > 1:
-        raise ConfigError(
-            "--join: membership changes of a cluster of several shards are not supported yet "
-            "(docs/shards.md, section 5)"
-        )
+        # Recorded before `raft/joined.json`: a directory with a `raft/` and
+        # no record counts as one made before shards (S = 1).
+        from raftsched.shards import ShardCountMismatch, settle_shards
+
+        try:
+            config.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            settle_shards(config.data_dir, config.shards, durable=config.durability == "fsync")
+        except ShardCountMismatch as error:
+            raise ConfigError(str(error)) from None
     token = join_token(config, token_file)
     peers = peers_for_join(config, join_url, token, tls.peer_context(config))
     joined = dataclasses.replace(config, peers=peers)

@@ -18,6 +18,14 @@ node to be up first, or a cluster whose nodes all joined could never start
 again. A member that answers without listing this node (it was removed)
 still refuses the restart.
 
+A node of several shards (`--shards S`, docs/shards.md section 5) joins
+every group: once group 0 lists it, it waits until each shard's group
+lists it too, at its Raft address shifted by `k × stride` (asked of the
+same member with `Raftsched-Shard: k`; the shards follow group 0's
+directory, driven by their leaders' nodes), and only then starts its shard
+processes, with group 0's peers shifted alike. So a shard process never
+stands for election in a group that does not count it.
+
 The request needs a token with the `cluster` permission:
 `--join-token-file`, else `$RAFTSCHED_TOKEN`, else the `--admin-token-file`
 secret when that file exists (the same file every node of a cluster is
@@ -39,6 +47,7 @@ from typing import Any, Final
 from raftsched.client._calls import token_from_env
 from raftsched.config import ConfigError, NodeConfig, Peer
 from raftsched.raft_journal import fsync_directory, sync_fd
+from raftsched.shards import SHARD_HEADER
 
 JOIN_TIMEOUT_S: Final = 30.0
 JOIN_RETRY_S: Final = 0.5
@@ -69,7 +78,8 @@ def peers_for_join(
     config: NodeConfig, join_url: str, token: str | None, context: ssl.SSLContext | None
 ) -> tuple[Peer, ...]:
     """The peers to start with: asked from the member at `join_url`, else,
-    on a restart when no member answers, the ones saved at the last start."""
+    on a restart when no member answers, the ones saved at the last start.
+    With shards, once every shard's group lists this node too."""
     saved = saved_peers(config.data_dir)
     if saved is None:
         peers = peers_from_member(config, join_url, token, context)
@@ -79,6 +89,21 @@ def peers_for_join(
         except NoAnswer as error:
             print(f"warning: {error}; starting with the saved peers", file=sys.stderr)
             return saved
+    for shard in range(1, config.shards):
+        try:
+            peers_from_member(
+                config.for_shard(shard),
+                join_url,
+                token,
+                context,
+                JOIN_TIMEOUT_S if saved is None else RESTART_ASK_S,
+                shard=shard,
+            )
+        except NoAnswer as error:
+            if saved is None:
+                raise
+            print(f"warning: {error}; starting with the saved peers", file=sys.stderr)
+            break
     save_peers(config.data_dir, peers, durable=config.durability == "fsync")
     return peers
 
@@ -116,15 +141,18 @@ def peers_from_member(
     token: str | None,
     context: ssl.SSLContext | None,
     timeout_s: float = JOIN_TIMEOUT_S,
+    *,
+    shard: int | None = None,
 ) -> tuple[Peer, ...]:
     """The other members, as the member at `join_url` lists them once it
-    lists this node (it may not have applied the add yet: asked again)."""
+    lists this node (it may not have applied the add yet: asked again); of
+    shard `shard`'s group when given."""
     deadline = time.monotonic() + timeout_s
     problem, listed_problem = "no answer", False
     while True:
         try:
-            body = _cluster(join_url, token, context)
-            return _peers(config, body)
+            body = _cluster(join_url, token, context, shard)
+            return _peers(config, body, shard)
         except _NotListed as error:
             problem, listed_problem = str(error), True
         except (OSError, ValueError) as error:
@@ -140,10 +168,14 @@ class _NotListed(Exception):
     pass
 
 
-def _cluster(join_url: str, token: str | None, context: ssl.SSLContext | None) -> Any:
+def _cluster(
+    join_url: str, token: str | None, context: ssl.SSLContext | None, shard: int | None = None
+) -> Any:
     request = urllib.request.Request(join_url.rstrip("/") + "/v1/cluster")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
+    if shard is not None:
+        request.add_header(SHARD_HEADER, str(shard))
     try:
         with urllib.request.urlopen(request, timeout=5.0, context=context) as response:
             return json.loads(response.read())
@@ -156,7 +188,7 @@ def _cluster(join_url: str, token: str | None, context: ssl.SSLContext | None) -
         raise
 
 
-def _peers(config: NodeConfig, body: Any) -> tuple[Peer, ...]:
+def _peers(config: NodeConfig, body: Any, shard: int | None = None) -> tuple[Peer, ...]:
     nodes = body.get("nodes") if isinstance(body, dict) else None
     if not isinstance(nodes, list):
         raise ValueError("GET /v1/cluster did not list nodes")
@@ -179,6 +211,11 @@ def _peers(config: NodeConfig, body: Any) -> tuple[Peer, ...]:
         if not isinstance(url, str):
             raise ValueError(f"member {node_id} has no http_url")
         peers.append(Peer(node_id, address, url))
+    if not listed and shard is not None:
+        raise _NotListed(
+            f"node {config.node_id} is not a member of shard {shard}'s group yet (the shards "
+            "follow group 0's members within seconds; is every shard's leader up?)"
+        )
     if not listed:
         raise _NotListed(
             f"node {config.node_id} is not a member: add it first with "
