@@ -25,6 +25,7 @@ from raftsched.core.jobs.commands import (
     Configure,
     ConfigureWheel,
     LeaseBatch,
+    PlanShardQuotas,
     ReconcileJob,
     ReplayReconciled,
     RequestReconcile,
@@ -72,6 +73,7 @@ def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> N
         ClaimJobsOfKinds: 8,
         SetShard: 9,
         SetShardQuotas: 9,
+        PlanShardQuotas: 9,
     }
     assert COMMAND_VERSION_MAX == 9
 

@@ -46,6 +46,7 @@ from raftsched.core.jobs.commands import (
     HeartbeatJob,
     LeaseBatch,
     PauseQueue,
+    PlanShardQuotas,
     ReconcileJob,
     RecordEffect,
     ReplayJob,
@@ -201,6 +202,8 @@ EVERY_COMMAND: tuple[Command, ...] = (
     SetShard(2, 3),
     SetShardQuotas(1_800_000_000_000, (("q", 2, None, None), ("r", None, 500, 1)), (("a", 3, 9),)),
     SetShardQuotas(2),
+    PlanShardQuotas(1, 1_800_000_000_000, (("q", 2, 500, 1),), (("a", None, 9),)),
+    PlanShardQuotas(0, 2),
 )  # fmt: skip
 
 
@@ -224,7 +227,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         LeaseBatch: 110,
         ConfigureWheel: 120,
         ClaimJobsOfKinds: 130,
-        SetShard: 140, SetShardQuotas: 141,
+        SetShard: 140, SetShardQuotas: 141, PlanShardQuotas: 142,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 
