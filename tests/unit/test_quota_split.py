@@ -24,6 +24,7 @@ from raftsched.node.quota_split import (
     split_count,
     split_equal,
     split_rate,
+    starved,
     targets,
 )
 
@@ -253,3 +254,16 @@ def test_phases_lower_first_then_raise() -> None:
     first, second = phases(present, [EMPTY, EMPTY])
     assert first == {} and second == {0: EMPTY, 1: EMPTY}
     assert lowered(present[0], EMPTY) == present[0]
+
+
+def test_a_shard_whose_backlog_moved_in_is_starved() -> None:
+    quotas = [ShardQuotas({"q": (4, None, None)}, {}), ShardQuotas({"q": (0, None, None)}, {})]
+    idle = [{}, {"q": QueueDemand(0, 0)}]
+    inputs = RoundInputs(2, {"q": QueueLimits(4, None, None)}, {}, idle, [{}, {}], quotas)
+    assert not starved(inputs)
+    moved = [{}, {"q": QueueDemand(5, 0)}]
+    inputs = RoundInputs(2, {"q": QueueLimits(4, None, None)}, {}, moved, [{}, {}], quotas)
+    assert starved(inputs)
+    tenants = [ShardQuotas({}, {"t": (0, None)})]
+    waiting = [{"t": TenantDemand(1, 0, 1)}]
+    assert starved(RoundInputs(1, {}, {"t": TenantLimits(0, None)}, [{}], waiting, tenants))

@@ -57,14 +57,17 @@ from raftsched.api.jsonbody import json_response
 from raftsched.api.principal import ANONYMOUS, encode_principal, principal_if_set
 from raftsched.api.requests import Handler, read_body, read_json
 from raftsched.api.validation import choice, parse_job, require_object, string
+from raftsched.core.jobs.quota_book import quotas_of
 from raftsched.core.kernel import shard as core_shard
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
 from raftsched.logs import REQUEST_ID
 from raftsched.node.lease_ops import PROPOSAL_ERRORS
 from raftsched.node.proposer import NotLeader
+from raftsched.node.shard_view import settings_digest, settings_of
 from raftsched.node.view import NodeView
 from raftsched.shards import (
+    INTERNAL_KEY_HEADER,
     INTERNAL_PRINCIPAL_HEADER,
     SHARD_HEADER,
     SHARD_QUERY,
@@ -106,6 +109,7 @@ _HOP_BY_HOP: Final = frozenset(
 # claim to one, and needs no bearer secret.
 _NOT_FORWARDED: Final = _HOP_BY_HOP | {
     INTERNAL_PRINCIPAL_HEADER.lower(),
+    INTERNAL_KEY_HEADER.lower(),
     SHARD_HEADER.lower(),
     "authorization",
 }
@@ -838,6 +842,7 @@ class ShardRouter:
                 "cluster_version": node.cluster_version(),
                 "cluster_id": node.cluster_id(),
                 "identity_recorded": _recorded(node),
+                **_settings_of(node, None),
                 "ready": leader is not None and status.applied_index >= target,
                 "pid": os.getpid(),
                 "status": "running",
@@ -869,6 +874,7 @@ class ShardRouter:
                         "cluster_version": view.get("cluster_version"),
                         "cluster_id": view.get("cluster_id"),
                         "identity_recorded": view.get("shard_identity") is not None,
+                        **_settings_of(node, view.get("shard_settings")),
                         "ready": bool(ready and ready.get("ready")),
                         "status": "running",
                     }
@@ -969,6 +975,26 @@ async def _unless_gone(request: web.Request, awaitable: Awaitable[Any]) -> Any:
         if transport is None or transport.is_closing():
             task.cancel()
             raise _ClientGone
+
+
+def _settings_of(node: NodeView, seen: object) -> dict[str, Any]:
+    """A shard's `settings_in_line` (its settings and subscriptions are group
+    0's, as this node's replicas of both say) and `quota_round`
+    (node.shard_settings); with `seen` None, group 0's own (in line by
+    definition). Nothing before the group recorded its shard."""
+    with node.reading() as state:
+        if core_shard.identity(state) is None:
+            return {}
+        mine = settings_digest(settings_of(state))
+        own_round = quotas_of(state).round
+    if seen is None:
+        return {"settings_in_line": True, "quota_round": own_round}
+    if not isinstance(seen, dict):
+        return {}
+    return {
+        "settings_in_line": seen.get("digest") == mine,
+        "quota_round": seen.get("quota_round"),
+    }
 
 
 def _recorded(node: NodeView) -> bool:

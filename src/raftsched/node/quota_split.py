@@ -265,6 +265,22 @@ def targets(inputs: RoundInputs, rebalance: bool) -> list[ShardQuotas]:
     return [ShardQuotas(queues[shard], tenants[shard]) for shard in range(shards)]
 
 
+def starved(inputs: RoundInputs) -> bool:
+    """Whether a shard has runnable jobs of a queue or a tenant whose
+    concurrency or rate quota there is 0 (its backlog moved in since the
+    last rebalance): then the next rebalance need not wait its turn."""
+    for shard, quotas in enumerate(inputs.present):
+        for name, row in quotas.queues.items():
+            demand = inputs.queue_demand[shard].get(name)
+            if demand is not None and demand.runnable > 0 and (row[0] == 0 or row[2] == 0):
+                return True
+        for name, tenant_row in quotas.tenants.items():
+            wanting = inputs.tenant_demand[shard].get(name)
+            if wanting is not None and wanting.runnable > 0 and tenant_row[0] == 0:
+                return True
+    return False
+
+
 def _count(
     limit: int,
     present: Sequence[int | None],
