@@ -69,7 +69,7 @@ def _in_line(cluster: LocalCluster, quotas: bool) -> bool:
         for view in views:
             if not view.get("settings_in_line"):
                 return False
-            if quotas and not view.get("quota_round"):
+            if quotas and not view.get("quotas_in_line"):
                 return False
     return True
 

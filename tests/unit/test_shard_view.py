@@ -9,7 +9,11 @@ import json
 import pytest
 
 from raftsched.core import apply_entry, check_invariants, new_state
-from raftsched.core.events.commands import CreateSubscription, DeleteSubscription
+from raftsched.core.events.commands import (
+    CopySubscription,
+    CreateSubscription,
+    DeleteSubscription,
+)
 from raftsched.core.jobs.commands import (
     PlanShardQuotas,
     SetQueue,
@@ -21,8 +25,7 @@ from raftsched.core.jobs.commands import (
 from raftsched.core.kernel.commands import Command, Entry, JobSpec, SetShard, TakeOver
 from raftsched.core.kernel.outbox import OutboxEvent
 from raftsched.core.kernel.state import State
-from raftsched.node.quota_split import QueueLimits, ShardQuotas, TenantLimits
-from raftsched.node.shard_settings import GroupZero, _without, held_back
+from raftsched.node.quota_split import ShardQuotas
 from raftsched.node.shard_view import (
     aligning_commands,
     command_from_json,
@@ -35,6 +38,8 @@ from raftsched.node.shard_view import (
 )
 from raftsched.node.webhooks import describe, event_id
 
+T = 1_800_000_000_000
+
 
 class Cluster:
     """One group's state, commands applied in entries of a leader's."""
@@ -44,7 +49,7 @@ class Cluster:
         self.run(TakeOver())
 
     def run(self, *commands: Command) -> None:
-        apply_entry(self.state, Entry(1, 1_800_000_000_000, tuple(commands)))
+        apply_entry(self.state, Entry(1, T, tuple(commands)))
         assert check_invariants(self.state) == []
 
 
@@ -81,7 +86,7 @@ def test_a_shard_is_brought_in_line_and_reset() -> None:
         SetTenant("gone"),  # group 0 has none: back to the defaults
         SetUnknownPolicy("queue", "pay", "reconcile"),
         SetUnknownPolicy("tenant", "t", "retry"),
-        CreateSubscription("sub_1", "https://example.com/h", ("job.succeeded",), "s3cret"),
+        CopySubscription("sub_1", "https://example.com/h", ("job.succeeded",), "s3cret", T),
         DeleteSubscription("sub_2"),
     ]
     shard.run(*commands)
@@ -92,7 +97,7 @@ def test_a_shard_is_brought_in_line_and_reset() -> None:
     zero.run(CreateSubscription("sub_1", "https://example.com/h", ("job.succeeded",), "new"))
     assert align(zero, shard) == [
         DeleteSubscription("sub_1"),
-        CreateSubscription("sub_1", "https://example.com/h", ("job.succeeded",), "new"),
+        CopySubscription("sub_1", "https://example.com/h", ("job.succeeded",), "new", T),
     ]
     # A queue back to the defaults in group 0 is reset in the shard.
     zero.run(SetQueue("q"))
@@ -135,7 +140,7 @@ def test_a_view_reads_back_and_carries_no_secret() -> None:
         SetTenant("acme"),
         SetUnknownPolicy("queue", "q", "reconcile"),
         SetShardQuotas(9, (("q", 1, 500, 1),), (("t", None, 2),)),
-        CreateSubscription("sub_1", "https://x.example/h", ("a", "b"), "s"),
+        CopySubscription("sub_1", "https://x.example/h", ("a", "b"), "s", 5),
         DeleteSubscription("sub_1"),
     ],
 )
@@ -150,6 +155,7 @@ def test_commands_go_to_a_shard_process_as_json_and_back(command: Command) -> No
         {"kind": "SetShard", "fields": [1, 3]},
         {"kind": "SetQueue", "fields": ["q"]},
         {"kind": "SetQueue"},
+        {"kind": "CreateSubscription", "fields": ["sub_1", "https://x.example/h", [], "s"]},
         ["SetQueue"],
     ],
 )
@@ -158,36 +164,6 @@ def test_a_shard_process_takes_only_the_aligning_commands(raw: object) -> None:
         command_from_json(raw)
     with pytest.raises(ValueError):
         command_json(PlanShardQuotas(0, 1))
-
-
-def _group_zero(queues: dict[str, QueueLimits], tenants: dict[str, TenantLimits]) -> GroupZero:
-    zero = group(SetShard(0, 3), SetQueue("q", True, None, None, 6), SetTenant("t", 4, None, 9))
-    return GroupZero(
-        settings=settings_of(zero.state),
-        secrets={},
-        plans={},
-        queue_limits=queues,
-        tenant_limits=tenants,
-        version=9,
-        identity=(0, 3),
-        now_ms=1,
-    )
-
-
-def test_a_new_limit_waits_for_its_quota_but_the_rest_goes_on() -> None:
-    """A shard without a quota of a limit group 0 has is not given the
-    limit's setting (it would enforce the whole limit), but the queue's
-    pause and the tenant's weight reach it at once."""
-    zero = _group_zero({"q": QueueLimits(6, None, None)}, {"t": TenantLimits(None, 9)})
-    empty = ShardQuotas({}, {})
-    queues, tenants = held_back(zero, empty)
-    assert (queues, tenants) == ({"q"}, {"t"})
-    shard = settings_of(Cluster().state)
-    wanted = _without(zero.settings, queues, tenants, shard)
-    assert wanted.queues["q"] == (True, None, None, None, None, 5_000)
-    assert wanted.tenants["t"] == (4, None, None)
-    planned = ShardQuotas({"q": (2, None, None)}, {"t": (None, 3)})
-    assert held_back(zero, planned) == (set(), set())
 
 
 def test_event_ids_and_envelopes_name_their_shard() -> None:

@@ -64,7 +64,7 @@ from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
 from raftsched.logs import REQUEST_ID
 from raftsched.node.lease_ops import PROPOSAL_ERRORS
 from raftsched.node.proposer import NotLeader
-from raftsched.node.shard_view import settings_digest, settings_of
+from raftsched.node.shard_view import quotas_in_line, settings_digest, settings_of
 from raftsched.node.view import NodeView
 from raftsched.shards import (
     INTERNAL_KEY_HEADER,
@@ -842,7 +842,7 @@ class ShardRouter:
                 "cluster_version": node.cluster_version(),
                 "cluster_id": node.cluster_id(),
                 "identity_recorded": _recorded(node),
-                **_settings_of(node, None),
+                **_settings_of(node, 0, None),
                 "ready": leader is not None and status.applied_index >= target,
                 "pid": os.getpid(),
                 "status": "running",
@@ -874,7 +874,7 @@ class ShardRouter:
                         "cluster_version": view.get("cluster_version"),
                         "cluster_id": view.get("cluster_id"),
                         "identity_recorded": view.get("shard_identity") is not None,
-                        **_settings_of(node, view.get("shard_settings")),
+                        **_settings_of(node, shard, view.get("shard_settings")),
                         "ready": bool(ready and ready.get("ready")),
                         "status": "running",
                     }
@@ -977,24 +977,31 @@ async def _unless_gone(request: web.Request, awaitable: Awaitable[Any]) -> Any:
             raise _ClientGone
 
 
-def _settings_of(node: NodeView, seen: object) -> dict[str, Any]:
+def _settings_of(node: NodeView, shard: int, seen: object) -> dict[str, Any]:
     """A shard's `settings_in_line` (its settings and subscriptions are group
-    0's, as this node's replicas of both say) and `quota_round`
-    (node.shard_settings); with `seen` None, group 0's own (in line by
-    definition). Nothing before the group recorded its shard."""
+    0's), `quota_round` and `quotas_in_line` (it enforces its quota of every
+    limit group 0 records), as this node's replicas say (node.shard_settings);
+    `seen` is the shard's `shard_settings`, None for group 0's own entry.
+    Nothing before the group recorded its shard."""
     with node.reading() as state:
         if core_shard.identity(state) is None:
             return {}
         mine = settings_digest(settings_of(state))
-        own_round = quotas_of(state).round
-    if seen is None:
-        return {"settings_in_line": True, "quota_round": own_round}
-    if not isinstance(seen, dict):
-        return {}
-    return {
-        "settings_in_line": seen.get("digest") == mine,
-        "quota_round": seen.get("quota_round"),
-    }
+        if seen is None:
+            own_round = quotas_of(state).round
+            return {
+                "settings_in_line": True,
+                "quota_round": own_round,
+                "quotas_in_line": quotas_in_line(state, shard, own_round),
+            }
+        if not isinstance(seen, dict):
+            return {}
+        applied = seen.get("quota_round")
+        return {
+            "settings_in_line": seen.get("digest") == mine,
+            "quota_round": applied,
+            "quotas_in_line": isinstance(applied, int) and quotas_in_line(state, shard, applied),
+        }
 
 
 def _recorded(node: NodeView) -> bool:

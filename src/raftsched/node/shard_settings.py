@@ -10,7 +10,7 @@ node's key, `shards.internal_key`), never over the network:
 - **Alignment** (every node). For each local shard process that leads its
   shard, the node reads the shard's settings (`node.shard_view`) and
   proposes there the commands that make them its own replica of group 0's:
-  `SetQueue`, `SetTenant`, `SetUnknownPolicy`, `CreateSubscription` and
+  `SetQueue`, `SetTenant`, `SetUnknownPolicy`, `CopySubscription` and
   `DeleteSubscription`, at most `COMMANDS_PER_PASS` a pass, a reset where
   group 0 has none. A follower of group 0 first catches its replica up
   with group 0's leader (`Node.catch_up`), so it never writes settings
@@ -31,11 +31,11 @@ node's key, `shards.internal_key`), never over the network:
   not applied the last one: a shard that is down keeps its quotas, and the
   sum of the quotas in force never exceeds a limit.
 
-  A limit that a shard has no quota of yet is not copied into it before
-  its quota is (the queue's or tenant's other settings, a pause, a weight,
-  go at once): the quota goes first, in the same pass, so a shard goes from
-  no limit to its quota without ever enforcing the whole limit (group 0,
-  where the API writes the setting, does until its first round applies).
+  A shard enforces a limit's quota where it has one, else its copy of the
+  setting: a new limit holds in each shard as the whole limit from its copy
+  until its first round applies (well under a second when every shard
+  answers), and a shard's quotas always go before the settings of the same
+  pass.
 
 A pass runs at every change of group 0 (at most every `PASS_GAP_S`), at
 least every `PASS_PERIOD_S` (a shard's leader moved, a process restarted),
@@ -150,60 +150,6 @@ def read_group_zero(node: Node) -> GroupZero:
             identity=core_shard.identity(state),
             now_ms=state.now_ms,
         )
-
-
-def held_back(group_zero: GroupZero, planned: ShardQuotas) -> tuple[set[str], set[str]]:
-    """The queues and tenants whose limits a shard with quotas `planned` must
-    not be given yet: group 0 limits them, and the shard has no quota of
-    that limit (its copy of the setting would be the whole limit)."""
-    if not group_zero.quotas_on:
-        return set(), set()
-    queues = set()
-    for name, limits in group_zero.queue_limits.items():
-        row = planned.queues.get(name, (None, None, None))
-        if (limits.concurrency_limit is not None and row[0] is None) or (
-            limits.rate_milli is not None and row[1] is None
-        ):
-            queues.add(name)
-    tenants = set()
-    for name, tenant in group_zero.tenant_limits.items():
-        tenant_row = planned.tenants.get(name, (None, None))
-        if (tenant.concurrency_limit is not None and tenant_row[0] is None) or (
-            tenant.max_queued is not None and tenant_row[1] is None
-        ):
-            tenants.add(name)
-    return queues, tenants
-
-
-def _without(settings: Settings, queues: set[str], tenants: set[str], shard: Settings) -> Settings:
-    """`settings` with the held-back limits as the shard has them: the other
-    settings of those queues and tenants (a pause, a weight) go on at once."""
-    if not queues and not tenants:
-        return settings
-    kept_queues = dict(settings.queues)
-    for name in queues:
-        wanted = settings.queues.get(name)
-        if wanted is None:
-            continue
-        has = shard.queues.get(name)
-        rate, burst, concurrency = (None, None, None) if has is None else has[1:4]
-        row = (wanted[0], rate, burst, concurrency, wanted[4], wanted[5])
-        if row == (False, None, None, None, None, 5_000):  # the defaults: no record
-            del kept_queues[name]
-        else:
-            kept_queues[name] = row
-    kept_tenants = dict(settings.tenants)
-    for name in tenants:
-        wanted_tenant = settings.tenants.get(name)
-        if wanted_tenant is None:
-            continue
-        had = shard.tenants.get(name)
-        tenant_row = (wanted_tenant[0], *((None, None) if had is None else had[1:]))
-        if tenant_row == (1, None, None):
-            del kept_tenants[name]
-        else:
-            kept_tenants[name] = tenant_row
-    return Settings(kept_queues, kept_tenants, settings.on_unknown, settings.subscriptions)
 
 
 @dataclass(slots=True)
@@ -333,16 +279,14 @@ class ShardSettings:
         group 0's: its planned quotas first, then the settings. True when it
         needed nothing."""
         commands: list[Command] = []
-        planned = seen.quotas
         plan = group_zero.plans.get(shard)
         if plan is not None and plan[0] > seen.round and seen.identity is not None:
             commands.append(quotas_command(plan[0], plan[1]))
-            planned = plan[1]
-        queues, tenants = held_back(group_zero, planned)
-        wanted = _without(group_zero.settings, queues, tenants, seen.settings)
-        commands += aligning_commands(wanted, seen.settings, group_zero.secrets, COMMANDS_PER_PASS)
+        commands += aligning_commands(
+            group_zero.settings, seen.settings, group_zero.secrets, COMMANDS_PER_PASS
+        )
         if not commands:
-            return not (queues or tenants)
+            return True
         await self._propose(shard, commands)
         return False
 

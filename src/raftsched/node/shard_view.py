@@ -11,10 +11,11 @@ brings in line with its own replica of group 0:
   limit, circuit), a tenant's (`SetTenant`: weight, concurrency limit,
   `max_queued`), the `on_unknown` defaults (`SetUnknownPolicy`), each set
   where it differs and reset to the defaults where group 0 has none;
-- the subscriptions (`CreateSubscription` with the same id, URL, types and
-  secret; one that differs is deleted and created again; one group 0 no
-  longer has is deleted). Secrets are compared by their SHA-256, so a view
-  carries none.
+- the subscriptions (`CopySubscription`: the same id, URL, types, secret
+  and creation time, so that the copy delivers the shard's events from the
+  subscription's creation on; one that differs is deleted and copied again;
+  one group 0 no longer has is deleted). Secrets are compared by their
+  SHA-256, so a view carries none.
 
 A shard's view also says whether its replica leads, which shard it recorded
 itself as, its quotas (round and rows) and, for the queues and tenants the
@@ -30,7 +31,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
-from raftsched.core.events.commands import CreateSubscription, DeleteSubscription
+from raftsched.core.events.commands import CopySubscription, DeleteSubscription
 from raftsched.core.events.subscriptions import subscriptions
 from raftsched.core.jobs.commands import (
     PlanShardQuotas,
@@ -40,7 +41,7 @@ from raftsched.core.jobs.commands import (
     SetUnknownPolicy,
 )
 from raftsched.core.jobs.flow import flow_of
-from raftsched.core.jobs.quota_book import quotas_of
+from raftsched.core.jobs.quota_book import QUOTA_QUEUES_MAX, QUOTA_TENANTS_MAX, quotas_of
 from raftsched.core.jobs.quota_plans import plans_of
 from raftsched.core.jobs.reconcile_book import book_of
 from raftsched.core.kernel import shard as core_shard
@@ -63,14 +64,15 @@ ALIGNING: Final[tuple[type[Command], ...]] = (
     SetTenant,
     SetUnknownPolicy,
     SetShardQuotas,
-    CreateSubscription,
+    CopySubscription,
     DeleteSubscription,
 )
 _BY_NAME: Final = {kind.__name__: kind for kind in ALIGNING}
 
 QueueSettings = tuple[bool, int | None, int | None, int | None, int | None, int]
 TenantSettings = tuple[int, int | None, int | None]
-SubscriptionSettings = tuple[str, tuple[str, ...], str]  # url, types, secret's SHA-256
+# url, types, the secret's SHA-256, group 0's created_at_ms
+SubscriptionSettings = tuple[str, tuple[str, ...], str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +106,7 @@ def settings_of(state: State) -> Settings:
         },
         on_unknown=on_unknown,
         subscriptions={
-            sub.id: (sub.url, sub.types, secret_hash(sub.secret))
+            sub.id: (sub.url, sub.types, secret_hash(sub.secret), sub.created_at_ms)
             for sub in subscriptions(state).values()
         },
     )
@@ -118,8 +120,8 @@ def settings_digest(settings: Settings) -> str:
         sorted([name, *row] for name, row in settings.tenants.items()),
         sorted([*key, policy] for key, policy in settings.on_unknown.items()),
         sorted(
-            [sub_id, url, list(types), digest]
-            for sub_id, (url, types, digest) in settings.subscriptions.items()
+            [sub_id, url, list(types), digest, created_at_ms]
+            for sub_id, (url, types, digest, created_at_ms) in settings.subscriptions.items()
         ),
     ]
     return hashlib.sha256(json.dumps(document, separators=(",", ":")).encode()).hexdigest()
@@ -152,6 +154,36 @@ def plans_in(state: State) -> dict[int, tuple[int, ShardQuotas]]:
         number: (plan.round, ShardQuotas(dict(plan.queues), dict(plan.tenants)))
         for number, plan in plans_of(state).items()
     }
+
+
+def quotas_in_line(state: State, shard: int, applied_round: int) -> bool:
+    """Whether shard `shard`, which applied quota round `applied_round`,
+    enforces its quota of every limit group 0 (`state`) records: group 0's
+    plan for it has a quota of each (of the first QUOTA_*_MAX queues and
+    tenants, as rounds hold), and the shard applied that plan."""
+    queues, tenants = limits_of(state)
+    plan = plans_of(state).get(shard)
+    if plan is None:
+        return not queues and not tenants
+    if applied_round < plan.round:
+        return False
+    for name in sorted(queues)[:QUOTA_QUEUES_MAX]:
+        limits, row = queues[name], plan.queues.get(name)
+        if row is None:
+            return False
+        if limits.concurrency_limit is not None and row.concurrency_limit is None:
+            return False
+        if limits.rate_milli is not None and row.rate_milli is None:
+            return False
+    for name in sorted(tenants)[:QUOTA_TENANTS_MAX]:
+        tenant, quota = tenants[name], plan.tenants.get(name)
+        if quota is None:
+            return False
+        if tenant.concurrency_limit is not None and quota.concurrency_limit is None:
+            return False
+        if tenant.max_queued is not None and quota.max_queued is None:
+            return False
+    return True
 
 
 def plan_command(shard: int, round_: int, quotas: ShardQuotas) -> PlanShardQuotas:
@@ -193,8 +225,8 @@ def view(
                 [scope, name, policy] for (scope, name), policy in settings.on_unknown.items()
             ],
             "subscriptions": {
-                sub_id: [url, list(types), digest]
-                for sub_id, (url, types, digest) in settings.subscriptions.items()
+                sub_id: [url, list(types), digest, created_at_ms]
+                for sub_id, (url, types, digest, created_at_ms) in settings.subscriptions.items()
             },
         },
         "demand": _demand(state, queues, tenants),
@@ -262,7 +294,7 @@ def read_view(raw: Mapping[str, Any]) -> ShardView:
                 },
                 on_unknown={(row[0], row[1]): row[2] for row in settings["on_unknown"]},
                 subscriptions={
-                    sub_id: (row[0], tuple(row[1]), row[2])
+                    sub_id: (row[0], tuple(row[1]), row[2], int(row[3]))
                     for sub_id, row in settings["subscriptions"].items()
                 },
             ),
@@ -315,7 +347,7 @@ def aligning_commands(
         if copy is not None:
             commands.append(DeleteSubscription(sub_id))
         if sub is not None and sub_id in secrets:
-            commands.append(CreateSubscription(sub_id, sub[0], sub[1], secrets[sub_id]))
+            commands.append(CopySubscription(sub_id, sub[0], sub[1], secrets[sub_id], sub[3]))
     return commands[:most]
 
 
