@@ -256,14 +256,26 @@ def test_phases_lower_first_then_raise() -> None:
     assert lowered(present[0], EMPTY) == present[0]
 
 
-def test_a_shard_whose_backlog_moved_in_is_starved() -> None:
-    quotas = [ShardQuotas({"q": (4, None, None)}, {}), ShardQuotas({"q": (0, None, None)}, {})]
-    idle = [{}, {"q": QueueDemand(0, 0)}]
-    inputs = RoundInputs(2, {"q": QueueLimits(4, None, None)}, {}, idle, [{}, {}], quotas)
-    assert not starved(inputs)
-    moved = [{}, {"q": QueueDemand(5, 0)}]
-    inputs = RoundInputs(2, {"q": QueueLimits(4, None, None)}, {}, moved, [{}, {}], quotas)
-    assert starved(inputs)
-    tenants = [ShardQuotas({}, {"t": (0, None)})]
-    waiting = [{"t": TenantDemand(1, 0, 1)}]
-    assert starved(RoundInputs(1, {}, {"t": TenantLimits(0, None)}, [{}], waiting, tenants))
+def test_idle_quota_where_another_shard_wants_it_is_starving() -> None:
+    limits = {"q": QueueLimits(4, None, None)}
+    quotas = [ShardQuotas({"q": (2, None, None)}, {}), ShardQuotas({"q": (2, None, None)}, {})]
+
+    def inputs(*demand: QueueDemand) -> RoundInputs:
+        return RoundInputs(2, limits, {}, [{"q": d} for d in demand], [{}, {}], quotas)
+
+    assert not starved(inputs(QueueDemand(5, 2), QueueDemand(5, 2)))  # both use theirs
+    assert not starved(inputs(QueueDemand(0, 1), QueueDemand(0, 0)))  # nobody wants more
+    assert starved(inputs(QueueDemand(5, 2), QueueDemand(0, 0)))  # shard 1's lies idle
+    assert starved(inputs(QueueDemand(0, 0), QueueDemand(3, 2)))
+    rated = RoundInputs(
+        2,
+        {"r": QueueLimits(None, 1_000, 2)},
+        {},
+        [{}, {"r": QueueDemand(1, 0)}],
+        [{}, {}],
+        [ShardQuotas({"r": (None, 1_000, 2)}, {}), ShardQuotas({"r": (None, 0, 0)}, {})],
+    )
+    assert starved(rated)
+    tenants = [ShardQuotas({}, {"t": (0, None)}), ShardQuotas({}, {"t": (3, None)})]
+    waiting = [{"t": TenantDemand(1, 0, 1)}, {}]
+    assert starved(RoundInputs(2, {}, {"t": TenantLimits(3, None)}, [{}, {}], waiting, tenants))

@@ -266,19 +266,42 @@ def targets(inputs: RoundInputs, rebalance: bool) -> list[ShardQuotas]:
 
 
 def starved(inputs: RoundInputs) -> bool:
-    """Whether a shard has runnable jobs of a queue or a tenant whose
-    concurrency or rate quota there is 0 (its backlog moved in since the
-    last rebalance): then the next rebalance need not wait its turn."""
-    for shard, quotas in enumerate(inputs.present):
-        for name, row in quotas.queues.items():
-            demand = inputs.queue_demand[shard].get(name)
-            if demand is not None and demand.runnable > 0 and (row[0] == 0 or row[2] == 0):
-                return True
-        for name, tenant_row in quotas.tenants.items():
-            wanting = inputs.tenant_demand[shard].get(name)
-            if wanting is not None and wanting.runnable > 0 and tenant_row[0] == 0:
-                return True
+    """Whether quota lies idle in one shard while another wants it: a shard
+    has runnable jobs of a queue or tenant and runs as many as its
+    concurrency quota allows, while another's quota exceeds its runnable and
+    running jobs; or a shard has runnable jobs of a queue whose rate quota
+    there is 0. Then the next rebalance need not wait its turn (a backlog
+    that moved, or drained in one shard, is followed at once)."""
+    shards = range(inputs.shards)
+    for name, limits in inputs.queues.items():
+        rows = [inputs.present[k].queues.get(name, NO_QUEUE_QUOTA) for k in shards]
+        demand = [inputs.queue_demand[k].get(name, QueueDemand(0, 0)) for k in shards]
+        if limits.concurrency_limit is not None and _idle_and_wanted(
+            [row[0] for row in rows], [(d.runnable, d.running) for d in demand]
+        ):
+            return True
+        if limits.rate_milli is not None and any(
+            rows[k][2] == 0 and demand[k].runnable > 0 for k in shards
+        ):
+            return True
+    for name, tenant in inputs.tenants.items():
+        quotas = [inputs.present[k].tenants.get(name, NO_TENANT_QUOTA)[0] for k in shards]
+        found = [inputs.tenant_demand[k].get(name, TenantDemand(0, 0, 0)) for k in shards]
+        if tenant.concurrency_limit is not None and _idle_and_wanted(
+            quotas, [(d.runnable, d.running) for d in found]
+        ):
+            return True
     return False
+
+
+def _idle_and_wanted(quotas: Sequence[int | None], demand: Sequence[tuple[int, int]]) -> bool:
+    wanted = idle = False
+    for quota, (runnable, running) in zip(quotas, demand, strict=True):
+        if quota is None:
+            return False  # no round yet: the first one comes anyway
+        wanted |= runnable > 0 and running >= quota
+        idle |= quota > runnable + running
+    return wanted and idle
 
 
 def _count(

@@ -20,9 +20,10 @@ node's key, `shards.internal_key`), never over the network:
 - **Quotas** (the leader of group 0 only, cluster version 9). Each count
   and rate limit is split over the shards (`node.quota_split`): equally at
   first, then every `REBALANCE_S` by each shard's demand, read from this
-  node's own replica of every shard (and `STARVED_REBALANCE_S` after the
-  last rebalance when a shard has runnable jobs of a limit whose quota
-  there is 0: a backlog that moved in does not wait the full period). A
+  node's own replica of every shard, and `STARVED_REBALANCE_S` after the
+  last one when quota lies idle in a shard while another wants it
+  (`quota_split.starved`: a backlog that moved or drained is followed
+  without waiting the full period). A
   round is recorded in group 0 as one `PlanShardQuotas` per shard whose
   quotas change, in two phases: the
   lowered quotas first, and only once every shard lowered has applied its
@@ -37,10 +38,12 @@ node's key, `shards.internal_key`), never over the network:
   answers), and a shard's quotas always go before the settings of the same
   pass.
 
-A pass runs at every change of group 0 (at most every `PASS_GAP_S`), at
-least every `PASS_PERIOD_S` (a shard's leader moved, a process restarted),
-and every `WAITING_PERIOD_S` while a round waits for its shards. A shard
-process that does not answer is tried again at the next pass.
+A pass runs at every change of group 0's settings, subscriptions or plans
+(at most every `PASS_GAP_S`), at least every `PASS_PERIOD_S` (a shard's
+leader moved, a process restarted; `LEADER_PASS_PERIOD_S` on group 0's
+leader, which follows the demand), and every `WAITING_PERIOD_S` while a
+round waits for its shards. A shard process that does not answer is tried
+again at the next pass.
 """
 
 from __future__ import annotations
@@ -92,10 +95,12 @@ log = logging.getLogger("raftsched.shards")
 
 PASS_GAP_S: Final = 0.25
 PASS_PERIOD_S: Final = 1.0
+# Group 0's leader reads the shards' demand this often (for `starved`).
+LEADER_PASS_PERIOD_S: Final = 0.5
 WAITING_PERIOD_S: Final = 0.1
 WAITING_FAST_S: Final = 5.0
 REBALANCE_S: Final = 5.0
-# A shard with runnable jobs and a quota of 0 (its backlog moved in) gets a
+# Quota idle in one shard while another wants it (quota_split.starved): a
 # rebalance this soon after the last one, not at its turn.
 STARVED_REBALANCE_S: Final = 1.0
 COMMANDS_PER_PASS: Final = 64
@@ -227,9 +232,10 @@ class ShardSettings:
                     self._was_leader = leader
                     self.planner.forget()
                     self._fingerprint = None
+                every_s = LEADER_PASS_PERIOD_S if leader else PASS_PERIOD_S
                 due = (
                     group_zero.fingerprint() != self._fingerprint
-                    or loop.time() - self._passed_at >= PASS_PERIOD_S
+                    or loop.time() - self._passed_at >= every_s
                     or self.planner.waiting
                 )
                 if due:
@@ -241,7 +247,10 @@ class ShardSettings:
             except Exception:
                 log.exception("bringing the shards in line with group 0 failed; trying again")
                 await asyncio.sleep(PASS_PERIOD_S)
-            period = WAITING_PERIOD_S if self.planner.waiting else PASS_PERIOD_S
+            if self.planner.waiting:
+                period = WAITING_PERIOD_S
+            else:
+                period = LEADER_PASS_PERIOD_S if self._was_leader else PASS_PERIOD_S
             await changed.wait_s(period)
             await asyncio.sleep(WAITING_PERIOD_S if self.planner.waiting else PASS_GAP_S)
 
