@@ -127,6 +127,9 @@ def test_a_view_reads_back_and_carries_no_secret() -> None:
     assert "s3cret" not in text
     seen = read_view(json.loads(text))
     assert seen.leader and seen.identity == (1, 3) and seen.round == 7
+    # Settings whose digest the asker knows are left out.
+    digest = settings_digest(settings_of(cluster.state))
+    assert read_view(view(cluster.state, leader=False, known_digest=digest)).settings is None
     assert seen.quotas == ShardQuotas({"q": (2, None, None)}, {"acme": (None, 3)})
     assert seen.settings == settings_of(cluster.state)
     assert seen.queue_demand["q"].runnable == 2 and "none" not in seen.queue_demand

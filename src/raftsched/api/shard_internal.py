@@ -2,11 +2,12 @@
 bring the shard in line with group 0 (docs/shards.md, section 4;
 `node.shard_settings`).
 
-- `POST /v1/internal/shard/view` `{"queues": [...], "tenants": [...]}`:
-  this replica's view (`node.shard_view.view`): whether it leads, its
-  shard identity and cluster version, its quotas, its settings and
-  subscriptions (secrets only as SHA-256), and the demand of the named
-  queues and tenants. Read from the replica as it is (a stale read).
+- `POST /v1/internal/shard/view` `{"queues": [...], "tenants": [...],
+  "digest": ...}`: this replica's view (`node.shard_view.view`): whether it
+  leads, its shard identity and cluster version, its quotas, its settings
+  and subscriptions (secrets only as SHA-256; left out when their digest is
+  the one given), and the demand of the named queues and tenants. Read
+  from the replica as it is (a stale read).
 - `POST /v1/internal/shard/propose` `{"commands": [...]}`: proposes the
   commands (only the kinds `node.shard_view.ALIGNING` lists: settings,
   subscriptions and the shard's quotas) one after the other, as the node's
@@ -73,10 +74,13 @@ def _names(body: Mapping[str, Any], field: str) -> list[str]:
 async def shard_view(request: web.Request) -> web.Response:
     body = require_object(await read_json(request))
     queues, tenants = _names(body, "queues"), _names(body, "tenants")
+    known = body.get("digest")
+    if known is not None and not isinstance(known, str):
+        raise invalid("digest", "digest is a string")
     node = node_of(request)
     leader = node.is_leader
     with node.reading() as state:
-        answer = view(state, leader=leader, queues=queues, tenants=tenants)
+        answer = view(state, leader=leader, queues=queues, tenants=tenants, known_digest=known)
     return json_response(answer)
 
 

@@ -85,6 +85,7 @@ from raftsched.node.shard_view import (
     quotas_command,
     read_view,
     secrets_of,
+    settings_digest,
     settings_of,
     view,
 )
@@ -266,8 +267,9 @@ class ShardSettings:
         ask_queues = list(group_zero.queue_limits) if planning else []
         ask_tenants = list(group_zero.tenant_limits) if planning else []
         shards = list(self._sockets)
+        digest = settings_digest(group_zero.settings)
         found = await asyncio.gather(
-            *(self._view(shard, ask_queues, ask_tenants) for shard in shards)
+            *(self._view(shard, ask_queues, ask_tenants, digest) for shard in shards)
         )
         views: dict[int, ShardView | None] = dict(zip(shards, found, strict=True))
         with self.node.reading() as state:
@@ -291,9 +293,10 @@ class ShardSettings:
         plan = group_zero.plans.get(shard)
         if plan is not None and plan[0] > seen.round and seen.identity is not None:
             commands.append(quotas_command(plan[0], plan[1]))
-        commands += aligning_commands(
-            group_zero.settings, seen.settings, group_zero.secrets, COMMANDS_PER_PASS
-        )
+        if seen.settings is not None:  # None: the same digest as group 0's
+            commands += aligning_commands(
+                group_zero.settings, seen.settings, group_zero.secrets, COMMANDS_PER_PASS
+            )
         if not commands:
             return True
         await self._propose(shard, commands)
@@ -412,11 +415,10 @@ class ShardSettings:
                 )
 
     async def _view(
-        self, shard: int, queues: Sequence[str], tenants: Sequence[str]
+        self, shard: int, queues: Sequence[str], tenants: Sequence[str], digest: str
     ) -> ShardView | None:
-        answer = await self._post(
-            shard, "/v1/internal/shard/view", {"queues": queues, "tenants": tenants}
-        )
+        body = {"queues": queues, "tenants": tenants, "digest": digest}
+        answer = await self._post(shard, "/v1/internal/shard/view", body)
         if answer is None:
             return None
         try:

@@ -203,14 +203,19 @@ def view(
     leader: bool,
     queues: Collection[str] = (),
     tenants: Collection[str] = (),
+    known_digest: str | None = None,
 ) -> dict[str, Any]:
     """A group's view as JSON: what `node.shard_settings` reads of a shard
-    (over its socket for shards 1..S-1, in process for group 0)."""
+    (over its socket for shards 1..S-1, in process for group 0). Its
+    settings are left out (null) when their digest is `known_digest`, the
+    asker's: a shard in line answers little however many settings there are."""
     quotas = quotas_of(state)
     settings = settings_of(state)
+    digest = settings_digest(settings)
     identity = core_shard.identity(state)
     return {
         "leader": leader,
+        "digest": digest,
         "identity": None if identity is None else list(identity),
         "cluster_version": cluster_version(state),
         "quotas": {
@@ -218,7 +223,9 @@ def view(
             "queues": [[name, *row] for name, row in sorted(quotas.queues.items())],
             "tenants": [[name, *row] for name, row in sorted(quotas.tenants.items())],
         },
-        "settings": {
+        "settings": None
+        if digest == known_digest
+        else {
             "queues": {name: list(row) for name, row in settings.queues.items()},
             "tenants": {name: list(row) for name, row in settings.tenants.items()},
             "on_unknown": [
@@ -267,7 +274,7 @@ class ShardView:
     cluster_version: int
     round: int
     quotas: ShardQuotas
-    settings: Settings
+    settings: Settings | None  # None: those whose digest the asker knew
     queue_demand: Mapping[str, QueueDemand]
     tenant_demand: Mapping[str, TenantDemand]
 
@@ -287,17 +294,7 @@ def read_view(raw: Mapping[str, Any]) -> ShardView:
                 {row[0]: (row[1], row[2], row[3]) for row in quotas["queues"]},
                 {row[0]: (row[1], row[2]) for row in quotas["tenants"]},
             ),
-            settings=Settings(
-                queues={name: _queue_settings(row) for name, row in settings["queues"].items()},
-                tenants={
-                    name: (row[0], row[1], row[2]) for name, row in settings["tenants"].items()
-                },
-                on_unknown={(row[0], row[1]): row[2] for row in settings["on_unknown"]},
-                subscriptions={
-                    sub_id: (row[0], tuple(row[1]), row[2], int(row[3]))
-                    for sub_id, row in settings["subscriptions"].items()
-                },
-            ),
+            settings=None if settings is None else _settings(settings),
             queue_demand={
                 name: QueueDemand(int(row[0]), int(row[1]))
                 for name, row in demand["queues"].items()
@@ -309,6 +306,18 @@ def read_view(raw: Mapping[str, Any]) -> ShardView:
         )
     except (KeyError, IndexError, TypeError, AttributeError) as error:
         raise ValueError(f"not a shard's view: {error!r}") from None
+
+
+def _settings(raw: Mapping[str, Any]) -> Settings:
+    return Settings(
+        queues={name: _queue_settings(row) for name, row in raw["queues"].items()},
+        tenants={name: (row[0], row[1], row[2]) for name, row in raw["tenants"].items()},
+        on_unknown={(row[0], row[1]): row[2] for row in raw["on_unknown"]},
+        subscriptions={
+            sub_id: (row[0], tuple(row[1]), row[2], int(row[3]))
+            for sub_id, row in raw["subscriptions"].items()
+        },
+    )
 
 
 def _queue_settings(row: list[Any]) -> QueueSettings:
