@@ -19,6 +19,8 @@ import hashlib
 import hmac
 import http.client
 import json
+import os
+import signal
 import socket
 import threading
 import time
@@ -161,6 +163,43 @@ def test_settings_and_their_reset_reach_every_shard(sharded: LocalCluster, clien
     client.set_tenant("weighty")
     client.set_queue("reconciled", on_unknown="retry")
     wait_in_line(sharded)
+
+
+def _views_of(cluster: LocalCluster, node_id: str, shard: int) -> dict[str, Any] | None:
+    views = cluster.shard_views(node_id)
+    return None if views is None else views[shard]
+
+
+def test_a_shard_without_a_leader_is_brought_in_line_once_it_has_one(
+    sharded: LocalCluster, client: Client
+) -> None:
+    """Two of shard 2's three processes stopped: shard 2 has no leader, so
+    nothing can be written there, and the other shards go on. Set meanwhile,
+    a pause and a limit reach it once it elects a leader again."""
+    stopped_on, watcher = sorted(sharded.nodes)[:2], sorted(sharded.nodes)[2]
+    pids = [sharded.shard_pid(node_id, 2) for node_id in stopped_on]
+    assert all(pid is not None for pid in pids)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)  # type: ignore[arg-type]
+    try:
+        client.pause_queue("while-down")
+        client.set_tenant("while-down", max_queued=9)
+        assert wait_for(
+            lambda: all(
+                (_views_of(sharded, watcher, k) or {}).get("settings_in_line") for k in (0, 1)
+            ),
+            30,
+        )
+        time.sleep(2.0)  # passes come and go; shard 2 cannot take anything
+        seen = _views_of(sharded, watcher, 2)
+        assert seen is not None and seen.get("settings_in_line") is False, seen
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)  # type: ignore[arg-type]
+    wait_quotas(sharded, timeout_s=60)
+    client.resume_queue("while-down")
+    client.set_tenant("while-down")
+    wait_quotas(sharded, timeout_s=60)
 
 
 # -- max_queued ----------------------------------------------------------------------------

@@ -107,7 +107,10 @@ STARVED_REBALANCE_S: Final = 1.0
 COMMANDS_PER_PASS: Final = 64
 # How long a follower of group 0 waits to catch up before a pass.
 CATCH_UP_S: Final = 1.0
-REQUEST_TIMEOUT_S: Final = 10.0
+# A shard process that does not answer a view this fast is skipped this pass
+# (a hung one must not hold the others back); proposals may wait longer.
+VIEW_TIMEOUT_S: Final = 2.0
+PROPOSE_TIMEOUT_S: Final = 10.0
 CONNECT_TIMEOUT_S: Final = 2.0
 
 
@@ -209,7 +212,7 @@ class ShardSettings:
             self._sessions[shard] = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=str(path)),
                 timeout=aiohttp.ClientTimeout(
-                    total=REQUEST_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S
+                    total=PROPOSE_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S
                 ),
             )
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -274,11 +277,9 @@ class ShardSettings:
         views: dict[int, ShardView | None] = dict(zip(shards, found, strict=True))
         with self.node.reading() as state:
             views[0] = read_view(view(state, leader=leader, queues=ask_queues, tenants=ask_tenants))
-        in_line = True
-        for shard in shards:
-            seen = views[shard]
-            if seen is not None and seen.leader:
-                in_line &= await self._align(shard, seen, group_zero)
+        leading = [(k, seen) for k in shards if (seen := views[k]) is not None and seen.leader]
+        aligned = await asyncio.gather(*(self._align(k, seen, group_zero) for k, seen in leading))
+        in_line = all(aligned)
         if leader:
             in_line &= await self._own_quotas(group_zero, views[0])
         if planning:
@@ -418,7 +419,7 @@ class ShardSettings:
         self, shard: int, queues: Sequence[str], tenants: Sequence[str], digest: str
     ) -> ShardView | None:
         body = {"queues": queues, "tenants": tenants, "digest": digest}
-        answer = await self._post(shard, "/v1/internal/shard/view", body)
+        answer = await self._post(shard, "/v1/internal/shard/view", body, VIEW_TIMEOUT_S)
         if answer is None:
             return None
         try:
@@ -427,13 +428,18 @@ class ShardSettings:
             self._warn(f"shard {shard}'s view could not be read: {error}")
             return None
 
-    async def _post(self, shard: int, path: str, body: Any) -> dict[str, Any] | None:
+    async def _post(
+        self, shard: int, path: str, body: Any, timeout_s: float = PROPOSE_TIMEOUT_S
+    ) -> dict[str, Any] | None:
         session = self._sessions.get(shard)
         if session is None:
             return None
         try:
             async with session.post(
-                "http://shard" + path, json=body, headers={INTERNAL_KEY_HEADER: self._key}
+                "http://shard" + path,
+                json=body,
+                headers={INTERNAL_KEY_HEADER: self._key},
+                timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=CONNECT_TIMEOUT_S),
             ) as response:
                 answer = await response.json(content_type=None)
                 status = response.status
