@@ -52,12 +52,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import aiohttp
 
+from raftsched.core import command_version
 from raftsched.core.jobs.quota_book import QUOTA_QUEUES_MAX, QUOTA_TENANTS_MAX
 from raftsched.core.kernel import shard as core_shard
 from raftsched.core.kernel.cluster_version import cluster_version
@@ -171,8 +172,6 @@ class Planner:
     rebalanced_at: float = float("-inf")
     waiting: bool = False
     waiting_since: float | None = None
-    rounds: int = 0  # rounds proposed by this node (a figure for tests and logs)
-    last_round_at: float = field(default=0.0)
 
     def forget(self) -> None:
         """Leadership of group 0 moved: the next leader starts from the record."""
@@ -298,10 +297,12 @@ class ShardSettings:
             commands += aligning_commands(
                 group_zero.settings, seen.settings, group_zero.secrets, COMMANDS_PER_PASS
             )
-        if not commands:
-            return True
-        await self._propose(shard, commands)
-        return False
+        # What the shard's cluster version does not take yet waits for it
+        # (a subscription's copy, before version 9).
+        ready = [c for c in commands if command_version(c) <= seen.cluster_version]
+        if ready:
+            await self._propose(shard, ready)
+        return not commands
 
     async def _own_quotas(self, group_zero: GroupZero, own: ShardView | None) -> bool:
         """As leader of group 0: apply shard 0's planned quotas here."""
@@ -374,8 +375,6 @@ class ShardSettings:
         commands = [plan_command(shard, round_, parts[shard]) for shard in sorted(parts)]
         ok = await self._propose_here(commands, f"round {round_} ({phase})")
         if ok:
-            self.planner.rounds += 1
-            self.planner.last_round_at = time.monotonic()
             log.debug(
                 "quota round %d (%s) planned for shards %s",
                 round_,
