@@ -27,9 +27,10 @@ from raftsched.config import ConfigError, NodeConfig
 from raftsched.logs import configure_logging
 from raftsched.node import gc_tuning
 from raftsched.node.service import Node
+from raftsched.node.shard_settings import ShardSettings
 from raftsched.node.webhooks import WebhookDelivery
 from raftsched.shard_processes import ShardProcesses
-from raftsched.shards import SOCKET_NAME, ShardCountMismatch, settle_shards
+from raftsched.shards import SOCKET_NAME, ShardCountMismatch, internal_key, settle_shards
 
 # The largest request header a shard process takes (its node's principal header).
 INTERNAL_HEADER_BYTES_MAX = 64 * 1024
@@ -123,9 +124,14 @@ def assemble(
 
     node = Node(config, loop)
     policy = config.webhook_policy()
-    node.add_leader_duty(WebhookDelivery(node, policy=policy))
+    # Every group's leader delivers its own outbox; in a sharded cluster an
+    # event's id and envelope name the shard (docs/shards.md).
+    shard = config.shard if config.shards > 1 else None
+    node.add_leader_duty(WebhookDelivery(node, policy=policy, shard=shard))
     router = None
     if shard_processes is not None:
+        # Settings, subscriptions and quotas in every shard (node.shard_settings).
+        duty = ShardSettings(node, config.shards, config.data_dir, internal_key(config.secret))
         router = ShardRouter(
             node,
             config.shards,
@@ -134,7 +140,7 @@ def assemble(
             peer_ssl=tls.peer_context(config),
             stride=config.shard_port_stride,
         )
-    return node, create_app(
+    app = create_app(
         node,
         max_body_bytes=config.max_body_bytes,
         webhook_targets=policy,
@@ -142,7 +148,16 @@ def assemble(
         traced=tracing.enabled(),
         shard_router=router,
         shard_process=config.shard > 0,
+        internal_key=internal_key(config.secret) if config.shard > 0 else None,
     )
+    if shard_processes is not None:
+        app.on_startup.append(lambda _: _started(duty))
+        app.on_cleanup.append(lambda _: duty.close())
+    return node, app
+
+
+async def _started(duty: ShardSettings) -> None:
+    duty.start()
 
 
 async def _serve(config: NodeConfig, server_ssl: ssl.SSLContext | None) -> None:

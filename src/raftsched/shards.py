@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import os
 import re
@@ -43,6 +44,13 @@ SHARD_HEADER: Final = "Raftsched-Shard"
 # over the shard's socket (api.shard_routing); a shard process accepts it
 # there only, and has no other listener.
 INTERNAL_PRINCIPAL_HEADER: Final = "Raftsched-Internal-Principal"
+# A node process's own requests to its shard processes (the routes under
+# `INTERNAL_PREFIX`: a shard's view, and the commands that align its
+# settings with group 0's, node.shard_settings) carry this header with
+# `internal_key(secret)`, which only holders of the cluster secret can make;
+# the node never forwards a client's value of it.
+INTERNAL_KEY_HEADER: Final = "Raftsched-Internal-Key"
+INTERNAL_PREFIX: Final = "/v1/internal/"
 # A placed request redirected to another node keeps its shard there: the
 # node adds `?shard=k` to the Location of a 307 for a request it placed.
 SHARD_QUERY: Final = "shard"
@@ -69,6 +77,13 @@ _STEP_ID = re.compile(r"^job_wf([1-9][0-9]{0,8})_")
 
 class ShardCountMismatch(ValueError):
     """The data directory was created with another number of shards."""
+
+
+def internal_key(secret: str) -> str:
+    """What a node process shows its shard processes on their internal
+    routes: a MAC of a fixed label under the cluster secret (both sides hold
+    the secret: a shard process gets it with its configuration)."""
+    return hmac.new(secret.encode(), b"raftsched shard process internal v1", "sha256").hexdigest()
 
 
 def shift_address(address: str, shard: int, stride: int) -> str:

@@ -18,6 +18,7 @@ from raftsched.core import (
     needs_upgrade,
 )
 from raftsched.core.auth.commands import BootstrapAdmin, CreateToken, RevokeToken, TouchTokens
+from raftsched.core.events.commands import CopySubscription
 from raftsched.core.jobs.commands import (
     ClaimJobs,
     ClaimJobsOfKinds,
@@ -25,6 +26,7 @@ from raftsched.core.jobs.commands import (
     Configure,
     ConfigureWheel,
     LeaseBatch,
+    PlanShardQuotas,
     ReconcileJob,
     ReplayReconciled,
     RequestReconcile,
@@ -72,6 +74,8 @@ def test_every_command_kind_has_a_version_and_only_the_known_ones_are_new() -> N
         ClaimJobsOfKinds: 8,
         SetShard: 9,
         SetShardQuotas: 9,
+        PlanShardQuotas: 9,
+        CopySubscription: 9,
     }
     assert COMMAND_VERSION_MAX == 9
 

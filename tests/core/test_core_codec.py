@@ -30,6 +30,7 @@ from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
     ConfigureOutbox,
+    CopySubscription,
     CreateSubscription,
     DeleteSubscription,
     ParkDelivery,
@@ -46,6 +47,7 @@ from raftsched.core.jobs.commands import (
     HeartbeatJob,
     LeaseBatch,
     PauseQueue,
+    PlanShardQuotas,
     ReconcileJob,
     RecordEffect,
     ReplayJob,
@@ -136,6 +138,7 @@ EVERY_COMMAND: tuple[Command, ...] = (
     ConfigureOutbox(1_000, 50),
     ConfigureOutbox(),
     CreateSubscription("s1", "http://h/", ("job.*",), "secret"),
+    CopySubscription("s1", "http://h/", ("job.*",), "secret", 1_800_000_000_000),
     DeleteSubscription("s1"),
     AckDelivery("s1", 7),
     ParkDelivery("s1", 7, 3, "HTTP 500"),
@@ -201,6 +204,8 @@ EVERY_COMMAND: tuple[Command, ...] = (
     SetShard(2, 3),
     SetShardQuotas(1_800_000_000_000, (("q", 2, None, None), ("r", None, 500, 1)), (("a", 3, 9),)),
     SetShardQuotas(2),
+    PlanShardQuotas(1, 1_800_000_000_000, (("q", 2, 500, 1),), (("a", None, 9),)),
+    PlanShardQuotas(0, 2),
 )  # fmt: skip
 
 
@@ -213,6 +218,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         ResumeSchedule: 24, TriggerSchedule: 25, BackfillSchedule: 26,
         ConfigureOutbox: 40, CreateSubscription: 41, DeleteSubscription: 42,
         AckDelivery: 43, ParkDelivery: 44, RetryParked: 45, AckParked: 46,
+        CopySubscription: 47,
         SubmitWorkflow: 50, CancelWorkflow: 51,
         SetQueue: 60, PauseQueue: 61, SetTenant: 62,
         Audited: 80,
@@ -224,7 +230,7 @@ def test_every_command_type_has_a_stable_tag() -> None:
         LeaseBatch: 110,
         ConfigureWheel: 120,
         ClaimJobsOfKinds: 130,
-        SetShard: 140, SetShardQuotas: 141,
+        SetShard: 140, SetShardQuotas: 141, PlanShardQuotas: 142,
     } == COMMAND_TAGS  # fmt: skip
     assert {type(command) for command in EVERY_COMMAND} == set(COMMAND_TAGS)
 

@@ -36,6 +36,7 @@ from raftsched.api import (
     queues,
     reconciliation,
     schedules,
+    shard_internal,
     stats,
     tokens,
     wheel,
@@ -173,9 +174,12 @@ def _admit(request: web.Request) -> None:
 
 def _admit_from_node(request: web.Request) -> None:
     """`_admit` in a shard process: its node process authenticated the
-    caller (api.auth.authorize_from_node)."""
+    caller (api.auth.authorize_from_node), or the node asks itself, with its
+    key, on an internal route (api.shard_internal)."""
     if node_of(request).removed and request.path not in REMOVED_NODE_ROUTES:
         raise _removed_node()
+    if shard_internal.admit_internal(request):
+        return
     authorize_from_node(request)
 
 
@@ -240,10 +244,12 @@ def create_app(
     traced: bool = False,
     shard_router: ShardRouter | None = None,
     shard_process: bool = False,
+    internal_key: str | None = None,
 ) -> web.Application:
     """The application of a node; with `shard_router`, of a node of several
     shards, which routes requests to them; with `shard_process`, of a shard
-    process, which takes the principal its node process names."""
+    process, which takes the principal its node process names and answers
+    its node's internal requests made with `internal_key`."""
     # The one middleware renders the ApiErrors (401, 403, 429, 503) that
     # the checks before a handler raise, and times them. With `traced`
     # (tracing.enabled()), a server span goes around it (api.server_spans);
@@ -266,6 +272,9 @@ def create_app(
     app[LIMITER] = FailureLimiter(failures_max=auth_failures_per_minute)
     app[CATCH_UPS] = CatchUps()
     app[events.WEBHOOK_TARGETS] = webhook_targets or TargetPolicy()
+    if shard_process and internal_key:
+        app[shard_internal.INTERNAL_KEY] = internal_key
+        app.add_routes(shard_internal.internal_routes)
     app.add_routes(jobs.routes)
     app.add_routes(leases.routes)
     app.add_routes(cluster.routes)

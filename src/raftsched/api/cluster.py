@@ -15,8 +15,10 @@ from raftsched.api.membership import cluster_membership, peer_statuses, pending_
 from raftsched.api.requests import node_of
 from raftsched.api.shard_routing import SHARD_ROUTER, ShardRouter
 from raftsched.core.jobs.queries import packed_count
+from raftsched.core.jobs.quota_book import quotas_of
 from raftsched.core.kernel import shard as core_shard
 from raftsched.node.metrics import CONTENT_TYPE
+from raftsched.node.shard_view import settings_digest, settings_of
 from raftsched.node.versions import THIS_NODE
 from raftsched.node.view import NodeView
 from raftsched.shards import SHARD_HEADER
@@ -73,6 +75,7 @@ async def cluster(request: web.Request) -> web.Response:
         "cluster_version": node.cluster_version(),
         "cluster_id": node.cluster_id(),
         "shard_identity": _shard_identity(node),
+        "shard_settings": _shard_settings(node),
         "nodes": nodes,
         "membership": membership,
     }
@@ -117,6 +120,19 @@ def _shard_identity(node: NodeView) -> dict[str, int] | None:
     with node.reading() as state:
         recorded = core_shard.identity(state)
     return None if recorded is None else {"index": recorded[0], "count": recorded[1]}
+
+
+def _shard_settings(node: NodeView) -> dict[str, object] | None:
+    """What a group of a sharded cluster holds of the settings group 0
+    records (node.shard_settings): a digest of its queue and tenant settings
+    and subscriptions (a shard is in line when its digest is group 0's) and
+    the round of its quotas; None before it recorded its shard."""
+    with node.reading() as state:
+        if core_shard.identity(state) is None:
+            return None
+        digest = settings_digest(settings_of(state))
+        quota_round = quotas_of(state).round
+    return {"digest": digest, "quota_round": quota_round}
 
 
 @routes.get("/healthz")

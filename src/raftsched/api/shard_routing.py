@@ -81,14 +81,17 @@ from raftsched.api.jsonbody import json_response, loads
 from raftsched.api.principal import ANONYMOUS, encode_principal, principal_if_set
 from raftsched.api.requests import Handler, read_body, read_json
 from raftsched.api.validation import choice, parse_job, require_object, string
+from raftsched.core.jobs.quota_book import quotas_of
 from raftsched.core.kernel import shard as core_shard
 from raftsched.core.kernel.commands import JobSpec
 from raftsched.limits import LEASE_BATCH_OPS_MAX, WAIT_S_MAX
 from raftsched.logs import REQUEST_ID
 from raftsched.node.lease_ops import PROPOSAL_ERRORS
 from raftsched.node.proposer import NotLeader
+from raftsched.node.shard_view import quotas_in_line, settings_digest, settings_of
 from raftsched.node.view import NodeView
 from raftsched.shards import (
+    INTERNAL_KEY_HEADER,
     INTERNAL_PRINCIPAL_HEADER,
     SHARD_HEADER,
     SHARD_PORT_STRIDE,
@@ -135,6 +138,7 @@ _HOP_BY_HOP: Final = frozenset(
 # claim to one, and needs no bearer secret.
 _NOT_FORWARDED: Final = _HOP_BY_HOP | {
     INTERNAL_PRINCIPAL_HEADER.lower(),
+    INTERNAL_KEY_HEADER.lower(),
     SHARD_HEADER.lower(),
     "authorization",
 }
@@ -1122,6 +1126,7 @@ class ShardRouter:
                 "cluster_version": node.cluster_version(),
                 "cluster_id": node.cluster_id(),
                 "identity_recorded": _recorded(node),
+                **_settings_of(node, 0, None),
                 "ready": leader is not None and status.applied_index >= target,
                 "pid": os.getpid(),
                 "status": "running",
@@ -1155,6 +1160,7 @@ class ShardRouter:
                         "identity_recorded": view.get("shard_identity") is not None,
                         "members": sorted(shard_members(view) or ()),
                         "membership_change": (view.get("membership") or {}).get("change"),
+                        **_settings_of(node, shard, view.get("shard_settings")),
                         "ready": bool(ready and ready.get("ready")),
                         "status": "running",
                     }
@@ -1303,6 +1309,33 @@ async def _unless_gone(request: web.Request, awaitable: Awaitable[Any]) -> Any:
         if transport is None or transport.is_closing():
             task.cancel()
             raise _ClientGone
+
+
+def _settings_of(node: NodeView, shard: int, seen: object) -> dict[str, Any]:
+    """A shard's `settings_in_line` (its settings and subscriptions are group
+    0's), `quota_round` and `quotas_in_line` (it enforces its quota of every
+    limit group 0 records), as this node's replicas say (node.shard_settings);
+    `seen` is the shard's `shard_settings`, None for group 0's own entry.
+    Nothing before the group recorded its shard."""
+    with node.reading() as state:
+        if core_shard.identity(state) is None:
+            return {}
+        mine = settings_digest(settings_of(state))
+        if seen is None:
+            own_round = quotas_of(state).round
+            return {
+                "settings_in_line": True,
+                "quota_round": own_round,
+                "quotas_in_line": quotas_in_line(state, shard, own_round),
+            }
+        if not isinstance(seen, dict):
+            return {}
+        applied = seen.get("quota_round")
+        return {
+            "settings_in_line": seen.get("digest") == mine,
+            "quota_round": applied,
+            "quotas_in_line": isinstance(applied, int) and quotas_in_line(state, shard, applied),
+        }
 
 
 def _recorded(node: NodeView) -> bool:

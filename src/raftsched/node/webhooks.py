@@ -84,23 +84,27 @@ class DeliverySettings:
     )
 
 
-def event_id(event: OutboxEvent) -> str:
-    return f"evt_{event.seq}"
+def event_id(event: OutboxEvent, shard: int = 0) -> str:
+    """`evt_<seq>` in shard 0 (and in a one-shard cluster), `evt<k>_<seq>` in
+    shard k: each shard's outbox numbers its own events, so the id names
+    the shard to be unique in the cluster (docs/shards.md)."""
+    return f"evt_{event.seq}" if shard == 0 else f"evt{shard}_{event.seq}"
 
 
-def event_body(event: OutboxEvent, subscription_id: str) -> bytes:
-    return json.dumps(
-        {
-            "id": event_id(event),
-            "seq": event.seq,
-            "type": event.type,
-            "at": format_ms(event.at_ms),
-            "subscription_id": subscription_id,
-            "data": decode_data(event),
-        },
-        separators=(",", ":"),
-        sort_keys=True,
-    ).encode()
+def event_body(event: OutboxEvent, subscription_id: str, shard: int | None = None) -> bytes:
+    """The delivery's JSON; `shard` (None in a one-shard cluster, whose
+    envelope stays as it was) names the shard whose outbox holds the event."""
+    envelope: dict[str, Any] = {
+        "id": event_id(event, shard or 0),
+        "seq": event.seq,
+        "type": event.type,
+        "at": format_ms(event.at_ms),
+        "subscription_id": subscription_id,
+        "data": decode_data(event),
+    }
+    if shard is not None:
+        envelope["shard"] = shard
+    return json.dumps(envelope, separators=(",", ":"), sort_keys=True).encode()
 
 
 def sign(secret: str, body: bytes) -> str:
@@ -123,10 +127,13 @@ class WebhookDelivery:
         settings: DeliverySettings | None = None,
         *,
         policy: TargetPolicy | None = None,
+        shard: int | None = None,
     ) -> None:
         self.node = node
         self.settings = settings or DeliverySettings()
         self.policy = policy or TargetPolicy()
+        # The shard whose outbox this node's group holds; None: one shard.
+        self.shard = shard
         self._task: asyncio.Task[None] | None = None
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._session: aiohttp.ClientSession | None = None
@@ -262,11 +269,11 @@ class WebhookDelivery:
         on_success: Command | None,
     ) -> Command | None:
         """POST until a 2xx or `max_attempts`; the command to propose after."""
-        body = event_body(event, target.id)
+        body = event_body(event, target.id, self.shard)
         headers = {
             "Content-Type": "application/json",
             SIGNATURE_HEADER: sign(target.secret, body),
-            EVENT_ID_HEADER: event_id(event),
+            EVENT_ID_HEADER: event_id(event, self.shard or 0),
         }
         settings = self.settings
         error = ""
@@ -352,7 +359,7 @@ def checked_session(
     return aiohttp.ClientSession(connector=connector)
 
 
-def describe(event: OutboxEvent) -> dict[str, Any]:
+def describe(event: OutboxEvent, shard: int | None = None) -> dict[str, Any]:
     """The JSON a receiver gets (for docs and tests)."""
-    parsed: dict[str, Any] = json.loads(event_body(event, "sub"))
+    parsed: dict[str, Any] = json.loads(event_body(event, "sub", shard))
     return parsed

@@ -28,6 +28,22 @@ class CreateSubscription(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class CopySubscription(Command):
+    """A data shard's copy of a subscription group 0 records (docs/shards.md,
+    "Events and subscriptions"; since cluster version 9): the same id, URL,
+    types and secret, and group 0's `created_at_ms`. Delivery starts after
+    the last event this shard held from before that moment, so its events
+    from the subscription's creation on are delivered even though the copy
+    is made a moment later. Proposed by the node hosting the shard's leader."""
+
+    subscription_id: str
+    url: str
+    types: tuple[str, ...]
+    secret: str
+    created_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class DeleteSubscription(Command):
     subscription_id: str
 

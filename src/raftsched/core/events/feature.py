@@ -10,11 +10,13 @@ from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
     ConfigureOutbox,
+    CopySubscription,
     CreateSubscription,
     DeleteSubscription,
     ParkDelivery,
     RetryParked,
 )
+from raftsched.core.kernel import shard
 from raftsched.core.kernel.feature import CommandKind, Feature, TickWork
 
 FEATURE: Final = Feature(
@@ -45,6 +47,14 @@ FEATURE: Final = Feature(
             RetryParked, 45, ("str",), subscriptions.apply_retry_parked, audit=audit.RETRY_PARKED
         ),
         CommandKind(AckParked, 46, ("str", "int"), subscriptions.apply_ack_parked),
+        # A data shard's copy of group 0's subscription (docs/shards.md).
+        CommandKind(
+            CopySubscription,
+            47,
+            ("str", "str", "strs", "str", "int"),
+            subscriptions.apply_copy_subscription,
+            since=shard.SHARD_VERSION,
+        ),
     ),
     tick=(TickWork(70, outbox_retention.trim),),
     next_due_ms=outbox_retention.next_due_ms,

@@ -16,11 +16,13 @@ commands, so that a new leader resumes where the old one stopped:
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any, Final, NamedTuple
 
 from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
+    CopySubscription,
     CreateSubscription,
     DeleteSubscription,
     ParkDelivery,
@@ -32,6 +34,7 @@ from raftsched.core.kernel.outbox import (
     OutboxEvent,
     events_after,
     last_seq,
+    outbox,
     type_matches,
 )
 from raftsched.core.kernel.results import (
@@ -47,6 +50,7 @@ from raftsched.core.kernel.sections import Section
 from raftsched.core.kernel.state import State
 from raftsched.core.kernel.validate import (
     TEXT_CHARS_MAX,
+    TIME_MS_MAX,
     TOKEN_MAX,
     check_int,
     check_name,
@@ -129,7 +133,7 @@ def _find(state: State, subscription_id: str) -> Subscription | Rejected:
 # -- commands -------------------------------------------------------------------
 
 
-def _check_create(command: CreateSubscription) -> Rejected | None:
+def _check_create(command: CreateSubscription | CopySubscription) -> Rejected | None:
     url = command.url
     if (
         type(url) is not str
@@ -182,6 +186,53 @@ def apply_create_subscription(
         cursor,
     )
     _undo(savepoint, lambda: table.pop(command.subscription_id, None))
+    return SubscriptionCreated(command.subscription_id, True, cursor)
+
+
+def apply_copy_subscription(
+    state: State, command: CopySubscription, context: Context
+) -> SubscriptionCreated | Rejected:
+    """A shard's copy of group 0's subscription (see `CopySubscription`): a
+    repeat is answered as a repeated create is; delivery starts after the
+    last held event from before `created_at_ms`."""
+    rejected = _check_create(command) or check_int(
+        command.created_at_ms, "created_at_ms", 0, TIME_MS_MAX
+    )
+    if rejected is not None:
+        return rejected
+    table = subscriptions(state)
+    existing = table.get(command.subscription_id)
+    if existing is not None:
+        same = (existing.url, existing.types, existing.secret, existing.created_at_ms) == (
+            command.url,
+            tuple(sorted(set(command.types))),
+            command.secret,
+            command.created_at_ms,
+        )
+        if same:
+            return SubscriptionCreated(existing.id, False, existing.cursor)
+        return Rejected(
+            IDEMPOTENCY_CONFLICT,
+            "this subscription id exists with a different request",
+            {"field": "subscription_id"},
+        )
+    if len(table) >= SUBSCRIPTIONS_MAX:
+        return invalid("subscription_id", f"at most {SUBSCRIPTIONS_MAX} subscriptions")
+    box = outbox(state)
+    events = box.events
+    first_new = bisect_left(
+        events, command.created_at_ms, lo=box.head, key=lambda event: event.at_ms
+    )
+    cursor = last_seq(state) if first_new == len(events) else events[first_new].seq - 1
+    table[command.subscription_id] = Subscription(
+        command.subscription_id,
+        command.url,
+        tuple(sorted(set(command.types))),
+        command.secret,
+        command.created_at_ms,
+        cursor,
+    )
+    _undo(context.savepoint, lambda: table.pop(command.subscription_id, None))
     return SubscriptionCreated(command.subscription_id, True, cursor)
 
 

@@ -272,4 +272,21 @@ class SetShardQuotas(Command):
     tenants: tuple[TenantQuotaRow, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class PlanShardQuotas(Command):
+    """Group 0's record of one shard's quotas for one rebalance round
+    (jobs.quota_plans, docs/shards.md section 4): group 0's leader splits
+    the flow limits over the shards and records each shard's part here; the
+    node that hosts shard `shard`'s leader proposes it there as that shard's
+    `SetShardQuotas` (same round, same rows). Rows and rounds are checked as
+    `SetShardQuotas`' are; a round older than the shard's plan is refused,
+    the same one again is a repeat. Accepted once the group has recorded its
+    shard identity (`SetShard`), for a shard below its count."""
+
+    shard: int
+    round: int
+    queues: tuple[QueueQuotaRow, ...] = ()
+    tenants: tuple[TenantQuotaRow, ...] = ()
+
+
 # -- Recurring schedules (issue 5) -------------------------------------------------

@@ -14,6 +14,7 @@ from raftsched.core.jobs import (
     audit,
     flow,
     quota_book,
+    quota_plans,
     reconcile,
     reconcile_book,
     reconcile_log,
@@ -31,6 +32,7 @@ from raftsched.core.jobs.commands import (
     HeartbeatJob,
     LeaseBatch,
     PauseQueue,
+    PlanShardQuotas,
     ReconcileJob,
     RecordEffect,
     ReplayJob,
@@ -141,6 +143,7 @@ def _check(state: State) -> list[str]:
     return (
         flow.check_flow(state)
         + quota_book.check(state)
+        + quota_plans.check(state)
         + reconcile_book.check(state)
         + reconcile_log.check(state)
         + trace_book.check(state)
@@ -153,6 +156,7 @@ FEATURE: Final = Feature(
     sections=(
         flow.SECTION,
         quota_book.SECTION,
+        quota_plans.SECTION,
         reconcile_book.SECTION,
         trace_book.SECTION,
         wheel.SECTION,
@@ -244,6 +248,14 @@ FEATURE: Final = Feature(
             141,
             ("int", "queue_quotas", "tenant_quotas"),
             flow.apply_set_shard_quotas,
+            since=shard.SHARD_VERSION,
+        ),
+        # Group 0's record of every shard's quotas (jobs.quota_plans).
+        CommandKind(
+            PlanShardQuotas,
+            142,
+            ("int", "int", "queue_quotas", "tenant_quotas"),
+            quota_plans.apply_plan_shard_quotas,
             since=shard.SHARD_VERSION,
         ),
     ),

@@ -37,7 +37,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from raftsched.core.jobs.commands import PauseQueue, SetQueue, SetShardQuotas, SetTenant
+from raftsched.core.jobs.commands import (
+    PauseQueue,
+    PlanShardQuotas,
+    SetQueue,
+    SetShardQuotas,
+    SetTenant,
+)
 from raftsched.core.jobs.quota_book import (
     QUOTA_QUEUES_MAX,
     QUOTA_TENANTS_MAX,
@@ -408,7 +414,7 @@ def apply_set_shard_quotas(
     round's (quota_book); a queue whose bucket changes keeps the tokens it
     has, at most the new burst."""
     savepoint = context.savepoint
-    rejected = _check_shard_quotas(command)
+    rejected = check_quota_round(command)
     if rejected is not None:
         return rejected
     if shard.identity(state) is None:
@@ -462,7 +468,7 @@ def apply_set_shard_quotas(
     return Ack()
 
 
-def _check_shard_quotas(command: SetShardQuotas) -> Rejected | None:
+def check_quota_round(command: SetShardQuotas | PlanShardQuotas) -> Rejected | None:
     """A round, then at most QUOTA_*_MAX rows of each kind in ascending
     order of name, each with at least one quota in range (a rate with its
     burst); a bad row is named by its field and index."""

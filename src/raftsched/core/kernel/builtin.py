@@ -72,7 +72,8 @@ FEATURE: Final = Feature(
         ),
         CommandKind(ForgetIncarnation, 92, ("str",), identity.apply_forget_incarnation, since=4),
         # Shards (issue 21): 140-149, cluster version 9 (SetShardQuotas, the
-        # shard's share of the flow limits, is the jobs feature's 141).
+        # shard's share of the flow limits, is the jobs feature's 141, and
+        # PlanShardQuotas, group 0's record of every shard's share, its 142).
         CommandKind(
             SetShard, 140, ("int", "int"), shard.apply_set_shard, since=shard.SHARD_VERSION
         ),
