@@ -167,18 +167,18 @@ def _with_every_family(
         wanted.append("replace_node")  # keeps the planned size
     if not any(f.kind == "fsync_fail" for f in faults):
         wanted.append("fsync_fail")
+    kept: tuple[str, ...] = (*MEMBERSHIP_KINDS, "upgrade", "fsync_fail")
     if shards > 1:
         # A node's SIGKILL and SIGSTOP must take its shard processes with it,
         # and each shard-process fault must run: one of each at least.
+        required = ("kill_leader", "pause_leader", *SHARD_KINDS)
         have = {f.kind for f in faults}
-        wanted += [k for k in ("kill_leader", "pause_leader", *SHARD_KINDS) if k not in have]
+        wanted += [k for k in required if k not in have]
+        kept += required
     half = faults[len(faults) // 2].at_s
     for kind in wanted:
         candidates = [
-            i for i, f in enumerate(faults)
-            if f.at_s >= half
-            and f.kind not in (*MEMBERSHIP_KINDS, "upgrade", "fsync_fail", *wanted)
-            and (shards == 1 or f.kind not in SHARD_KINDS)
+            i for i, f in enumerate(faults) if f.at_s >= half and f.kind not in kept
         ]  # fmt: skip
         if not candidates:
             continue
