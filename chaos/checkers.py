@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from raftsched.shards import shard_of_id
 from raftsched.testing import ExpectedLogError, LogError
 
 FINAL_STATUSES = frozenset({"succeeded", "dead_letter", "cancelled"})
@@ -151,10 +150,13 @@ def fencing_tokens(ops: list[Op], final: dict[str, Any]) -> Check:
             check.flag(problem="token granted twice", token=token, a=seen[token], b=job_id)
         seen[token] = (job_id, attempt["number"])
     # Each shard's group grants its own tokens (counter x S + k) and keeps
-    # its own epoch and clock reading: the grant order is per shard.
+    # its own epoch and clock reading: the grant order is per shard, and a
+    # token names its shard (a job a schedule of shard k fired has a `job_`
+    # id, so the id does not always).
+    count = int(final.get("shards", 1))
     by_shard: dict[int, list[tuple[dict[str, Any], str]]] = defaultdict(list)
     for attempt, job_id in attempts:
-        by_shard[shard_of_id(job_id)].append((attempt, job_id))
+        by_shard[token_shard(attempt["fencing_token"], count)].append((attempt, job_id))
     for shard_attempts in by_shard.values():
         _grant_order(shard_attempts, check)
     for job in final.get("jobs", []):
@@ -164,6 +166,11 @@ def fencing_tokens(ops: list[Op], final: dict[str, Any]) -> Check:
                 check.flag(problem="token not increasing per job", job_id=job["id"])
     _cross_check_observed(ops, seen, final, check)
     return check
+
+
+def token_shard(token: int, shards: int) -> int:
+    """The shard that granted `token` (counter x S + k, docs/shards.md 4)."""
+    return token % shards if shards > 1 else 0
 
 
 def _grant_order(attempts: list[tuple[dict[str, Any], str]], check: Check) -> None:

@@ -162,6 +162,7 @@ class WorkerPool:
         command += ["--history", str(out / f"history-{name}.jsonl")]
         command += ["--lease-s", str(self.args.lease_s), "--stall-p", str(self.args.stall_p)]
         command += ["--seed", str(self.args.seed * 100 + index + 7919 * incarnation)]
+        command += ["--shards", str(self.args.shards)]
         log = (out / f"w{index}.log").open("ab")
         try:
             return child_processes.popen(command, env=env, stdout=log, stderr=log)

@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from chaos import wheel
-from chaos.checkers import Check
+from chaos.checkers import Check, token_shard
 from chaos.features import LIMITED_TENANT
 from chaos.history import Event
 from chaos.payment_checkers import (
@@ -200,7 +200,10 @@ def shards_summary(
     jobs: Counter[int] = Counter()
     leases: Counter[int] = Counter()
     for job in final.get("jobs", []):
-        shard = shard_of_id(job["id"])
+        # Its tokens name its shard; a job never leased, its id (a job a
+        # schedule of shard k fired has a `job_` id: counted in shard 0).
+        tokens = [a["fencing_token"] for a in job["attempts"]]
+        shard = token_shard(tokens[0], count) if tokens else shard_of_id(job["id"])
         jobs[shard] += 1
         leases[shard] += len(job["attempts"])
     notes = [e for e in events if e["type"] == "note"]
