@@ -157,9 +157,10 @@ def _with_every_family(
     rng: random.Random, faults: list[Fault], nodes: int, workers: int, shards: int = 1
 ) -> list[Fault]:
     """At least one membership change (one shard) and one fsync fault in a
-    schedule of FAMILY_MIN_FAULTS or more, and sharded one node kill, one
-    node pause and one of each shard fault: a seeded plain fault (not an upgrade, not a
-    membership change, in the second half) becomes one, keeping its time."""
+    schedule of FAMILY_MIN_FAULTS or more (a seeded plain fault of the second
+    half becomes one, keeping its time), and sharded one node kill, one node
+    pause and one of each shard fault in the first half (a plain fault of
+    the first half becomes one)."""
     if len(faults) < FAMILY_MIN_FAULTS:
         return faults
     wanted = []
@@ -171,14 +172,18 @@ def _with_every_family(
     if shards > 1:
         # A node's SIGKILL and SIGSTOP must take its shard processes with it,
         # and each shard-process fault must run: one of each at least.
+        # In the first half: a run's last faults may not start at all when
+        # earlier ones overran (fsync faults wait for the exit).
         required = ("kill_leader", "pause_leader", *SHARD_KINDS)
-        have = {f.kind for f in faults}
-        wanted += [k for k in required if k not in have]
+        early = {f.kind for f in faults[: len(faults) // 2]}
+        wanted += [k for k in required if k not in early]
         kept += required
     half = faults[len(faults) // 2].at_s
     for kind in wanted:
+        first = shards > 1 and kind not in ("fsync_fail", *MEMBERSHIP_KINDS)
         candidates = [
-            i for i, f in enumerate(faults) if f.at_s >= half and f.kind not in kept
+            i for i, f in enumerate(faults)
+            if (f.at_s < half if first else f.at_s >= half) and f.kind not in kept
         ]  # fmt: skip
         if not candidates:
             continue
