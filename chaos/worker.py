@@ -80,12 +80,17 @@ class Worker:
             # Sharded: a shorter long-poll, since the shards are polled in turn.
             claim |= {"wait_s": 2 if self.shards == 1 else 1, "lease_s": self.lease_s}
             self.session = self.sessions[self.next_shard]
-            self.next_shard = (self.next_shard + 1) % self.shards
             outcome = self.op("claim", "POST", "/v1/leases", claim, idempotent=False)
+            leases = outcome.body.get("leases", []) if outcome.kind == "ok" else []
+            if not leases:
+                # Sharded: the next shard once this one has nothing (or
+                # failed); one that granted is asked again, so that a
+                # shard's backlog drains as fast as one shard's would.
+                self.next_shard = (self.next_shard + 1) % self.shards
             if outcome.kind != "ok":
                 time.sleep(0.2)
                 continue
-            for lease in outcome.body.get("leases", []):
+            for lease in leases:
                 self.work(lease)
 
     def work(self, lease: dict[str, Any]) -> None:
