@@ -92,8 +92,9 @@ bench-scale-plot: $(BENCH_STAMP)
 SEED     ?= 1
 DURATION ?= 180
 NODES    ?= 3
+SHARDS   ?= 1
 chaos: $(STAMP)
-	PYTHONPATH=. $(PY) -m chaos --seed $(SEED) --duration $(DURATION) --nodes $(NODES) $(CHAOS_ARGS)
+	PYTHONPATH=. $(PY) -m chaos --seed $(SEED) --duration $(DURATION) --nodes $(NODES) --shards $(SHARDS) $(CHAOS_ARGS)
 
 ## The long campaign: 5 nodes, 12 minutes, every fault kind, the mixed-version phase (~15 min)
 chaos-long: $(STAMP)

@@ -19,7 +19,10 @@ Inputs:
            "outbox": {"events", "first_seq", "last_seq"},
            "subscription": Subscription JSON with its parked events,
            "subscription_start_seq": its cursor when created,
-           "tenants": {name: Tenant JSON}.
+           "tenants": {name: Tenant JSON};
+  sharded (docs/shards.md): "shards": S, "shard_digests": {shard: {node id:
+  [applied index, digest]}}, the outbox's events carry `shard` and their
+  `seq` is their shard's, its `last_seq` a cursor `v1.<seq0>.<seq1>...`.
 - `sink`: the fenced sink's log (chaos.sink).
 - `deliveries`: the webhook receiver's log (chaos.receiver), for checker 11.
 - `provider_log`: the fake payment provider's log (chaos.provider), and
@@ -146,6 +149,32 @@ def fencing_tokens(ops: list[Op], final: dict[str, Any]) -> Check:
         if token in seen and seen[token] != (job_id, attempt["number"]):
             check.flag(problem="token granted twice", token=token, a=seen[token], b=job_id)
         seen[token] = (job_id, attempt["number"])
+    # Each shard's group grants its own tokens (counter x S + k) and keeps
+    # its own epoch and clock reading: the grant order is per shard, and a
+    # token names its shard (a job a schedule of shard k fired has a `job_`
+    # id, so the id does not always).
+    count = int(final.get("shards", 1))
+    by_shard: dict[int, list[tuple[dict[str, Any], str]]] = defaultdict(list)
+    for attempt, job_id in attempts:
+        by_shard[token_shard(attempt["fencing_token"], count)].append((attempt, job_id))
+    for shard_attempts in by_shard.values():
+        _grant_order(shard_attempts, check)
+    for job in final.get("jobs", []):
+        numbers = sorted(job["attempts"], key=lambda a: a["number"])
+        for a, b in zip(numbers, numbers[1:], strict=False):
+            if b["fencing_token"] <= a["fencing_token"]:
+                check.flag(problem="token not increasing per job", job_id=job["id"])
+    _cross_check_observed(ops, seen, final, check)
+    return check
+
+
+def token_shard(token: int, shards: int) -> int:
+    """The shard that granted `token` (counter x S + k, docs/shards.md 4)."""
+    return token % shards if shards > 1 else 0
+
+
+def _grant_order(attempts: list[tuple[dict[str, Any], str]], check: Check) -> None:
+    """One shard's attempts: epochs and grant times never go back in token order."""
     by_token = sorted(attempts, key=lambda pair: pair[0]["fencing_token"])
     for (before, job_a), (after, job_b) in zip(by_token, by_token[1:], strict=False):
         if after["epoch"] < before["epoch"]:
@@ -157,13 +186,6 @@ def fencing_tokens(ops: list[Op], final: dict[str, Any]) -> Check:
         before_ms, after_ms = ms(before["claimed_at"]), ms(after["claimed_at"])
         if before_ms is not None and after_ms is not None and after_ms < before_ms:
             check.flag(problem="grant time went backwards", tokens=(before["fencing_token"],))
-    for job in final.get("jobs", []):
-        numbers = sorted(job["attempts"], key=lambda a: a["number"])
-        for a, b in zip(numbers, numbers[1:], strict=False):
-            if b["fencing_token"] <= a["fencing_token"]:
-                check.flag(problem="token not increasing per job", job_id=job["id"])
-    _cross_check_observed(ops, seen, final, check)
-    return check
 
 
 def _cross_check_observed(
@@ -364,6 +386,7 @@ def replicas_converged(final: dict[str, Any]) -> Check:
     pairs = {node: (v["applied_index"], v["digest"]) for node, v in nodes.items()}
     if len(set(pairs.values())) > 1:
         check.flag(problem="replicas differ", replicas=pairs)
+    _groups_converged(final, check)
     reference = {job["id"]: (job["status"], len(job["attempts"])) for job in final.get("jobs", [])}
     for node, view in nodes.items():
         mine = {job["id"]: (job["status"], len(job["attempts"])) for job in view.get("jobs", [])}
@@ -373,6 +396,22 @@ def replicas_converged(final: dict[str, Any]) -> Check:
                 problem="stale read differs from final state", node=node, differing=differing
             )
     return check
+
+
+def _groups_converged(final: dict[str, Any], check: Check) -> None:
+    """Sharded: every group's replicas (shard k's digest on every node that
+    answered for group 0) hold the same (applied index, digest)."""
+    if int(final.get("shards", 1)) <= 1:
+        return
+    answered = set(final.get("nodes", {}))
+    groups: dict[str, dict[str, Any]] = final.get("shard_digests", {})
+    for shard in range(int(final["shards"])):
+        by_node = {node: tuple(pair) for node, pair in groups.get(str(shard), {}).items()}
+        missing = sorted(answered - set(by_node))
+        if missing:
+            check.flag(problem="shard replica did not answer", shard=shard, nodes=missing)
+        if len(set(by_node.values())) > 1:
+            check.flag(problem="shard replicas differ", shard=shard, replicas=by_node)
 
 
 # -- 8 ---------------------------------------------------------------------------
@@ -444,19 +483,35 @@ FSYNC_FAULT_LOG_ERROR: Final = ExpectedLogError(
 EXPECTED_PREVIOUS_RELEASE_LOG_ERRORS: Final[tuple[ExpectedLogError, ...]] = ()
 
 
+def shard_exit_log_error(shard: int, pid: int) -> ExpectedLogError:
+    """The line a node logs when the shard process the nemesis SIGKILLed
+    (kill_shard_leader) exits, before it starts it again: expected for that
+    node, shard and pid only."""
+    return ExpectedLogError(
+        rf"shard process {shard} \(pid {pid}\) exited with status -9 \(SIGKILL\)",
+        reason="the nemesis SIGKILLed this shard process (kill_shard_leader)",
+    )
+
+
 def expected_log_errors_by_node(
     notes: Iterable[dict[str, Any]],
 ) -> dict[str, list[ExpectedLogError]]:
     """Node id -> the entries its injected faults make expected: the
-    fail-stop line of every node an fsync fault was injected into."""
-    found: dict[str, list[ExpectedLogError]] = {}
+    fail-stop line of every node an fsync fault was injected into, and the
+    exit line of every shard process the nemesis killed alone."""
+    found: dict[str, list[ExpectedLogError]] = defaultdict(list)
     for note in notes:
         value = note.get("value") or {}
-        if note.get("f") == "fault_end" and value.get("kind") == "fsync_fail":
-            target = value.get("target")
-            if target:
-                found[str(target)] = [FSYNC_FAULT_LOG_ERROR]
-    return found
+        if note.get("f") != "fault_end":
+            continue
+        target = value.get("target")
+        if not target:
+            continue
+        if value.get("kind") == "fsync_fail" and FSYNC_FAULT_LOG_ERROR not in found[str(target)]:
+            found[str(target)].append(FSYNC_FAULT_LOG_ERROR)
+        if value.get("kind") == "kill_shard_leader" and value.get("pid") is not None:
+            found[str(target)].append(shard_exit_log_error(value["shard"], value["pid"]))
+    return dict(found)
 
 
 # -- 9 ---------------------------------------------------------------------------
@@ -856,15 +911,28 @@ def outbox_and_webhooks(final: dict[str, Any], deliveries: list[dict[str, Any]])
     box = final.get("outbox")
     if box is None:
         return check
-    events: list[dict[str, Any]] = box.get("events", [])
+    all_events: list[dict[str, Any]] = box.get("events", [])
+    lasts = _last_seqs(box.get("last_seq", 0))
+    for shard, last in enumerate(lasts):
+        # Each shard's outbox is gapless in its own seq.
+        seqs = sorted(e["seq"] for e in all_events if int(e.get("shard", 0)) == shard)
+        if seqs != list(range(1, last + 1)):
+            holes = sorted(set(range(1, last + 1)) - set(seqs))
+            flagged = {"missing": holes[:10], "count": len(seqs)}
+            check.flag(
+                problem="outbox sequence has gaps or repeats",
+                **({"shard": shard} if len(lasts) > 1 else {}),
+                **flagged,
+            )
+    strays = [e.get("id") for e in all_events if int(e.get("shard", 0)) >= len(lasts)]
+    if strays:
+        check.flag(problem="event of a shard the cluster lacks", ids=strays[:10])
+    # The subscription delivers shard 0's events only (docs/shards.md,
+    # "Events and subscriptions": delivery in shards 1..S-1 is not built).
+    events = [e for e in all_events if int(e.get("shard", 0)) == 0]
     seqs = [event["seq"] for event in events]
-    if seqs != list(range(1, int(box.get("last_seq", 0)) + 1)):
-        holes = sorted(set(range(1, int(box.get("last_seq", 0)) + 1)) - set(seqs))
-        check.flag(
-            problem="outbox sequence has gaps or repeats", missing=holes[:10], count=len(seqs)
-        )
     by_seq = {event["seq"]: event for event in events}
-    _events_match_transitions(check, final, events)
+    _events_match_transitions(check, final, all_events)
     received: set[int] = set()
     for delivery in deliveries:
         seq = delivery.get("seq")
@@ -899,6 +967,15 @@ def outbox_and_webhooks(final: dict[str, Any], deliveries: list[dict[str, Any]])
                 problem="event lost: the cursor passed it, the receiver never got it", seq=seq
             )
     return check
+
+
+def _last_seqs(last_seq: Any) -> list[int]:
+    """Every shard's last seq from the outbox's `last_seq`: a plain seq (one
+    shard) or the cursor `v1.<seq0>.<seq1>...` (one per shard)."""
+    text = str(last_seq)
+    if text.startswith("v1."):
+        return [int(part) for part in text.split(".")[1:]]
+    return [int(text or 0)]
 
 
 def _events_match_transitions(

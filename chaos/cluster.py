@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from chaos.net import Network
-from raftsched.testing import LocalCluster, NodeProcess
+from raftsched.shards import SHARD_HEADER
+from raftsched.testing import LocalCluster, NodeProcess, http_json
 
 HTTP_PORT = 8080
 RAFT_PORT = 9090
@@ -92,6 +93,7 @@ class NsCluster(LocalCluster):
         env: dict[str, str] | None = None,
         fsync_shim: Path | None = None,
         tmpfs_size: str | None = None,
+        shards: int = 1,
     ) -> None:
         self.net = net
         self.faketime = faketime
@@ -101,7 +103,7 @@ class NsCluster(LocalCluster):
         self.exits: list[dict[str, Any]] = []
         self._undrained: list[dict[str, Any]] = []
         self._exit_lock = threading.Lock()
-        super().__init__(root=root, size=size, env=dict(env or {}))
+        super().__init__(root=root, size=size, env=dict(env or {}), shards=shards)
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -229,6 +231,12 @@ class NsCluster(LocalCluster):
         # address, a private one: allowed as a target, nothing else is.
         args += ["--webhook-allow-cidr", f"{self.net.host_ip}/32"]
         args += ["--admin-token-file", str(self.admin_token_file)]
+        if self.shards > 1:
+            # Shard k's Raft port is the node's + k x stride on the node's own
+            # address: the partitions (iptables on the sender's address, every
+            # port) cut every group's traffic between two nodes alike.
+            args += ["--shards", str(self.shards)]
+            args += ["--shard-port-stride", str(self.shard_port_stride)]
         if node.join_url is not None:
             args += ["--join", node.join_url]
         else:
@@ -253,6 +261,61 @@ class NsCluster(LocalCluster):
                 self._reap_locked()
                 node.stopped_by_harness = False
                 super().start(target)
+
+    def shard_pids(self, node_id: str) -> dict[int, int]:
+        """shard -> pid of the node's running shard processes: its children
+        (from /proc, so this works while the node is stopped too), named by
+        the node's `GET /v1/cluster` when it answers, else by start order."""
+        node = self.ns_node(node_id)
+        process = node.process
+        if process is None or process.poll() is not None:
+            return {}
+        children = _children(process.pid)
+        found: dict[int, int] = {}
+        view = self.shard_views(node_id) if not node.paused else None
+        by_pid = {int(v["pid"]): int(v["shard"]) for v in view or [] if v.get("pid")}
+        for pid in children:
+            if pid in by_pid:
+                found[by_pid[pid]] = pid
+        if not found:
+            found = {i + 1: pid for i, pid in enumerate(sorted(children))}
+        return found
+
+    def pause(self, node_id: str) -> None:
+        """SIGSTOP the node and its shard processes: a stopped machine (or VM)
+        stops every process on it. Each shard process is in a session of its
+        own, so it is stopped by its pid."""
+        pids = list(self.shard_pids(node_id).values())
+        super().pause(node_id)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+
+    def resume(self, node_id: str) -> None:
+        for pid in self.shard_pids(node_id).values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        super().resume(node_id)
+
+    def shard_digests(self, timeout_s: float = 5.0) -> dict[int, dict[str, tuple[int, str]]]:
+        """shard -> node id -> (applied index, digest) of every serving node
+        (`/v1/debug/digest` with the `Raftsched-Shard` header)."""
+        found: dict[int, dict[str, tuple[int, str]]] = {}
+        for shard in range(self.shards):
+            found[shard] = {}
+            for node in self.members():
+                if not node.serving:
+                    continue
+                try:
+                    status, body, _ = http_json(
+                        "GET", node.http_url + "/v1/debug/digest", timeout_s=timeout_s,
+                        token=self.admin_token, headers={SHARD_HEADER: str(shard)},
+                    )  # fmt: skip
+                except OSError:
+                    continue
+                if status == 200:
+                    found[shard][node.id] = (body["applied_index"], body["digest"])
+        return found
 
     def kill(self, node_id: str, signum: int = signal.SIGKILL) -> None:
         node = self.nodes[node_id]
@@ -338,6 +401,16 @@ class NsCluster(LocalCluster):
         """The calls the shim failed since the node was last armed."""
         path = self.ns_node(node_id).fsync_hits
         return path.read_text().split() if path.exists() else []
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of `pid` (every thread's), from /proc."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                found += [int(c) for c in (task / "children").read_text().split()]
+    return sorted(set(found))
 
 
 def build_fsync_shim(out: Path) -> Path | None:

@@ -193,7 +193,10 @@ class Features(threading.Thread):
         if sub is None:
             return [*owed, "subscription unreadable"]
         box = _get(self.session, f"/v1/events?after={sub['cursor_seq']}&limit=1")
-        if box.get("last_seq", 0) > sub["cursor_seq"] or "last_seq" not in box:
+        # Sharded: `last_seq` is a cursor of every shard's (`v1.<seq0>...`);
+        # the subscription delivers shard 0's events only (docs/shards.md).
+        last = shard0_seq(box["last_seq"]) if "last_seq" in box else None
+        if last is None or last > sub["cursor_seq"]:
             owed.append(f"subscription at {sub['cursor_seq']} of {box.get('last_seq')}")
         if sub["parked_count"]:
             owed.append(f"{sub['parked_count']} parked")
@@ -224,12 +227,15 @@ class Features(threading.Thread):
             final["workflow_histories"][workflow_id] = history["events"]
         events: list[dict[str, Any]] = []
         box: dict[str, Any] = {}
-        while True:
-            after = events[-1]["seq"] if events else 0
+        after: Any = 0
+        for _ in range(100_000):  # bounded: every page moves `after` on
             box = _get(self.session, f"/v1/events?after={after}&limit=1000", strict=True)
             events += box["events"]
             if not box["events"]:
                 break
+            # Sharded, the answer's `next_after` is the per-shard cursor to
+            # go on from; one shard's answer has none (its seqs are the cursor).
+            after = box.get("next_after") or events[-1]["seq"]
         final["outbox"] = {
             "events": events,
             "first_seq": box.get("first_seq"),
@@ -241,6 +247,12 @@ class Features(threading.Thread):
         tenant = _get(self.session, f"/v1/tenants/{LIMITED_TENANT}", strict=True)
         final["tenants"] = {LIMITED_TENANT: tenant.get("tenant", tenant)}
         return final
+
+
+def shard0_seq(cursor: Any) -> int:
+    """Shard 0's seq in an events cursor: plain digits, or `v1.<seq0>....`."""
+    text = str(cursor)
+    return int(text.split(".")[1]) if text.startswith("v1.") else int(text)
 
 
 def _get(session: Session, path: str, strict: bool = False) -> dict[str, Any]:

@@ -57,7 +57,11 @@ class _Unknown(Exception):
 
 
 def send(
-    method: str, url: str, body: Any = None, timeout_s: float = SEND_TIMEOUT_S
+    method: str,
+    url: str,
+    body: Any = None,
+    timeout_s: float = SEND_TIMEOUT_S,
+    extra_headers: dict[str, str] | None = None,
 ) -> tuple[int, dict[str, Any], dict[str, str]]:
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout_s)
@@ -71,6 +75,7 @@ def send(
         token = os.environ.get("RAFTSCHED_TOKEN", "").strip()
         if token:  # the cluster's admin token (chaos/run.py sets it)
             headers["Authorization"] = f"Bearer {token}"
+        headers |= extra_headers or {}
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         try:
             connection.request(method, target, body=data, headers=headers)
@@ -90,12 +95,20 @@ def send(
 
 class Session:
     """Talks to the cluster through any of its nodes, preferring the last
-    one that answered (usually the leader)."""
+    one that answered (usually the leader). `headers` go with every send
+    (a sharded cluster's `Raftsched-Shard: k`: one session per shard, so
+    that each prefers its own shard's leader)."""
 
-    def __init__(self, urls: list[str], rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        urls: list[str],
+        rng: random.Random | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.urls = list(urls)
         self.preferred = self.urls[0]
         self.rng = rng or random.Random()
+        self.headers = dict(headers or {})
 
     def call(
         self,
@@ -116,7 +129,7 @@ class Session:
             base = _base(url)
             try:
                 timeout_s = max(0.2, min(send_timeout_s, deadline - time.monotonic()))
-                status, answer, headers = send(method, url, body, timeout_s)
+                status, answer, headers = send(method, url, body, timeout_s, self.headers)
             except _NotSent as error:
                 last_error = f"not sent: {error}"
                 url = self._next(base) + path

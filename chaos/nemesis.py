@@ -36,7 +36,10 @@ the draw had none), so a short CI campaign covers both.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -68,6 +71,14 @@ KINDS: dict[str, int] = {
     "disk_full": 2,
 }
 MEMBERSHIP_KINDS = ("add_node", "remove_node", "replace_node")
+# Faults on one shard process alone (a sharded cluster, docs/shards.md): the
+# process leading shard k >= 1 is SIGKILLed (its node starts it again) or
+# SIGSTOPped for the hold.
+SHARD_KINDS: dict[str, int] = {"kill_shard_leader": 3, "pause_shard_leader": 2}
+# Membership changes are refused on a sharded cluster (409 invalid_state,
+# reason "shards", docs/shards.md section 5): no such fault is drawn there.
+SHARDED_EXCLUDED = MEMBERSHIP_KINDS
+SHARDED_EXCLUDED_WHY = "membership changes are refused on a sharded cluster (docs/shards.md 5)"
 QUIET_S = (1.0, 3.0)
 HOLD_S = (3.0, 8.0)
 MEMBERSHIP_HOLD_MIN_S = 8.0
@@ -104,12 +115,18 @@ def schedule(
     workers: int,
     lease_s: float,
     upgrades: int = 0,
+    shards: int = 1,
 ) -> list[Fault]:
     """`upgrades`: members that start on the previous release (0: no
-    mixed-version phase); each gets an `upgrade` fault in UPGRADE_WINDOW."""
+    mixed-version phase); each gets an `upgrade` fault in UPGRADE_WINDOW.
+    `shards` > 1: the shard faults join the draw and the membership changes
+    leave it (SHARDED_EXCLUDED). With one shard the schedule is as before."""
     rng = random.Random(f"chaos-schedule-{seed}")
-    kinds = sorted(KINDS)
-    weights = [KINDS[k] for k in kinds]
+    table = dict(KINDS)
+    if shards > 1:
+        table = {k: w for k, w in table.items() if k not in SHARDED_EXCLUDED} | SHARD_KINDS
+    kinds = sorted(table)
+    weights = [table[k] for k in kinds]
     faults: list[Fault] = []
     planned_size = nodes
     upgrade_at = [duration_s * (UPGRADE_WINDOW[0] + (UPGRADE_WINDOW[1] - UPGRADE_WINDOW[0])
@@ -130,41 +147,59 @@ def schedule(
             hold_s = max(hold_s, MEMBERSHIP_HOLD_MIN_S)
         if at_s + hold_s > duration_s:
             break
-        faults.append(Fault(round(at_s, 1), kind, hold_s, _params(rng, kind, nodes, workers)))
+        params = _params(rng, kind, nodes, workers, shards)
+        faults.append(Fault(round(at_s, 1), kind, hold_s, params))
         at_s += hold_s + rng.uniform(*QUIET_S)
-    return _with_every_family(rng, faults, nodes, workers)
+    return _with_every_family(rng, faults, nodes, workers, shards)
 
 
 def _with_every_family(
-    rng: random.Random, faults: list[Fault], nodes: int, workers: int
+    rng: random.Random, faults: list[Fault], nodes: int, workers: int, shards: int = 1
 ) -> list[Fault]:
-    """At least one membership change and one fsync fault in a schedule of
-    FAMILY_MIN_FAULTS or more: a seeded plain fault (not an upgrade, not a
-    membership change, in the second half) becomes one, keeping its time."""
+    """At least one membership change (one shard) and one fsync fault in a
+    schedule of FAMILY_MIN_FAULTS or more (a seeded plain fault of the second
+    half becomes one, keeping its time), and sharded one node kill, one node
+    pause and one of each shard fault in the first half (a plain fault of
+    the first half becomes one)."""
     if len(faults) < FAMILY_MIN_FAULTS:
         return faults
     wanted = []
-    if not any(f.kind in MEMBERSHIP_KINDS for f in faults):
+    if shards == 1 and not any(f.kind in MEMBERSHIP_KINDS for f in faults):
         wanted.append("replace_node")  # keeps the planned size
     if not any(f.kind == "fsync_fail" for f in faults):
         wanted.append("fsync_fail")
+    kept: tuple[str, ...] = (*MEMBERSHIP_KINDS, "upgrade", "fsync_fail")
+    if shards > 1:
+        # A node's SIGKILL and SIGSTOP must take its shard processes with it,
+        # and each shard-process fault must run: one of each at least.
+        # In the first half: a run's last faults may not start at all when
+        # earlier ones overran (fsync faults wait for the exit).
+        required = ("kill_leader", "pause_leader", *SHARD_KINDS)
+        early = {f.kind for f in faults[: len(faults) // 2]}
+        wanted += [k for k in required if k not in early]
+        kept += required
     half = faults[len(faults) // 2].at_s
     for kind in wanted:
+        first = shards > 1 and kind not in ("fsync_fail", *MEMBERSHIP_KINDS)
         candidates = [
             i for i, f in enumerate(faults)
-            if f.at_s >= half and f.kind not in (*MEMBERSHIP_KINDS, "upgrade", "fsync_fail")
+            if (f.at_s < half if first else f.at_s >= half) and f.kind not in kept
         ]  # fmt: skip
         if not candidates:
             continue
         index = rng.choice(candidates)
         old = faults[index]
         hold_s = max(old.hold_s, MEMBERSHIP_HOLD_MIN_S) if kind in MEMBERSHIP_KINDS else old.hold_s
-        faults[index] = Fault(old.at_s, kind, hold_s, _params(rng, kind, nodes, workers))
+        faults[index] = Fault(old.at_s, kind, hold_s, _params(rng, kind, nodes, workers, shards))
     return faults
 
 
-def _params(rng: random.Random, kind: str, nodes: int, workers: int) -> dict[str, Any]:
+def _params(
+    rng: random.Random, kind: str, nodes: int, workers: int, shards: int = 1
+) -> dict[str, Any]:
     members = list(range(1, nodes + 1))
+    if kind in SHARD_KINDS:
+        return {"shard": rng.randrange(1, shards)}
     if kind in ("isolate_one", "kill_one", "replace_node"):
         return {"node": rng.choice(members)}
     if kind == "add_node":
@@ -234,6 +269,7 @@ class Nemesis(threading.Thread):
         self.size_min = len(cluster.members())
         self.applied: list[dict[str, Any]] = []
         self.errors: list[str] = []
+        self.stopped_pids: set[int] = set()  # shard processes paused alone
 
     def run(self) -> None:
         self.history.note("members_initial", {"ids": [n.id for n in self.cluster.members()]})
@@ -343,6 +379,8 @@ class Nemesis(threading.Thread):
             def undo() -> None:
                 self.cluster.resume(node.id)
 
+        elif kind in SHARD_KINDS:
+            undo = self._shard_fault(fault, targets)
         elif kind == "pause_worker":
             self.pause_worker(p["worker"], True)
 
@@ -388,6 +426,40 @@ class Nemesis(threading.Thread):
             self.stop_event.wait(fault.hold_s)
         undo()
         self._ended(fault, targets, started)
+
+    def _shard_fault(self, fault: Fault, targets: dict[str, Any]) -> Callable[[], None]:
+        """SIGKILL or SIGSTOP the process leading shard k (as the nodes agree
+        on it; else shard k's process on the group 0 leader's node). A
+        killed one is started again by its node, which logs its exit at
+        error level (expected for this node and pid only: checker 8)."""
+        shard = int(fault.params["shard"])
+        leader = self.cluster.shard_leader(shard)
+        node = self.cluster.ns_node(leader) if leader is not None else self._leader()
+        pid = self.cluster.shard_pids(node.id).get(shard)
+        targets.update(target=node.id, shard=shard, pid=pid, was_leader=leader is not None)
+        if pid is None:
+            targets["outcome"] = "no shard process found"
+            return lambda: None
+        if fault.kind == "kill_shard_leader":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+            def restarted() -> None:
+                new = self.cluster.shard_pids(node.id).get(shard)
+                targets["restarted_pid"] = new
+                targets["outcome"] = "restarted" if new not in (None, pid) else "not restarted yet"
+
+            return restarted
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+        self.stopped_pids.add(pid)
+
+        def resume() -> None:
+            self.stopped_pids.discard(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+        return resume
 
     def _ended(self, fault: Fault, targets: dict[str, Any], started: float) -> None:
         held_s = time.time() - started
@@ -589,6 +661,10 @@ class Nemesis(threading.Thread):
     def heal_all(self) -> None:
         """Undo everything: partitions, pauses, kills, clocks, disk faults."""
         self.net.heal()
+        for pid in list(self.stopped_pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            self.stopped_pids.discard(pid)
         for node in self.cluster.ns_nodes():
             if node.paused:
                 self.cluster.resume(node.id)

@@ -70,6 +70,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None, help="default: random (printed)")
     parser.add_argument("--duration", type=float, default=180.0, help="fault phase, seconds")
     parser.add_argument("--nodes", type=int, default=3)
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="data shards per node (`raftsched node --shards`, docs/shards.md); > 1 adds the "
+        "shard-process faults and leaves out the membership changes (refused when sharded)",
+    )
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--client-rate", type=float, default=2.0, help="ops/s per client")
@@ -155,6 +162,7 @@ class WorkerPool:
         command += ["--history", str(out / f"history-{name}.jsonl")]
         command += ["--lease-s", str(self.args.lease_s), "--stall-p", str(self.args.stall_p)]
         command += ["--seed", str(self.args.seed * 100 + index + 7919 * incarnation)]
+        command += ["--shards", str(self.args.shards)]
         log = (out / f"w{index}.log").open("ab")
         try:
             return child_processes.popen(command, env=env, stdout=log, stderr=log)
@@ -217,8 +225,11 @@ class Monitor(threading.Thread):
 
     def run(self) -> None:
         last: tuple[str, int] | None = None
+        shard_leaders: dict[int, str | None] = {}
         while not self.stop_event.wait(0.5):
             nemesis_module.note_exits(self.cluster, self.history)
+            if self.cluster.shards > 1:
+                self._note_shard_leaders(shard_leaders)
             for node in list(self.cluster.nodes):
                 view = self.cluster.cluster_view(node, timeout_s=0.5)
                 if view and view.get("leader") and view["leader"]["id"] == node:
@@ -227,6 +238,22 @@ class Monitor(threading.Thread):
                         self.history.note("leader", {"node": node, "term": seen[1]})
                         last = seen
                     break
+
+    def _note_shard_leaders(self, last: dict[int, str | None]) -> None:
+        """`shard_leader` notes: each shard k >= 1's leader when it changes,
+        as the first serving node that names one sees it."""
+        for node in self.cluster.members():
+            if not node.serving:
+                continue
+            views = self.cluster.cluster_view(node.id, timeout_s=0.5)
+            if views is None:
+                continue
+            for view in views.get("shards") or []:
+                shard, leader = int(view["shard"]), (view.get("leader") or {}).get("id")
+                if shard >= 1 and leader is not None and last.get(shard) != leader:
+                    self.history.note("shard_leader", {"shard": shard, "node": leader})
+                    last[shard] = leader
+            return
 
 
 def list_jobs(base: str, stale: bool) -> list[dict[str, Any]]:
@@ -288,6 +315,12 @@ def read_final(
         outcome = session.call("GET", f"/v1/effects/{key}", idempotent=True)
         final["effects"][key] = outcome.body.get("effect") if outcome.kind == "ok" else None
     digests = _settled_digests(cluster, settle_s)
+    final["shards"] = cluster.shards
+    if cluster.shards > 1:
+        final["shard_digests"] = {
+            str(shard): {node: list(pair) for node, pair in by_node.items()}
+            for shard, by_node in _settled_shard_digests(cluster, settle_s).items()
+        }
     final["membership"] = read_membership(cluster)
     for node in cluster.members():
         if node.id not in digests:
@@ -313,6 +346,24 @@ def _settled_digests(cluster: NsCluster, settle_s: float) -> dict[str, tuple[int
         settled = len(digests) == members and len(set(digests.values())) == 1
         if settled or time.monotonic() > deadline:
             return digests
+        time.sleep(0.5)
+
+
+def _settled_shard_digests(
+    cluster: NsCluster, settle_s: float
+) -> dict[int, dict[str, tuple[int, str]]]:
+    """Every group's digests, polled until every group's are equal across
+    the members (or `settle_s` passes: the last, differing, view)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        found = cluster.shard_digests(timeout_s=5.0)
+        members = len(cluster.members())
+        settled = all(
+            len(by_node) == members and len(set(by_node.values())) == 1
+            for by_node in found.values()
+        )
+        if settled or time.monotonic() > deadline:
+            return found
         time.sleep(0.5)
 
 
@@ -365,9 +416,16 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     faults = nemesis_module.schedule(
-        args.seed, args.duration, args.nodes, args.workers, args.lease_s, upgrades_for(args)
+        args.seed, args.duration, args.nodes, args.workers, args.lease_s, upgrades_for(args),
+        shards=args.shards,
+    )  # fmt: skip
+    shards = f" x {args.shards} shards" if args.shards > 1 else ""
+    print(
+        f"chaos: seed {args.seed}, {args.nodes} nodes{shards}, {args.duration:.0f} s, run dir {out}"
     )
-    print(f"chaos: seed {args.seed}, {args.nodes} nodes, {args.duration:.0f} s, run dir {out}")
+    if args.shards > 1:
+        excluded = ", ".join(nemesis_module.SHARDED_EXCLUDED)
+        print(f"chaos: excluded faults: {excluded}: {nemesis_module.SHARDED_EXCLUDED_WHY}")
     print(f"chaos: fault schedule ({len(faults)} faults):")
     for fault in faults:
         print("  " + fault.describe())
@@ -390,6 +448,7 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         cluster = NsCluster(
             out / "cluster", args.nodes, net, faketime_library(), env=env,
             fsync_shim=fsync_shim, tmpfs_size=TMPFS_SIZE if "disk_full" in kinds else None,
+            shards=args.shards,
         )  # fmt: skip
         if previous is not None:
             for node in cluster.members()[: upgrades_for(args)]:
@@ -400,6 +459,9 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         urls = cluster.slot_urls()
         cluster.start()
         cluster.wait_for_leader(60)
+        if args.shards > 1:
+            # Every shard's leader, and every shard's identity recorded.
+            cluster.wait_for_shards(120)
         sink = FencedSink(out / "sink.jsonl").start()
         secret = f"chaos-webhook-{args.seed}"
         receiver = WebhookReceiver(

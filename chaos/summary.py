@@ -7,7 +7,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from chaos import wheel
-from chaos.checkers import Check
+from chaos.checkers import Check, token_shard
 from chaos.features import LIMITED_TENANT
 from chaos.history import Event
 from chaos.payment_checkers import (
@@ -17,6 +17,7 @@ from chaos.payment_checkers import (
     reconcile_decisions,
 )
 from chaos.payments import PAYMENTS_QUEUE
+from raftsched.shards import shard_of_id
 
 HISTORY_GLOB = "history-*.jsonl"
 
@@ -78,6 +79,7 @@ def summarize(
         "payments": payments(ops, events, final, provider_log or []),
         "wheel": wheel.summary(ops, events),
         "operations": operations_summary(faults, events, final),
+        **({"shards": shards_summary(faults, events, final)} if final.get("shards", 1) > 1 else {}),
         "anomalies": anomalies,
         # Error-level node log lines the faults explain (reason -> count);
         # any other one is an anomaly of checker 8.
@@ -187,6 +189,46 @@ def operations_summary(
     }
 
 
+def shards_summary(
+    faults: list[dict[str, Any]], events: list[Event], final: dict[str, Any]
+) -> dict[str, Any]:
+    """Per shard (docs/shards.md): jobs and leases, leader changes (group 0:
+    distinct terms with a leader; shard k: changes of its leader as the
+    monitor saw them), events in its outbox, the faults aimed at it, and
+    the shard events the subscription does not deliver (not built yet)."""
+    count = int(final.get("shards", 1))
+    jobs: Counter[int] = Counter()
+    leases: Counter[int] = Counter()
+    for job in final.get("jobs", []):
+        # Its tokens name its shard; a job never leased, its id (a job a
+        # schedule of shard k fired has a `job_` id: counted in shard 0).
+        tokens = [a["fencing_token"] for a in job["attempts"]]
+        shard = token_shard(tokens[0], count) if tokens else shard_of_id(job["id"])
+        jobs[shard] += 1
+        leases[shard] += len(job["attempts"])
+    notes = [e for e in events if e["type"] == "note"]
+    terms = {e["value"]["term"] for e in notes if e["f"] == "leader"}
+    changes = Counter(e["value"]["shard"] for e in notes if e["f"] == "shard_leader")
+    outbox = final.get("outbox") or {}
+    events_by_shard = Counter(int(e.get("shard", 0)) for e in outbox.get("events", []))
+    aimed: dict[int, Counter[str]] = defaultdict(Counter)
+    for fault in faults:
+        if "shard" in fault:
+            aimed[int(fault["shard"])][fault["kind"]] += 1
+    digests = final.get("shard_digests") or {}
+    return {
+        str(shard): {
+            "jobs": jobs[shard],
+            "leases_granted": leases[shard],
+            "leader_changes": max(0, (len(terms) if shard == 0 else changes[shard]) - 1),
+            "outbox_events": events_by_shard[shard],
+            "faults": dict(aimed[shard]),
+            "digests_equal": len({tuple(p) for p in digests.get(str(shard), {}).values()}) == 1,
+        }
+        for shard in range(count)
+    }
+
+
 def _code(op: dict[str, Any]) -> str | None:
     error = (op.get("result") or {}).get("body", {}).get("error")
     return error.get("code") if isinstance(error, dict) else None
@@ -224,6 +266,7 @@ def render_text(summary: dict[str, Any]) -> str:
         f"payments: {summary.get('payments', {})}",
         f"time wheel: {summary.get('wheel', {})}",
         f"operations: {summary.get('operations', {})}",
+        *([f"shards: {summary['shards']}"] if "shards" in summary else []),
         f"time to recover after healing: {summary['time_to_recover_s']} s"
         f" (bound {summary['recovery_bound_s']} s)",
         "anomalies per checker:",

@@ -40,6 +40,7 @@ from chaos.httpops import Outcome, Session, recorded_call, send
 from chaos.payments import PAYMENTS_QUEUE
 from chaos.provider import CHARGE_PREFIX, LOOKUP_PREFIX
 from raftsched.child_processes import die_with_parent
+from raftsched.shards import SHARD_HEADER
 
 QUEUE = "chaos"
 FAIL_ON_PURPOSE = {"kind": "permanent", "message": "chaos: this step fails on purpose"}
@@ -54,7 +55,19 @@ class Worker:
         self.sink_url = args.sink
         self.provider_url = args.provider
         self.rng = random.Random(args.seed)
-        self.session = Session(args.urls.split(","), self.rng)
+        urls = args.urls.split(",")
+        self.session = Session(urls, self.rng)
+        # A sharded cluster (docs/shards.md section 4): claims go to each
+        # shard in turn with `Raftsched-Shard: k`, and a lease's operations
+        # and effects to the shard it was leased from (a job a schedule of
+        # shard k fired has a `job_` id: its id does not name its shard).
+        self.shards = int(args.shards)
+        self.sessions = (
+            [Session(urls, self.rng, {SHARD_HEADER: str(k)}) for k in range(self.shards)]
+            if self.shards > 1
+            else [self.session]
+        )
+        self.next_shard = self.rng.randrange(self.shards) if self.shards > 1 else 0
         self.history = Recorder(Path(args.history), self.id)
         self.running = True
 
@@ -64,12 +77,20 @@ class Worker:
     def run(self) -> None:
         while self.running:
             claim = {"worker_id": self.id, "queues": [QUEUE, PAYMENTS_QUEUE], "max_jobs": 1}
-            claim |= {"wait_s": 2, "lease_s": self.lease_s}
+            # Sharded: a shorter long-poll, since the shards are polled in turn.
+            claim |= {"wait_s": 2 if self.shards == 1 else 1, "lease_s": self.lease_s}
+            self.session = self.sessions[self.next_shard]
             outcome = self.op("claim", "POST", "/v1/leases", claim, idempotent=False)
+            leases = outcome.body.get("leases", []) if outcome.kind == "ok" else []
+            if not leases:
+                # Sharded: the next shard once this one has nothing (or
+                # failed); one that granted is asked again, so that a
+                # shard's backlog drains as fast as one shard's would.
+                self.next_shard = (self.next_shard + 1) % self.shards
             if outcome.kind != "ok":
                 time.sleep(0.2)
                 continue
-            for lease in outcome.body.get("leases", []):
+            for lease in leases:
                 self.work(lease)
 
     def work(self, lease: dict[str, Any]) -> None:
@@ -238,6 +259,7 @@ def main() -> int:
     parser.add_argument("--lease-s", type=float, default=2.0)
     parser.add_argument("--stall-p", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shards", type=int, default=1)
     worker = Worker(parser.parse_args())
 
     def stop(*_: Any) -> None:

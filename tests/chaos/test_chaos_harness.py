@@ -32,6 +32,22 @@ def test_schedule_covers_every_fault_kind_over_a_long_run() -> None:
     assert kinds == set(nemesis.KINDS)
 
 
+def test_sharded_schedule_has_shard_faults_and_no_membership_change() -> None:
+    """--shards 3: the shard-process faults join (each aimed at a shard
+    1..2), membership changes leave (refused on a sharded cluster), and a
+    short run still holds a node kill, a node pause and each shard fault."""
+    long = nemesis.schedule(1, 3600, 3, 4, 2.0, shards=3)
+    kinds = {f.kind for f in long}
+    assert kinds == (set(nemesis.KINDS) - set(nemesis.MEMBERSHIP_KINDS)) | set(nemesis.SHARD_KINDS)
+    assert {f.params["shard"] for f in long if f.kind in nemesis.SHARD_KINDS} == {1, 2}
+    for seed in range(10):
+        short = {f.kind for f in nemesis.schedule(seed, 150, 3, 4, 2.0, shards=3)}
+        assert {"kill_leader", "pause_leader", *nemesis.SHARD_KINDS} <= short
+        assert not short & set(nemesis.MEMBERSHIP_KINDS)
+    # One shard: as before (the same draw, no shard fault).
+    assert nemesis.schedule(7, 180, 3, 4, 2.0, shards=1) == nemesis.schedule(7, 180, 3, 4, 2.0)
+
+
 def test_bridge_keeps_one_node_in_both_halves() -> None:
     for seed in range(20):
         for fault in nemesis.schedule(seed, 300, 5, 4, 2.0):

@@ -975,7 +975,16 @@ class ShardRouter:
                 response.headers["Location"] = str(location.update_query({SHARD_QUERY: str(shard)}))
             if upstream.content_length is not None:
                 response.content_length = upstream.content_length
-            await response.prepare(request)
+            try:
+                await response.prepare(request)
+            except ConnectionResetError:
+                # The client left between the shard's answer and ours (a
+                # peer's read-index ask through GET /v1/time gives up after
+                # 2 s): nobody to answer, not an error of this node's.
+                # aiohttp's own finish sees the closed transport and logs
+                # the request as cut off by the client.
+                log.debug("the client left before shard %d's answer was sent", shard)
+                return response
             try:
                 async for chunk in upstream.content.iter_chunked(64 * 1024):
                     await response.write(chunk)
