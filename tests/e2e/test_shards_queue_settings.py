@@ -1,15 +1,15 @@
 """A queue's settings hold in every shard (docs/shards.md, section 7's
 status): found by the sharded chaos campaign, where the payments queue's
 `on_unknown: reconcile` held in shard 0 only and payments placed in shards
-1 and 2 were charged twice. Not fixed yet: the test is a strict xfail that
-turns into a failure (XPASS) once the settings reach every shard."""
+1 and 2 were charged twice (the campaign ran before the nodes copied
+settings into the shards, node/shard_settings.py). A shard answers the
+queue with group 0's setting within seconds of the PUT."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-import pytest
 from e2e_support import cluster_env
 
 from raftsched.shards import SHARD_HEADER
@@ -18,9 +18,6 @@ from raftsched.testing import LocalCluster, http_json
 SHARDS = 3
 
 
-@pytest.mark.xfail(
-    strict=True, reason="queue settings are recorded in group 0 only (docs/shards.md 7)"
-)
 def test_a_queues_on_unknown_reaches_every_shard(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path / "c", size=3, env=cluster_env(), shards=SHARDS)
     with cluster:
