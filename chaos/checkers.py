@@ -927,38 +927,40 @@ def outbox_and_webhooks(final: dict[str, Any], deliveries: list[dict[str, Any]])
     strays = [e.get("id") for e in all_events if int(e.get("shard", 0)) >= len(lasts)]
     if strays:
         check.flag(problem="event of a shard the cluster lacks", ids=strays[:10])
-    # The subscription delivers shard 0's events only (docs/shards.md,
-    # "Events and subscriptions": delivery in shards 1..S-1 is not built).
-    events = [e for e in all_events if int(e.get("shard", 0)) == 0]
-    seqs = [event["seq"] for event in events]
-    by_seq = {event["seq"]: event for event in events}
     _events_match_transitions(check, final, all_events)
-    received: set[int] = set()
+    by_key = {(int(e.get("shard", 0)), e["seq"]): e for e in all_events}
+    received: set[tuple[int, int]] = set()
     for delivery in deliveries:
         seq = delivery.get("seq")
+        shard = int(delivery.get("shard") or 0)
+        where = {"shard": shard} if len(lasts) > 1 else {}
+        wanted_id = f"evt_{seq}" if shard == 0 else f"evt{shard}_{seq}"
         if not delivery.get("signature_ok"):
-            check.flag(problem="delivery with a bad signature", seq=seq)
-        if delivery.get("event_id") != f"evt_{seq}" or delivery.get("body_id") != f"evt_{seq}":
-            check.flag(problem="delivery's event id is not its seq", seq=seq)
-        event = by_seq.get(seq) if isinstance(seq, int) else None
+            check.flag(problem="delivery with a bad signature", seq=seq, **where)
+        if delivery.get("event_id") != wanted_id or delivery.get("body_id") != wanted_id:
+            check.flag(problem="delivery's event id is not its shard and seq", seq=seq, **where)
+        event = by_key.get((shard, seq)) if isinstance(seq, int) else None
         if event is None:
-            check.flag(problem="delivered an event the outbox does not hold", seq=seq)
+            check.flag(problem="delivered an event the outbox does not hold", seq=seq, **where)
         elif (event["type"], event.get("data")) != (delivery.get("type"), delivery.get("data")):
             check.flag(
                 problem="delivered event differs from the outbox's",
                 seq=seq,
                 delivered=delivery.get("type"),
                 held=event["type"],
+                **where,
             )
         elif delivery.get("answered") == 200:
-            received.add(int(event["seq"]))
+            received.add((shard, int(event["seq"])))
     subscription = final.get("subscription")
     if subscription is None:
         return check
+    # Shard 0: the subscription's view (group 0's copy) tells a lost event
+    # from one still parked or ahead of the cursor.
     parked = {item["event"]["seq"] for item in subscription.get("parked", [])}
     cursor = int(subscription.get("cursor_seq", 0))
-    for seq in range(int(final.get("subscription_start_seq", 0)) + 1, (seqs or [0])[-1] + 1):
-        if seq in received:
+    for seq in range(int(final.get("subscription_start_seq", 0)) + 1, lasts[0] + 1):
+        if (0, seq) in received:
             continue
         if seq in parked or seq > cursor:
             check.flag(problem="event not delivered within the recovery bound", seq=seq)
@@ -966,6 +968,20 @@ def outbox_and_webhooks(final: dict[str, Any], deliveries: list[dict[str, Any]])
             check.flag(
                 problem="event lost: the cursor passed it, the receiver never got it", seq=seq
             )
+    # Shards 1..S-1 deliver through their own copies of the subscription,
+    # whose cursors and parked events the API does not show: every event
+    # after the shard's seq read just after the subscription was made must
+    # have reached the receiver.
+    starts = list(final.get("subscription_start_seqs") or [0])
+    for shard in range(1, len(lasts)):
+        start = starts[shard] if shard < len(starts) else 0
+        for seq in range(start + 1, lasts[shard] + 1):
+            if (shard, seq) not in received:
+                check.flag(
+                    problem="event not delivered within the recovery bound",
+                    shard=shard,
+                    seq=seq,
+                )
     return check
 
 

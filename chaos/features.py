@@ -124,6 +124,7 @@ class Features(threading.Thread):
         self.stop_event = stop
         self.workflows = 0
         self.start_seq = 0  # the subscription's cursor when it was created
+        self.start_seqs: list[int] = [0]  # each shard's last seq just after it
         self.retried_parked = False
 
     def op(self, f: str, method: str, path: str, body: Any, **kw: Any) -> Outcome:
@@ -146,6 +147,11 @@ class Features(threading.Thread):
         created = self.until_ok("subscribe", "POST", "/v1/subscriptions", subscription)
         self._must(created)
         self.start_seq = int(created.body["subscription"]["cursor_seq"])
+        # Sharded: each shard's copy delivers its events from the creation on
+        # (docs/shards.md); every event after this read must reach us (those
+        # between the creation and the read may, and are not required).
+        box = _get(self.session, "/v1/events?limit=1", strict=True)
+        self.start_seqs = _shard_seqs(box.get("last_seq", 0))
         tenant = {"concurrency_limit": TENANT_CONCURRENCY_LIMIT}
         self._must(self.until_ok("set_tenant", "PUT", f"/v1/tenants/{LIMITED_TENANT}", tenant))
         for request in schedule_requests(self.seed):
@@ -244,9 +250,19 @@ class Features(threading.Thread):
         subscription = _get(self.session, f"/v1/subscriptions/{SUBSCRIPTION_ID}", strict=True)
         final["subscription"] = subscription["subscription"]
         final["subscription_start_seq"] = self.start_seq
+        final["subscription_start_seqs"] = self.start_seqs
         tenant = _get(self.session, f"/v1/tenants/{LIMITED_TENANT}", strict=True)
         final["tenants"] = {LIMITED_TENANT: tenant.get("tenant", tenant)}
         return final
+
+
+def _shard_seqs(cursor: Any) -> list[int]:
+    """Every shard's seq in an events cursor: plain digits (one shard), or
+    `v1.<seq0>.<seq1>...`."""
+    text = str(cursor)
+    if text.startswith("v1."):
+        return [int(part or 0) for part in text.split(".")[1:]]
+    return [int(text or 0)]
 
 
 def shard0_seq(cursor: Any) -> int:

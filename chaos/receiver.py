@@ -74,6 +74,7 @@ class WebhookReceiver:
             record = {
                 "t": time.time(),
                 "seq": body.get("seq"),
+                "shard": body.get("shard", 0),
                 "type": body.get("type"),
                 "data": body.get("data"),
                 "event_id": headers.get(EVENT_ID_HEADER),

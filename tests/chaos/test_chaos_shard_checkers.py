@@ -76,17 +76,18 @@ def _outbox(per_shard: dict[int, int]) -> tuple[dict[str, Any], list[dict[str, A
     final["outbox"] = {"events": events, "first_seq": "v1.1.1.1", "last_seq": f"v1.{last}"}
     final["subscription"] = {"cursor_seq": per_shard.get(0, 0), "parked": []}
     final["subscription_start_seq"] = 0
+    final["subscription_start_seqs"] = [0, 0, 0]
     deliveries = [
-        {"seq": e["seq"], "type": e["type"], "data": e["data"], "event_id": e["id"],
-         "body_id": e["id"], "signature_ok": True, "answered": 200}
-        for e in events if e["shard"] == 0
+        {"seq": e["seq"], "shard": e["shard"], "type": e["type"], "data": e["data"],
+         "event_id": e["id"], "body_id": e["id"], "signature_ok": True, "answered": 200}
+        for e in events
     ]  # fmt: skip
     return final, deliveries
 
 
 def test_sharded_outbox_is_gapless_per_shard() -> None:
-    # The seqs repeat across shards (each counts its own from 1); only
-    # shard 0's events are delivered (subscriptions in shards 1.. are not built).
+    # The seqs repeat across shards (each counts its own from 1); every
+    # shard's copy of the subscription delivers its own events.
     final, deliveries = _outbox({0: 2, 1: 3, 2: 1})
     check = checkers.outbox_and_webhooks(final, deliveries)
     assert check.anomalies == 0, check.examples
@@ -97,10 +98,33 @@ def test_a_gap_in_one_shard_is_flagged_with_its_shard() -> None:
     events = final["outbox"]["events"]
     events.remove(next(e for e in events if e["shard"] == 1 and e["seq"] == 2))
     final["jobs"] = [j for j in final["jobs"] if j["id"] != "job1_2"]
+    deliveries = [d for d in deliveries if (d["shard"], d["seq"]) != (1, 2)]
     check = checkers.outbox_and_webhooks(final, deliveries)
-    assert [(e["problem"], e.get("shard"), e["missing"]) for e in check.examples] == [
-        ("outbox sequence has gaps or repeats", 1, [2])
+    assert [
+        (e["problem"], e.get("shard"), e.get("missing", e.get("seq"))) for e in check.examples
+    ] == [
+        ("outbox sequence has gaps or repeats", 1, [2]),
+        ("event not delivered within the recovery bound", 1, 2),
     ]
+
+
+def test_a_shard_event_never_delivered_or_with_the_wrong_id_is_flagged() -> None:
+    """Shards 1..S-1 deliver through their own copies: an event after the
+    shard's start that never arrived is flagged with its shard, and a
+    delivery must carry its shard's id (evt<k>_<seq>)."""
+    final, deliveries = _outbox({0: 1, 1: 2, 2: 1})
+    dropped = [d for d in deliveries if (d["shard"], d["seq"]) != (2, 1)]
+    examples = checkers.outbox_and_webhooks(final, dropped).examples
+    assert [(e["problem"], e.get("shard"), e.get("seq")) for e in examples] == [
+        ("event not delivered within the recovery bound", 2, 1)
+    ]
+    final["subscription_start_seqs"] = [0, 0, 1]  # shard 2's event came before it
+    assert checkers.outbox_and_webhooks(final, dropped).anomalies == 0
+    wrong = [
+        d | {"event_id": "evt_1"} if d["shard"] == 1 and d["seq"] == 1 else d for d in deliveries
+    ]
+    problems = {e["problem"] for e in checkers.outbox_and_webhooks(final, wrong).examples}
+    assert problems == {"delivery's event id is not its shard and seq"}
 
 
 def test_an_event_of_a_shard_beyond_the_last_seq_is_flagged() -> None:
