@@ -98,7 +98,9 @@ def features(final: dict[str, Any], deliveries: list[dict[str, Any]]) -> dict[st
     }
     workflows = Counter(w["status"] for w in (final.get("workflows") or {}).values())
     answered = Counter(d.get("answered") for d in deliveries)
-    received = Counter(d.get("seq") for d in deliveries if d.get("answered") == 200)
+    received = Counter(
+        (d.get("shard") or 0, d.get("seq")) for d in deliveries if d.get("answered") == 200
+    )
     jobs = final.get("jobs", [])
     return {
         "schedule_occurrences": schedules,
