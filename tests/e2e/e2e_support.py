@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,27 @@ def cluster_env() -> dict[str, str]:
     """Environment for node and worker processes: tests' handler modules importable."""
     paths = [str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]
     return {"PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+@contextmanager
+def sharded_cluster(
+    root: Path, shards: int, env: Mapping[str, str] | None = None
+) -> Iterator[LocalCluster]:
+    """A running 3-node cluster of `shards` data shards (docs/shards.md),
+    every shard led and recorded, authentication on; stopped afterwards,
+    and then its logs must hold no error line a test did not expect.
+    `root` must be short: each shard's Unix socket path fits in 107 bytes."""
+    cluster = LocalCluster(root, size=3, env={**cluster_env(), **(env or {})}, shards=shards)
+    cluster.start()
+    try:
+        cluster.wait_for_leader(timeout_s=90)
+        cluster.wait_for_auth(timeout_s=60)
+        cluster.wait_for_shards(timeout_s=90)
+        yield cluster
+    finally:
+        cluster.stop()
+    errors = cluster.unexpected_log_errors()
+    assert not errors, "\n".join(error.describe() for error in errors)
 
 
 _SHIFT_CLOCK = """\

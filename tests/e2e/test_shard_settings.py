@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from e2e_support import cluster_env
+from e2e_support import sharded_cluster
 
 from raftsched.client import ApiError, Client
 from raftsched.shards import INTERNAL_KEY_HEADER, key_shard, shard_of_id, socket_path
@@ -49,25 +49,8 @@ WEBHOOK_ENV = {
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # A short root: each shard's Unix socket path must fit in 107 bytes.
-    cluster = LocalCluster(
-        tmp_path_factory.mktemp("ss") / "c",
-        size=3,
-        env={**cluster_env(), **WEBHOOK_ENV},
-        shards=SHARDS,
-    )
-    cluster.start()
-    try:
-        cluster.wait_for_leader(timeout_s=90)
-        cluster.wait_for_auth(timeout_s=60)
-        for shard in range(SHARDS):
-            cluster.wait_for_shard_leader(shard, timeout_s=60)
-        assert wait_for(lambda: _every_shard(cluster, lambda e: e.get("identity_recorded")), 90)
+    with sharded_cluster(tmp_path_factory.mktemp("ss") / "c", SHARDS, WEBHOOK_ENV) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-    errors = cluster.unexpected_log_errors()
-    assert not errors, "\n".join(error.describe() for error in errors)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_support import cluster_env
+from e2e_support import cluster_env, sharded_cluster
 
 from raftsched.backup import OpenShardedBackup, open_any
 from raftsched.client import Client
@@ -64,20 +64,8 @@ def _follow(
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # A short root: each shard's Unix socket path must fit in 107 bytes.
-    cluster = LocalCluster(
-        tmp_path_factory.mktemp("sb") / "c", size=3, env=cluster_env(), shards=SHARDS
-    )
-    cluster.start()
-    try:
-        cluster.wait_for_leader(timeout_s=90)
-        cluster.wait_for_auth(timeout_s=60)
-        cluster.wait_for_shards(timeout_s=90)
+    with sharded_cluster(tmp_path_factory.mktemp("sb") / "c", SHARDS) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-    errors = cluster.unexpected_log_errors()
-    assert not errors, "\n".join(error.describe() for error in errors)
 
 
 def _load(cluster: LocalCluster) -> dict[str, str]:

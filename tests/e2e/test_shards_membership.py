@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from e2e_support import cluster_env
+from e2e_support import sharded_cluster
 
 from raftsched.client import Client
 from raftsched.shards import shard_of_id, shift_address
@@ -26,19 +26,8 @@ SHARDS = 3
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(
-        tmp_path_factory.mktemp("sm") / "c", size=3, env=cluster_env(), shards=SHARDS
-    )
-    cluster.start()
-    try:
-        cluster.wait_for_leader(timeout_s=90)
-        cluster.wait_for_auth(timeout_s=60)
-        cluster.wait_for_shards(timeout_s=90)
+    with sharded_cluster(tmp_path_factory.mktemp("sm") / "c", SHARDS) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-    errors = cluster.unexpected_log_errors()
-    assert not errors, "\n".join(error.describe() for error in errors)
 
 
 def _view(cluster: LocalCluster, node_id: str, shard: int | None = None) -> dict[str, Any] | None:

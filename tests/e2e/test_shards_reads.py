@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from e2e_support import cluster_env
+from e2e_support import cluster_env, sharded_cluster
 from prometheus_client.parser import text_string_to_metric_families
 
 from raftsched.client import Client
@@ -39,20 +39,8 @@ SHARDS = 3
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    # A short root: each shard's Unix socket path must fit in 107 bytes.
-    cluster = LocalCluster(
-        tmp_path_factory.mktemp("sr") / "c", size=3, env=cluster_env(), shards=SHARDS
-    )
-    cluster.start()
-    try:
-        cluster.wait_for_leader(timeout_s=90)
-        cluster.wait_for_auth(timeout_s=60)
-        cluster.wait_for_shards(timeout_s=90)
+    with sharded_cluster(tmp_path_factory.mktemp("sr") / "c", SHARDS) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
-    errors = cluster.unexpected_log_errors()
-    assert not errors, "\n".join(error.describe() for error in errors)
 
 
 @pytest.fixture
