@@ -65,7 +65,16 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from cluster import BATCH, PAYLOAD, Pipeline, cpu_s, expect, loadavg, log
+from cluster import (
+    Pipeline,
+    batch_submitter,
+    batch_worker,
+    cpu_s,
+    loadavg,
+    log,
+    single_submitter,
+    single_worker,
+)
 
 from raftsched.testing import LocalCluster
 
@@ -119,68 +128,25 @@ class ShardPipeline:
     total: Pipeline
     completed: list[int]
 
-    def done(self, shard: int, count: int) -> None:
-        self.completed[shard] += count
-        self.total.done(count)
+    def of(self, shard: int) -> ShardCounter:
+        """What bench/cluster.py's worker loops count into, for one shard."""
+        return ShardCounter(self, shard)
 
 
-async def single_submitter(http: ShardHttp, p: ShardPipeline, backlog_max: int, queue: str) -> None:
-    t = p.total
-    while t.running() and t.submitted < t.target:
-        await t.wait_for_room(backlog_max)
-        t.submitted += 1
-        status, _ = await http.post("/v1/jobs", {"queue": queue, "payload": PAYLOAD})
-        if status != 201:
-            t.submitted -= 1
-            t.errors += 1
-            await asyncio.sleep(0.05)
+@dataclass
+class ShardCounter:
+    """A shard's view of the phase: it runs while the phase does, and a job
+    it completes counts for the shard and for the whole phase."""
 
+    phase: ShardPipeline
+    shard: int
 
-async def single_worker(
-    http: ShardHttp, shard: int, worker_id: str, p: ShardPipeline, queue: str
-) -> None:
-    claim = {"worker_id": worker_id, "queues": [queue], "max_jobs": 1, "wait_s": 1}
-    while p.total.running():
-        body = expect(*await http.post("/v1/leases", claim))
-        for lease in body["leases"]:
-            job_id, token = lease["job_id"], lease["fencing_token"]
-            prefix = f"/v1/leases/{job_id}"
-            expect(*await http.post(prefix + "/start", {"fencing_token": token}))
-            done = {"fencing_token": token, "result": {"ok": True}}
-            expect(*await http.post(prefix + "/complete", done))
-            p.done(shard, 1)
+    def running(self) -> bool:
+        return self.phase.total.running()
 
-
-async def batch_submitter(http: ShardHttp, p: ShardPipeline, backlog_max: int, queue: str) -> None:
-    t = p.total
-    jobs = [{"queue": queue, "payload": PAYLOAD}] * BATCH
-    while t.running() and t.submitted < t.target:
-        await t.wait_for_room(backlog_max)
-        t.submitted += BATCH
-        status, body = await http.post("/v1/jobs/batch", {"jobs": jobs})
-        if status != 200 or any("error" in r for r in body["results"]):
-            raise RuntimeError(f"batch submit failed: {status} {str(body)[:300]}")
-
-
-async def batch_worker(
-    http: ShardHttp, shard: int, worker_id: str, p: ShardPipeline, queue: str
-) -> None:
-    claim = {"worker_id": worker_id, "queues": [queue], "max_jobs": BATCH, "wait_s": 1}
-    while p.total.running():
-        leases = expect(*await http.post("/v1/leases", claim))["leases"]
-        if not leases:
-            continue
-        for op, extra in (("start", {}), ("complete", {"result": {"ok": True}})):
-            ops = [
-                {"op": op, "job_id": lease["job_id"], "fencing_token": lease["fencing_token"]}
-                | extra
-                for lease in leases
-            ]
-            answer = expect(*await http.post("/v1/leases/batch", {"ops": ops}))
-            failed = [r for r in answer["results"] if "error" in r]
-            if failed:
-                raise RuntimeError(f"lease batch {op} failed: {failed[:3]}")
-        p.done(shard, len(leases))
+    def done(self, count: int) -> None:
+        self.phase.completed[self.shard] += count
+        self.phase.total.done(count)
 
 
 PER_SHARD = False
@@ -292,17 +258,21 @@ async def load(
         def single(p: ShardPipeline) -> list[Awaitable[None]]:
             loops: list[Awaitable[None]] = []
             for k, n in enumerate(spread(s.submitters, shards)):
-                loops += [single_submitter(https[k], p, s.backlog_max, "single") for _ in range(n)]
+                loops += [
+                    single_submitter(https[k], "single", p.total, s.backlog_max) for _ in range(n)
+                ]
             for k, n in enumerate(spread(s.workers, shards)):
-                loops += [single_worker(https[k], k, f"w{k}-{i}", p, "single") for i in range(n)]
+                loops += [single_worker(https[k], "single", f"w{k}-{i}", p.of(k)) for i in range(n)]
             return loops
 
         def batched(p: ShardPipeline) -> list[Awaitable[None]]:
             loops: list[Awaitable[None]] = []
             for k, n in enumerate(spread(s.batch_submitters, shards)):
-                loops += [batch_submitter(https[k], p, s.backlog_max, "batched") for _ in range(n)]
+                loops += [
+                    batch_submitter(https[k], "batched", p.total, s.backlog_max) for _ in range(n)
+                ]
             for k, n in enumerate(spread(s.batch_workers, shards)):
-                loops += [batch_worker(https[k], k, f"b{k}-{i}", p, "batched") for i in range(n)]
+                loops += [batch_worker(https[k], "batched", f"b{k}-{i}", p.of(k)) for i in range(n)]
             return loops
 
         for phase, time_s, target, tasks in (
