@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from param_ids import stable_id
 from raftsched.client import InvalidRequest, LeaseLost
 from raftsched.testing import (
     Seen,
@@ -146,7 +147,7 @@ def test_other_errors_are_transient(raised: Exception, retry_after_s: float | No
     assert outcome.error is raised and outcome.retry_after_s == retry_after_s
 
 
-@pytest.mark.parametrize("result", [{"when": object()}, {"ratio": float("nan")}], ids=repr)
+@pytest.mark.parametrize("result", [{"when": object()}, {"ratio": float("nan")}], ids=stable_id)
 def test_a_result_that_is_not_json_fails_permanently(result: Any) -> None:
     """NaN too: sent, the node would refuse the whole lease batch carrying it."""
     outcome = run_handler(lambda ctx: result)
@@ -181,7 +182,7 @@ def test_the_blocking_effect_is_refused_in_an_async_handler() -> None:
 
 
 @pytest.mark.parametrize(
-    "details", [{"at": object()}, {"ratio": float("nan")}, "\ud800", 2**64], ids=repr
+    "details", [{"at": object()}, {"ratio": float("nan")}, "\ud800", 2**64], ids=stable_id
 )
 def test_progress_must_be_json_the_api_takes(details: Any) -> None:
     """As a worker's `ctx.progress` refuses it: the same check, the same error."""

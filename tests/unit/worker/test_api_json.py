@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from param_ids import stable_id
 from raftsched.api.errors import ApiError
 from raftsched.api.jsonbody import JsonError, loads
 from raftsched.api.validation import pack_json
@@ -69,7 +70,7 @@ def _api_refuses(value: Any) -> bool:
     return False
 
 
-@pytest.mark.parametrize("value", VALUES, ids=[repr(value)[:40] for value in VALUES])
+@pytest.mark.parametrize("value", VALUES, ids=stable_id)
 def test_the_worker_refuses_what_the_api_refuses(value: Any) -> None:
     if _api_refuses(value) or any(value is big for big in REFUSED_AS_DOCUMENTED):
         with pytest.raises(TypeError, match="^progress must be JSON the API takes: "):
