@@ -17,9 +17,12 @@ dev: $(STAMP)
 	$(VENV)/bin/raftsched dev $(ARGS)
 
 ## Run the whole test suite (unit, property, end-to-end) plus lint and types.
+## Whole test files run in PYTEST_WORKERS processes at once (0: one process,
+## in order); the files with slow tests start first (tests/conftest.py).
+PYTEST_WORKERS ?= 3
 test: $(STAMP)
 	$(MAKE) lint typecheck
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench chaos

@@ -609,6 +609,7 @@ def _target(template: str, params: dict[str, str]) -> str:
     return template
 
 
+@pytest.mark.slow
 def test_every_field_of_every_request_body_rejects_wrong_types_and_ranges(live: Live) -> None:
     job, token = _leased_job(live, "bad-input-target")
     live.ids.update(job=job, token=token)

@@ -303,6 +303,7 @@ def test_a_restarted_node_knows_the_membership_not_its_flags(versioned: LocalClu
     cluster.wait_converged(timeout_s=60)
 
 
+@pytest.mark.slow
 def test_a_joined_node_restarts_while_no_member_answers(versioned: LocalCluster) -> None:
     """After a power cut every node starts at once: n4, which joined through
     n1, must not wait for n1. With no member answering its --join it starts

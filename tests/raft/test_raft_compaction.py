@@ -145,6 +145,7 @@ def test_a_restart_loads_its_snapshot_and_measures_it(
     assert max(n.status()["term"] for n in cluster.nodes.values()) == term_before
 
 
+@pytest.mark.slow
 def test_a_snapshot_transfer_longer_than_the_connection_timeout_arrives_whole(
     make_cluster: Callable[..., Cluster],
 ) -> None:
