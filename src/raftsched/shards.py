@@ -107,6 +107,13 @@ def id_prefix(prefix: str, shard: int) -> str:
     return prefix if shard == 0 else f"{prefix}{shard}"
 
 
+def event_id(shard: int, seq: int) -> str:
+    """An event's id in the cluster: `evt_<seq>` in shard 0 (and in a
+    one-shard cluster), `evt<k>_<seq>` in shard k: each shard's outbox
+    numbers its own events, so the id names the shard to be unique."""
+    return f"evt{'' if shard == 0 else shard}_{seq}"
+
+
 def shard_of_id(identifier: str) -> int:
     """The shard an identifier names: k for `job<k>_...` (and the other
     prefixes) and for a step of workflow `wf<k>_...`; 0 for anything else,

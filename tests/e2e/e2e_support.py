@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import hmac
+import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator, Mapping
+import threading
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 
 from raftsched.testing import LocalCluster
 
@@ -104,3 +112,92 @@ def release_tree(tag: str, commit: str, into: Path) -> Path:
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     return into
+
+
+# What a receiver answers a delivery (the event, its attempt: 1 the first
+# time that id arrives): an HTTP status, perhaps after a while.
+Answer = Callable[[dict[str, Any], int], Awaitable[int]]
+
+
+async def _accept(event: dict[str, Any], attempt: int) -> int:
+    return 204
+
+
+class WebhookReceiver:
+    """A loopback webhook endpoint on a thread of its own. Each delivery's
+    signature is checked with `secret` (a bad one is counted and answered
+    400); while `refusing` is a status, every delivery is answered that and
+    its id counted in `refused`; else it is kept (`arrivals`, its
+    `Raftsched-Event-Id` in `ids`) and answered what `answer` says (204)."""
+
+    def __init__(self, secret: str, answer: Answer = _accept) -> None:
+        self.secret = secret
+        self.answer = answer
+        self.refusing: int | None = None
+        self.arrivals: list[dict[str, Any]] = []
+        self.ids: list[str] = []
+        self.refused: Counter[str] = Counter()
+        self.attempts: Counter[str] = Counter()
+        self.bad_signatures = 0
+        self.loop = asyncio.new_event_loop()
+        self.port = 0
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10), "the webhook receiver did not start"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post("/hook", self._hook)
+        runner = self._runner = web.AppRunner(app, shutdown_timeout=0.1)
+        self.loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._ready.set()
+        self.loop.run_forever()
+
+    async def _hook(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        expected = "sha256=" + hmac.new(self.secret.encode(), body, hashlib.sha256).hexdigest()
+        if request.headers.get("Raftsched-Signature") != expected:
+            self.bad_signatures += 1
+            return web.Response(status=400)
+        event_id = request.headers.get("Raftsched-Event-Id", "")
+        if self.refusing is not None:
+            self.refused[event_id] += 1
+            return web.Response(status=self.refusing)
+        self.attempts[event_id] += 1
+        event = json.loads(body)
+        self.arrivals.append(event)
+        self.ids.append(event_id)
+        return web.Response(status=await self.answer(event, self.attempts[event_id]))
+
+    def stop(self) -> None:
+        async def cleanup() -> None:
+            await self._runner.cleanup()
+            # Handlers still waiting (a slow answer) end here, not as tasks
+            # destroyed while pending, which asyncio logs as errors.
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(cleanup(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()
+
+
+@contextmanager
+def webhook_receiver(secret: str, answer: Answer = _accept) -> Iterator[WebhookReceiver]:
+    receiver = WebhookReceiver(secret, answer)
+    try:
+        yield receiver
+    finally:
+        receiver.stop()

@@ -8,15 +8,14 @@ queue grants no lease in any shard; a tenant's `max_queued` holds across
 the cluster; a queue's concurrency limit is never exceeded cluster-wide
 while its backlog moves from shard to shard; a subscription receives the
 events of every shard, each id naming its shard, from the moment it was
-created (its copies are made a moment later). One cluster serves the
-module; its logs are checked for error lines when it stops.
+created (its copies are made a moment later), and the events each shard
+parks are listed in its view and retried by the operator's retry. One
+cluster serves the module; its logs are checked for error lines when it
+stops.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import hmac
 import http.client
 import json
 import os
@@ -29,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from e2e_support import sharded_cluster
+from e2e_support import WebhookReceiver, sharded_cluster, webhook_receiver
 
 from raftsched.client import ApiError, Client
 from raftsched.shards import INTERNAL_KEY_HEADER, key_shard, shard_of_id, socket_path
@@ -44,6 +42,7 @@ WEBHOOK_ENV = {
     "RAFTSCHED_WEBHOOK_TIMEOUT_S": "2",
     "RAFTSCHED_WEBHOOK_BACKOFF_S": "0.05",
     "RAFTSCHED_WEBHOOK_BACKOFF_MAX_S": "0.2",
+    "RAFTSCHED_WEBHOOK_MAX_ATTEMPTS": "3",
 }
 
 
@@ -305,57 +304,10 @@ def test_a_queue_concurrency_limit_holds_while_the_backlog_moves(
 # -- subscriptions -------------------------------------------------------------------------
 
 
-class Receiver:
-    """A loopback webhook endpoint that verifies signatures and keeps every delivery."""
-
-    def __init__(self) -> None:
-        self.arrivals: list[dict[str, Any]] = []
-        self.headers: list[str] = []
-        self.bad_signatures = 0
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-        self._ready.wait(10)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_post("/hook", self._hook)
-        runner = self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        self.loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._ready.set()
-        self.loop.run_forever()
-
-    async def _hook(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-        if request.headers.get("Raftsched-Signature") != expected:
-            self.bad_signatures += 1
-            return web.Response(status=400)
-        self.arrivals.append(json.loads(body))
-        self.headers.append(request.headers["Raftsched-Event-Id"])
-        return web.Response(status=204)
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
-        self.loop.close()
-
-
 def test_a_subscription_receives_the_events_of_every_shard(
     sharded: LocalCluster, client: Client
 ) -> None:
-    receiver = Receiver()
+    receiver = WebhookReceiver(SECRET)
     clients = shard_clients(sharded)
     try:
         sub = client.create_subscription(receiver.url, types=["job.succeeded"], secret=SECRET)
@@ -379,7 +331,7 @@ def test_a_subscription_receives_the_events_of_every_shard(
         assert wait_for(lambda: set(ids) <= delivered(), 60), (ids, receiver.arrivals)
         assert receiver.bad_signatures == 0
         by_id: dict[str, str] = {}
-        for event, header in zip(receiver.arrivals, receiver.headers, strict=True):
+        for event, header in zip(receiver.arrivals, receiver.ids, strict=True):
             assert event["id"] == header
             assert event["subscription_id"] == sub["id"]
             shard = event["shard"]
@@ -407,6 +359,91 @@ def test_a_subscription_receives_the_events_of_every_shard(
         for one in clients:
             one.close()
         receiver.stop()
+
+
+def _event_id(shard: int, seq: int) -> str:
+    return f"evt_{seq}" if shard == 0 else f"evt{shard}_{seq}"
+
+
+def test_the_parked_events_of_every_shard_are_listed_and_retried(
+    sharded: LocalCluster, client: Client
+) -> None:
+    """A receiver that refuses: each shard's leader parks its own events in
+    its copy. The subscription's view lists every shard's, with ids naming
+    their shards; the operator's retry reaches every shard's copy, and once
+    the receiver takes them every parked event arrives and none is left."""
+    clients = shard_clients(sharded)
+    try:
+        with webhook_receiver(SECRET) as receiver:
+            receiver.refusing = 500
+            sub = client.create_subscription(receiver.url, types=["job.cancelled"], secret=SECRET)
+            ids = [
+                clients[shard].submit("parking", {"n": n})["id"]
+                for shard in range(SHARDS)
+                for n in range(2)
+            ]
+            for job_id in ids:
+                client.cancel_job(job_id)
+
+            def view() -> dict[str, Any]:
+                return client.get_subscription(sub["id"])
+
+            assert wait_for(lambda: view()["parked_count"] == len(ids), 60), view()
+            seen = view()
+            parked = seen["parked"]
+            assert sorted(item["event"]["data"]["job_id"] for item in parked) == sorted(ids)
+            for item in parked:
+                event, shard = item["event"], item["shard"]
+                assert event["shard"] == shard == shard_of_id(event["data"]["job_id"]), item
+                assert event["id"] == _event_id(shard, event["seq"]), item
+                assert item["attempts"] == 3 and item["error"] == "HTTP 500", item
+                assert item["retry"] is False
+            # Oldest parked first, by (parked_at, shard).
+            assert [(item["parked_at"], item["shard"]) for item in parked] == sorted(
+                (item["parked_at"], item["shard"]) for item in parked
+            )
+            assert seen["parked_dropped"] == 0
+            shards = seen["shards"]
+            assert [part["shard"] for part in shards] == list(range(SHARDS))
+            assert all(part["copied"] and part["parked_count"] == 2 for part in shards), shards
+            assert seen["cursor_seq"] == "v1." + ".".join(
+                str(part["cursor_seq"]) for part in shards
+            )
+            # The list shows the same counts; a shard's copy alone with the header.
+            [listed] = [one for one in client.list_subscriptions() if one["id"] == sub["id"]]
+            assert listed["parked_count"] == len(ids) and "parked" not in listed
+            assert [part["parked_count"] for part in listed["shards"]] == [2] * SHARDS
+            own = clients[1].get_subscription(sub["id"])
+            assert own["parked_count"] == 2 and "shards" not in own
+            assert {item["event"]["seq"] for item in own["parked"]} == {
+                item["event"]["seq"] for item in parked if item["shard"] == 1
+            }
+            # Every shard's leader refused them (attempts of every shard's ids).
+            assert {item["event"]["id"] for item in parked} <= set(receiver.refused)
+
+            receiver.refusing = None
+            assert client.retry_parked(sub["id"]) == {
+                "retried": len(ids),
+                "shards": [{"shard": k, "copied": True, "retried": 2} for k in range(SHARDS)],
+            }
+            wanted = {item["event"]["id"] for item in parked}
+            assert wait_for(lambda: wanted <= set(receiver.ids), 60), (wanted, receiver.ids)
+            assert {event["shard"] for event in receiver.arrivals} == set(range(SHARDS))
+            assert {event["data"]["job_id"] for event in receiver.arrivals} == set(ids)
+            assert wait_for(lambda: view()["parked_count"] == 0, 30), view()
+            seen = view()
+            assert seen["parked"] == []
+            assert [part["parked_count"] for part in seen["shards"]] == [0] * SHARDS
+            assert receiver.bad_signatures == 0
+            # A subscription no shard has is 404, for the view and the retry.
+            for call in (client.get_subscription, client.retry_parked):
+                with pytest.raises(ApiError) as missing:
+                    call("sub_nowhere")
+                assert missing.value.status == 404 and missing.value.code == "not_found"
+            client.delete_subscription(sub["id"])
+    finally:
+        for one in clients:
+            one.close()
 
 
 # -- the internal routes ------------------------------------------------------------------

@@ -1,22 +1,17 @@
 """Webhook delivery end to end: a misbehaving receiver, parking, a leader kill,
-and the targets a node refuses (loopback, metadata) at creation and at delivery."""
+and the targets a node refuses (loopback, metadata) at creation and at delivery.
+The receiver is e2e_support's (`webhook_receiver`)."""
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
-import json
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
-from e2e_support import cluster_env
+from e2e_support import WebhookReceiver, cluster_env, webhook_receiver
 
 from raftsched.client import Client
 from raftsched.testing import LocalCluster, assert_no_secrets_in_logs, http_json
@@ -30,80 +25,20 @@ WEBHOOK_ENV = {
 }
 
 
-class Receiver:
-    """A loopback webhook endpoint. `mode(event_seq, attempt)` says what to do:
-    `fail` (record, answer 500: the leader will send it again), `slow` (record,
-    answer after the sender gave up), `ok`, or `down` (500, not recorded)."""
-
-    def __init__(self) -> None:
-        self.arrivals: list[dict[str, Any]] = []
-        self.bad_signatures = 0
-        self.attempts: Counter[str] = Counter()
-        self.always_down = False
-        self.loop = asyncio.new_event_loop()
-        self.port = 0
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-        self._ready.wait(10)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/hook"
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_post("/hook", self._hook)
-        runner = self._runner = web.AppRunner(app, shutdown_timeout=0.1)
-        self.loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._ready.set()
-        self.loop.run_forever()
-
-    async def _hook(self, request: web.Request) -> web.Response:
-        body = await request.read()
-        expected = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-        if request.headers.get("Raftsched-Signature") != expected:
-            self.bad_signatures += 1
-            return web.Response(status=400)
-        event_id = request.headers["Raftsched-Event-Id"]
-        if self.always_down:
-            return web.Response(status=503)
-        self.attempts[event_id] += 1
-        attempt = self.attempts[event_id]
-        event = json.loads(body)
-        assert event["id"] == event_id
-        self.arrivals.append(event)
-        if attempt == 1 and event["seq"] % 3 == 0:
-            return web.Response(status=500)  # recorded, yet it will come again
-        if attempt == 1 and event["seq"] % 3 == 1:
-            await asyncio.sleep(1.0)  # past the sender's timeout: a duplicate
-        return web.Response(status=204)
-
-    def stop(self) -> None:
-        async def cleanup() -> None:
-            await self._runner.cleanup()
-            # Handlers still sleeping (a "slow" answer) end here, not as
-            # tasks destroyed while pending, which asyncio logs as errors.
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(cleanup(), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
-        self.loop.close()
+async def _misbehave(event: dict[str, Any], attempt: int) -> int:
+    """The first delivery of every third event is answered 500 (it will come
+    again); of the next, after the sender gave up (a duplicate); else 204."""
+    if attempt == 1 and event["seq"] % 3 == 0:
+        return 500
+    if attempt == 1 and event["seq"] % 3 == 1:
+        await asyncio.sleep(1.0)
+    return 204
 
 
 @pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    found = Receiver()
-    yield found
-    found.stop()
+def receiver() -> Iterator[WebhookReceiver]:
+    with webhook_receiver(SECRET, _misbehave) as found:
+        yield found
 
 
 @pytest.fixture
@@ -136,7 +71,7 @@ def _wait(predicate: Any, timeout_s: float = 30.0) -> None:
 
 @pytest.mark.slow
 def test_every_event_arrives_at_least_once_signed_and_dedupes_to_exactly_once(
-    hook_cluster: LocalCluster, receiver: Receiver
+    hook_cluster: LocalCluster, receiver: WebhookReceiver
 ) -> None:
     with Client(hook_cluster.urls, timeout_s=10, retry_budget_s=30) as client:
         sub = client.create_subscription(
@@ -154,6 +89,7 @@ def test_every_event_arrives_at_least_once_signed_and_dedupes_to_exactly_once(
 
         _wait(lambda: job_ids_seen() >= set(jobs), 60)
         assert receiver.bad_signatures == 0
+        assert [event["id"] for event in receiver.arrivals] == receiver.ids
         unique = {event["id"]: event for event in receiver.arrivals}
         assert len(receiver.arrivals) > len(unique)  # duplicates did happen
         assert {e["data"]["job_id"] for e in unique.values()} == set(jobs)
@@ -167,9 +103,9 @@ def test_every_event_arrives_at_least_once_signed_and_dedupes_to_exactly_once(
 
 @pytest.mark.slow
 def test_a_receiver_that_stays_down_gets_events_parked_then_retried(
-    hook_cluster: LocalCluster, receiver: Receiver
+    hook_cluster: LocalCluster, receiver: WebhookReceiver
 ) -> None:
-    receiver.always_down = True
+    receiver.refusing = 503
     with Client(hook_cluster.urls, timeout_s=10, retry_budget_s=30) as client:
         client.create_subscription(receiver.url, SECRET, ["job.*"], subscription_id="sub_down")
         jobs = _make_events(client, 3, "c")
@@ -177,7 +113,7 @@ def test_a_receiver_that_stays_down_gets_events_parked_then_retried(
         parked = client.get_subscription("sub_down")["parked"]
         assert {p["event"]["data"]["job_id"] for p in parked} == set(jobs)
         assert all(p["attempts"] == 4 and p["error"] == "HTTP 503" for p in parked)
-        receiver.always_down = False
+        receiver.refusing = None
         assert client.retry_parked("sub_down") == {"retried": 3}
         _wait(lambda: client.get_subscription("sub_down")["parked_count"] == 0)
         assert {e["data"]["job_id"] for e in receiver.arrivals} == set(jobs)
@@ -195,7 +131,7 @@ REFUSED_TARGETS = [
 
 @pytest.mark.slow
 def test_a_node_refuses_loopback_and_metadata_targets_at_creation_and_at_delivery(
-    tmp_path: Path, receiver: Receiver
+    tmp_path: Path, receiver: WebhookReceiver
 ) -> None:
     hook_secret = "refusal-test-hook-secret"
     # First the cluster allows loopback (as test clusters do) and takes a

@@ -25,6 +25,8 @@ own processes', read on the node that is asked, as with one shard.
   `first_seq` are cursors of every shard's own.
 - **Counts** (queues, tenants, the reconciliation report, the overview,
   the series, /metrics): api.shard_counts.
+- **Subscriptions** (`GET /v1/subscriptions[/{id}]`): every shard's copy,
+  its cursor and parked events (api.shard_subscriptions).
 
 Any shard's error (503 while it elects a leader, 403 for a scope) is the
 answer: a partial list would look complete.
@@ -41,14 +43,14 @@ from typing import TYPE_CHECKING, Any, Final
 from aiohttp import web
 from yarl import URL
 
-from raftsched.api import events, jobs, schedules, shard_counts, workflows
+from raftsched.api import events, jobs, schedules, shard_counts, shard_subscriptions, workflows
 from raftsched.api.errors import ApiError, invalid
 from raftsched.api.jsonbody import json_response
 from raftsched.api.requests import Handler
 from raftsched.api.shard_counts import ask_every, failed
 from raftsched.shard_merge import DONE, START, Page, Position, below_next, merge, parse_cursor
 from raftsched.shard_merge import format_cursor as format_positions
-from raftsched.shards import CURSORS_HEADER
+from raftsched.shards import CURSORS_HEADER, event_id
 
 if TYPE_CHECKING:
     from raftsched.api.shard_routing import ShardRouter
@@ -148,11 +150,6 @@ def _after(text: str | None, shards: int) -> list[Position]:
     ):
         raise invalid("after", "a seq, or the cursor (next_after, last_seq) an answer gave")
     return [str(int(str(position))) for position in positions]
-
-
-def event_id(shard: int, seq: int) -> str:
-    """An event's id in the cluster: `evt_<seq>` in shard 0, `evt<k>_<seq>`."""
-    return f"evt{'' if shard == 0 else shard}_{seq}"
 
 
 async def gather_events(
@@ -260,4 +257,5 @@ GATHERED: Final[dict[str, Gather]] = {
     "/v1/schedules": _schedules,
     "/v1/events": gather_events,
     **shard_counts.GATHERED,
+    **shard_subscriptions.GATHERED,
 }

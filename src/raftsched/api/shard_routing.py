@@ -27,8 +27,11 @@ after authentication, but first decides which shard it is for:
   in group 0 by the request; every shard follows group 0's directory
   (`ShardRouter.drive_membership`, below). With the header, a change is
   that shard's alone (the drivers' own requests, and an operator's repair).
-- **Everything else** (tokens, settings, subscriptions, backup) is
-  answered by group 0, as before (backup: every group's, api.backup).
+- **Subscriptions** are written in group 0 and copied into every shard;
+  their views read every shard's copy, and the operator's retry of parked
+  events is proposed in every shard's copy (api.shard_subscriptions).
+- **Everything else** (tokens, settings, backup) is answered by group 0,
+  as before (backup: every group's, api.backup).
 
 Membership of the shards. Group 0's replicated directory is what every
 group's members must be. Each node, once a second, compares it with the
@@ -75,7 +78,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from raftsched.api import jobs, leases, scope, shard_reads, workflows
+from raftsched.api import jobs, leases, scope, shard_reads, shard_subscriptions, workflows
 from raftsched.api.errors import ApiError, from_proposal_error
 from raftsched.api.jsonbody import json_response, loads
 from raftsched.api.principal import ANONYMOUS, encode_principal, principal_if_set
@@ -171,6 +174,7 @@ _HEADER_ROUTES: Final = frozenset(
         "/v1/backup",
         "/v1/cluster/nodes",
         "/v1/cluster/nodes/{node_id}",
+        "/v1/subscriptions/{subscription_id}/retry",
     }
 )
 
@@ -642,6 +646,15 @@ class ShardRouter:
                 answer["next"] = part.get("next", part) if status == 200 else part
         return json_response({"results": results, **answer})
 
+    async def _retry_parked(
+        self, request: web.Request, handler: Handler, named: int | None
+    ) -> web.StreamResponse:
+        """The operator's retry of a subscription's parked events: in every
+        shard's copy, or in the named shard's alone."""
+        if named is not None:
+            return await self._to(request, handler, named)
+        return await shard_subscriptions.retry_every_shard(self, request, handler)
+
     def _op_shard(self, op: object, index: int) -> int:
         """The shard of a lease batch's operation: its job's. One that is not
         well formed, or names a shard >= S, goes to group 0, which answers
@@ -753,9 +766,10 @@ class ShardRouter:
     async def answered_here(
         self, request: web.Request, handler: Handler, path: str, headers: Mapping[str, str]
     ) -> dict[str, Any]:
-        """Group 0's JSON answer to GET `path` (with its query), from its
-        handler in this process, asked as `request` with `headers` added:
-        a read of every shard asks shard 0 so. Raises what the handler
+        """Group 0's JSON answer to `path` (with its query), from its handler
+        in this process, asked as `request` (GET, or a POST whose handler
+        reads no body: the retry of parked events) with `headers` added: a
+        request to every shard asks shard 0 so. Raises what the handler
         raises (NotLeader: the caller asks group 0's leader instead)."""
         sent = CIMultiDict(request.headers)
         sent.update(headers)
@@ -1231,6 +1245,7 @@ _PLACEMENTS: Final[dict[tuple[str, str], _PlacementHandler]] = {
     ("POST", "/v1/cluster/nodes"): ShardRouter._membership,
     ("DELETE", "/v1/cluster/nodes/{node_id}"): ShardRouter._membership,
     ("POST", "/v1/leases/batch"): ShardRouter._lease_batch,
+    ("POST", "/v1/subscriptions/{subscription_id}/retry"): ShardRouter._retry_parked,
 }
 
 SHARD_ROUTER: Final = web.AppKey("shard_router", ShardRouter)

@@ -40,6 +40,7 @@ from typing import Any
 
 import aiohttp
 
+from raftsched import shards
 from raftsched.core.events.commands import AckDelivery, AckParked, ParkDelivery
 from raftsched.core.events.subscriptions import Subscription, pending_events, subscriptions
 from raftsched.core.kernel import outbox
@@ -85,10 +86,8 @@ class DeliverySettings:
 
 
 def event_id(event: OutboxEvent, shard: int = 0) -> str:
-    """`evt_<seq>` in shard 0 (and in a one-shard cluster), `evt<k>_<seq>` in
-    shard k: each shard's outbox numbers its own events, so the id names
-    the shard to be unique in the cluster (docs/shards.md)."""
-    return f"evt_{event.seq}" if shard == 0 else f"evt{shard}_{event.seq}"
+    """The delivery's id of `event` of shard `shard`'s outbox (shards.event_id)."""
+    return shards.event_id(shard, event.seq)
 
 
 def event_body(event: OutboxEvent, subscription_id: str, shard: int | None = None) -> bytes:
