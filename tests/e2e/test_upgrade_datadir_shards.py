@@ -94,6 +94,16 @@ def follow(
         target = url
 
 
+def wait_for_quietly(predicate: Any, timeout_s: float) -> bool:
+    """Whether `predicate` holds within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def group_digest(url: str, shard: int) -> tuple[int, str] | None:
     """(applied index, digest) of the node's own replica of group `shard`."""
     try:
@@ -175,9 +185,20 @@ def restart_alone(cluster: LocalCluster, node_id: str, expected: dict[str, Any])
                 f"state.\n{golden.RULE}"
             )
         check_found(url, expected["found"])
-        status, view = get(url, "/v1/cluster")
-        assert status == 200, view
-        assert [entry["shard"] for entry in view["shards"]] == list(range(expected["shards"]))
+        # Each group keeps its own identity (its cluster id) across the
+        # upgrade, as the node sees its shard processes (polled each second).
+        seen: list[dict[str, Any]] = []
+
+        def identities() -> bool:
+            status, view = get(url, "/v1/cluster")
+            assert status == 200, view
+            seen[:] = [view]
+            groups = {str(entry["shard"]): entry.get("cluster_id") for entry in view["shards"]}
+            return groups == expected["group_cluster_ids"]
+
+        if not wait_for_quietly(identities, 30):
+            raise AssertionError(f"{node_id}'s groups are not the recorded ones: {seen}")
+        view = seen[0]
         assert view["cluster_id"] == expected["cluster_id"]
         assert view["cluster_version"] == expected["cluster_version"]
     finally:
