@@ -21,39 +21,33 @@ The nodes get new ports and a new secret: neither is part of the data.
 from __future__ import annotations
 
 import signal
-import sys
-import tarfile
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from datadir_support import (
+    FINAL_JOB_STATUSES,
+    FINAL_WORKFLOW_STATUSES,
+    JOB_KEYS,
+    QUEUE_KEYS,
+    SCHEDULE_KEYS,
+    SUBSCRIPTION_KEYS,
+    TENANT_KEYS,
+    WORKFLOW_KEYS,
+    as_before,
+    check_same,
+    get,
+    golden,
+    purged_by_now,
+    unpack,
+    wait_for,
+)
 from e2e_support import cluster_env
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-import golden  # noqa: E402  (tests/fixtures is not a package)
-
 from raftsched.core.kernel import codec
-from raftsched.testing import LocalCluster, http_json  # noqa: E402
+from raftsched.testing import LocalCluster, http_json
 
 RELEASES = [path for path in golden.release_dirs() if (path / golden.DATADIR_NAME).exists()]
-
-# What of each object must be as the old release left it. Other fields may
-# be new, or depend on the wall clock (ages, queue statistics).
-JOB_KEYS = (
-    "id", "queue", "tenant", "status", "payload", "result", "priority", "max_attempts",
-    "idempotency_key", "ordering_key", "correlation_id", "labels", "schedule_id",
-    "workflow_id", "step", "created_at", "attempts",
-)  # fmt: skip
-SCHEDULE_KEYS = ("id", "cron", "interval_s", "timezone", "overlap", "paused", "job", "created_at")
-WORKFLOW_KEYS = ("id", "status", "outcome", "tenant", "idempotency_key", "reason", "created_at")
-TENANT_KEYS = ("name", "weight", "concurrency_limit", "max_queued")
-QUEUE_KEYS = (
-    "name", "paused", "rate_limit_per_s", "burst", "concurrency_limit", "circuit_window",
-)  # fmt: skip
-SUBSCRIPTION_KEYS = ("id", "url", "types", "created_at")
-FINAL_JOB_STATUSES = frozenset({"succeeded", "dead_letter", "cancelled"})
-FINAL_WORKFLOW_STATUSES = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 
 
 def release_ids(paths: list[Path]) -> list[str]:
@@ -62,67 +56,6 @@ def release_ids(paths: list[Path]) -> list[str]:
 
 def test_the_first_release_has_a_data_directory_fixture() -> None:
     assert "v0.1.0" in release_ids(RELEASES)
-
-
-def unpack(release: Path, expected: dict[str, Any], root: Path) -> None:
-    path = release / expected["file"]
-    assert golden.file_sha256(path) == expected["sha256"], (
-        f"{path} is not the file {release.name} wrote.\n{golden.RULE}"
-    )
-    with tarfile.open(path) as archive:
-        if hasattr(tarfile, "data_filter"):  # Python 3.11.4 and later
-            archive.extractall(root, filter="data")
-        else:  # our own archive of plain files
-            archive.extractall(root)
-
-
-def get(url: str, path: str) -> tuple[int, dict[str, Any]]:
-    separator = "&" if "?" in path else "?"
-    status, body, _ = http_json("GET", f"{url}{path}{separator}consistency=stale", timeout_s=10)
-    return status, body
-
-
-def wait_for(what: str, predicate: Any, timeout_s: float = 60) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
-def pick(rendered: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    return {key: rendered.get(key) for key in keys if key in rendered}
-
-
-def as_before(new: Any, old: Any) -> Any:
-    """`new` without the object fields a later release added, where they
-    are null (a schedule template's `kind`, say, for a job that has none):
-    what it must equal for an old object to render as before."""
-    if isinstance(new, dict) and isinstance(old, dict):
-        added = {key for key in new.keys() - old.keys() if new[key] is None}
-        return {
-            key: as_before(value, old.get(key)) for key, value in new.items() if key not in added
-        }
-    if isinstance(new, list) and isinstance(old, list) and len(new) == len(old):
-        return [as_before(value, was) for value, was in zip(new, old, strict=True)]
-    return new
-
-
-def check_same(what: str, old: dict[str, Any], new: dict[str, Any], keys: tuple[str, ...]) -> None:
-    assert as_before(pick(new, keys), pick(old, keys)) == pick(old, keys), (
-        f"{what} is not as the old release left it in its data directory.\n{golden.RULE}"
-    )
-
-
-def purged_by_now(expected: dict[str, Any]) -> bool:
-    """Whether retention may have purged the story's finished jobs by now: the
-    restarted leader's clock is the real one, and finished jobs are kept
-    `retention_ms` after they finished. An hour of margin either side."""
-    now_ms = time.time() * 1000
-    return bool(now_ms > expected["state_now_ms"] + expected["retention_ms"] - 3_600_000)
 
 
 @pytest.mark.slow
