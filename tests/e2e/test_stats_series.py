@@ -213,6 +213,7 @@ def test_the_python_clients_read_series_and_effects(cluster: LocalCluster, clien
     assert len(queue_series["at"]) == 720 == len(queue_series["depth"])
     short = client.stats_series(QUEUE, window_s=60)
     assert len(short["at"]) == 12 and len(short["due_to_lease_p99_s"]) == 12
+
     # The whole cluster's series counts effects-q's completion too, once the
     # node answering has applied it (it reads its own memory).
     def whole_counted() -> StatsSeries | None:
