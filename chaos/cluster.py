@@ -38,7 +38,7 @@ from typing import Any
 
 from chaos.net import Network
 from raftsched.shards import SHARD_HEADER
-from raftsched.testing import LocalCluster, NodeProcess, http_json
+from raftsched.testing import LocalCluster, NodeProcess, http_json, process_running
 
 HTTP_PORT = 8080
 RAFT_PORT = 9090
@@ -46,6 +46,8 @@ SHIM_DIR = Path(__file__).resolve().parent / "shim"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FSYNC_SHIM_SOURCE = REPO_ROOT / "tests" / "faults" / "fsync_eio.c"
 EXIT_STORAGE_FAILED = 74  # raftsched.raft_journal.EXIT_STORAGE_FAILED (EX_IOERR)
+# How long a node's shard processes may outlive the node's own exit.
+SHARD_EXIT_WAIT_S = 5.0
 
 
 @dataclass
@@ -281,6 +283,20 @@ class NsCluster(LocalCluster):
             found = {i + 1: pid for i, pid in enumerate(sorted(children))}
         return found
 
+    def kill_with_shards(self, node_id: str, signum: int = signal.SIGKILL) -> dict[str, Any]:
+        """`kill` the node, and see that its shard processes went with it
+        (a SIGKILLed node's die by the kernel's parent-death signal, a
+        SIGTERMed node stops its own): {pids: the shard processes it ran,
+        left: those still running SHARD_EXIT_WAIT_S after the node's exit}."""
+        pids = sorted(self.shard_pids(node_id).values()) if self.shards > 1 else []
+        self.kill(node_id, signum)
+        deadline = time.monotonic() + SHARD_EXIT_WAIT_S
+        left = [pid for pid in pids if process_running(pid)]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = [pid for pid in left if process_running(pid)]
+        return {"pids": pids, "left": left}
+
     def pause(self, node_id: str) -> None:
         """SIGSTOP the node and its shard processes: a stopped machine (or VM)
         stops every process on it. Each shard process is in a session of its
@@ -296,6 +312,23 @@ class NsCluster(LocalCluster):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
         super().resume(node_id)
+
+    def member_views(self, node_id: str, timeout_s: float = 5.0) -> dict[str, Any]:
+        """shard -> the node's `GET /v1/cluster` for that group alone
+        (`Raftsched-Shard: k`; shard 0: without the header, so with
+        `shards` and `membership.shards_behind`), None where it did not
+        answer."""
+        views: dict[str, Any] = {"0": self.cluster_view(node_id, timeout_s=timeout_s)}
+        for shard in range(1, self.shards):
+            try:
+                status, body, _ = http_json(
+                    "GET", self.nodes[node_id].http_url + "/v1/cluster", timeout_s=timeout_s,
+                    token=self.admin_token, headers={SHARD_HEADER: str(shard)},
+                )  # fmt: skip
+            except OSError:
+                body, status = None, 0
+            views[str(shard)] = body if status == 200 else None
+        return views
 
     def shard_digests(self, timeout_s: float = 5.0) -> dict[int, dict[str, tuple[int, str]]]:
         """shard -> node id -> (applied index, digest) of every serving node

@@ -72,17 +72,50 @@ def members_in(found: dict[str, Any]) -> list[str]:
 
 
 def settled(cluster: NsCluster) -> bool:
-    """The leader reports no change in progress and every node a plain member."""
-    found = leader_view(cluster)
+    """The leader reports no change in progress and every node a plain
+    member; sharded, also no shard behind group 0's members and none with a
+    change of its own in progress (`view_settled`)."""
+    return view_settled(leader_view(cluster))
+
+
+def view_settled(found: dict[str, Any] | None) -> bool:
+    """`settled` of one `GET /v1/cluster` answer (the leader's)."""
     if found is None:
         return False
     membership = found.get("membership") or {}
     # A node of the previous release reports no status (no membership changes).
     statuses = {n.get("status", "member") for n in found.get("nodes", [])}
-    return membership.get("change") is None and statuses <= {"member"}
+    if membership.get("change") is not None or not statuses <= {"member"}:
+        return False
+    return not shards_unsettled(found)
+
+
+def shards_unsettled(found: dict[str, Any]) -> dict[str, Any]:
+    """What keeps a sharded cluster's change from being done, as one node's
+    `GET /v1/cluster` tells it (docs/shards.md section 5): the shards whose
+    members are not group 0's yet (`membership.shards_behind`, which lists a
+    shard whose process does not answer too), and those with a change of
+    their own in progress. Empty when settled, and for one shard."""
+    shards = found.get("shards")
+    if not shards:
+        return {}
+    unsettled: dict[str, Any] = {}
+    behind = (found.get("membership") or {}).get("shards_behind")
+    if behind is None or behind:
+        unsettled["shards_behind"] = behind
+    changing = {
+        str(entry["shard"]): entry.get("membership_change")
+        for entry in shards[1:]
+        if entry.get("membership_change") is not None
+    }
+    if changing:
+        unsettled["shard_changes"] = changing
+    return unsettled
 
 
 def wait_settled(cluster: NsCluster, stop: threading.Event, timeout_s: float = SETTLE_S) -> bool:
+    """Until `settled`, at most `timeout_s` (sharded: every group has the
+    change before the next fault starts)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if settled(cluster):
@@ -90,6 +123,21 @@ def wait_settled(cluster: NsCluster, stop: threading.Event, timeout_s: float = S
         if stop.wait(0.5):
             return settled(cluster)
     return False
+
+
+def unsettled_detail(cluster: NsCluster) -> dict[str, Any]:
+    """Why the leader's view is not settled (for the record of a change
+    that did not settle in time)."""
+    found = leader_view(cluster)
+    if found is None:
+        return {"leader_view": None}
+    membership = found.get("membership") or {}
+    statuses = {n["id"]: n.get("status") for n in found.get("nodes", [])}
+    return {
+        "change": membership.get("change"),
+        "statuses": {i: s for i, s in statuses.items() if s not in (None, "member")},
+        **shards_unsettled(found),
+    }
 
 
 def cluster_version(cluster: NsCluster, wait_s: float = 10.0) -> int | None:
@@ -203,7 +251,15 @@ class Changes:
                 "members_term": None if members is None else members.get("term"),
             },
         )
-        self.cluster.kill(node.id, signal.SIGTERM)
+        self.stop_with_shards(node, signal.SIGTERM)
+
+    def stop_with_shards(self, node: NsNode, signum: int) -> None:
+        """Stop a node that leaves the cluster (removed, or the victim of a
+        replacement); sharded, note its shard processes and those that
+        outlived it (`shard_processes_gone`: checker 13 wants none)."""
+        found = self.cluster.kill_with_shards(node.id, signum)
+        if self.cluster.shards > 1:
+            self.history.note("shard_processes_gone", {"node": node.id, **found})
 
     def ready(self, node: NsNode, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -32,6 +32,14 @@ Operations faults besides kills, pauses, partitions and clocks:
 Every schedule of at least `FAMILY_MIN_FAULTS` faults holds at least one
 membership change and one fsync fault (a seeded fault is turned into one if
 the draw had none), so a short CI campaign covers both.
+
+On a sharded cluster (`shards` > 1, docs/shards.md) every kind above is
+drawn, plus the faults of one shard process (SHARD_KINDS). A membership
+change is made in group 0 and every shard's group follows it: the nemesis
+waits, bounded, until the leader's `membership.shards_behind` is empty and
+no shard has a change in progress before the next fault; a new node starts
+with the same `--shards` and port stride; a removed node's shard processes
+stop with it.
 """
 
 from __future__ import annotations
@@ -48,7 +56,13 @@ from typing import Any
 
 from chaos.cluster import NsCluster, NsNode, fill_disk
 from chaos.history import Recorder
-from chaos.membership import MEMBERSHIP_VERSION, Changes, cluster_version, wait_settled
+from chaos.membership import (
+    MEMBERSHIP_VERSION,
+    Changes,
+    cluster_version,
+    unsettled_detail,
+    wait_settled,
+)
 from chaos.ops_checkers import FSYNC_NOT_STOPPED
 
 KINDS: dict[str, int] = {
@@ -75,10 +89,6 @@ MEMBERSHIP_KINDS = ("add_node", "remove_node", "replace_node")
 # process leading shard k >= 1 is SIGKILLed (its node starts it again) or
 # SIGSTOPped for the hold.
 SHARD_KINDS: dict[str, int] = {"kill_shard_leader": 3, "pause_shard_leader": 2}
-# Membership changes are refused on a sharded cluster (409 invalid_state,
-# reason "shards", docs/shards.md section 5): no such fault is drawn there.
-SHARDED_EXCLUDED = MEMBERSHIP_KINDS
-SHARDED_EXCLUDED_WHY = "membership changes are refused on a sharded cluster (docs/shards.md 5)"
 QUIET_S = (1.0, 3.0)
 HOLD_S = (3.0, 8.0)
 MEMBERSHIP_HOLD_MIN_S = 8.0
@@ -119,12 +129,13 @@ def schedule(
 ) -> list[Fault]:
     """`upgrades`: members that start on the previous release (0: no
     mixed-version phase); each gets an `upgrade` fault in UPGRADE_WINDOW.
-    `shards` > 1: the shard faults join the draw and the membership changes
-    leave it (SHARDED_EXCLUDED). With one shard the schedule is as before."""
+    `shards` > 1: the shard faults join the draw (every other kind, the
+    membership changes included, stays). With one shard the schedule is
+    the one-shard campaign's, fault for fault."""
     rng = random.Random(f"chaos-schedule-{seed}")
     table = dict(KINDS)
     if shards > 1:
-        table = {k: w for k, w in table.items() if k not in SHARDED_EXCLUDED} | SHARD_KINDS
+        table |= SHARD_KINDS
     kinds = sorted(table)
     weights = [table[k] for k in kinds]
     faults: list[Fault] = []
@@ -156,15 +167,20 @@ def schedule(
 def _with_every_family(
     rng: random.Random, faults: list[Fault], nodes: int, workers: int, shards: int = 1
 ) -> list[Fault]:
-    """At least one membership change (one shard) and one fsync fault in a
-    schedule of FAMILY_MIN_FAULTS or more (a seeded plain fault of the second
-    half becomes one, keeping its time), and sharded one node kill, one node
-    pause and one of each shard fault in the first half (a plain fault of
-    the first half becomes one)."""
+    """At least one membership change and one fsync fault in a schedule of
+    FAMILY_MIN_FAULTS or more (a seeded plain fault of the second half
+    becomes one, keeping its time), and sharded one node kill, one node
+    pause, one of each shard fault and one membership change in the first
+    half (a plain fault of the first half becomes one)."""
     if len(faults) < FAMILY_MIN_FAULTS:
         return faults
+    early = {f.kind for f in faults[: len(faults) // 2]}
     wanted = []
-    if shards == 1 and not any(f.kind in MEMBERSHIP_KINDS for f in faults):
+    # Sharded, a membership change of the first half: in the second one it
+    # may not start at all (below), and it is what the sharded campaign
+    # must show (every shard's group follows group 0's change).
+    drawn = early if shards > 1 else {f.kind for f in faults}
+    if not drawn & set(MEMBERSHIP_KINDS):
         wanted.append("replace_node")  # keeps the planned size
     if not any(f.kind == "fsync_fail" for f in faults):
         wanted.append("fsync_fail")
@@ -175,12 +191,11 @@ def _with_every_family(
         # In the first half: a run's last faults may not start at all when
         # earlier ones overran (fsync faults wait for the exit).
         required = ("kill_leader", "pause_leader", *SHARD_KINDS)
-        early = {f.kind for f in faults[: len(faults) // 2]}
         wanted += [k for k in required if k not in early]
         kept += required
     half = faults[len(faults) // 2].at_s
     for kind in wanted:
-        first = shards > 1 and kind not in ("fsync_fail", *MEMBERSHIP_KINDS)
+        first = shards > 1 and kind != "fsync_fail"
         candidates = [
             i for i, f in enumerate(faults)
             if (f.at_s < half if first else f.at_s >= half) and f.kind not in kept
@@ -516,6 +531,14 @@ class Nemesis(threading.Thread):
                 return False
         return True
 
+    def _settle(self, targets: dict[str, Any]) -> None:
+        """Wait, bounded, until the change is done (sharded: in every
+        shard's group too) before the next fault; what was still pending
+        if it was not."""
+        targets["settled"] = wait_settled(self.cluster, self.stop_event)
+        if not targets["settled"]:
+            targets["unsettled"] = unsettled_detail(self.cluster)
+
     def _version_ok(self, targets: dict[str, Any]) -> bool:
         version = cluster_version(self.cluster)
         targets["cluster_version"] = version
@@ -538,7 +561,7 @@ class Nemesis(threading.Thread):
             via = next(n for n in self._others(node) if n.alive)
         self.cluster.start_joining(node.id, via.http_url)
         self.stop_event.wait(fault.hold_s)
-        targets["settled"] = wait_settled(self.cluster, self.stop_event)
+        self._settle(targets)
         targets["ready"] = self.changes.ready(node, READY_WAIT_S)
         targets["outcome"] = "added"
 
@@ -556,7 +579,7 @@ class Nemesis(threading.Thread):
         self.cluster.mark_removed(node.id)
         # It keeps running while held: a removed node must not disturb anyone.
         self.stop_event.wait(fault.hold_s)
-        targets["settled"] = wait_settled(self.cluster, self.stop_event)
+        self._settle(targets)
         self.changes.retire(node)
         targets["outcome"] = "removed"
 
@@ -572,7 +595,7 @@ class Nemesis(threading.Thread):
                 self.changes.retire(victim)
                 targets["outcome"] = "removed below cluster version 4"
             return
-        self.cluster.kill(victim.id)
+        self.changes.stop_with_shards(victim, signal.SIGKILL)
         if not self.changes.remove(victim.id):
             targets["outcome"] = "remove refused; victim restarted"
             self._restart(victim)
@@ -590,7 +613,7 @@ class Nemesis(threading.Thread):
         via = next(n for n in self._others(node) if n.alive)
         self.cluster.start_joining(node.id, via.http_url)
         self.stop_event.wait(fault.hold_s)
-        targets["settled"] = wait_settled(self.cluster, self.stop_event)
+        self._settle(targets)
         targets["ready"] = self.changes.ready(node, READY_WAIT_S)
         targets["outcome"] = "replaced"
 

@@ -13,6 +13,13 @@ Inputs besides `ops` and `final` (see chaos/checkers.py):
   that still ran at the end, or None}, "members", "removed"} (the last two
   are the harness's bookkeeping, kept for the record; the checker derives
   the expected members from the history).
+- Sharded (`final["shards"]` S > 1, docs/shards.md section 5): each view
+  has `membership.shards_behind`; `final["membership"]["shard_views"]`
+  {node id: {shard k (str, 1..S-1): that node's GET /v1/cluster with
+  `Raftsched-Shard: k`, or None}}; `final["shard_digests"]` {shard: {node
+  id: [applied index, digest]}}; and the notes `shard_processes_gone`
+  {node, pids, left} (a node that left the cluster: its shard processes,
+  and those still running after it stopped).
 """
 
 from __future__ import annotations
@@ -122,7 +129,59 @@ def membership_converged(ops: list[Op], final: dict[str, Any], notes: list[Note]
             problem="digests not from exactly the members",
             with_digest=sorted(digests), expected=sorted(expected),
         )  # fmt: skip
+    if int(final.get("shards", 1)) > 1:
+        _shards_converged(final, notes, expected, check)
     return check
+
+
+def _shards_converged(
+    final: dict[str, Any], notes: list[Note], expected: set[str], check: Check
+) -> None:
+    """Sharded: every shard's group ends with group 0's members (the
+    history's), as every member's replica of it sees them, all plain
+    members, no change in progress, no shard behind as group 0's view
+    says; every group has a digest from exactly those members; and a node
+    that left took its shard processes with it."""
+    membership = final["membership"]
+    views: dict[str, Any] = membership.get("views", {})
+    shard_views: dict[str, dict[str, Any]] = membership.get("shard_views", {})
+    shards = range(1, int(final["shards"]))
+    for node_id in sorted(expected):
+        view = views.get(node_id)
+        behind = None if view is None else (view.get("membership") or {}).get("shards_behind")
+        if view is not None and behind != []:
+            check.flag(problem="shards behind group 0 at the end", node=node_id, behind=behind)
+        for shard in shards:
+            one = (shard_views.get(node_id) or {}).get(str(shard))
+            if one is None:
+                if view is not None:  # one that did not answer at all is flagged above
+                    check.flag(problem="shard replica did not answer", node=node_id, shard=shard)
+                continue
+            listed = _listed(one)
+            members = {i for i, status in listed.items() if status != "removed"}
+            if members != expected:
+                check.flag(
+                    problem="shard lists other members than group 0's", node=node_id,
+                    shard=shard, listed=sorted(members), expected=sorted(expected),
+                )  # fmt: skip
+            unsettled = {i: s for i, s in listed.items() if i in members and s != "member"}
+            change = (one.get("membership") or {}).get("change")
+            if unsettled or change is not None:
+                check.flag(
+                    problem="shard change not finished", node=node_id, shard=shard,
+                    statuses=unsettled, change=change,
+                )  # fmt: skip
+    groups: dict[str, dict[str, Any]] = final.get("shard_digests", {})
+    for shard in shards:
+        with_digest = set(groups.get(str(shard), {}))
+        if with_digest != expected:
+            check.flag(
+                problem="shard digests not from exactly the members", shard=shard,
+                with_digest=sorted(with_digest), expected=sorted(expected),
+            )  # fmt: skip
+    for note in _of(notes, "shard_processes_gone"):
+        if note["value"].get("left"):
+            check.flag(problem="shard processes outlived their node", **note["value"])
 
 
 def _retired(notes: list[Note], check: Check) -> None:

@@ -182,8 +182,16 @@ def operations_summary(
             outcomes[kind][str(fault.get("outcome") or fault.get("skipped") or "held")] += 1
     exits = [e["value"] for e in events if e["f"] == "node_exit" and e["type"] == "note"]
     membership = final.get("membership") or {}
+    # Membership changes not done (sharded: in every group) within the
+    # nemesis's bounded wait before the next fault.
+    unsettled = [
+        {"kind": f["kind"], "target": f.get("target"), **(f.get("unsettled") or {})}
+        for f in faults
+        if f["kind"] in ("add_node", "remove_node", "replace_node") and f.get("settled") is False
+    ]
     return {
         "outcomes": {kind: dict(counts) for kind, counts in sorted(outcomes.items())},
+        "membership_not_settled": unsettled,
         "node_exits": dict(
             Counter(f"{x['code']} ({'expected' if x['expected'] else 'UNEXPECTED'})" for x in exits)
         ),
@@ -218,8 +226,10 @@ def shards_summary(
         if "shard" in fault:
             aimed[int(fault["shard"])][fault["kind"]] += 1
     digests = final.get("shard_digests") or {}
+    views = (final.get("membership") or {}).get("shard_views") or {}
     return {
         str(shard): {
+            "members_at_end": _shard_members(views, shard),
             "jobs": jobs[shard],
             "leases_granted": leases[shard],
             "leader_changes": max(0, (len(terms) if shard == 0 else changes[shard]) - 1),
@@ -229,6 +239,16 @@ def shards_summary(
         }
         for shard in range(count)
     }
+
+
+def _shard_members(views: dict[str, dict[str, Any]], shard: int) -> list[str] | None:
+    """Shard k's members as the first node whose replica of it answered
+    lists them (shard 0: None, group 0's are `members_at_end`)."""
+    for by_shard in views.values():
+        view = by_shard.get(str(shard))
+        if view is not None:
+            return sorted(n["id"] for n in view.get("nodes", []) if n.get("status") != "removed")
+    return None
 
 
 def _code(op: dict[str, Any]) -> str | None:

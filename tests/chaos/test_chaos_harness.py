@@ -32,20 +32,61 @@ def test_schedule_covers_every_fault_kind_over_a_long_run() -> None:
     assert kinds == set(nemesis.KINDS)
 
 
-def test_sharded_schedule_has_shard_faults_and_no_membership_change() -> None:
+def test_sharded_schedule_has_shard_faults_and_every_other_kind() -> None:
     """--shards 3: the shard-process faults join (each aimed at a shard
-    1..2), membership changes leave (refused on a sharded cluster), and a
-    short run still holds a node kill, a node pause and each shard fault."""
+    1..2) and every other kind stays, membership changes included; a short
+    run holds a node kill, a node pause, each shard fault and a membership
+    change in its first half (its last faults may not start at all)."""
     long = nemesis.schedule(1, 3600, 3, 4, 2.0, shards=3)
     kinds = {f.kind for f in long}
-    assert kinds == (set(nemesis.KINDS) - set(nemesis.MEMBERSHIP_KINDS)) | set(nemesis.SHARD_KINDS)
+    assert kinds == set(nemesis.KINDS) | set(nemesis.SHARD_KINDS)
     assert {f.params["shard"] for f in long if f.kind in nemesis.SHARD_KINDS} == {1, 2}
-    for seed in range(10):
-        short = {f.kind for f in nemesis.schedule(seed, 150, 3, 4, 2.0, shards=3)}
-        assert {"kill_leader", "pause_leader", *nemesis.SHARD_KINDS} <= short
-        assert not short & set(nemesis.MEMBERSHIP_KINDS)
+    for seed in (*range(30), 20251129):
+        short = nemesis.schedule(seed, 150, 3, 4, 2.0, shards=3)
+        early = {f.kind for f in short[: len(short) // 2]}
+        assert {"kill_leader", "pause_leader", *nemesis.SHARD_KINDS} <= early, seed
+        assert early & set(nemesis.MEMBERSHIP_KINDS), seed
+        assert "fsync_fail" in {f.kind for f in short}, seed
+        size = 3  # between NODES and NODES + 1 members, as unsharded
+        for fault in short:
+            if fault.kind in ("add_node", "remove_node"):
+                assert size == (3 if fault.kind == "add_node" else 4), seed
+                size += 1 if fault.kind == "add_node" else -1
+            if fault.kind in nemesis.MEMBERSHIP_KINDS:
+                assert fault.hold_s >= nemesis.MEMBERSHIP_HOLD_MIN_S
     # One shard: as before (the same draw, no shard fault).
     assert nemesis.schedule(7, 180, 3, 4, 2.0, shards=1) == nemesis.schedule(7, 180, 3, 4, 2.0)
+
+
+# CI's campaign (`make chaos SEED=20251129 DURATION=150 NODES=3`): its faults,
+# as drawn before the sharded campaign took the membership changes in. A
+# change to the sharded draw must leave the one-shard draw as it is.
+CI_SCHEDULE = [
+    (3.3, "bridge", 6.1, {"middle": 1, "side_a": [2], "side_b": [3]}),
+    (12.2, "add_node", 8.0, {"via": 2}),
+    (22.4, "disk_full", 7.9, {"leader": True, "node": 1}),
+    (32.4, "kill_leader", 7.1, {}),
+    (40.8, "clock_drift", 3.6, {"node": 3, "rate_s_per_s": -0.211}),
+    (45.9, "fsync_fail", 3.3, {"leader": True, "node": 3, "phase": "restart"}),
+    (51.1, "replace_node", 8.0, {"node": 3}),
+    (61.4, "kill_one", 7.8, {"node": 3}),
+    (72.1, "kill_minority", 4.3, {"nodes": [2]}),
+    (78.3, "replace_node", 8.0, {"node": 2}),
+    (87.5, "pause_leader", 7.8, {}),
+    (97.1, "bridge", 4.0, {"middle": 1, "side_a": [2], "side_b": [3]}),
+    (102.5, "isolate_leader", 6.2, {}),
+    (110.7, "one_way", 3.2, {"direction": "from_leader"}),
+    (115.3, "disk_full", 5.7, {"leader": False, "node": 2}),
+    (123.7, "one_way", 6.0, {"direction": "from_leader"}),
+    (132.1, "fsync_fail", 6.0, {"leader": False, "node": 2, "phase": "restart"}),
+    (139.1, "bridge", 6.8, {"middle": 1, "side_a": [2], "side_b": [3]}),
+]
+
+
+def test_ci_seed_draws_the_same_faults_without_shards() -> None:
+    drawn = nemesis.schedule(20251129, 150, 3, 4, 2.0)
+    assert [(f.at_s, f.kind, f.hold_s, f.params) for f in drawn] == CI_SCHEDULE
+    assert nemesis.schedule(20251129, 150, 3, 4, 2.0, shards=1) == drawn
 
 
 def test_bridge_keeps_one_node_in_both_halves() -> None:

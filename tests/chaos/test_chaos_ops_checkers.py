@@ -6,6 +6,9 @@ early."""
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 from typing import Any
 
 import chaos_support as s
@@ -15,10 +18,12 @@ from chaos.checkers import (
     expected_log_errors_by_node,
     node_logs_clean,
 )
+from chaos.cluster import NsCluster
+from chaos.net import Network
 from chaos.ops_checkers import FSYNC_NOT_STOPPED, membership_converged, node_exits_expected
 
 from chaos import nemesis
-from raftsched.testing import LogError
+from raftsched.testing import LogError, process_running, wait_for
 
 
 def note(f: str, t: float, **value: Any) -> dict[str, Any]:
@@ -317,4 +322,159 @@ def test_a_killed_node_restarted_while_another_thread_reaps_is_reported_once(
             ("n1", -9, True),
         ]
     finally:
+        cluster.stop()
+
+
+# -- a sharded cluster (docs/shards.md section 5) --------------------------------
+
+
+def shard_view(node_id: str, members: list[str], **extra: Any) -> dict[str, Any]:
+    """One group's GET /v1/cluster (Raftsched-Shard: k), as `view`."""
+    return view(node_id, members, **extra)
+
+
+def sharded(final: dict[str, Any], members: list[str] = END) -> dict[str, Any]:
+    """The clean run's final state on 3 shards: every group with the
+    history's members, nothing behind, every group's digests from them."""
+    final["shards"] = 3
+    for node_id in END:
+        final["membership"]["views"][node_id]["membership"]["shards_behind"] = []
+    final["membership"]["shard_views"] = {
+        node_id: {str(k): shard_view(node_id, members) for k in (1, 2)} for node_id in END
+    }
+    final["shard_digests"] = {str(k): {n: [9, f"d{k}"] for n in END} for k in (0, 1, 2)}
+    return final
+
+
+def gone(node_id: str, left: list[int]) -> dict[str, Any]:
+    return note("shard_processes_gone", 41, node=node_id, pids=[101, 102], left=left)
+
+
+def test_a_clean_sharded_history_passes() -> None:
+    ops, final, notes = clean()
+    notes += [gone("n4", []), gone("n2", [])]
+    assert membership_converged(ops, sharded(final), notes).anomalies == 0
+
+
+def test_a_shard_that_kept_a_removed_member_or_lacks_a_new_one_is_flagged() -> None:
+    ops, final, notes = clean()
+    final = sharded(final)
+    final["membership"]["shard_views"]["n1"]["2"] = shard_view("n1", [*END, "n2"])
+    final["membership"]["shard_views"]["n3"]["1"] = shard_view("n3", END[:-1])
+    check = membership_converged(ops, final, notes)
+    found = sorted((e["node"], e["shard"]) for e in check.examples)
+    assert problems(check) == {"shard lists other members than group 0's"}
+    assert found == [("n1", 2), ("n3", 1)]
+
+
+def test_a_shard_behind_or_with_a_change_in_progress_at_the_end_is_flagged() -> None:
+    ops, final, notes = clean()
+    final = sharded(final)
+    final["membership"]["views"]["n5"]["membership"]["shards_behind"] = [2]
+    final["membership"]["shard_views"]["n6"]["1"] = shard_view(
+        "n6", END, statuses={"n6": "joining"}, change={"kind": "add", "id": "n6"}
+    )
+    assert problems(membership_converged(ops, final, notes)) == {
+        "shards behind group 0 at the end",
+        "shard change not finished",
+    }
+
+
+def test_a_shard_replica_that_did_not_answer_or_has_no_digest_is_flagged() -> None:
+    ops, final, notes = clean()
+    final = sharded(final)
+    final["membership"]["shard_views"]["n3"]["2"] = None
+    del final["shard_digests"]["1"]["n6"]
+    assert problems(membership_converged(ops, final, notes)) == {
+        "shard replica did not answer",
+        "shard digests not from exactly the members",
+    }
+
+
+def test_shard_processes_that_outlived_their_node_are_flagged() -> None:
+    ops, final, notes = clean()
+    notes += [gone("n4", []), gone("n2", [102])]
+    check = membership_converged(ops, sharded(final), notes)
+    assert problems(check) == {"shard processes outlived their node"}
+    assert check.examples[0]["node"] == "n2" and check.examples[0]["left"] == [102]
+
+
+def test_the_shards_are_not_judged_on_one_shard() -> None:
+    ops, final, notes = clean()
+    final = sharded(final)
+    final["shards"] = 1
+    final["membership"]["shard_views"]["n1"]["2"] = shard_view("n1", ["n1"])
+    assert membership_converged(ops, final, notes).anomalies == 0
+
+
+def test_settled_waits_for_every_shard() -> None:
+    """The nemesis's wait after a change: group 0 settled is not enough on
+    a sharded cluster; every shard must list group 0's members (none
+    behind) and have no change of its own in progress."""
+    from chaos.membership import shards_unsettled, view_settled
+
+    def leader(behind: list[int] | None, change: Any = None) -> dict[str, Any]:
+        found = view("n1", ["n1", "n2", "n3"])
+        found["membership"]["shards_behind"] = behind
+        found["shards"] = [
+            {"shard": 0, "status": "running"},
+            {"shard": 1, "members": ["n1", "n2", "n3"], "membership_change": None},
+            {"shard": 2, "members": ["n1", "n2", "n3"], "membership_change": change},
+        ]
+        return found
+
+    assert view_settled(leader([]))
+    assert not view_settled(leader([1, 2]))
+    assert shards_unsettled(leader([1, 2])) == {"shards_behind": [1, 2]}
+    # A shard still catching the new member up, though it lists it.
+    adding = {"kind": "add", "id": "n3"}
+    assert not view_settled(leader([], adding))
+    assert shards_unsettled(leader([], adding)) == {"shard_changes": {"2": adding}}
+    # No answer about the shards at all (an older node's view): not settled.
+    assert not view_settled(leader(None))
+    # One shard: group 0's view alone, as before.
+    plain = view("n1", ["n1", "n2", "n3"])
+    assert view_settled(plain) and shards_unsettled(plain) == {}
+    assert not view_settled(view("n1", ["n1", "n2"], statuses={"n2": "joining"}))
+    assert not view_settled(None)
+
+
+def test_a_leaving_nodes_shard_processes_are_seen_to_go_or_stay(tmp_path: Any) -> None:
+    """`kill_with_shards`: a node whose shard processes die with it (the
+    kernel's parent-death signal, as `raftsched node` starts them) leaves
+    none; one whose child outlives it is reported. Real processes."""
+    cluster = NsCluster(tmp_path, 2, Network(index=202, size=2), None, shards=3)
+    tied = (
+        "from raftsched import child_processes; child_processes.die_with_parent(); "
+        "import time; time.sleep(60)"
+    )
+    loose = "import time; time.sleep(60)"
+    parent = (
+        "import subprocess, sys, time; from raftsched import child_processes; "
+        f"tied = sys.argv[1] == 'tied'; child = {tied!r} if tied else {loose!r}; "
+        "start = child_processes.popen if tied else subprocess.Popen; "
+        "[start([sys.executable, '-c', child], start_new_session=True) for _ in (1, 2)]; "
+        "time.sleep(60)"
+    )
+    modes = {"n1": "tied", "n2": "loose"}
+
+    def command(node: Any) -> list[str]:
+        return [sys.executable, "-c", parent, modes[node.id]]
+
+    cluster.command = command  # type: ignore[method-assign]
+    cluster.shard_views = lambda node_id: None  # type: ignore[method-assign]
+    left: list[int] = []
+    try:
+        cluster.start()
+        for node_id in ("n1", "n2"):
+            assert wait_for(lambda n=node_id: len(cluster.shard_pids(n)) == 2, 10)
+        gone_too = cluster.kill_with_shards("n1")
+        assert len(gone_too["pids"]) == 2 and gone_too["left"] == []
+        loose = cluster.kill_with_shards("n2")
+        left = loose["left"]
+        assert len(loose["pids"]) == 2 and sorted(left) == loose["pids"]
+        assert all(process_running(pid) for pid in left)
+    finally:
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
         cluster.stop()

@@ -253,6 +253,33 @@ def test_happened_completes_the_job_and_records_its_effects_first_writer_wins() 
     assert cluster.digest() == before
 
 
+def test_the_unknown_attempts_late_complete_after_happened_is_lease_lost() -> None:
+    """The worker whose lease expired while running comes back with its
+    complete after the reconciler decided `happened` (found by the chaos
+    campaign, docs/chaos.md): its token lost the lease, so 409 lease_lost,
+    not a `replayed` success with the reconciler's result; nothing changes."""
+    cluster = Cluster()
+    lease = _running(cluster, on_unknown="reconcile", lease_ms=1_000)
+    cluster.run(Tick(), at=lease.expires_at_ms)
+    ask = cluster.claim_one(worker="r1")
+    assert ask.reconcile is not None
+    cluster.run(ReconcileJob(lease.job_id, ask.fencing_token, "happened", b"\xa1r"))
+    assert cluster.job(lease.job_id).status == "succeeded"
+    before = cluster.digest()
+    late = cluster.one(CompleteJob(lease.job_id, lease.fencing_token, b"\xa1w"))
+    assert isinstance(late, Rejected) and late.code == "lease_lost", late
+    assert cluster.digest() == before
+    assert cluster.job(lease.job_id).result == b"\xa1r"
+
+
+def test_a_repeated_complete_of_the_attempt_that_succeeded_is_still_replayed() -> None:
+    cluster = Cluster()
+    lease = _running(cluster, on_unknown="reconcile")
+    first = cluster.one(CompleteJob(lease.job_id, lease.fencing_token, b"\xa1w"))
+    again = cluster.one(CompleteJob(lease.job_id, lease.fencing_token, b"\xa1x"))
+    assert not first.replayed and again.replayed and again.result == b"\xa1w"
+
+
 def test_did_not_happen_retries_as_the_next_attempt_with_a_higher_token() -> None:
     cluster = Cluster()
     lease, ask = _reconciling(cluster, backoff=NO_BACKOFF)

@@ -1,5 +1,6 @@
 """The shards' membership driver's next step (api.shard_routing): a shard
-follows group 0's directory one change at a time, adds before removes."""
+follows group 0's directory one change at a time, removes before adds (a
+replaced node is usually dead: an add first would be refused, quorum_at_risk)."""
 
 from __future__ import annotations
 
@@ -22,22 +23,31 @@ def _view(*members: str, change: Any = None, joining: list[str] | None = None) -
     }
 
 
-def test_an_add_at_the_shifted_address_comes_first() -> None:
-    step = next_membership_step(_view("n1", "n2", "n3"), WANTED, 2, 100)
-    assert step == (
+def test_a_remove_comes_first_then_an_add_at_the_shifted_address_then_nothing() -> None:
+    # A replacement: n3 gone from group 0 (dead, as the runbook leaves it),
+    # n4 new. The shard counts n3 until it is removed.
+    assert next_membership_step(_view("n1", "n2", "n3"), WANTED, 2, 100) == (
+        "DELETE",
+        "/v1/cluster/nodes/n3",
+        None,
+    )
+    assert next_membership_step(_view("n1", "n2"), WANTED, 2, 100) == (
         "POST",
         "/v1/cluster/nodes",
         {"id": "n4", "raft_address": "10.0.0.4:7200", "http_url": "http://d"},
     )
+    assert next_membership_step(_view("n1", "n2", "n4"), WANTED, 1, 100) is None
 
 
-def test_then_a_remove_then_nothing() -> None:
+def test_a_plain_removal_and_a_plain_add() -> None:
     assert next_membership_step(_view("n1", "n2", "n3", "n4"), WANTED, 1, 100) == (
         "DELETE",
         "/v1/cluster/nodes/n3",
         None,
     )
-    assert next_membership_step(_view("n1", "n2", "n4"), WANTED, 1, 100) is None
+    step = next_membership_step(_view("n1", "n2"), WANTED, 1, 100)
+    assert step is not None and step[:2] == ("POST", "/v1/cluster/nodes")
+    assert step[2] is not None and step[2]["raft_address"] == "10.0.0.4:7100"
 
 
 def test_nothing_while_a_change_is_in_progress_or_the_shard_is_silent() -> None:

@@ -37,9 +37,12 @@ Membership of the shards. Group 0's replicated directory is what every
 group's members must be. Each node, once a second, compares it with the
 member directory of every shard whose leader is its own shard process, and
 when they differ asks that process (over the socket, as the node itself)
-for the one change that brings the shard closer: adding a member of group
-0's directory that the shard lacks, at its Raft address shifted by `k ×
-stride`, else removing one that group 0 no longer has. The shard's own
+for the one change that brings the shard closer: removing a member that
+group 0 no longer has, else adding a member of group 0's directory that the
+shard lacks, at its Raft address shifted by `k × stride`. Removals first,
+the runbook's order for a replacement: a replaced node is usually dead,
+and adding to a group that still counts it would need more voters than
+are reachable (refused, quorum_at_risk), forever. The shard's own
 membership code does the change exactly as group 0's does (one change at a
 time, a new member caught up before the next, quorum checks, a removed
 leader handing over), so a shard's change never stacks on another. A shard
@@ -1212,7 +1215,8 @@ def next_membership_step(
 ) -> tuple[str, str, dict[str, Any] | None] | None:
     """The one request (method, path, body) that brings shard `shard`'s
     members (its `GET /v1/cluster`, `view`) closer to group 0's (`wanted`):
-    an add first, in id order, then a remove; None when they agree, when
+    a remove first, in id order, then an add (the module's docstring says
+    why); None when they agree, when
     the shard did not answer, or while a change is in progress there."""
     have = shard_members(view)
     if view is None or have is None:
@@ -1220,14 +1224,14 @@ def next_membership_step(
     membership = view.get("membership") or {}
     if membership.get("change") is not None or membership.get("joining"):
         return None
+    for node_id in sorted(have - set(wanted)):
+        return "DELETE", f"/v1/cluster/nodes/{node_id}", None
     for node_id in sorted(set(wanted) - have):
         address, url = wanted[node_id]
         document = {"id": node_id, "raft_address": shift_address(address, shard, stride)}
         if url is not None:
             document["http_url"] = url
         return "POST", "/v1/cluster/nodes", document
-    for node_id in sorted(have - set(wanted)):
-        return "DELETE", f"/v1/cluster/nodes/{node_id}", None
     return None
 
 

@@ -259,11 +259,15 @@ def apply_complete(state: State, command: CompleteJob, context: Context) -> Comp
 
 
 def _replayed_completion(state: State, command: CompleteJob) -> Completed | None:
-    """A repeated completion by the attempt that succeeded gets the original result."""
+    """A repeated completion by the attempt that succeeded gets the original
+    result. Only by that attempt: a job that a reconciliation completed
+    (`happened`) kept its unknown attempt last, whose lease had expired; the
+    late complete of that attempt lost its lease (409 lease_lost)."""
     job = state.jobs.get(command.job_id) if type(command.job_id) is str else None
     if job is None or job.status != SUCCEEDED or not job.attempts:
         return None
-    if job.attempts[-1].fencing_token != command.fencing_token:
+    last = job.attempts[-1]
+    if last.fencing_token != command.fencing_token or last.outcome != OUTCOME_SUCCEEDED:
         return None
     return Completed(job.id, job.result if job.result is not None else b"\xc0", replayed=True)
 
