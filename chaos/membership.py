@@ -66,6 +66,26 @@ def settled_leader_view(cluster: NsCluster) -> dict[str, Any] | None:
     return view(cluster, leader) if status == 200 else None
 
 
+def _evidence(found: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What of the leader's view a lost answer was resolved by, for the
+    history: who answered, in which term at which index, its nodes and its
+    membership (a resolution the end state contradicts can be read back)."""
+    if found is None:
+        return None
+    return {
+        "node_id": found.get("node_id"),
+        "term": found.get("term"),
+        "commit_index": found.get("commit_index"),
+        "applied_index": found.get("applied_index"),
+        "leader": (found.get("leader") or {}).get("id"),
+        "nodes": [
+            {key: node.get(key) for key in ("id", "raft_address", "role", "status")}
+            for node in found.get("nodes", [])
+        ],
+        "membership": found.get("membership"),
+    }
+
+
 def members_in(found: dict[str, Any]) -> list[str]:
     """The ids a /v1/cluster answer lists as members (any status but removed)."""
     return sorted(n["id"] for n in found.get("nodes", []) if n.get("status") != "removed")
@@ -224,6 +244,7 @@ class Changes:
         leader answers; noted, for the checker."""
         deadline = time.monotonic() + 30
         member: bool | None = None
+        found: dict[str, Any] | None = None
         while time.monotonic() < deadline and member is None:
             found = settled_leader_view(self.cluster)
             if found is not None:
@@ -232,7 +253,10 @@ class Changes:
                 break
         if member is None:  # no leader to ask: assume the request took effect
             member = expect_member
-        self.history.note("member_outcome", {"id": node_id, "member": member, "request": request})
+        self.history.note(
+            "member_outcome",
+            {"id": node_id, "member": member, "request": request, "view": _evidence(found)},
+        )
         return member
 
     def retire(self, node: NsNode) -> None:
