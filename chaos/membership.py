@@ -17,6 +17,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Final
 
 from chaos.cluster import NsCluster, NsNode
@@ -29,6 +30,8 @@ RETRIES_MAX: Final = 4
 RETRY_PAUSE_S: Final = 2.0
 SETTLE_S: Final = 60.0
 REQUEST_BUDGET_S: Final = 30.0
+RESOLVE_S: Final = 30.0  # how long a lost answer's resolution asks the leader, each round
+RESOLVE_ROUNDS: Final = 3
 REQUEST_SEND_TIMEOUT_S: Final = 15.0  # the API waits up to 10 s for the configuration
 
 
@@ -64,6 +67,18 @@ def settled_leader_view(cluster: NsCluster) -> dict[str, Any] | None:
     except OSError:
         return None
     return view(cluster, leader) if status == 200 else None
+
+
+def _already(outcome: Outcome, request: str) -> bool | None:
+    """A repeated change refused as already done: whether the node is a
+    member (an add: it is; a removal: it is not), else None."""
+    if outcome.kind != "fail":
+        return None
+    if request == "remove" and outcome.status == 404:
+        return False
+    if request == "add" and outcome.status == 409 and _reason(outcome) == "duplicate_id":
+        return True
+    return None
 
 
 def _evidence(found: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -227,37 +242,76 @@ class Changes:
         body = {"id": node.id, "raft_address": node.raft_address, "http_url": node.http_url}
         outcome = self._retrying("member_add", "POST", "/v1/cluster/nodes", body, dict(body))
         if outcome.kind == "info":
-            return self._resolve(node.id, expect_member=True, request="add")
+            return self._settle_lost(
+                node.id, "add", lambda: self._request(
+                    "member_add", "POST", "/v1/cluster/nodes", body, dict(body)
+                ),
+            )  # fmt: skip
         return outcome.kind == "ok"
 
     def remove(self, node_id: str) -> bool:
         """Ask to remove `node_id`; whether it is removed now (info resolved)."""
-        outcome = self._retrying(
-            "member_remove", "DELETE", f"/v1/cluster/nodes/{node_id}", None, {"id": node_id}
-        )
+        path = f"/v1/cluster/nodes/{node_id}"
+        outcome = self._retrying("member_remove", "DELETE", path, None, {"id": node_id})
         if outcome.kind == "info":
-            return not self._resolve(node_id, expect_member=False, request="remove")
+            return not self._settle_lost(
+                node_id, "remove",
+                lambda: self._request("member_remove", "DELETE", path, None, {"id": node_id}),
+            )  # fmt: skip
         return outcome.kind == "ok"
 
-    def _resolve(self, node_id: str, expect_member: bool, request: str) -> bool:
+    def _settle_lost(self, node_id: str, request: str, again: Callable[[], Outcome]) -> bool:
+        """A change whose answer was lost: whether `node_id` is a member now.
+
+        Asked of the leader (`_resolve`). While no leader answers (an election
+        storm can outlast the wait), the request is made again, as an
+        operator would: a repeat of a change that committed is refused as
+        already done (the node is, or is not, a member: definite), and one
+        that did not commit is made now. What stays unknown is noted as
+        `member: None`, and the checker judges that node by no side: it
+        was not assumed to have taken effect (a SEED=7 sharded run once
+        assumed a removal that no log held)."""
+        for attempt in range(RESOLVE_ROUNDS):
+            member = self._resolve(node_id, request)
+            if member is not None:
+                return member
+            if attempt == RESOLVE_ROUNDS - 1 or self.stop.is_set():
+                break
+            wait_settled(self.cluster, self.stop, SETTLE_S)
+            outcome = again()
+            done = _already(outcome, request)
+            if done is not None:
+                self.history.note(
+                    "member_outcome",
+                    {"id": node_id, "member": done, "request": request, "view": "repeat refused"},
+                )
+                return done
+            if outcome.kind == "ok":
+                return request == "add"
+            if outcome.kind == "fail" and _reason(outcome) != "change_in_progress":
+                break  # refused for another reason: unknown, as it was
+        self.history.note(
+            "member_outcome", {"id": node_id, "member": None, "request": request, "view": None}
+        )
+        return request != "add"
+
+    def _resolve(self, node_id: str, request: str) -> bool | None:
         """Whether `node_id` is in the leader's membership, asked until a
-        leader answers; noted, for the checker."""
-        deadline = time.monotonic() + 30
-        member: bool | None = None
-        found: dict[str, Any] | None = None
-        while time.monotonic() < deadline and member is None:
+        leader answers (at most `RESOLVE_S`); noted, for the checker. None
+        when no leader answered."""
+        deadline = time.monotonic() + RESOLVE_S
+        while time.monotonic() < deadline:
             found = settled_leader_view(self.cluster)
             if found is not None:
                 member = node_id in members_in(found)
-            elif self.stop.wait(0.5):
+                self.history.note(
+                    "member_outcome",
+                    {"id": node_id, "member": member, "request": request, "view": _evidence(found)},
+                )
+                return member
+            if self.stop.wait(0.5):
                 break
-        if member is None:  # no leader to ask: assume the request took effect
-            member = expect_member
-        self.history.note(
-            "member_outcome",
-            {"id": node_id, "member": member, "request": request, "view": _evidence(found)},
-        )
-        return member
+        return None
 
     def retire(self, node: NsNode) -> None:
         """A removed node that kept running: note what it says of itself

@@ -4,8 +4,9 @@ state, like the others (chaos/checkers.py); `check_all` runs them.
 
 Inputs besides `ops` and `final` (see chaos/checkers.py):
 - `notes`: the history's `note` events: `members_initial` {ids},
-  `member_outcome` {id, member, request} (a membership request whose answer was lost,
-  resolved by asking the leader), `retired` {node, answered, removed, term,
+  `member_outcome` {id, member, request, view} (a membership request whose answer was lost,
+  resolved by asking the leader, or by repeating it; `member` None: never
+  learned, `unknown_members`), `retired` {node, answered, removed, term,
   members_term} (a removed node, asked just before it was stopped),
   `leader` {node, term} (the monitor), `node_exit` {node, code, expected,
   injected_fault_exit?}, `fault_end` {kind, target, outcome, ...}.
@@ -66,6 +67,8 @@ def membership_history(
             steps.append((op["complete_t"], op["f"], op["args"]["id"], done))
     for note in _of(notes, "member_outcome"):
         value = note["value"]
+        if value["member"] is None:  # never learned: judged by no side (`unknown_members`)
+            continue
         kind = "outcome" if value.get("request") != "add" or value["member"] else "not_added"
         steps.append((note["t"], kind, value["id"], bool(value["member"])))
     for at, kind, node_id, flag in sorted(steps):
@@ -78,6 +81,18 @@ def membership_history(
             continue
         removed_at[node_id] = at if kind == "member_remove" and flag else float("inf")
     return members, removed_at
+
+
+def unknown_members(notes: list[Note]) -> set[str]:
+    """The nodes a lost membership answer left unknown (`member_outcome`
+    with `member: None`: no leader answered, nor a repeat of the request):
+    whether they end as members is not judged, only that every member
+    agrees on them."""
+    return {
+        note["value"]["id"]
+        for note in _of(notes, "member_outcome")
+        if note["value"]["member"] is None
+    }
 
 
 def _listed(view: dict[str, Any]) -> dict[str, str]:
@@ -98,7 +113,10 @@ def membership_converged(ops: list[Op], final: dict[str, Any], notes: list[Note]
     if found is None or "membership" not in final:
         return check
     expected, removed_at = found
+    unknown = unknown_members(notes)
+    expected -= unknown
     views: dict[str, Any] = final["membership"].get("views", {})
+    agreed: dict[str, list[str]] = {}
     for node_id in sorted(expected):
         view = views.get(node_id)
         if view is None:
@@ -106,6 +124,8 @@ def membership_converged(ops: list[Op], final: dict[str, Any], notes: list[Note]
             continue
         listed = _listed(view)
         members = {i for i, status in listed.items() if status != "removed"}
+        agreed[node_id] = sorted(members)
+        members -= unknown
         if members != expected:
             check.flag(
                 problem="member lists other members than the history's",
@@ -117,25 +137,27 @@ def membership_converged(ops: list[Op], final: dict[str, Any], notes: list[Note]
             check.flag(
                 problem="change not finished", node=node_id, statuses=unsettled, change=change
             )
+    if len({tuple(each) for each in agreed.values()}) > 1:
+        check.flag(problem="members disagree on the members", listed=agreed)
     for node_id in sorted(removed_at):
         view = views.get(node_id)
         if view is not None and not (view.get("membership") or {}).get("removed"):
             check.flag(problem="removed node does not know it was removed", node=node_id)
     _retired(notes, check)
     _no_leader_after_removal(notes, removed_at, check)
-    digests = set(final.get("nodes", {}))
+    digests = set(final.get("nodes", {})) - unknown
     if digests != expected:
         check.flag(
             problem="digests not from exactly the members",
             with_digest=sorted(digests), expected=sorted(expected),
         )  # fmt: skip
     if int(final.get("shards", 1)) > 1:
-        _shards_converged(final, notes, expected, check)
+        _shards_converged(final, notes, expected, unknown, check)
     return check
 
 
 def _shards_converged(
-    final: dict[str, Any], notes: list[Note], expected: set[str], check: Check
+    final: dict[str, Any], notes: list[Note], expected: set[str], unknown: set[str], check: Check
 ) -> None:
     """Sharded: every shard's group ends with group 0's members (the
     history's), as every member's replica of it sees them, all plain
@@ -159,7 +181,9 @@ def _shards_converged(
                 continue
             listed = _listed(one)
             members = {i for i, status in listed.items() if status != "removed"}
-            if members != expected:
+            # An unknown node is judged against group 0's own list (as this node sees it).
+            group0 = {i for i, s in _listed(view or {}).items() if s != "removed"}
+            if members - unknown != expected or members & unknown != group0 & unknown:
                 check.flag(
                     problem="shard lists other members than group 0's", node=node_id,
                     shard=shard, listed=sorted(members), expected=sorted(expected),
@@ -173,7 +197,7 @@ def _shards_converged(
                 )  # fmt: skip
     groups: dict[str, dict[str, Any]] = final.get("shard_digests", {})
     for shard in shards:
-        with_digest = set(groups.get(str(shard), {}))
+        with_digest = set(groups.get(str(shard), {})) - unknown
         if with_digest != expected:
             check.flag(
                 problem="shard digests not from exactly the members", shard=shard,

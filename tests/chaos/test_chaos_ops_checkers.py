@@ -106,7 +106,8 @@ def test_a_member_that_lists_other_members_is_flagged() -> None:
     ops, final, notes = clean()
     final["membership"]["views"]["n5"] = view("n5", ["n1", "n2", "n3", "n5", "n6"])
     assert problems(membership_converged(ops, final, notes)) == {
-        "member lists other members than the history's"
+        "member lists other members than the history's",
+        "members disagree on the members",
     }
 
 
@@ -140,6 +141,32 @@ def test_a_lost_answer_resolved_as_not_added_expects_no_member() -> None:
         "member lists other members than the history's",
         "digests not from exactly the members",
     }
+
+
+def unknown_removal_of_n1() -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
+    """clean(), then n1's removal whose answer was lost and never learned:
+    no leader answered, nor the repeated request (`member: None`)."""
+    ops, final, notes = clean()
+    ops.append(member_op("nemesis:6", "member_remove", 90, 94, "n1", kind="info"))
+    notes.append(note("member_outcome", 200, id="n1", member=None, request="remove", view=None))
+    return ops, final, notes
+
+
+def test_an_unknown_outcome_is_judged_by_neither_side() -> None:
+    ops, final, notes = unknown_removal_of_n1()
+    # The removal did not commit: n1 is still everyone's member (and dead or not).
+    assert membership_converged(ops, final, notes).anomalies == 0
+    # It did: nobody lists n1, and it has no digest.
+    rest = [n for n in END if n != "n1"]
+    final["membership"]["views"] = {n: view(n, rest) for n in END}
+    del final["nodes"]["n1"]
+    assert membership_converged(ops, final, notes).anomalies == 0
+
+
+def test_members_that_disagree_on_an_unknown_node_are_flagged() -> None:
+    ops, final, notes = unknown_removal_of_n1()
+    final["membership"]["views"]["n5"] = view("n5", [n for n in END if n != "n1"])
+    assert problems(membership_converged(ops, final, notes)) == {"members disagree on the members"}
 
 
 def test_a_removed_node_that_led_after_its_removal_is_flagged() -> None:
@@ -397,6 +424,17 @@ def test_shard_processes_that_outlived_their_node_are_flagged() -> None:
     check = membership_converged(ops, sharded(final), notes)
     assert problems(check) == {"shard processes outlived their node"}
     assert check.examples[0]["node"] == "n2" and check.examples[0]["left"] == [102]
+
+
+def test_a_shard_follows_group_0_on_an_unknown_node() -> None:
+    """n1's removal never learned: the shards must agree with group 0 on n1,
+    whichever way it went."""
+    ops, final, notes = unknown_removal_of_n1()
+    assert membership_converged(ops, sharded(final), notes).anomalies == 0
+    final["membership"]["shard_views"]["n3"]["2"] = shard_view("n3", END[1:])
+    check = membership_converged(ops, final, notes)
+    assert problems(check) == {"shard lists other members than group 0's"}
+    assert [(e["node"], e["shard"]) for e in check.examples] == [("n3", 2)]
 
 
 def test_the_shards_are_not_judged_on_one_shard() -> None:
