@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from chaos.cursors import shard0_seq
 from raftsched.testing import ExpectedLogError, LogError
 
 FINAL_STATUSES = frozenset({"succeeded", "dead_letter", "cancelled"})
@@ -957,8 +958,12 @@ def outbox_and_webhooks(final: dict[str, Any], deliveries: list[dict[str, Any]])
         return check
     # Shard 0: the subscription's view (group 0's copy) tells a lost event
     # from one still parked or ahead of the cursor.
-    parked = {item["event"]["seq"] for item in subscription.get("parked", [])}
-    cursor = int(subscription.get("cursor_seq", 0))
+    # Sharded, the view merges every shard's copy: its parked items name
+    # their shard and its cursor is a cursor of every shard's seq.
+    parked = {
+        item["event"]["seq"] for item in subscription.get("parked", []) if item.get("shard", 0) == 0
+    }
+    cursor = shard0_seq(subscription.get("cursor_seq", 0))
     for seq in range(int(final.get("subscription_start_seq", 0)) + 1, lasts[0] + 1):
         if (0, seq) in received:
             continue

@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any
 
+from chaos.cursors import cursor_seqs, shard0_seq
 from chaos.history import Recorder
 from chaos.httpops import Outcome, Session, recorded_call
 from chaos.worker import QUEUE
@@ -146,7 +147,7 @@ class Features(threading.Thread):
         subscription |= {"types": [], "secret": self.secret}
         created = self.until_ok("subscribe", "POST", "/v1/subscriptions", subscription)
         self._must(created)
-        self.start_seq = int(created.body["subscription"]["cursor_seq"])
+        self.start_seq = shard0_seq(created.body["subscription"]["cursor_seq"])
         # Sharded: each shard's copy delivers its events from the creation on
         # (docs/shards.md); every event after this read must reach us (those
         # between the creation and the read may, and are not required).
@@ -199,10 +200,17 @@ class Features(threading.Thread):
         if sub is None:
             return [*owed, "subscription unreadable"]
         box = _get(self.session, f"/v1/events?after={sub['cursor_seq']}&limit=1")
-        # Sharded: `last_seq` is a cursor of every shard's (`v1.<seq0>...`);
-        # the subscription delivers shard 0's events only (docs/shards.md).
-        last = shard0_seq(box["last_seq"]) if "last_seq" in box else None
-        if last is None or last > sub["cursor_seq"]:
+        # Sharded: `last_seq` and the subscription's `cursor_seq` are cursors
+        # of every shard's own seq (`v1.<seq0>.<seq1>...`); each shard's copy
+        # delivers its own events (docs/shards.md), so every shard's cursor
+        # must have reached its last event.
+        last = cursor_seqs(box["last_seq"]) if "last_seq" in box else None
+        at = cursor_seqs(sub["cursor_seq"])
+        at += [None] * (len(last or ()) - len(at))
+        if last is None or any(
+            each is not None and (seen is None or each > seen)
+            for each, seen in zip(last, at, strict=False)
+        ):
             owed.append(f"subscription at {sub['cursor_seq']} of {box.get('last_seq')}")
         if sub["parked_count"]:
             owed.append(f"{sub['parked_count']} parked")
@@ -263,12 +271,6 @@ def _shard_seqs(cursor: Any) -> list[int]:
     if text.startswith("v1."):
         return [int(part or 0) for part in text.split(".")[1:]]
     return [int(text or 0)]
-
-
-def shard0_seq(cursor: Any) -> int:
-    """Shard 0's seq in an events cursor: plain digits, or `v1.<seq0>....`."""
-    text = str(cursor)
-    return int(text.split(".")[1]) if text.startswith("v1.") else int(text)
 
 
 def _get(session: Session, path: str, strict: bool = False) -> dict[str, Any]:
