@@ -15,8 +15,8 @@ from typing import Final
 
 from chaos.cluster import REPO_ROOT
 
-TAG: Final = "v0.8.0"
-COMMIT: Final = "6c0c133ed8cbb058a007aa6a2b7e62c02cef1536"
+TAG: Final = "v0.9.0"
+COMMIT: Final = "7a827d8ed0dc71d2803814f1c79b1e4adb6d547e"
 CACHE: Final = REPO_ROOT / "runs" / "chaos" / ".previous"
 
 
