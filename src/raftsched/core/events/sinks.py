@@ -178,9 +178,10 @@ def encode_sink(sink: Sink | None) -> Any:
 def decode_sink(row: object) -> Sink | None:
     if row is None:
         return None
-    if type(row) not in (tuple, list) or len(row) != 2:  # type: ignore[arg-type]
+    if not isinstance(row, (tuple, list)) or len(row) != 2:
         raise CodecError("a sink is [kind, options]")
-    kind, options = row  # type: ignore[misc]
+    kind: Any = row[0]
+    options: Any = row[1]
     if type(kind) is not str or type(options) not in (tuple, list):
         raise CodecError("a sink is [kind, options]")
     pairs: list[tuple[str, str | int]] = []
@@ -200,6 +201,6 @@ def encode_tenants(tenants: tuple[str, ...] | None) -> Any:
 def decode_tenants(row: object) -> tuple[str, ...] | None:
     if row is None:
         return None
-    if type(row) not in (tuple, list) or not all(type(item) is str for item in row):  # type: ignore[attr-defined]
+    if not isinstance(row, (tuple, list)) or not all(type(item) is str for item in row):
         raise CodecError("tenants are an array of strings")
-    return tuple(row)  # type: ignore[arg-type]
+    return tuple(row)
