@@ -1,0 +1,262 @@
+"""The outbox relayed to a real Redis stream (docs/relays.md): a 3-node
+cluster publishes its events to Debian's `redis-server` while jobs are
+submitted and cancelled under load, the leader is SIGKILLed mid-stream
+(twice) and Redis is stopped and restarted. Every committed event (as
+`GET /v1/events` reads them) arrives in the stream at least once, the ids
+are gapless after deduplication, each key's events arrive in order, and
+nothing is parked. Then a stream key of the wrong type makes Redis refuse:
+those events are parked after `max_attempts`, and arrive once retried.
+Prints the figures (events, kills, restarts, duplicates, lost)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_support import cluster_env
+from redis_support import RedisServer
+
+from raftsched.client import Client, Conflict
+from raftsched.core import COMMAND_VERSION_MAX
+from raftsched.testing import LocalCluster, assert_no_secrets_in_logs, http_json
+
+PASSWORD = "r3dis-pw"
+STREAM = "payments:events"
+KEYS = 7
+RELAY_ENV = {
+    "RAFTSCHED_WEBHOOK_TIMEOUT_S": "1",
+    "RAFTSCHED_WEBHOOK_BACKOFF_S": "0.05",
+    "RAFTSCHED_WEBHOOK_BACKOFF_MAX_S": "0.5",
+    "RAFTSCHED_WEBHOOK_MAX_ATTEMPTS": "4",
+}
+
+
+@pytest.fixture
+def redis_server(redis_server_binary: str, tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(redis_server_binary, tmp_path / "redis", PASSWORD)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def relay_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path / "cluster", size=3, env={**cluster_env(), **RELAY_ENV})
+    local.start()
+    try:
+        local.wait_for_leader(timeout_s=30)
+        yield local
+    finally:
+        local.stop()
+
+
+def _wait(predicate: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out: {what}"
+        time.sleep(0.1)
+
+
+def _create(cluster: LocalCluster, body: dict[str, Any]) -> dict[str, Any]:
+    """POST /v1/subscriptions at the node that leads (a follower answers 307)."""
+    deadline = time.monotonic() + 30
+    while True:
+        for url in cluster.live_urls():
+            try:
+                status, answer, _ = http_json("POST", f"{url}/v1/subscriptions", body, 10)
+            except OSError:
+                continue
+            if status in (200, 201):
+                subscription: dict[str, Any] = answer["subscription"]
+                return subscription
+            assert status == 307 or status >= 500, answer
+        assert time.monotonic() < deadline, "no node created the subscription"
+        time.sleep(0.2)
+
+
+class Load:
+    """Submits and cancels jobs (one `job.cancelled` event each) until told
+    to stop, through leader changes (the client retries)."""
+
+    def __init__(self, cluster: LocalCluster, count: int) -> None:
+        self.cluster = cluster
+        self.count = count
+        self.done = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            with Client(self.cluster.urls, timeout_s=10, retry_budget_s=60) as client:
+                for index in range(self.count):
+                    job = client.submit(
+                        "relay",
+                        {"payment_id": f"pay-{index % KEYS}", "n": index},
+                        idempotency_key=f"relay:{index}",
+                    )
+                    try:
+                        client.cancel_job(job["id"])
+                    except Conflict:  # a retried cancel that had committed
+                        assert client.get_job(job["id"])["status"] == "cancelled"
+                    self.done = index + 1
+        except BaseException as error:  # reported by the test's thread
+            self.error = error
+
+    def wait_for(self, done: int, timeout_s: float = 120) -> None:
+        _wait(lambda: self.done >= done or self.error is not None, timeout_s, f"{done} jobs")
+        assert self.error is None, repr(self.error)
+
+
+def _committed(cluster: LocalCluster) -> list[dict[str, Any]]:
+    with Client(cluster.urls, timeout_s=10, retry_budget_s=30) as client:
+        found: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            page = client.events(after, limit=1000)
+            found += page["events"]
+            if not page["events"]:
+                return found
+            after = page["events"][-1]["seq"]
+
+
+def _stream(server: RedisServer, stream: str) -> list[dict[str, str]]:
+    entries = server.client().xrange(stream)
+    return [
+        {name.decode(): value.decode() for name, value in fields.items()} for _, fields in entries
+    ]
+
+
+@pytest.mark.slow
+def test_every_committed_event_reaches_the_stream_through_kills_and_a_broker_restart(
+    relay_cluster: LocalCluster, redis_server: RedisServer
+) -> None:
+    cluster = relay_cluster
+    with Client(cluster.urls, timeout_s=10, retry_budget_s=30) as client:
+        _wait(
+            lambda: client.cluster().get("cluster_version") == COMMAND_VERSION_MAX,
+            60,
+            "the cluster version gate to open",
+        )
+    sub = _create(
+        cluster,
+        {
+            "id": "sub_redis",
+            "types": ["job.*"],
+            "key_field": "payment_id",
+            "sink": {"kind": "redis", "url": redis_server.url, "stream": STREAM, "maxlen": 100000},
+        },
+    )
+    assert sub["sink"]["url"] == f"redis://:***@127.0.0.1:{redis_server.port}/0"
+    assert PASSWORD not in json.dumps(sub)
+    total, kills = 240, 0
+    load = Load(cluster, total)
+    load.thread.start()
+    load.wait_for(40)
+    cluster.kill(cluster.wait_for_leader())  # the leader dies mid-stream
+    kills += 1
+    load.wait_for(80)
+    redis_server.restart(down_s=3.0)  # the broker goes away, then comes back
+    load.wait_for(130)
+    for node_id, node in cluster.nodes.items():
+        if not node.alive:
+            cluster.start(node_id)  # the first victim back, so a quorum survives the next kill
+    load.wait_for(160)
+    cluster.kill(cluster.wait_for_leader())
+    kills += 1
+    load.wait_for(total, timeout_s=180)
+    load.thread.join(timeout=10)
+
+    committed = _committed(cluster)
+    seqs = [event["seq"] for event in committed]
+    assert len(committed) == total and seqs == list(range(1, total + 1))
+    with Client(cluster.urls, timeout_s=10, retry_budget_s=30) as client:
+        _wait(
+            lambda: client.get_subscription("sub_redis")["cursor_seq"] >= seqs[-1],
+            120,
+            "the relay's cursor to reach the newest event",
+        )
+        view = client.get_subscription("sub_redis")
+    assert view["parked_count"] == 0
+    assert PASSWORD not in json.dumps(view)
+
+    entries = _stream(redis_server, STREAM)
+    first: dict[str, dict[str, str]] = {}
+    for entry in entries:
+        first.setdefault(entry["id"], entry)
+    duplicates = len(entries) - len(first)
+    arrived = sorted(int(entry["seq"]) for entry in first.values())
+    lost = sorted(set(seqs) - set(arrived))
+    print(
+        f"\nredis relay: events={len(committed)} kills={kills} "
+        f"broker_restarts={redis_server.restarts} stream_entries={len(entries)} "
+        f"duplicates={duplicates} lost={len(lost)}"
+    )
+    assert lost == []
+    assert arrived == seqs  # gapless after deduplication, and nothing else
+    by_seq = {event["seq"]: event for event in committed}
+    keys: dict[str, list[int]] = {}
+    for entry in first.values():  # in the stream's order of first arrival
+        seq = int(entry["seq"])
+        event = by_seq[seq]
+        body = json.loads(entry["data"])
+        assert entry["id"] == body["id"] == f"evt_{seq}"
+        assert (entry["type"], body["seq"], body["subscription_id"]) == (
+            event["type"],
+            seq,
+            "sub_redis",
+        )
+        assert body["data"] == event["data"]
+        assert entry["tenant"] == event["data"]["tenant"] and entry["shard"] == "0"
+        keys.setdefault(entry["key"], []).append(seq)
+    assert set(keys) == {f"pay-{n}" for n in range(KEYS)}
+    for key, order in keys.items():
+        assert order == sorted(order), f"key {key} out of order: {order}"
+    assert_no_secrets_in_logs(cluster, {"redis password": PASSWORD})
+
+
+@pytest.mark.slow
+def test_a_refused_message_is_parked_then_arrives_when_retried(
+    relay_cluster: LocalCluster, redis_server: RedisServer
+) -> None:
+    cluster = relay_cluster
+    with Client(cluster.urls, timeout_s=10, retry_budget_s=30) as client:
+        _wait(
+            lambda: client.cluster().get("cluster_version") == COMMAND_VERSION_MAX,
+            60,
+            "the cluster version gate to open",
+        )
+        redis_server.client().set("wrong:type", "a string, not a stream")
+        _create(
+            cluster,
+            {
+                "id": "sub_refused",
+                "sink": {"kind": "redis", "url": redis_server.url, "stream": "wrong:type"},
+            },
+        )
+        job = client.submit("relay", {"payment_id": "pay-x"}, idempotency_key="refused:1")
+        client.cancel_job(job["id"])
+        _wait(
+            lambda: client.get_subscription("sub_refused")["parked_count"] == 1,
+            60,
+            "the refused event to be parked",
+        )
+        (parked,) = client.get_subscription("sub_refused")["parked"]
+        assert parked["attempts"] == 4 and "WRONGTYPE" in parked["error"]
+        assert parked["event"]["data"]["job_id"] == job["id"]
+        redis_server.client().delete("wrong:type")
+        assert client.retry_parked("sub_refused") == {"retried": 1}
+        _wait(
+            lambda: client.get_subscription("sub_refused")["parked_count"] == 0,
+            60,
+            "the retried event to arrive",
+        )
+    (entry,) = _stream(redis_server, "wrong:type")
+    assert json.loads(entry["data"])["data"]["job_id"] == job["id"]
+    assert entry["key"] == "refused:1"  # no key_field: the idempotency key
