@@ -10,6 +10,7 @@ Prints the figures (events, kills, restarts, duplicates, lost)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -18,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import cluster_env
+from e2e_support import cluster_env, sharded_cluster
 from redis_support import RedisServer
 
 from raftsched.client import Client, Conflict
 from raftsched.core import COMMAND_VERSION_MAX
+from raftsched.core.events.sinks import make_sink
+from raftsched.node.sinks import Message, Published, Unreachable, open_sink
 from raftsched.testing import LocalCluster, assert_no_secrets_in_logs, http_json
 
 PASSWORD = "r3dis-pw"
@@ -64,13 +67,17 @@ def _wait(predicate: Any, timeout_s: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def _create(cluster: LocalCluster, body: dict[str, Any]) -> dict[str, Any]:
+def _create(
+    cluster: LocalCluster, body: dict[str, Any], token: str | None = None
+) -> dict[str, Any]:
     """POST /v1/subscriptions at the node that leads (a follower answers 307)."""
     deadline = time.monotonic() + 30
     while True:
         for url in cluster.live_urls():
             try:
-                status, answer, _ = http_json("POST", f"{url}/v1/subscriptions", body, 10)
+                status, answer, _ = http_json(
+                    "POST", f"{url}/v1/subscriptions", body, 10, token=token
+                )
             except OSError:
                 continue
             if status in (200, 201):
@@ -260,3 +267,89 @@ def test_a_refused_message_is_parked_then_arrives_when_retried(
     (entry,) = _stream(redis_server, "wrong:type")
     assert json.loads(entry["data"])["data"]["job_id"] == job["id"]
     assert entry["key"] == "refused:1"  # no key_field: the idempotency key
+
+
+def test_the_redis_sink_drops_repeats_and_stops_at_a_refusal(redis_server: RedisServer) -> None:
+    """The sink alone against the real server: a republished run is answered
+    with the first entries' ids and stored once; a refused message stops the
+    run, and nothing after it is stored before it."""
+
+    def message(seq: int, stream: str) -> Message:
+        return Message(f"evt_{seq}", "job.cancelled", seq, "t", f"k{seq % 2}", 0, b"{}", stream)
+
+    async def scenario() -> None:
+        sink = open_sink(make_sink("redis", {"url": redis_server.url, "stream": "s"}), 5.0, 60)
+        try:
+            run = [message(seq, "s") for seq in (1, 2, 3)]
+            assert await sink.publish(run) == Published(3)
+            assert await sink.publish(run[1:]) == Published(2)  # repeats: dropped
+            redis_server.client().set("not-a-stream", "x")
+            mixed = [message(4, "s"), message(5, "not-a-stream"), message(6, "s")]
+            answer = await sink.publish(mixed)
+            assert answer.confirmed == 1 and answer.refused and "WRONGTYPE" in answer.refused
+            redis_server.restart(down_s=0.5)  # the connection is gone: reconnects
+            outages = 0
+            while True:
+                try:
+                    assert await sink.publish([message(6, "s")]) == Published(1)
+                    break
+                except Unreachable:  # the old connection's end: the relay retries
+                    outages += 1
+                    assert outages < 3
+            assert await sink.publish([message(4, "s")]) == Published(1)  # a repeat
+        finally:
+            await sink.close()
+
+    asyncio.run(scenario())
+    assert [entry["seq"] for entry in _stream(redis_server, "s")] == ["1", "2", "3", "4", "6"]
+
+
+@pytest.mark.slow
+def test_every_shards_leader_relays_its_own_outbox(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> None:
+    """Two data shards: the subscription is copied into each with its sink,
+    and each shard's leader publishes its own events, to the stream its
+    `{shard}` names, with ids that name the shard, gapless and in order."""
+    shards = 2
+    root = tmp_path_factory.mktemp("rr") / "c"
+    with sharded_cluster(root, shards, RELAY_ENV) as cluster:
+        token = cluster.admin_token
+        body = {
+            "id": "sub_sharded",
+            "types": ["job.cancelled"],
+            "sink": {"kind": "redis", "url": redis_server.url, "stream": "sh:{shard}"},
+        }
+        _create(cluster, body, token)
+        clients = [
+            Client(cluster.urls, timeout_s=15, retry_budget_s=30, shard=k, token=token)
+            for k in range(shards)
+        ]
+        jobs: dict[int, list[str]] = {k: [] for k in range(shards)}
+        try:
+            for n in range(15):
+                for k, client in enumerate(clients):
+                    job = client.submit("relay", {"n": n}, idempotency_key=f"sh{k}:{n}")
+                    client.cancel_job(job["id"])
+                    jobs[k].append(job["id"])
+
+            def arrived(k: int) -> list[dict[str, str]]:
+                return _stream(redis_server, f"sh:{k}")
+
+            _wait(
+                lambda: all(len(arrived(k)) >= len(jobs[k]) for k in range(shards)),
+                90,
+                "every shard's events in its stream",
+            )
+            view = clients[0].get_subscription("sub_sharded")
+            assert view["parked_count"] == 0 and "***" in view["sink"]["url"]
+        finally:
+            for client in clients:
+                client.close()
+    for k in range(shards):
+        entries = arrived(k)
+        assert [json.loads(e["data"])["data"]["job_id"] for e in entries] == jobs[k]
+        seqs = [int(e["seq"]) for e in entries]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # gapless, in order
+        prefix = "evt_" if k == 0 else f"evt{k}_"
+        assert all(e["id"] == f"{prefix}{e['seq']}" and e["shard"] == str(k) for e in entries)

@@ -65,6 +65,7 @@ from raftsched.core.kernel.outbox import OutboxEvent, decode_data
 from raftsched.node import metrics as families
 from raftsched.node.metrics import Samples
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
+from raftsched.node.sink_libraries import missing_extra
 from raftsched.node.sinks import BrokerSink, Message, Unreachable, destination, event_key, open_sink
 from raftsched.node.view import StateView
 from raftsched.node.webhook_targets import CheckingResolver, ForbiddenTarget, TargetPolicy
@@ -75,6 +76,7 @@ log = logging.getLogger("raftsched.webhooks")
 BATCH_EVENTS_MAX = 64
 IN_FLIGHT_MAX = 8
 IDLE_WAIT_S = 1.0
+UNAVAILABLE_WAIT_S = 30.0
 SIGNATURE_HEADER = "Raftsched-Signature"
 EVENT_ID_HEADER = "Raftsched-Event-Id"
 # How a delivery error that was never sent begins (a parked event's `error`).
@@ -158,6 +160,7 @@ class WebhookDelivery:
         self._task: asyncio.Task[None] | None = None
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._targets: dict[str, _Target] = {}
+        self._unavailable: set[str] = set()  # told once: no client library
         self._session: aiohttp.ClientSession | None = None
         self.metrics = node.metrics
         node.metrics.sample(families.OUTBOX_DEPTH, self._m_depth)
@@ -332,6 +335,17 @@ class WebhookDelivery:
     async def _relay(self, target: _Target) -> None:
         """Publish the subscription's events to its broker while leading."""
         assert target.sink is not None
+        extra = missing_extra(target.sink.kind)
+        if extra is not None:
+            # Nothing is parked: the events wait for a node that has it.
+            if target.id not in self._unavailable:
+                self._unavailable.add(target.id)
+                log.error(
+                    "relay cannot publish: this node lacks the sink's client library",
+                    extra={"subscription": target.id, "extra": f"raftsched[{extra}]"},
+                )
+            await asyncio.sleep(UNAVAILABLE_WAIT_S)
+            return  # the supervisor looks again
         sink = open_sink(target.sink, self.settings.timeout_s, self.settings.dedup_window_s)
         try:
             while True:
