@@ -16,6 +16,7 @@ from raftsched.core import (
     encode_entry,
     encode_state,
     needs_upgrade,
+    newest_spec_field,
 )
 from raftsched.core.events.commands import CopySubscription, CreateSubscription
 from raftsched.core.events.sinks import (
@@ -92,6 +93,11 @@ def test_the_new_fields_wait_for_cluster_version_10() -> None:
         assert command_version(gated) == SINK_VERSION
         assert needs_upgrade(cluster.state, gated)
     assert not needs_upgrade(cluster.state, webhook)
+    # The refusal (409 invalid_state, reason cluster_version) names the field.
+    assert newest_spec_field(broker()) == "sink"
+    tenants_only = CreateSubscription("s1", "https://h/", (), "k", tenants=("a",))
+    assert newest_spec_field(tenants_only) == "tenants"
+    assert newest_spec_field(webhook) is None
     cluster.one(RaiseClusterVersion(SINK_VERSION))
     assert not needs_upgrade(cluster.state, broker())
 

@@ -239,6 +239,25 @@ def test_a_refused_message_is_parked_then_arrives_when_retried(
             60,
             "the cluster version gate to open",
         )
+        leader = cluster.nodes[cluster.wait_for_leader()].http_url
+        good = {"kind": "redis", "url": redis_server.url, "stream": "s"}
+        for body, field in [
+            ({"sink": {**good, "kind": "kafka"}}, "sink.kind"),
+            ({"sink": {**good, "url": "http://127.0.0.1/"}}, "sink.url"),
+            ({"sink": {**good, "stream": ""}}, "sink.stream"),
+            ({"sink": {**good, "maxlen": 0}}, "sink.maxlen"),
+            ({"sink": {**good, "maxlen": True}}, "sink.maxlen"),
+            ({"sink": {**good, "db": 1}}, "sink.db"),
+            ({"sink": good, "url": "https://example.com/h", "secret": "k"}, "url"),
+            ({"sink": good, "tenants": "acme"}, "tenants"),
+            ({"sink": good, "key_field": ""}, "key_field"),
+            ({"sink": "redis"}, "sink"),
+        ]:
+            status, answer, _ = http_json("POST", f"{leader}/v1/subscriptions", body, 10)
+            assert status == 400, (body, answer)
+            assert answer["error"]["code"] == "invalid_request"
+            assert answer["error"]["details"]["field"] == field, (body, answer)
+        assert client.list_subscriptions() == []
         redis_server.client().set("wrong:type", "a string, not a stream")
         _create(
             cluster,
@@ -329,7 +348,7 @@ def test_every_shards_leader_relays_its_own_outbox(
         try:
             for n in range(15):
                 for k, client in enumerate(clients):
-                    job = client.submit("relay", {"n": n}, idempotency_key=f"sh{k}:{n}")
+                    job = client.submit("relay", {"n": n})
                     client.cancel_job(job["id"])
                     jobs[k].append(job["id"])
 
