@@ -151,15 +151,10 @@ def test_every_committed_event_reaches_the_stream_through_kills_and_a_broker_res
             60,
             "the cluster version gate to open",
         )
-    sub = _create(
-        cluster,
-        {
-            "id": "sub_redis",
-            "types": ["job.*"],
-            "key_field": "payment_id",
-            "sink": {"kind": "redis", "url": redis_server.url, "stream": STREAM, "maxlen": 100000},
-        },
-    )
+        sink = {"kind": "redis", "url": redis_server.url, "stream": STREAM, "maxlen": 100000}
+        sub = client.create_broker_subscription(
+            sink, ["job.*"], subscription_id="sub_redis", key_field="payment_id"
+        )
     assert sub["sink"]["url"] == f"redis://:***@127.0.0.1:{redis_server.port}/0"
     assert PASSWORD not in json.dumps(sub)
     total, kills = 240, 0
