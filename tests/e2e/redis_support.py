@@ -29,6 +29,9 @@ class RedisServer:
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
+        # Commands counted by the servers stopped so far (INFO commandstats
+        # starts again at every start).
+        self._calls_before: dict[str, int] = {}
         root.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -69,6 +72,14 @@ class RedisServer:
         """SIGTERM: Redis syncs its append-only file and exits."""
         if self.process is None:
             return
+        try:
+            # Writes (the relay's scripts) wait from here, so that the counts
+            # read are the server's last.
+            self.client().execute_command("CLIENT", "PAUSE", "30000", "WRITE")
+            for name, calls in self._calls_now().items():
+                self._calls_before[name] = self._calls_before.get(name, 0) + calls
+        except redis.exceptions.RedisError:
+            pass
         self.process.terminate()
         try:
             self.process.wait(timeout=20)
@@ -82,6 +93,14 @@ class RedisServer:
         time.sleep(down_s)
         self.start()
         self.restarts += 1
+
+    def calls(self, command: str) -> int:
+        """How many times `command` ran (scripts' commands too), over restarts."""
+        return self._calls_before.get(command, 0) + self._calls_now().get(command, 0)
+
+    def _calls_now(self) -> dict[str, int]:
+        stats = self.client().info("commandstats")
+        return {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
 
     def client(self) -> Any:
         return redis.Redis(
