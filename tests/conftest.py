@@ -24,6 +24,19 @@ def promtool() -> str:
     return found
 
 
+@pytest.fixture(scope="session")
+def redis_server_binary() -> str:
+    """Debian's `redis-server` (.ci/run installs it when it is missing), for
+    the relay tests (docs/relays.md). They skip, with the reason in the
+    summary, only when it cannot be found; CI says so loudly."""
+    found = shutil.which("redis-server")
+    if found is None:
+        pytest.skip(
+            "Redis relay tests SKIPPED: no redis-server found (apt-get install -y redis-server)"
+        )
+    return found
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files that hold a `slow` test run first (in their order, then the
     rest in theirs). `make test` spreads whole files over pytest-xdist

@@ -178,3 +178,33 @@ def test_event_ids_and_envelopes_name_their_shard() -> None:
     assert describe(event, 0)["shard"] == 0
     envelope = describe(event, 2)
     assert envelope["id"] == "evt2_17" and envelope["shard"] == 2 and envelope["seq"] == 17
+
+
+def test_a_broker_subscription_is_copied_with_its_sink_which_no_view_shows() -> None:
+    from raftsched.core.events.sinks import make_sink
+
+    sink = make_sink("redis", {"url": "redis://:pw-123@r:6379/0", "stream": "s:{shard}"})
+    zero = group(CreateSubscription("sub_r", "", ("job.*",), "", sink, ("acme",), "payment_id"))
+    shard = Cluster()
+    commands = align(zero, shard)
+    copy = CopySubscription("sub_r", "", ("job.*",), "", T, sink, ("acme",), "payment_id")
+    assert commands == [copy]
+    assert command_from_json(json.loads(json.dumps(command_json(copy)))) == copy
+    # The view carries a hash of the sink, never its URL; an equal copy is in line.
+    seen = json.dumps(view(zero.state, leader=True))
+    assert "pw-123" not in seen and "redis://" not in seen
+    assert read_view(json.loads(seen)).settings == settings_of(zero.state)
+    shard.run(*commands)
+    assert align(zero, shard) == []
+    assert settings_digest(settings_of(zero.state)) == settings_digest(settings_of(shard.state))
+    # Another stream: deleted and copied again.
+    other = make_sink("redis", {"url": "redis://:pw-123@r:6379/0", "stream": "t"})
+    zero.run(DeleteSubscription("sub_r"))
+    zero.run(CreateSubscription("sub_r", "", ("job.*",), "", other, ("acme",), "payment_id"))
+    assert align(zero, shard) == [
+        DeleteSubscription("sub_r"),
+        CopySubscription("sub_r", "", ("job.*",), "", T, other, ("acme",), "payment_id"),
+    ]
+    # A webhook's view and digest are those of before version 10.
+    hook = group(CreateSubscription("sub_1", "https://example.com/h", (), "k"))
+    assert settings_of(hook.state).subscriptions["sub_1"][4] == ""

@@ -31,6 +31,8 @@ STATUS_BY_CODE: dict[str, int] = {
     "ordering_key_shard": 422,
     "batch_spans_shards": 422,
     "wrong_shard": 422,
+    # A broker sink whose client library this node lacks (docs/relays.md).
+    "sink_unavailable": 422,
     "rate_limited": 429,
     "queue_full": 429,
     "internal_error": 500,

@@ -6,6 +6,10 @@ cluster version 3, is left out); `last_seq` and `first_seq` stay the
 outbox's own, so a consumer's cursor moves exactly as before. A
 subscription delivers every tenant's events, so subscriptions need a caller
 who sees every tenant (403 otherwise).
+
+A subscription is a webhook (`url`, `secret`) or, with a `sink`, a broker
+relay's (docs/relays.md); `tenants` and `key_field` apply to both. A broker
+URL's password is never shown.
 """
 
 from __future__ import annotations
@@ -31,6 +35,16 @@ from raftsched.api.validation import (
     string,
 )
 from raftsched.core.events.commands import CreateSubscription, DeleteSubscription, RetryParked
+from raftsched.core.events.sinks import (
+    KEY_FIELD_CHARS_MAX,
+    SINK_KINDS,
+    SINK_OPTIONS,
+    TENANTS_MAX,
+    Sink,
+    check_sink,
+    make_sink,
+    redacted,
+)
 from raftsched.core.events.subscriptions import (
     SECRET_CHARS_MAX,
     TYPES_MAX,
@@ -44,6 +58,7 @@ from raftsched.core.kernel.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, deco
 from raftsched.core.kernel.results import Ack, ParkedRetried, SubscriptionCreated
 from raftsched.core.kernel.state import State
 from raftsched.limits import EVENTS_LIMIT_MAX, WAIT_S_MAX
+from raftsched.node.sink_libraries import missing_extra
 from raftsched.node.webhook_targets import TargetPolicy
 from raftsched.timefmt import format_ms
 
@@ -151,6 +166,13 @@ def subscription_json(
         "parked_count": len(sub.parked),
         "parked_dropped": sub.parked_dropped,
     }
+    # Since cluster version 10, shown only when set: a webhook's answer is as before.
+    if sub.sink is not None:
+        body["sink"] = redacted(sub.sink)
+    if sub.tenants:
+        body["tenants"] = list(sub.tenants)
+    if sub.key_field is not None:
+        body["key_field"] = sub.key_field
     if full:
         body["parked"] = [
             {
@@ -173,11 +195,43 @@ def _read_subscription(request: web.Request, subscription_id: str) -> dict[str, 
         return subscription_json(sub, state.now_ms, oldest_undelivered_at_ms(state, sub), full=True)
 
 
+WEBHOOK_FIELDS = frozenset({"id", "url", "types", "secret", "sink", "tenants", "key_field"})
+BROKER_FIELDS = frozenset({"id", "types", "sink", "tenants", "key_field"})
+
+
 @routes.post("/v1/subscriptions")
 async def create_subscription(request: web.Request) -> web.Response:
     _subscriptions_scope(request)
     body = require_object(await read_json(request))
-    reject_unknown(body, frozenset({"id", "url", "types", "secret"}))
+    sink = _sink(body.get("sink"))
+    if sink is None:
+        reject_unknown(body, WEBHOOK_FIELDS)
+        url, secret = await _webhook(request, body)
+    else:
+        reject_unknown(body, BROKER_FIELDS)
+        url, secret = "", ""
+    types = body.get("types")
+    if types is None:
+        types = []
+    if (
+        not isinstance(types, list)
+        or len(types) > TYPES_MAX
+        or not all(isinstance(t, str) and 0 < len(t) <= EVENT_TYPE_CHARS_MAX for t in types)
+    ):
+        raise invalid("types", f"must be a list of at most {TYPES_MAX} event types")
+    tenants = _tenants(body.get("tenants"))
+    key_field = string(body, "key_field", length_max=KEY_FIELD_CHARS_MAX)
+    subscription_id = string(body, "id") or node_of(request).new_id("sub")
+    command = CreateSubscription(
+        subscription_id, url, tuple(sorted(set(types))), secret, sink, tenants, key_field
+    )
+    result = await propose_audited(request, command, SubscriptionCreated)
+    answer = {"subscription": _read_subscription(request, subscription_id)}
+    return json_response(answer, status=201 if result.created else 200)
+
+
+async def _webhook(request: web.Request, body: Mapping[str, Any]) -> tuple[str, str]:
+    """A webhook's checked url and secret."""
     url = string(body, "url", required=True, length_max=URL_CHARS_MAX)
     assert url is not None
     if not url.startswith(("http://", "https://")):
@@ -191,20 +245,55 @@ async def create_subscription(request: web.Request) -> web.Response:
         )
     secret = string(body, "secret", required=True, length_max=SECRET_CHARS_MAX)
     assert secret is not None
-    types = body.get("types")
-    if types is None:
-        types = []
+    return url, secret
+
+
+def _sink(raw: object) -> Sink | None:
+    """The request's broker sink; None for a webhook (no `sink`, or kind
+    `webhook`). 400 naming the field for a malformed one, 422
+    `sink_unavailable` when this node lacks the kind's client library."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise invalid("sink", "must be a JSON object")
+    kind = raw.get("kind")
+    if kind == "webhook":
+        if set(raw) != {"kind"}:
+            raise invalid("sink", "a webhook sink has only its kind (url and secret are top-level)")
+        return None
+    if kind not in SINK_OPTIONS:
+        raise invalid("sink.kind", f"must be one of webhook, {', '.join(SINK_KINDS)}")
+    options = {name: value for name, value in raw.items() if name != "kind"}
+    for name, value in options.items():
+        if name not in SINK_OPTIONS[kind]:
+            raise invalid(f"sink.{name}", f"a {kind} sink has no option {name}")
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise invalid(f"sink.{name}", "must be a string or an integer")
+    sink = make_sink(kind, options)
+    rejected = check_sink(sink)
+    if rejected is not None:
+        field = str(rejected.details.get("field", "sink"))
+        raise ApiError("invalid_request", rejected.message, {"field": field})
+    extra = missing_extra(kind)
+    if extra is not None:
+        raise ApiError(
+            "sink_unavailable",
+            f"this node lacks the {kind} client library: install raftsched[{extra}]",
+            {"field": "sink.kind", "extra": extra},
+        )
+    return sink
+
+
+def _tenants(raw: object) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
     if (
-        not isinstance(types, list)
-        or len(types) > TYPES_MAX
-        or not all(isinstance(t, str) and 0 < len(t) <= EVENT_TYPE_CHARS_MAX for t in types)
+        not isinstance(raw, list)
+        or len(raw) > TENANTS_MAX
+        or not all(isinstance(t, str) and 0 < len(t) <= 256 for t in raw)
     ):
-        raise invalid("types", f"must be a list of at most {TYPES_MAX} event types")
-    subscription_id = string(body, "id") or node_of(request).new_id("sub")
-    command = CreateSubscription(subscription_id, url, tuple(sorted(set(types))), secret)
-    result = await propose_audited(request, command, SubscriptionCreated)
-    answer = {"subscription": _read_subscription(request, subscription_id)}
-    return json_response(answer, status=201 if result.created else 200)
+        raise invalid("tenants", f"must be a list of at most {TENANTS_MAX} tenant names")
+    return tuple(sorted(set(raw))) or None
 
 
 @routes.get("/v1/subscriptions")

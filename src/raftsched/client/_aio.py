@@ -554,6 +554,21 @@ class AsyncClient(AsyncSchedulesMixin):
     ) -> JsonObject:
         return await self.call(wf_calls.create_subscription(url, secret, types, subscription_id))
 
+    async def create_broker_subscription(
+        self,
+        sink: Mapping[str, Any],
+        types: Sequence[str] = (),
+        *,
+        subscription_id: str | None = None,
+        tenants: Sequence[str] | None = None,
+        key_field: str | None = None,
+    ) -> JsonObject:
+        """A subscription whose events the leader publishes to a broker
+        (docs/relays.md), e.g. `sink={"kind": "redis", "url": ..., "stream": ...}`."""
+        return await self.call(
+            wf_calls.create_broker_subscription(sink, types, subscription_id, tenants, key_field)
+        )
+
     async def list_subscriptions(
         self, *, consistency: Consistency | None = None
     ) -> list[JsonObject]:

@@ -86,6 +86,24 @@ def create_subscription(
     return Call("POST", "/v1/subscriptions", _field("subscription"), body=body, retry_unknown=keyed)
 
 
+def create_broker_subscription(
+    sink: Mapping[str, Any],
+    types: Sequence[str],
+    subscription_id: str | None,
+    tenants: Sequence[str] | None,
+    key_field: str | None,
+) -> Call[JsonObject]:
+    body: JsonObject = {"sink": dict(sink), "types": list(types)}
+    if subscription_id is not None:
+        body["id"] = subscription_id
+    if tenants is not None:
+        body["tenants"] = list(tenants)
+    if key_field is not None:
+        body["key_field"] = key_field
+    keyed = subscription_id is not None
+    return Call("POST", "/v1/subscriptions", _field("subscription"), body=body, retry_unknown=keyed)
+
+
 def list_subscriptions(consistency: Consistency | None) -> Call[list[JsonObject]]:
     return Call(
         "GET", "/v1/subscriptions", _field("subscriptions"), _query(consistency), retry_unknown=True

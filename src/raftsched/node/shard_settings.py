@@ -78,6 +78,7 @@ from raftsched.node.service import Node
 from raftsched.node.shard_view import (
     Settings,
     ShardView,
+    SubscriptionSecrets,
     aligning_commands,
     command_json,
     limits_of,
@@ -120,7 +121,7 @@ class GroupZero:
     """What a pass reads of this node's replica of group 0."""
 
     settings: Settings
-    secrets: Mapping[str, str]
+    secrets: Mapping[str, SubscriptionSecrets]
     plans: Mapping[int, tuple[int, ShardQuotas]]
     queue_limits: Mapping[str, QueueLimits]
     tenant_limits: Mapping[str, TenantLimits]

@@ -14,8 +14,9 @@ brings in line with its own replica of group 0:
 - the subscriptions (`CopySubscription`: the same id, URL, types, secret
   and creation time, so that the copy delivers the shard's events from the
   subscription's creation on; one that differs is deleted and copied again;
-  one group 0 no longer has is deleted). Secrets are compared by their
-  SHA-256, so a view carries none.
+  one group 0 no longer has is deleted), and its broker sink, tenants and
+  key field (since cluster version 10). Secrets, and the sink whose URL may
+  hold a password, are compared by their SHA-256, so a view carries none.
 
 A shard's view also says whether its replica leads, which shard it recorded
 itself as, its quotas (round and rows) and, for the queues and tenants the
@@ -32,7 +33,8 @@ from dataclasses import dataclass, fields
 from typing import Any, Final
 
 from raftsched.core.events.commands import CopySubscription, DeleteSubscription
-from raftsched.core.events.subscriptions import subscriptions
+from raftsched.core.events.sinks import Sink, decode_sink, encode_sink
+from raftsched.core.events.subscriptions import Subscription, subscriptions
 from raftsched.core.jobs.commands import (
     PlanShardQuotas,
     SetQueue,
@@ -46,6 +48,7 @@ from raftsched.core.jobs.quota_plans import plans_of
 from raftsched.core.jobs.reconcile_book import book_of
 from raftsched.core.kernel import shard as core_shard
 from raftsched.core.kernel.cluster_version import cluster_version
+from raftsched.core.kernel.codec import CodecError
 from raftsched.core.kernel.commands import Command
 from raftsched.core.kernel.runnable_index import all_lanes, claimable_count
 from raftsched.core.kernel.state import State
@@ -71,8 +74,12 @@ _BY_NAME: Final = {kind.__name__: kind for kind in ALIGNING}
 
 QueueSettings = tuple[bool, int | None, int | None, int | None, int | None, int]
 TenantSettings = tuple[int, int | None, int | None]
-# url, types, the secret's SHA-256, group 0's created_at_ms
-SubscriptionSettings = tuple[str, tuple[str, ...], str, int]
+# url, types, the secret's SHA-256, group 0's created_at_ms, and the SHA-256
+# of its sink, tenants and key field ("" without any: a webhook of before).
+SubscriptionSettings = tuple[str, tuple[str, ...], str, int, str]
+# What a copy needs that a view leaves out: the secret, and the sink,
+# tenants and key field.
+SubscriptionSecrets = tuple[str, Sink | None, tuple[str, ...] | None, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,15 @@ class Settings:
 
 def secret_hash(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def later_hash(sub: Subscription) -> str:
+    """The SHA-256 of a subscription's version-10 fields; "" without any."""
+    sink, tenants, key_field = sub.later_fields()
+    if (sink, tenants, key_field) == (None, None, None):
+        return ""
+    document = [encode_sink(sink), None if tenants is None else list(tenants), key_field]
+    return secret_hash(json.dumps(document, separators=(",", ":")))
 
 
 def settings_of(state: State) -> Settings:
@@ -106,7 +122,13 @@ def settings_of(state: State) -> Settings:
         },
         on_unknown=on_unknown,
         subscriptions={
-            sub.id: (sub.url, sub.types, secret_hash(sub.secret), sub.created_at_ms)
+            sub.id: (
+                sub.url,
+                sub.types,
+                secret_hash(sub.secret),
+                sub.created_at_ms,
+                later_hash(sub),
+            )
             for sub in subscriptions(state).values()
         },
     )
@@ -120,16 +142,17 @@ def settings_digest(settings: Settings) -> str:
         sorted([name, *row] for name, row in settings.tenants.items()),
         sorted([*key, policy] for key, policy in settings.on_unknown.items()),
         sorted(
-            [sub_id, url, list(types), digest, created_at_ms]
-            for sub_id, (url, types, digest, created_at_ms) in settings.subscriptions.items()
+            [sub_id, url, list(types), digest, created_at_ms, *([later] if later else [])]
+            for sub_id, (url, types, digest, created_at_ms, later) in settings.subscriptions.items()
         ),
     ]
     return hashlib.sha256(json.dumps(document, separators=(",", ":")).encode()).hexdigest()
 
 
-def secrets_of(state: State) -> dict[str, str]:
-    """Group 0's subscriptions' secrets, by id (to create the copies)."""
-    return {sub.id: sub.secret for sub in subscriptions(state).values()}
+def secrets_of(state: State) -> dict[str, SubscriptionSecrets]:
+    """Group 0's subscriptions' secrets, sinks, tenants and key fields, by id
+    (to create the copies)."""
+    return {sub.id: (sub.secret, *sub.later_fields()) for sub in subscriptions(state).values()}
 
 
 def limits_of(state: State) -> tuple[dict[str, QueueLimits], dict[str, TenantLimits]]:
@@ -232,8 +255,10 @@ def view(
                 [scope, name, policy] for (scope, name), policy in settings.on_unknown.items()
             ],
             "subscriptions": {
-                sub_id: [url, list(types), digest, created_at_ms]
-                for sub_id, (url, types, digest, created_at_ms) in settings.subscriptions.items()
+                sub_id: [url, list(types), digest, created_at_ms, *([later] if later else [])]
+                for sub_id, (url, types, digest, created_at_ms, later) in (
+                    settings.subscriptions.items()
+                )
             },
         },
         "demand": _demand(state, queues, tenants),
@@ -314,7 +339,13 @@ def _settings(raw: Mapping[str, Any]) -> Settings:
         tenants={name: (row[0], row[1], row[2]) for name, row in raw["tenants"].items()},
         on_unknown={(row[0], row[1]): row[2] for row in raw["on_unknown"]},
         subscriptions={
-            sub_id: (row[0], tuple(row[1]), row[2], int(row[3]))
+            sub_id: (
+                row[0],
+                tuple(row[1]),
+                row[2],
+                int(row[3]),
+                str(row[4]) if len(row) > 4 else "",
+            )
             for sub_id, row in raw["subscriptions"].items()
         },
     )
@@ -329,7 +360,7 @@ def _queue_settings(row: list[Any]) -> QueueSettings:
 
 
 def aligning_commands(
-    wanted: Settings, shard: Settings, secrets: Mapping[str, str], most: int
+    wanted: Settings, shard: Settings, secrets: Mapping[str, SubscriptionSecrets], most: int
 ) -> list[Command]:
     """At most `most` commands that make `shard`'s settings `wanted`'s (group
     0's): queues and tenants first, then the `on_unknown` defaults, then the
@@ -356,7 +387,10 @@ def aligning_commands(
         if copy is not None:
             commands.append(DeleteSubscription(sub_id))
         if sub is not None and sub_id in secrets:
-            commands.append(CopySubscription(sub_id, sub[0], sub[1], secrets[sub_id], sub[3]))
+            secret, sink, tenants, key_field = secrets[sub_id]
+            commands.append(
+                CopySubscription(sub_id, sub[0], sub[1], secret, sub[3], sink, tenants, key_field)
+            )
     return commands[:most]
 
 
@@ -392,12 +426,19 @@ def _field_names(kind: type[Command]) -> tuple[str, ...]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, Sink):
+        return {"sink": encode_sink(value)}
     if isinstance(value, tuple):
         return [_plain(item) for item in value]
     return value
 
 
 def _tupled(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"sink"}:
+        try:
+            return decode_sink(value["sink"])
+        except CodecError as error:
+            raise ValueError(str(error)) from None
     if isinstance(value, list):
         return tuple(_tupled(item) for item in value)
     return value

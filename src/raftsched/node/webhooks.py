@@ -1,4 +1,8 @@
-"""Webhook delivery: the leader sends outbox events to subscribers, at least once.
+"""The relay: the leader sends outbox events to subscribers, at least once.
+
+A subscription without a sink is a webhook, delivered as below; one with a
+broker sink (docs/relays.md) is published by `_relay` through the sink's
+client (node/sinks.py), with the same cursor, parking and operator retry.
 
 Theory of operation. While this node leads, one task per subscription reads
 the replicated state and delivers every matching event after the
@@ -20,10 +24,21 @@ yet acknowledged when the old leader died is delivered again: receivers
 deduplicate by event id. Parked events that an operator marked for retry
 are delivered the same way and removed with `AckParked` when they arrive.
 
+Broker sinks. The relay publishes a batch of events after the cursor in
+seq order on one connection, stopping at the first message the broker
+refuses, and proposes `AckDelivery(through_seq)` only once every event of
+the batch was confirmed (or parked). On a failure it goes back to the first
+unconfirmed event and publishes from there again (go-back-N), so no event
+is first published after a later one. A broker it cannot reach is retried
+with backoff without end and never parks anything; a refusal counts as a
+failed attempt, and after `max_attempts` refusals the event is parked.
+
 Tunables come from the environment (tests shorten them):
 RAFTSCHED_WEBHOOK_MAX_ATTEMPTS (8), RAFTSCHED_WEBHOOK_BACKOFF_S (0.5, doubled
 per attempt up to RAFTSCHED_WEBHOOK_BACKOFF_MAX_S, 30) and
-RAFTSCHED_WEBHOOK_TIMEOUT_S (10).
+RAFTSCHED_WEBHOOK_TIMEOUT_S (10), for brokers too; and
+RAFTSCHED_RELAY_DEDUP_WINDOW_S (3600), how long a Redis sink remembers an
+event id to drop its repeats.
 """
 
 from __future__ import annotations
@@ -42,6 +57,7 @@ import aiohttp
 
 from raftsched import shards
 from raftsched.core.events.commands import AckDelivery, AckParked, ParkDelivery
+from raftsched.core.events.sinks import Sink
 from raftsched.core.events.subscriptions import Subscription, pending_events, subscriptions
 from raftsched.core.kernel import outbox
 from raftsched.core.kernel.commands import Command
@@ -49,6 +65,8 @@ from raftsched.core.kernel.outbox import OutboxEvent, decode_data
 from raftsched.node import metrics as families
 from raftsched.node.metrics import Samples
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
+from raftsched.node.sink_libraries import missing_extra
+from raftsched.node.sinks import BrokerSink, Message, Unreachable, destination, event_key, open_sink
 from raftsched.node.view import StateView
 from raftsched.node.webhook_targets import CheckingResolver, ForbiddenTarget, TargetPolicy
 from raftsched.timefmt import format_ms
@@ -58,6 +76,7 @@ log = logging.getLogger("raftsched.webhooks")
 BATCH_EVENTS_MAX = 64
 IN_FLIGHT_MAX = 8
 IDLE_WAIT_S = 1.0
+UNAVAILABLE_WAIT_S = 30.0
 SIGNATURE_HEADER = "Raftsched-Signature"
 EVENT_ID_HEADER = "Raftsched-Event-Id"
 # How a delivery error that was never sent begins (a parked event's `error`).
@@ -82,6 +101,9 @@ class DeliverySettings:
     )
     timeout_s: float = field(
         default_factory=lambda: _env_float("RAFTSCHED_WEBHOOK_TIMEOUT_S", 10.0)
+    )
+    dedup_window_s: int = field(
+        default_factory=lambda: int(_env_float("RAFTSCHED_RELAY_DEDUP_WINDOW_S", 3600))
     )
 
 
@@ -115,6 +137,8 @@ class _Target:
     id: str
     url: str
     secret: str
+    sink: Sink | None = None  # None: a webhook
+    key_field: str | None = None
 
 
 class WebhookDelivery:
@@ -135,6 +159,8 @@ class WebhookDelivery:
         self.shard = shard
         self._task: asyncio.Task[None] | None = None
         self._workers: dict[str, asyncio.Task[None]] = {}
+        self._targets: dict[str, _Target] = {}
+        self._unavailable: set[str] = set()  # told once: no client library
         self._session: aiohttp.ClientSession | None = None
         self.metrics = node.metrics
         node.metrics.sample(families.OUTBOX_DEPTH, self._m_depth)
@@ -168,15 +194,19 @@ class WebhookDelivery:
                 changed = self.node.changed()
                 with self.node.reading() as state:
                     wanted = {
-                        sub.id: _Target(sub.id, sub.url, sub.secret)
+                        sub.id: _Target(sub.id, sub.url, sub.secret, sub.sink, sub.key_field)
                         for sub in subscriptions(state).values()
                     }
                 for sub_id in list(self._workers):
                     if sub_id not in wanted or self._workers[sub_id].done():
                         self._workers.pop(sub_id).cancel()
+                    elif self._targets.get(sub_id) != wanted[sub_id]:
+                        self._workers.pop(sub_id).cancel()  # recreated differently
                 for sub_id, target in wanted.items():
                     if sub_id not in self._workers:
-                        self._workers[sub_id] = asyncio.create_task(self._serve(target))
+                        self._targets[sub_id] = target
+                        serve = self._serve if target.sink is None else self._relay
+                        self._workers[sub_id] = asyncio.create_task(serve(target))
                 await changed.wait_s(IDLE_WAIT_S)
         except asyncio.CancelledError:
             raise
@@ -299,6 +329,142 @@ class WebhookDelivery:
         if self._session is None:
             self._session = checked_session(self.policy)
         return await post_once(self._session, self.policy, url, body, headers, self.settings)
+
+    # -- one broker sink's subscription ------------------------------------------
+
+    async def _relay(self, target: _Target) -> None:
+        """Publish the subscription's events to its broker while leading."""
+        assert target.sink is not None
+        extra = missing_extra(target.sink.kind)
+        if extra is not None:
+            # Nothing is parked: the events wait for a node that has it.
+            if target.id not in self._unavailable:
+                self._unavailable.add(target.id)
+                log.error(
+                    "relay cannot publish: this node lacks the sink's client library",
+                    extra={"subscription": target.id, "extra": f"raftsched[{extra}]"},
+                )
+            await asyncio.sleep(UNAVAILABLE_WAIT_S)
+            return  # the supervisor looks again
+        sink = open_sink(target.sink, self.settings.timeout_s, self.settings.dedup_window_s)
+        try:
+            while True:
+                changed = self.node.changed()
+                work = self._next_messages(target)
+                if work is None:
+                    return  # deleted
+                messages, through_seq, retries = work
+                for message in retries:
+                    await self._republish_parked(target, sink, message)
+                if messages or through_seq is not None:
+                    parks = await self._publish_batch(target, sink, messages)
+                    for command in parks:
+                        await self.node.propose(command, bounded=False)
+                    if through_seq is not None:
+                        await self.node.propose(AckDelivery(target.id, through_seq), bounded=False)
+                    continue
+                if not retries:
+                    await changed.wait_s(IDLE_WAIT_S)
+        except asyncio.CancelledError:
+            raise
+        except (NotLeader, NotCommitted, OutcomeUnknown) as error:
+            # As for a webhook: the cursor did not move (or moved without our
+            # knowing), so those events are published again: at least once.
+            log.warning(
+                "relay progress not recorded; its events will be published again",
+                extra={"subscription": target.id, "error": repr(error)},
+            )
+            await asyncio.sleep(IDLE_WAIT_S)
+        except Exception:
+            log.exception("relay failed", extra={"subscription": target.id})
+            await asyncio.sleep(IDLE_WAIT_S)  # the supervisor restarts this worker
+        finally:
+            await sink.close()
+
+    def _next_messages(
+        self, target: _Target
+    ) -> tuple[list[Message], int | None, list[Message]] | None:
+        """`_next_work` as messages: their keys are read from this state."""
+        assert target.sink is not None
+        template = str(target.sink.option("stream") or target.sink.option("subject") or "")
+        shard = self.shard or 0
+        work = self._next_work(target.id)
+        if work is None:
+            return None
+        events, through_seq, retries = work
+        with self.node.reading() as state:
+
+            def message(event: OutboxEvent) -> Message:
+                tenant, key = event_key(state, event, target.key_field)
+                return Message(
+                    id=event_id(event, shard),
+                    type=event.type,
+                    seq=event.seq,
+                    tenant=tenant,
+                    key=key,
+                    shard=shard,
+                    body=event_body(event, target.id, self.shard),
+                    destination=destination(template, event.type, tenant, shard),
+                )
+
+            return [message(e) for e in events], through_seq, [message(e) for e in retries]
+
+    async def _publish_batch(
+        self, target: _Target, sink: BrokerSink, messages: list[Message]
+    ) -> list[Command]:
+        """Publish every message in order, going back to the first unconfirmed
+        one on a failure; the parks to propose (before the batch's ack)."""
+        settings = self.settings
+        parks: list[Command] = []
+        start, refusals, outages = 0, 0, 0
+        while start < len(messages):
+            try:
+                answer = await sink.publish(messages[start:])
+            except Unreachable as error:
+                outages += 1
+                if outages == 1 or outages % 20 == 0:
+                    log.warning(
+                        "relay cannot reach its broker; retrying",
+                        extra={"subscription": target.id, "error": str(error)},
+                    )
+                await self._back_off(outages)
+                continue
+            outages = 0
+            if answer.confirmed:
+                self.metrics.webhook_attempts.labels(target.id).inc(answer.confirmed)
+                start += answer.confirmed
+                refusals = 0
+            if answer.refused is None or start >= len(messages):
+                continue
+            refusals += 1
+            self.metrics.webhook_failures.labels(target.id).inc()
+            if refusals < settings.max_attempts:
+                await self._back_off(refusals)
+                continue
+            refused = messages[start]
+            self.metrics.webhook_parked.labels(target.id).inc()
+            log.warning(
+                "relay event parked",
+                extra={"subscription": target.id, "seq": refused.seq, "error": answer.refused},
+            )
+            parks.append(
+                ParkDelivery(target.id, refused.seq, settings.max_attempts, answer.refused[:1000])
+            )
+            start, refusals = start + 1, 0
+        return parks
+
+    async def _republish_parked(self, target: _Target, sink: BrokerSink, message: Message) -> None:
+        """An operator's retry of one parked event: published again, then
+        `AckParked`, or parked again after `max_attempts` refusals."""
+        parks = await self._publish_batch(target, sink, [message])
+        command = parks[0] if parks else AckParked(target.id, message.seq)
+        await self.node.propose(command, bounded=False)
+
+    async def _back_off(self, attempt: int) -> None:
+        settings = self.settings
+        cap_s = min(settings.backoff_max_s, settings.backoff_s * 2 ** min(attempt - 1, 30))
+        # Local retry timing, never proposed (not one of node/draws.py's).
+        await asyncio.sleep(random.uniform(cap_s / 2, cap_s))
 
     # -- metrics --------------------------------------------------------------
 

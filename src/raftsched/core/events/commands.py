@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from raftsched.core.events.sinks import Sink
 from raftsched.core.kernel.commands import Command
 
 
@@ -19,12 +20,20 @@ class ConfigureOutbox(Command):
 @dataclass(frozen=True, slots=True)
 class CreateSubscription(Command):
     """A webhook subscription; delivery starts after the newest event so far.
-    The secret signs deliveries and is replicated so that any leader can sign."""
+    The secret signs deliveries and is replicated so that any leader can sign.
+
+    Since cluster version 10 (`sinks.SINK_VERSION`, encoded only when set): a
+    `sink` makes it a broker relay's (then `url` and `secret` are empty),
+    `tenants` keeps the events of those tenants only, and `key_field` names
+    the payload field a message's key comes from (docs/relays.md)."""
 
     subscription_id: str
     url: str
     types: tuple[str, ...] = ()
     secret: str = ""
+    sink: Sink | None = None
+    tenants: tuple[str, ...] | None = None
+    key_field: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,13 +43,17 @@ class CopySubscription(Command):
     types and secret, and group 0's `created_at_ms`. Delivery starts after
     the last event this shard held from before that moment, so its events
     from the subscription's creation on are delivered even though the copy
-    is made a moment later. Proposed by the node hosting the shard's leader."""
+    is made a moment later. Proposed by the node hosting the shard's leader.
+    The sink, tenants and key field as `CreateSubscription`'s (since version 10)."""
 
     subscription_id: str
     url: str
     types: tuple[str, ...]
     secret: str
     created_at_ms: int
+    sink: Sink | None = None
+    tenants: tuple[str, ...] | None = None
+    key_field: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from raftsched.core.events import audit, outbox_retention, subscriptions
+from raftsched.core.events import audit, outbox_retention, sinks, subscriptions
 from raftsched.core.events.commands import (
     AckDelivery,
     AckParked,
@@ -17,7 +17,11 @@ from raftsched.core.events.commands import (
     RetryParked,
 )
 from raftsched.core.kernel import shard
-from raftsched.core.kernel.feature import CommandKind, Feature, TickWork
+from raftsched.core.kernel.feature import CommandKind, Feature, FieldKind, TickWork
+
+# A subscription's fields since cluster version 10 (docs/relays.md): optional,
+# encoded only when set (`CommandKind.tail`).
+_LATER_FIELDS: Final = ("sink?", "tenants?", "str?")
 
 FEATURE: Final = Feature(
     name="events",
@@ -28,9 +32,11 @@ FEATURE: Final = Feature(
         CommandKind(
             CreateSubscription,
             41,
-            ("str", "str", "strs", "str"),
+            ("str", "str", "strs", "str", *_LATER_FIELDS),
             subscriptions.apply_create_subscription,
             audit=audit.CREATE,
+            tail=len(_LATER_FIELDS),
+            tail_since=sinks.SINK_VERSION,
         ),
         CommandKind(
             DeleteSubscription,
@@ -51,10 +57,16 @@ FEATURE: Final = Feature(
         CommandKind(
             CopySubscription,
             47,
-            ("str", "str", "strs", "str", "int"),
+            ("str", "str", "strs", "str", "int", *_LATER_FIELDS),
             subscriptions.apply_copy_subscription,
             since=shard.SHARD_VERSION,
+            tail=len(_LATER_FIELDS),
+            tail_since=sinks.SINK_VERSION,
         ),
+    ),
+    field_kinds=(
+        FieldKind("sink?", sinks.encode_sink, sinks.decode_sink),
+        FieldKind("tenants?", sinks.encode_tenants, sinks.decode_tenants),
     ),
     tick=(TickWork(70, outbox_retention.trim),),
     next_due_ms=outbox_retention.next_due_ms,

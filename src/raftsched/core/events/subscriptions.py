@@ -9,6 +9,9 @@ commands, so that a new leader resumes where the old one stopped:
   into the subscription with its last error (`ParkDelivery`), so that the
   outbox can still be trimmed past it. At most `PARKED_MAX` are kept per
   subscription; beyond that the oldest copy is dropped and counted.
+- A subscription may have a broker `sink` (docs/relays.md; else it is a
+  webhook), a `tenants` filter and a `key_field` (since cluster version 10,
+  encoded only when set, so that older states keep their bytes).
 - `RetryParked` (an operator action) marks every parked event for one more
   round of delivery; `AckParked` removes one that then arrived, and a new
   `ParkDelivery` of it parks it again with the new error.
@@ -28,10 +31,20 @@ from raftsched.core.events.commands import (
     ParkDelivery,
     RetryParked,
 )
+from raftsched.core.events.sinks import (
+    Sink,
+    check_key_field,
+    check_sink,
+    check_tenants,
+    decode_sink,
+    encode_sink,
+)
+from raftsched.core.kernel.codec import CodecError
 from raftsched.core.kernel.feature import Context
 from raftsched.core.kernel.outbox import (
     EVENT_TYPE_CHARS_MAX,
     OutboxEvent,
+    decode_data,
     events_after,
     last_seq,
     outbox,
@@ -85,6 +98,9 @@ class Subscription:
         "cursor",
         "parked",
         "parked_dropped",
+        "sink",
+        "tenants",
+        "key_field",
     )
 
     def __init__(
@@ -95,6 +111,9 @@ class Subscription:
         secret: str,
         created_at_ms: int,
         cursor: int,
+        sink: Sink | None = None,
+        tenants: tuple[str, ...] | None = None,
+        key_field: str | None = None,
     ) -> None:
         self.id = id
         self.url = url
@@ -104,9 +123,24 @@ class Subscription:
         self.cursor = cursor
         self.parked: dict[int, Parked] = {}
         self.parked_dropped = 0
+        self.sink = sink
+        self.tenants = tenants
+        self.key_field = key_field
 
     def matches(self, event_type: str) -> bool:
         return type_matches(frozenset(self.types), event_type)
+
+    def later_fields(self) -> tuple[Sink | None, tuple[str, ...] | None, str | None]:
+        """What cluster version 10 added: (sink, tenants, key_field)."""
+        return (self.sink, self.tenants, self.key_field)
+
+    def takes_tenant_of(self, event: OutboxEvent) -> bool:
+        """Whether the `tenants` filter lets `event` through (an event
+        without a tenant only when there is no filter)."""
+        if not self.tenants:
+            return True
+        tenant = decode_data(event).get("tenant")
+        return tenant in self.tenants
 
 
 def subscriptions(state: State) -> dict[str, Subscription]:
@@ -134,6 +168,16 @@ def _find(state: State, subscription_id: str) -> Subscription | Rejected:
 
 
 def _check_create(command: CreateSubscription | CopySubscription) -> Rejected | None:
+    rejected = check_tenants(command.tenants) or check_key_field(command.key_field)
+    if rejected is not None:
+        return rejected
+    if command.sink is not None:
+        rejected = check_sink(command.sink)
+        if rejected is not None:
+            return rejected
+        if command.url != "" or command.secret != "":
+            return invalid("url", "a broker sink's subscription has no webhook url or secret")
+        return _check_types(command) or check_name(command.subscription_id, "subscription_id")
     url = command.url
     if (
         type(url) is not str
@@ -141,6 +185,14 @@ def _check_create(command: CreateSubscription | CopySubscription) -> Rejected | 
         or not url.startswith(("http://", "https://"))
     ):
         return invalid("url", "url must be an http:// or https:// URL")
+    return (
+        _check_types(command)
+        or check_name(command.subscription_id, "subscription_id")
+        or check_name(command.secret, "secret", SECRET_CHARS_MAX)
+    )
+
+
+def _check_types(command: CreateSubscription | CopySubscription) -> Rejected | None:
     types = command.types
     if type(types) is not tuple or len(types) > TYPES_MAX:
         return invalid("types", f"types must be at most {TYPES_MAX} event types")
@@ -148,9 +200,15 @@ def _check_create(command: CreateSubscription | CopySubscription) -> Rejected | 
         rejected = check_name(event_type, "types", EVENT_TYPE_CHARS_MAX)
         if rejected is not None:
             return rejected
-    return check_name(command.subscription_id, "subscription_id") or check_name(
-        command.secret, "secret", SECRET_CHARS_MAX
-    )
+    return None
+
+
+def _later_fields(
+    command: CreateSubscription | CopySubscription,
+) -> tuple[Sink | None, tuple[str, ...] | None, str | None]:
+    """The command's version-10 fields as a subscription keeps them (an
+    empty tenants filter is none)."""
+    return (command.sink, command.tenants or None, command.key_field)
 
 
 def apply_create_subscription(
@@ -163,10 +221,11 @@ def apply_create_subscription(
     table = subscriptions(state)
     existing = table.get(command.subscription_id)
     if existing is not None:
-        if (existing.url, existing.types, existing.secret) == (
+        if (existing.url, existing.types, existing.secret, existing.later_fields()) == (
             command.url,
             command.types,
             command.secret,
+            _later_fields(command),
         ):
             return SubscriptionCreated(existing.id, False, existing.cursor)
         return Rejected(
@@ -184,6 +243,7 @@ def apply_create_subscription(
         command.secret,
         state.now_ms,
         cursor,
+        *_later_fields(command),
     )
     _undo(savepoint, lambda: table.pop(command.subscription_id, None))
     return SubscriptionCreated(command.subscription_id, True, cursor)
@@ -203,11 +263,18 @@ def apply_copy_subscription(
     table = subscriptions(state)
     existing = table.get(command.subscription_id)
     if existing is not None:
-        same = (existing.url, existing.types, existing.secret, existing.created_at_ms) == (
+        same = (
+            existing.url,
+            existing.types,
+            existing.secret,
+            existing.created_at_ms,
+            existing.later_fields(),
+        ) == (
             command.url,
             tuple(sorted(set(command.types))),
             command.secret,
             command.created_at_ms,
+            _later_fields(command),
         )
         if same:
             return SubscriptionCreated(existing.id, False, existing.cursor)
@@ -231,6 +298,7 @@ def apply_copy_subscription(
         command.secret,
         command.created_at_ms,
         cursor,
+        *_later_fields(command),
     )
     _undo(context.savepoint, lambda: table.pop(command.subscription_id, None))
     return SubscriptionCreated(command.subscription_id, True, cursor)
@@ -341,8 +409,20 @@ def apply_ack_parked(state: State, command: AckParked, context: Context) -> Ack 
 
 
 def pending_events(state: State, subscription: Subscription, limit: int) -> list[OutboxEvent]:
-    """Matching events after the cursor, oldest first."""
-    return events_after(state, subscription.cursor, subscription.types or None, limit)
+    """Matching events after the cursor, oldest first (of its types, and of
+    its tenants when it names some)."""
+    types = subscription.types or None
+    if not subscription.tenants:
+        return events_after(state, subscription.cursor, types, limit)
+    found: list[OutboxEvent] = []
+    after = subscription.cursor
+    while len(found) < limit:
+        page = events_after(state, after, types, limit)
+        if not page:
+            break
+        found.extend(event for event in page if subscription.takes_tenant_of(event))
+        after = page[-1].seq
+    return found[:limit]
 
 
 def oldest_undelivered_at_ms(state: State, subscription: Subscription) -> int | None:
@@ -374,28 +454,47 @@ def check(state: State) -> list[str]:
 
 
 def _encode(state: State) -> Any:
-    return [
+    return [_encode_one(sub) for sub in subscriptions(state).values()]
+
+
+def _encode_one(sub: Subscription) -> list[Any]:
+    row = [
+        sub.id,
+        sub.url,
+        list(sub.types),
+        sub.secret,
+        sub.created_at_ms,
+        sub.cursor,
+        sub.parked_dropped,
         [
-            sub.id,
-            sub.url,
-            list(sub.types),
-            sub.secret,
-            sub.created_at_ms,
-            sub.cursor,
-            sub.parked_dropped,
-            [
-                [list(item.event), item.attempts, item.error, item.parked_at_ms, item.retry]
-                for item in sub.parked.values()
-            ],
-        ]
-        for sub in subscriptions(state).values()
+            [list(item.event), item.attempts, item.error, item.parked_at_ms, item.retry]
+            for item in sub.parked.values()
+        ],
     ]
+    if sub.later_fields() != (None, None, None):  # since version 10; else as before
+        tenants = None if sub.tenants is None else list(sub.tenants)
+        row.append([encode_sink(sub.sink), tenants, sub.key_field])
+    return row
 
 
 def _decode(state: State, rows: Any) -> None:
     table: dict[str, Subscription] = {}
-    for sub_id, url, types, secret, created_at_ms, cursor, dropped, parked in rows:
-        sub = Subscription(sub_id, url, tuple(types), secret, created_at_ms, cursor)
+    for row in rows:
+        if len(row) not in (8, 9):
+            raise CodecError("a subscription has 8 or 9 fields")
+        sub_id, url, types, secret, created_at_ms, cursor, dropped, parked = row[:8]
+        sink, tenants, key_field = row[8] if len(row) == 9 else (None, None, None)
+        sub = Subscription(
+            sub_id,
+            url,
+            tuple(types),
+            secret,
+            created_at_ms,
+            cursor,
+            decode_sink(sink),
+            None if tenants is None else tuple(tenants),
+            key_field,
+        )
         sub.parked_dropped = dropped
         for event, attempts, error, parked_at_ms, retry in parked:
             stored = OutboxEvent(*event)

@@ -1,0 +1,108 @@
+"""A real Redis server for the relay tests: Debian's `redis-server` on a free
+loopback port with a directory of its own, its stream kept in an
+append-only file synced at every write, so that a stop and a restart keep
+every entry it confirmed. Stopped (and waited for) at the end."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class RedisServer:
+    def __init__(self, binary: str, root: Path, password: str) -> None:
+        self.binary = binary
+        self.root = root
+        self.password = password
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        # Commands counted by the servers stopped so far (INFO commandstats
+        # starts again at every start).
+        self._calls_before: dict[str, int] = {}
+        root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        assert self.process is None
+        log = open(self.root / "redis.log", "ab")  # noqa: SIM115 - the child keeps it
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--dir", str(self.root),
+                "--requirepass", self.password,
+                "--appendonly", "yes",
+                "--appendfsync", "always",
+                "--save", "",
+                "--daemonize", "no",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        log.close()
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if self.client().ping():
+                    return
+            except redis.exceptions.RedisError:
+                pass
+            assert self.process.poll() is None, "redis-server exited; see redis.log"
+            assert time.monotonic() < deadline, "redis-server did not answer"
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM: Redis syncs its append-only file and exits."""
+        if self.process is None:
+            return
+        try:
+            # Writes (the relay's scripts) wait from here, so that the counts
+            # read are the server's last.
+            self.client().execute_command("CLIENT", "PAUSE", "30000", "WRITE")
+            for name, calls in self._calls_now().items():
+                self._calls_before[name] = self._calls_before.get(name, 0) + calls
+        except redis.exceptions.RedisError:
+            pass
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=5)
+        self.process = None
+
+    def restart(self, down_s: float) -> None:
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+        self.restarts += 1
+
+    def calls(self, command: str) -> int:
+        """How many times `command` ran (scripts' commands too), over restarts."""
+        return self._calls_before.get(command, 0) + self._calls_now().get(command, 0)
+
+    def _calls_now(self) -> dict[str, int]:
+        stats = self.client().info("commandstats")
+        return {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
+
+    def client(self) -> Any:
+        return redis.Redis(
+            host="127.0.0.1", port=self.port, password=self.password, socket_timeout=5
+        )
