@@ -96,3 +96,38 @@ def purged_by_now(expected: dict[str, Any]) -> bool:
     `retention_ms` after they finished. An hour of margin either side."""
     now_ms = time.time() * 1000
     return bool(now_ms > expected["state_now_ms"] + expected["retention_ms"] - 3_600_000)
+
+
+def check_recorded_objects(url: str, found: dict[str, Any]) -> None:
+    """The recorded jobs, effects, schedules (and their occurrences),
+    workflows, tenants and queues, each answered by `url` as the old
+    release rendered it (the keys above; other fields may be new)."""
+    for job_id, old in found["jobs"].items():
+        status, body = get(url, f"/v1/jobs/{job_id}")
+        assert status == 200, (job_id, body)
+        check_same(f"job {job_id}", old, body["job"], JOB_KEYS)
+    for key, old in found["effects"].items():
+        status, body = get(url, f"/v1/effects/{key}")
+        assert status == 200, (key, body)
+        assert body["effect"] == old
+    for schedule_id, old in found["schedules"].items():
+        status, body = get(url, f"/v1/schedules/{schedule_id}")
+        assert status == 200, (schedule_id, body)
+        check_same(f"schedule {schedule_id}", old, body["schedule"], SCHEDULE_KEYS)
+    for schedule_id, old in found["occurrences"].items():
+        status, body = get(url, f"/v1/schedules/{schedule_id}/occurrences?limit=100")
+        assert status == 200, (schedule_id, body)
+        assert body["occurrences"] == old
+    for workflow_id, old in found["workflows"].items():
+        status, body = get(url, f"/v1/workflows/{workflow_id}")
+        assert status == 200, (workflow_id, body)
+        check_same(f"workflow {workflow_id}", old, body["workflow"], WORKFLOW_KEYS)
+        assert as_before(body["workflow"]["steps"], old["steps"]) == old["steps"]
+    for name, old in found["tenants"].items():
+        status, body = get(url, f"/v1/tenants/{name}")
+        assert status == 200, (name, body)
+        check_same(f"tenant {name}", old, body["tenant"], TENANT_KEYS)
+    for name, old in found["queues"].items():
+        status, body = get(url, f"/v1/queues/{name}")
+        assert status == 200, (name, body)
+        check_same(f"queue {name}", old, body["queue"], QUEUE_KEYS)

@@ -28,13 +28,10 @@ import pytest
 from datadir_support import (
     FINAL_JOB_STATUSES,
     FINAL_WORKFLOW_STATUSES,
-    JOB_KEYS,
     QUEUE_KEYS,
-    SCHEDULE_KEYS,
     SUBSCRIPTION_KEYS,
     TENANT_KEYS,
-    WORKFLOW_KEYS,
-    as_before,
+    check_recorded_objects,
     check_same,
     get,
     golden,
@@ -115,35 +112,7 @@ def restart_alone(cluster: LocalCluster, node_id: str, expected: dict[str, Any])
 
 def check_found(url: str, found: dict[str, Any]) -> None:
     """Every recorded object, read from one replica that applied nothing new."""
-    for job_id, old in found["jobs"].items():
-        status, body = get(url, f"/v1/jobs/{job_id}")
-        assert status == 200, (job_id, body)
-        check_same(f"job {job_id}", old, body["job"], JOB_KEYS)
-    for key, old in found["effects"].items():
-        status, body = get(url, f"/v1/effects/{key}")
-        assert status == 200, (key, body)
-        assert body["effect"] == old
-    for schedule_id, old in found["schedules"].items():
-        status, body = get(url, f"/v1/schedules/{schedule_id}")
-        assert status == 200, (schedule_id, body)
-        check_same(f"schedule {schedule_id}", old, body["schedule"], SCHEDULE_KEYS)
-    for schedule_id, old in found["occurrences"].items():
-        status, body = get(url, f"/v1/schedules/{schedule_id}/occurrences?limit=100")
-        assert status == 200, (schedule_id, body)
-        assert body["occurrences"] == old
-    for workflow_id, old in found["workflows"].items():
-        status, body = get(url, f"/v1/workflows/{workflow_id}")
-        assert status == 200, (workflow_id, body)
-        check_same(f"workflow {workflow_id}", old, body["workflow"], WORKFLOW_KEYS)
-        assert as_before(body["workflow"]["steps"], old["steps"]) == old["steps"]
-    for name, old in found["tenants"].items():
-        status, body = get(url, f"/v1/tenants/{name}")
-        assert status == 200, (name, body)
-        check_same(f"tenant {name}", old, body["tenant"], TENANT_KEYS)
-    for name, old in found["queues"].items():
-        status, body = get(url, f"/v1/queues/{name}")
-        assert status == 200, (name, body)
-        check_same(f"queue {name}", old, body["queue"], QUEUE_KEYS)
+    check_recorded_objects(url, found)
     for subscription_id, old in found["subscriptions"].items():
         status, body = get(url, f"/v1/subscriptions/{subscription_id}")
         assert status == 200, (subscription_id, body)
