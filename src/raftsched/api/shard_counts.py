@@ -332,9 +332,10 @@ async def ask_every(
     )
 
 
-async def _every(
+async def every_shard(
     router: ShardRouter, request: web.Request, handler: Handler
 ) -> list[tuple[int, dict[str, Any]]]:
+    """Each shard's answer to the request's own path and query (`ask_every`)."""
     path = str(request.rel_url)
     return await ask_every(router, request, handler, dict.fromkeys(range(router.count), path), {})
 
@@ -342,7 +343,7 @@ async def _every(
 async def _queues(
     router: ShardRouter, request: web.Request, handler: Handler
 ) -> web.StreamResponse:
-    answers = await _every(router, request, handler)
+    answers = await every_shard(router, request, handler)
     refused = failed(answers)
     if refused is not None:
         return refused
@@ -351,7 +352,7 @@ async def _queues(
 
 
 async def _queue(router: ShardRouter, request: web.Request, handler: Handler) -> web.StreamResponse:
-    answers = await _every(router, request, handler)
+    answers = await every_shard(router, request, handler)
     refused = failed(answers, frozenset({404}))
     if refused is not None:
         return refused
@@ -364,7 +365,7 @@ async def _queue(router: ShardRouter, request: web.Request, handler: Handler) ->
 async def _tenants(
     router: ShardRouter, request: web.Request, handler: Handler
 ) -> web.StreamResponse:
-    answers = await _every(router, request, handler)
+    answers = await every_shard(router, request, handler)
     refused = failed(answers)
     if refused is not None:
         return refused
@@ -375,7 +376,7 @@ async def _tenants(
 async def _tenant(
     router: ShardRouter, request: web.Request, handler: Handler
 ) -> web.StreamResponse:
-    answers = await _every(router, request, handler)
+    answers = await every_shard(router, request, handler)
     refused = failed(answers)
     if refused is not None:
         return refused
@@ -385,7 +386,7 @@ async def _tenant(
 async def _reconciliation(
     router: ShardRouter, request: web.Request, handler: Handler
 ) -> web.StreamResponse:
-    answers = await _every(router, request, handler)
+    answers = await every_shard(router, request, handler)
     refused = failed(answers)
     if refused is not None:
         return refused

@@ -41,7 +41,7 @@ from aiohttp import web
 
 from raftsched.api.jsonbody import json_response
 from raftsched.api.requests import Handler
-from raftsched.api.shard_counts import ask_every, failed
+from raftsched.api.shard_counts import every_shard, failed
 from raftsched.shard_merge import START, Page, Position, format_cursor, merge
 from raftsched.shards import event_id
 
@@ -184,18 +184,11 @@ def _copies(answers: Answers, field: str) -> dict[int, Any]:
 # -- gathering ---------------------------------------------------------------------------
 
 
-async def _every_shard(
-    router: ShardRouter, request: web.Request, handler: Handler
-) -> list[tuple[int, dict[str, Any]]]:
-    path = str(request.rel_url)
-    return await ask_every(router, request, handler, dict.fromkeys(range(router.count), path), {})
-
-
 async def gather_subscriptions(
     router: ShardRouter, request: web.Request, handler: Handler
 ) -> web.StreamResponse:
     """`GET /v1/subscriptions` of every shard."""
-    answers = await _every_shard(router, request, handler)
+    answers = await every_shard(router, request, handler)
     failure = refused(answers)
     if failure is not None:
         return failure
@@ -207,7 +200,7 @@ async def gather_subscription(
     router: ShardRouter, request: web.Request, handler: Handler
 ) -> web.StreamResponse:
     """`GET /v1/subscriptions/{id}` of every shard."""
-    answers = await _every_shard(router, request, handler)
+    answers = await every_shard(router, request, handler)
     failure = refused(answers)
     if failure is not None:
         return failure
