@@ -266,9 +266,14 @@ def _effective(schema: dict[str, Any], base: Any) -> tuple[dict[str, Any], bool]
     """The schema a value is checked against, and whether null is allowed."""
     schema = _deref(schema)
     nullable = False
-    branches = schema.get("oneOf") or schema.get("anyOf")
-    if branches:
-        resolved = [_deref(branch) for branch in branches]
+    branches = [_deref(branch) for branch in schema.get("oneOf") or schema.get("anyOf") or ()]
+    if branches and not any("type" in branch or "properties" in branch for branch in branches):
+        # Branches that only require or forbid fields (a webhook's `url` and
+        # `secret`, or a broker's `sink`): the base's branch, without the
+        # fields it forbids.
+        schema = _without_forbidden(schema, branches, base)
+    elif branches:
+        resolved = branches
         nullable = any(branch.get("type") == "null" for branch in resolved)
         resolved = [branch for branch in resolved if branch.get("type") != "null"]
         if len(resolved) > 1:  # a discriminated union: the branch of the base value
@@ -284,6 +289,21 @@ def _effective(schema: dict[str, Any], base: Any) -> tuple[dict[str, Any], bool]
     if isinstance(types, list) and "null" in types:
         nullable = True
     return schema, nullable
+
+
+def _without_forbidden(
+    schema: dict[str, Any], branches: list[dict[str, Any]], base: Any
+) -> dict[str, Any]:
+    """`schema` without the properties that the branch `base` is in forbids
+    (`not: {required}` or `not: {anyOf: [{required}]}`)."""
+    given = base if isinstance(base, dict) else {}
+    (branch,) = [b for b in branches if all(name in given for name in b.get("required", ()))]
+    ruled_out = branch.get("not", {})
+    forbidden = set(ruled_out.get("required", ()))
+    for each in ruled_out.get("anyOf", ()):
+        forbidden |= set(each.get("required", ()))
+    properties = schema.get("properties", {})
+    return {**schema, "properties": {k: v for k, v in properties.items() if k not in forbidden}}
 
 
 def _types(schema: dict[str, Any]) -> set[str]:
@@ -522,7 +542,17 @@ def _bases(live: Live) -> dict[tuple[str, str], list[tuple[dict[str, str], Any]]
                     "types": ["schedule.missed"],
                     "secret": "not-a-real-secret",
                 },
-            )
+            ),
+            # A broker relay's subscription (docs/relays.md): its sink's fields.
+            (
+                {},
+                {
+                    "id": "bad-input-relay",
+                    "sink": {"kind": "redis", "url": "redis://127.0.0.1:9/0", "stream": "bad"},
+                    "tenants": ["bad-input-tenant"],
+                    "key_field": "payment_id",
+                },
+            ),
         ],
         ("PUT", "/v1/queues/{name}"): [
             (

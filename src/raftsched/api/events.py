@@ -261,7 +261,7 @@ def _sink(raw: object) -> Sink | None:
         if set(raw) != {"kind"}:
             raise invalid("sink", "a webhook sink has only its kind (url and secret are top-level)")
         return None
-    if kind not in SINK_OPTIONS:
+    if not isinstance(kind, str) or kind not in SINK_OPTIONS:
         raise invalid("sink.kind", f"must be one of webhook, {', '.join(SINK_KINDS)}")
     options = {name: value for name, value in raw.items() if name != "kind"}
     for name, value in options.items():
