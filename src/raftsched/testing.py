@@ -71,8 +71,26 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
 # up), never from the kernel's `bind(0)`: a port in that range can be taken
 # by any outgoing connection while its node is down for a restart, and the
 # node then fails to bind it ("address already in use").
-_TEST_PORTS = range(20_000, 32_000)
+_ALL_TEST_PORTS = range(20_000, 32_000)
 _handed_out: set[int] = set()
+
+
+def _share_of_ports() -> range:
+    """This process's share of the test ports. The processes of one
+    pytest-xdist run (`make test`) each draw from a slice of their own:
+    `_handed_out` is per process, and a port one of them handed out (its
+    node down for a restart, say) must not be handed out by another."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return _ALL_TEST_PORTS
+    index, workers = int(worker[2:]), max(1, int(count))
+    width = len(_ALL_TEST_PORTS) // workers
+    start = _ALL_TEST_PORTS.start + (index % workers) * width
+    return range(start, start + width)
+
+
+_TEST_PORTS = _share_of_ports()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
