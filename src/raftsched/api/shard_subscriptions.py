@@ -34,7 +34,7 @@ as before.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
@@ -47,6 +47,8 @@ from raftsched.shards import event_id
 
 if TYPE_CHECKING:
     from raftsched.api.shard_routing import ShardRouter
+
+    Gather = Callable[[ShardRouter, web.Request, Handler], Awaitable[web.StreamResponse]]
 
 Answers = Sequence[tuple[int, dict[str, Any]]]
 
@@ -184,28 +186,20 @@ def _copies(answers: Answers, field: str) -> dict[int, Any]:
 # -- gathering ---------------------------------------------------------------------------
 
 
-async def gather_subscriptions(
-    router: ShardRouter, request: web.Request, handler: Handler
-) -> web.StreamResponse:
-    """`GET /v1/subscriptions` of every shard."""
-    answers = await every_shard(router, request, handler)
-    failure = refused(answers)
-    if failure is not None:
-        return failure
-    lists = _copies(answers, "subscriptions")
-    return json_response({"subscriptions": merge_subscriptions(lists, router.count)})
+def _gathering(key: str, merge: Callable[[dict[int, Any], int], Any]) -> Gather:
+    """A read of every shard's copy (`key` of each answer), merged by `merge`;
+    a shard's refusal is the answer (`refused`)."""
 
+    async def gather(
+        router: ShardRouter, request: web.Request, handler: Handler
+    ) -> web.StreamResponse:
+        answers = await every_shard(router, request, handler)
+        failure = refused(answers)
+        if failure is not None:
+            return failure
+        return json_response({key: merge(_copies(answers, key), router.count)})
 
-async def gather_subscription(
-    router: ShardRouter, request: web.Request, handler: Handler
-) -> web.StreamResponse:
-    """`GET /v1/subscriptions/{id}` of every shard."""
-    answers = await every_shard(router, request, handler)
-    failure = refused(answers)
-    if failure is not None:
-        return failure
-    parts = _copies(answers, "subscription")
-    return json_response({"subscription": merge_subscription(parts, router.count)})
+    return gather
 
 
 async def retry_every_shard(
@@ -234,6 +228,6 @@ async def retry_every_shard(
 
 
 GATHERED: Final = {
-    "/v1/subscriptions": gather_subscriptions,
-    "/v1/subscriptions/{subscription_id}": gather_subscription,
+    "/v1/subscriptions": _gathering("subscriptions", merge_subscriptions),
+    "/v1/subscriptions/{subscription_id}": _gathering("subscription", merge_subscription),
 }
