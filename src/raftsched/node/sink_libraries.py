@@ -8,7 +8,11 @@ from importlib.util import find_spec
 from typing import Final
 
 # sink kind -> (the module its relay imports, the extra that installs it)
-SINK_LIBRARIES: Final = {"redis": ("redis", "redis")}
+SINK_LIBRARIES: Final = {
+    "nats": ("nats", "nats"),
+    "rabbitmq": ("aio_pika", "rabbitmq"),
+    "redis": ("redis", "redis"),
+}
 
 
 def missing_extra(kind: str) -> str | None:

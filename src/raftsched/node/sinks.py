@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol
 
 import msgpack
 
-from raftsched.core.events.sinks import REDIS, Sink
+from raftsched.core.events.sinks import NATS, RABBITMQ, REDIS, Sink
 from raftsched.core.kernel.outbox import OutboxEvent, decode_data
 from raftsched.core.kernel.state import State
 
@@ -124,6 +124,14 @@ def _payload_field(payload: bytes | None, name: str) -> str | None:
 def open_sink(sink: Sink, timeout_s: float, dedup_window_s: int) -> BrokerSink:
     if sink.kind == REDIS:
         return RedisStreamSink(sink, timeout_s, dedup_window_s)
+    if sink.kind == NATS:
+        from raftsched.node.sink_nats import JetStreamSink  # the `nats` extra
+
+        return JetStreamSink(sink, timeout_s, dedup_window_s)
+    if sink.kind == RABBITMQ:
+        from raftsched.node.sink_rabbitmq import RabbitMQSink  # the `rabbitmq` extra
+
+        return RabbitMQSink(sink, timeout_s, dedup_window_s)
     raise ValueError(f"no relay for {sink.kind} sinks")
 
 

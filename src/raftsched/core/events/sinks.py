@@ -27,6 +27,8 @@ SINK_VERSION: Final = 10
 """The cluster version that added broker sinks, and a subscription's
 `tenants` and `key_field`."""
 
+NATS: Final = "nats"
+RABBITMQ: Final = "rabbitmq"
 REDIS: Final = "redis"
 SINK_URL_CHARS_MAX: Final = 2_000
 SINK_NAME_CHARS_MAX: Final = 256
@@ -46,9 +48,20 @@ class OptionRule:
     schemes: tuple[str, ...] = ()
 
 
-# kind -> option name -> rule. NATS (`servers`, `subject`) and RabbitMQ
-# (`url`, `exchange`, `routing_key`) slot in here.
+# kind -> option name -> rule. A NATS `url` may list several servers of one
+# cluster, comma-separated (`nats://a:4222,nats://b:4222`). A RabbitMQ sink
+# without `exchange` publishes to the default exchange (the routing key names
+# the queue).
 SINK_OPTIONS: Final[dict[str, dict[str, OptionRule]]] = {
+    NATS: {
+        "url": OptionRule(str, True, SINK_URL_CHARS_MAX, ("nats://", "tls://")),
+        "subject": OptionRule(str, True, SINK_NAME_CHARS_MAX),
+    },
+    RABBITMQ: {
+        "url": OptionRule(str, True, SINK_URL_CHARS_MAX, ("amqp://", "amqps://")),
+        "exchange": OptionRule(str, False, SINK_NAME_CHARS_MAX),
+        "routing_key": OptionRule(str, True, SINK_NAME_CHARS_MAX),
+    },
     REDIS: {
         "url": OptionRule(str, True, SINK_URL_CHARS_MAX, ("redis://", "rediss://")),
         "stream": OptionRule(str, True, SINK_NAME_CHARS_MAX),
@@ -139,7 +152,10 @@ def check_key_field(key_field: object) -> Rejected | None:
 
 
 def redacted_url(url: str) -> str:
-    """`url` with its password (if any) replaced by `***`."""
+    """`url` with its password (if any) replaced by `***`; a comma-separated
+    list of URLs (a NATS cluster's servers) each so."""
+    if "," in url:
+        return ",".join(redacted_url(part) for part in url.split(","))
     try:
         parts = urlsplit(url)
     except ValueError:
