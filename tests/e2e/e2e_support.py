@@ -11,7 +11,7 @@ import signal
 import subprocess
 import threading
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from raftsched.testing import LocalCluster
+from raftsched.testing import ExpectedLogError, LocalCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,11 +32,15 @@ def cluster_env() -> dict[str, str]:
 
 @contextmanager
 def sharded_cluster(
-    root: Path, shards: int, env: Mapping[str, str] | None = None
+    root: Path,
+    shards: int,
+    env: Mapping[str, str] | None = None,
+    expected: Iterable[ExpectedLogError] = (),
 ) -> Iterator[LocalCluster]:
     """A running 3-node cluster of `shards` data shards (docs/shards.md),
     every shard led and recorded, authentication on; stopped afterwards,
-    and then its logs must hold no error line a test did not expect.
+    and then its logs must hold no error line a test did not expect
+    (`expected`: the lines it causes on purpose).
     `root` must be short: each shard's Unix socket path fits in 107 bytes."""
     cluster = LocalCluster(root, size=3, env={**cluster_env(), **(env or {})}, shards=shards)
     cluster.start()
@@ -47,7 +51,7 @@ def sharded_cluster(
         yield cluster
     finally:
         cluster.stop()
-    errors = cluster.unexpected_log_errors()
+    errors = cluster.unexpected_log_errors(expected)
     assert not errors, "\n".join(error.describe() for error in errors)
 
 

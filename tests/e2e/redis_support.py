@@ -1,32 +1,40 @@
 """A real Redis server for the relay tests: Debian's `redis-server` on a free
-loopback port with a directory of its own, its stream kept in an
-append-only file synced at every write, so that a stop and a restart keep
-every entry it confirmed. Stopped (and waited for) at the end."""
+loopback port (or in a network namespace of its own) with a directory of its
+own, its stream kept in an append-only file synced at every write, so that a
+stop and a restart keep every entry it confirmed. Stopped (and waited for)
+at the end. The driver shape every broker shares is in broker_support.py."""
 
 from __future__ import annotations
 
-import socket
+import json
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import redis
+from broker_support import Received, free_port, netns_argv
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+PORT_IN_NAMESPACE = 6379
 
 
 class RedisServer:
-    def __init__(self, binary: str, root: Path, password: str) -> None:
+    kind = "redis"
+
+    def __init__(
+        self,
+        binary: str,
+        root: Path,
+        password: str,
+        host: str = "127.0.0.1",
+        netns: str | None = None,
+    ) -> None:
         self.binary = binary
         self.root = root
         self.password = password
-        self.port = free_port()
+        self.host = host
+        self.netns = netns
+        self.port = free_port() if netns is None else PORT_IN_NAMESPACE
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         # Commands counted by the servers stopped so far (INFO commandstats
@@ -36,23 +44,58 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@{self.host}:{self.port}/0"
+
+    def sink(self, destination: str) -> dict[str, Any]:
+        return {"kind": "redis", "url": self.url, "stream": destination, "maxlen": 1_000_000}
+
+    def prepare(self, destination: str) -> None:
+        """Nothing: `XADD` makes the stream."""
+
+    def received(self, destination: str) -> list[Received]:
+        rows = []
+        for _, fields in self.client().xrange(destination):
+            entry = {name.decode(): value.decode() for name, value in fields.items()}
+            rows.append(
+                Received(
+                    entry["id"],
+                    entry["type"],
+                    int(entry["seq"]),
+                    entry["tenant"],
+                    entry["key"],
+                    int(entry["shard"]),
+                    json.loads(entry["data"]),
+                )
+            )
+        return rows
+
+    def refuse(self, destination: str) -> None:
+        """A key of the wrong type: `XADD` answers WRONGTYPE."""
+        self.client().set(destination, "a string, not a stream")
+
+    def accept(self, destination: str) -> None:
+        self.client().delete(destination)
+
+    def dropped_repeats(self) -> int:
+        """Every message the relay sent ran one GET of its dedup key in the
+        script, and one XADD unless the window dropped it."""
+        return self.calls("get") - self.calls("xadd")
 
     def start(self) -> None:
         assert self.process is None
         log = open(self.root / "redis.log", "ab")  # noqa: SIM115 - the child keeps it
         self.process = subprocess.Popen(
-            [
+            netns_argv(self.netns, [
                 self.binary,
                 "--port", str(self.port),
-                "--bind", "127.0.0.1",
+                "--bind", self.host,
                 "--dir", str(self.root),
                 "--requirepass", self.password,
                 "--appendonly", "yes",
                 "--appendfsync", "always",
                 "--save", "",
                 "--daemonize", "no",
-            ],
+            ]),
             stdout=log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip
@@ -103,6 +146,4 @@ class RedisServer:
         return {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
 
     def client(self) -> Any:
-        return redis.Redis(
-            host="127.0.0.1", port=self.port, password=self.password, socket_timeout=5
-        )
+        return redis.Redis(host=self.host, port=self.port, password=self.password, socket_timeout=5)
