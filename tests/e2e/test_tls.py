@@ -215,6 +215,17 @@ def test_mutual_tls_refuses_a_client_without_a_certificate(mutual_cluster: Local
     with Client([url], **tls.client_options(), retry_budget_s=30) as client:
         job = client.submit("mtls", {"n": 1})
         assert client.get_job(job["id"])["id"] == job["id"]
+    # The files named by the environment, as the CLI reads them.
+    files = tls.client_options()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAFTSCHED_CA_FILE", str(files["ca_file"]))
+        env.setenv("RAFTSCHED_CLIENT_CERT", str(files["client_cert"]))
+        env.setenv("RAFTSCHED_CLIENT_KEY", str(files["client_key"]))
+        with Client([url], retry_budget_s=30) as client:
+            assert client.get_job(job["id"])["id"] == job["id"]
+        unset = Client([url], client_cert="", client_key="", retry_budget_s=1)
+        with unset, pytest.raises(TransportError):  # "" turns the certificate off
+            unset.request("GET", "/v1/cluster")
     assert wait_for(lambda: peers_heard_over_https(mutual_cluster), 15)
 
 

@@ -195,3 +195,27 @@ def test_files_that_do_not_load_are_configuration_errors(tmp_path: Path) -> None
         client_ssl_context(ca_file, client_key=client_key)
     assert client_ssl_context() is None
     assert client_ssl_context(client_cert=client_cert, client_key=client_key) is not None
+
+
+def test_the_client_context_takes_the_files_the_environment_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node, ca_file, client_cert, client_key = node_config(tmp_path, mutual=True)
+    server = tls.server_context(node)
+    assert server is not None
+    monkeypatch.setenv("RAFTSCHED_CA_FILE", str(ca_file))
+    monkeypatch.setenv("RAFTSCHED_CLIENT_CERT", str(client_cert))
+    monkeypatch.setenv("RAFTSCHED_CLIENT_KEY", str(client_key))
+    from_env = client_ssl_context()
+    assert from_env is not None
+    assert handshake(server, from_env, "127.0.0.1").getpeercert() is not None
+    # "" turns a file off; a file given wins over the environment's.
+    anonymous = client_ssl_context(client_cert="", client_key="")
+    assert anonymous is not None
+    with pytest.raises(ssl.SSLError, match="CERTIFICATE_REQUIRED|PEER_DID_NOT_RETURN"):
+        handshake(server, anonymous, "127.0.0.1")
+    with pytest.raises(ValueError, match="cannot load TLS files"):
+        client_ssl_context(ca_file=tmp_path / "missing.pem")
+    monkeypatch.setenv("RAFTSCHED_CLIENT_KEY", "")
+    with pytest.raises(ValueError, match="cannot load TLS files"):
+        client_ssl_context()  # the certificate without its key does not load
