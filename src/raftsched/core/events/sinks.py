@@ -69,6 +69,8 @@ SINK_OPTIONS: Final[dict[str, dict[str, OptionRule]]] = {
     },
 }
 SINK_KINDS: Final = tuple(sorted(SINK_OPTIONS))
+# The option that names where a kind's messages go (may hold PLACEHOLDERS).
+DESTINATION_OPTION: Final = {NATS: "subject", RABBITMQ: "routing_key", REDIS: "stream"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,11 @@ class Sink:
 
     def option(self, name: str) -> Any:
         return dict(self.options).get(name)
+
+    @property
+    def destination(self) -> str:
+        """The stream, subject or routing key template."""
+        return str(self.option(DESTINATION_OPTION[self.kind]))
 
 
 def make_sink(kind: str, options: dict[str, str | int]) -> Sink:
