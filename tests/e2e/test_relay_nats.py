@@ -228,3 +228,48 @@ def test_every_committed_event_reaches_jetstream_through_kills_and_a_server_rest
     for key, order in keys.items():
         assert order == sorted(order), f"key {key} out of order: {order}"
     assert_no_secrets_in_logs(cluster, {"nats password": broker.password})
+
+
+@pytest.mark.slow
+def test_a_message_no_stream_takes_is_parked_then_arrives_when_retried(
+    relay_cluster: LocalCluster, nats_server: NatsServer
+) -> None:
+    """JetStream's "no stream captures the subject" is a refusal: parked after
+    `max_attempts`, with the reason; once a stream takes the subject again,
+    the operator's retry publishes it."""
+    cluster, broker = relay_cluster, nats_server
+    destination = "refused.events"
+    broker.prepare(destination)
+    broker.refuse(destination)
+    with Client(cluster.urls, timeout_s=10, retry_budget_s=30) as client:
+        _wait(
+            lambda: client.cluster().get("cluster_version") == COMMAND_VERSION_MAX,
+            60,
+            "the cluster version gate to open",
+        )
+        client.create_broker_subscription(
+            broker.sink(destination), ["job.cancelled"], subscription_id="sub_refused"
+        )
+        job = client.submit("relay", {"payment_id": "pay-x"}, idempotency_key="refused:1")
+        client.cancel_job(job["id"])
+        _wait(
+            lambda: client.get_subscription("sub_refused")["parked_count"] == 1,
+            60,
+            "the refused event to be parked",
+        )
+        (parked,) = client.get_subscription("sub_refused")["parked"]
+        assert parked["attempts"] == 4, parked
+        assert "no JetStream stream captures subject 'refused.events'" in parked["error"]
+        assert parked["event"]["data"]["job_id"] == job["id"]
+        assert broker.received(destination) == []
+        broker.accept(destination)
+        assert client.retry_parked("sub_refused") == {"retried": 1}
+        _wait(
+            lambda: client.get_subscription("sub_refused")["parked_count"] == 0,
+            60,
+            "the retried event to arrive",
+        )
+    (row,) = broker.received(destination)
+    assert row.body["data"]["job_id"] == job["id"] and row.type == "job.cancelled"
+    assert row.key == "refused:1"  # no key_field: the idempotency key
+    assert_no_secrets_in_logs(cluster, {"nats password": broker.password})
