@@ -75,8 +75,8 @@ _STREAM_NAMES: Final = "$JS.API.STREAM.NAMES"
 # JetStream errors that say the system (or a clustered stream) has no leader
 # for now, not that this message is refused: "JetStream system temporarily
 # unavailable", "JetStream cluster can not handle request", "JetStream
-# cluster not assigned to this server", "stream is offline".
-_UNAVAILABLE_ERR_CODES: Final = frozenset({10007, 10008, 10009, 10118})
+# cluster not assigned to this server", "stream is offline" (and with its reason).
+_UNAVAILABLE_ERR_CODES: Final = frozenset({10007, 10008, 10009, 10118, 10194})
 _BAD_SUBJECT_CHARS: Final = re.compile(r"[\s\x00-\x1f\x7f]")
 # Transport-level failures: the connection is closed and the message is
 # published again on a new one.
