@@ -37,6 +37,22 @@ def redis_server_binary() -> str:
     return found
 
 
+@pytest.fixture(scope="session")
+def nats_server_binary() -> str:
+    """Debian's `nats-server` (.ci/run installs it when it is missing), for the
+    NATS JetStream relay tests (docs/relays.md). They skip, with the reason in
+    the summary, only when it cannot be found; CI says so loudly. Debian
+    installs it in /usr/sbin, which is not on every user's PATH."""
+    found = shutil.which("nats-server") or next(
+        (path for path in ("/usr/sbin/nats-server",) if Path(path).exists()), None
+    )
+    if found is None:
+        pytest.skip(
+            "NATS relay tests SKIPPED: no nats-server found (apt-get install -y nats-server)"
+        )
+    return found
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files that hold a `slow` test run first (in their order, then the
     rest in theirs). `make test` spreads whole files over pytest-xdist

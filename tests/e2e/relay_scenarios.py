@@ -291,6 +291,7 @@ def refused_then_retried(cluster: LocalCluster, broker: Broker) -> dict[str, Any
             assert answer["error"]["details"]["field"] == field, (body, answer)
         assert client.list_subscriptions() == []
         destination = "refused"
+        broker.prepare(destination)
         broker.refuse(destination)
         create(cluster, {"id": "sub_refused", "sink": broker.sink(destination)})
         job = client.submit("relay", {"payment_id": "pay-x"}, idempotency_key="refused:1")
@@ -305,7 +306,6 @@ def refused_then_retried(cluster: LocalCluster, broker: Broker) -> dict[str, Any
         assert parked["event"]["data"]["job_id"] == job["id"]
         assert broker.password not in json.dumps(parked)
         broker.accept(destination)
-        broker.prepare(destination)
         assert client.retry_parked("sub_refused") == {"retried": 1}
         wait(
             lambda: client.get_subscription("sub_refused")["parked_count"] == 0,
