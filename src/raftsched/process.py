@@ -127,7 +127,8 @@ def assemble(
     # Every group's leader delivers its own outbox; in a sharded cluster an
     # event's id and envelope name the shard (docs/shards.md).
     shard = config.shard if config.shards > 1 else None
-    node.add_leader_duty(WebhookDelivery(node, policy=policy, shard=shard))
+    delivery = WebhookDelivery(node, policy=policy, shard=shard)
+    node.add_leader_duty(delivery)
     router = None
     if shard_processes is not None:
         # Settings, subscriptions and quotas in every shard (node.shard_settings).
@@ -149,6 +150,7 @@ def assemble(
         shard_router=router,
         shard_process=config.shard > 0,
         internal_key=internal_key(config.secret) if config.shard > 0 else None,
+        relay_status=delivery.status,
     )
     if shard_processes is not None:
         app.on_startup.append(lambda _: _started(duty))

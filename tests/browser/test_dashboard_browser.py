@@ -10,7 +10,10 @@ and scopes themselves: test_dashboard_login.py).
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -82,6 +85,81 @@ def test_on_call_view_shows_cluster_queues_stuck_and_dead_letters(
     page.locator("#leaders tbody tr").first.wait_for()
     page.locator("#nodes").get_by_text("ms").first.wait_for()  # clock skew measured
     shot(page, "oncall")
+
+
+class _Receiver(BaseHTTPRequestHandler):
+    """A webhook receiver that takes every delivery (204) and counts it."""
+
+    received = 0
+
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        type(self).received += 1
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port  # closed again: nothing listens there
+
+
+def test_events_view_lists_every_subscription_with_its_relay(
+    cluster: LocalCluster, client: Client, page: Any
+) -> None:
+    """Each relay (docs/relays.md, section 5): a webhook whose receiver takes
+    every delivery is connected and caught up; a Redis sink whose server is
+    not there is unreachable and falls behind. Its URL's password is never
+    on the page."""
+    assert wait_for(lambda: client.cluster().get("cluster_version") == COMMAND_VERSION_MAX, 30)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    password, port = "ui-r3dis-pw", _closed_port()
+    try:
+        client.create_subscription(
+            f"http://127.0.0.1:{server.server_port}/hook",
+            "s3cret",
+            ["job.cancelled"],
+            subscription_id="sub_ui_hook",
+        )
+        sink = {"kind": "redis", "url": f"redis://:{password}@127.0.0.1:{port}/0", "stream": "ui"}
+        client.create_broker_subscription(sink, ["job.cancelled"], subscription_id="sub_ui_redis")
+        job = client.submit("relay-ui", {"n": 1})
+        client.cancel_job(job["id"])
+        assert wait_for(lambda: _Receiver.received >= 1, 15)
+
+        login(page, follower_url(cluster) + "/", cluster.admin_token)
+        hook = page.locator("#subscriptions tr", has_text="sub_ui_hook")
+        hook.get_by_text("connected").wait_for()
+        redis = page.locator("#subscriptions tr", has_text="sub_ui_redis")
+        redis.get_by_text("unreachable").wait_for()
+        cells = redis.locator("td").all_inner_texts()
+        assert cells[1:4] == [
+            "redis",
+            f"redis://:***@127.0.0.1:{port}/0 · stream ui",
+            "job.cancelled",
+        ], cells
+        assert int(cells[4]) >= 1 and cells[5].endswith(("s", "min")) and cells[6] == "0"
+        hooked = hook.locator("td").all_inner_texts()
+        assert hooked[1:5] == [
+            "webhook",
+            f"http://127.0.0.1:{server.server_port}/hook",
+            "job.cancelled",
+            "0",
+        ], hooked
+        assert hooked[5:7] == ["–", "0"]  # nothing waits, nothing parked
+        assert password not in page.content()
+        shot(page, "subscriptions")
+    finally:
+        client.delete_subscription("sub_ui_hook")
+        client.delete_subscription("sub_ui_redis")
+        server.shutdown()
+        server.server_close()
 
 
 def test_replay_from_the_dead_letter_queue_in_the_browser(

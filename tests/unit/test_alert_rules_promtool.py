@@ -26,7 +26,7 @@ def test_alert_rules_pass_promtool_check_rules(promtool: str) -> None:
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert checked.stdout.strip().splitlines() == [
         f"Checking {ALERTS.name}",
-        "  SUCCESS: 11 rules found",
+        "  SUCCESS: 12 rules found",
     ], checked.stdout + checked.stderr
 
 

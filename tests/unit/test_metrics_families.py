@@ -35,6 +35,12 @@ ADDED = frozenset(
         "raftsched_raft_snapshot_bytes",
         "raftsched_raft_snapshot_load_seconds",
         "raftsched_raft_snapshots_total",
+        "raftsched_sink_published_total",
+        "raftsched_sink_retried_total",
+        "raftsched_sink_parked_total",
+        "raftsched_sink_lag_events",
+        "raftsched_sink_lag_seconds",
+        "raftsched_sink_connected",
     }
 )
 

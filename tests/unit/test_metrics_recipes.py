@@ -46,6 +46,7 @@ def test_alert_rules_use_exported_metrics_and_cover_the_issue() -> None:
         "RaftschedUnreconciledJobs",
         "RaftschedReconcilingPilingUp",
         "RaftschedUnknownOutcomesRising",
+        "RaftschedSinkLagGrowing",
     }
     assert "\t" not in text  # YAML forbids tabs for indentation
 

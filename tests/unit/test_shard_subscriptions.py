@@ -35,6 +35,9 @@ def _sub(cursor: int, parked: list[dict[str, Any]], **fields: Any) -> dict[str, 
         "oldest_undelivered_at": None,
         "parked_count": len(parked),
         "parked_dropped": 0,
+        "lag_events": 0,
+        "lag_s": 0.0,
+        "connected": None,
         "parked": parked,
     }
     body.update(fields)
@@ -51,11 +54,17 @@ def test_every_shards_copy_is_one_subscription() -> None:
         parked_dropped=3,
         oldest_undelivered_at="2026-01-01T00:00:08.000Z",
         url="ignored: group 0's record stands",
+        lag_events=12,
+        lag_s=4.5,
+        connected=True,
     )
     shard2 = _sub(
         9,
         [_parked(6, "2026-01-01T00:00:01.000Z")],
         oldest_undelivered_at="2026-01-01T00:00:05.000Z",
+        lag_events=3,
+        lag_s=7.25,
+        connected=False,
     )
     merged = merge_subscription({0: group0, 1: shard1, 2: shard2}, 3)
     assert merged["url"] == group0["url"]
@@ -63,6 +72,9 @@ def test_every_shards_copy_is_one_subscription() -> None:
     assert merged["parked_count"] == 4
     assert merged["parked_dropped"] == 3
     assert merged["oldest_undelivered_at"] == "2026-01-01T00:00:05.000Z"
+    # The relays: lag summed and the largest; one shard's relay that could
+    # not reach its broker makes the subscription's not connected.
+    assert (merged["lag_events"], merged["lag_s"], merged["connected"]) == (15, 7.25, False)
     # Oldest parked first by (parked_at, shard); each names its shard.
     assert [(item["shard"], item["event"]["id"]) for item in merged["parked"]] == [
         (2, "evt2_6"),
@@ -74,13 +86,14 @@ def test_every_shards_copy_is_one_subscription() -> None:
     assert merged["parked"][1]["event"]["data"] == {"n": 3}
     assert merged["shards"] == [
         {"shard": 0, "copied": True, "cursor_seq": 7, "oldest_undelivered_at": None,
-         "parked_count": 2, "parked_dropped": 0},
+         "parked_count": 2, "parked_dropped": 0, "lag_events": 0, "lag_s": 0.0,
+         "connected": None},
         {"shard": 1, "copied": True, "cursor_seq": 4,
          "oldest_undelivered_at": "2026-01-01T00:00:08.000Z", "parked_count": 1,
-         "parked_dropped": 3},
+         "parked_dropped": 3, "lag_events": 12, "lag_s": 4.5, "connected": True},
         {"shard": 2, "copied": True, "cursor_seq": 9,
          "oldest_undelivered_at": "2026-01-01T00:00:05.000Z", "parked_count": 1,
-         "parked_dropped": 0},
+         "parked_dropped": 0, "lag_events": 3, "lag_s": 7.25, "connected": False},
     ]  # fmt: skip
 
 
@@ -108,7 +121,22 @@ def test_a_shard_without_a_copy_yet_counts_nothing() -> None:
         "oldest_undelivered_at": None,
         "parked_count": 0,
         "parked_dropped": 0,
+        "lag_events": 0,
+        "lag_s": 0.0,
+        "connected": None,
     }
+
+
+def test_the_connection_of_every_shards_relay_as_one() -> None:
+    def merged(*states: bool | None) -> bool | None:
+        parts = {k: _sub(0, [], connected=state) for k, state in enumerate(states)}
+        answer: bool | None = merge_subscription(parts, len(states))["connected"]
+        return answer
+
+    assert merged(None, None) is None  # no relay tried yet (or no leader answered)
+    assert merged(None, True) is True
+    assert merged(True, False, True) is False
+    assert merged(True, True) is True
 
 
 def test_a_list_is_group_0s_subscriptions_each_merged() -> None:

@@ -58,6 +58,9 @@ class DeposedLeader:
     def changed(self) -> Change:
         return self._changed
 
+    def now_ms(self) -> int:
+        return self.state.now_ms
+
     async def propose(
         self, command: Command, size_bytes: int = 0, *, bounded: bool = True
     ) -> Result:

@@ -60,6 +60,7 @@ from raftsched.limits import AUTH_FAILURES_PER_MINUTE
 from raftsched.logs import REQUEST_ID
 from raftsched.node.lease_ops import PROPOSAL_ERRORS
 from raftsched.node.proposer import NotLeader
+from raftsched.node.relay_status import RelayStatus
 from raftsched.node.view import NodeView
 from raftsched.node.webhook_targets import TargetPolicy
 
@@ -245,11 +246,13 @@ def create_app(
     shard_router: ShardRouter | None = None,
     shard_process: bool = False,
     internal_key: str | None = None,
+    relay_status: RelayStatus | None = None,
 ) -> web.Application:
     """The application of a node; with `shard_router`, of a node of several
     shards, which routes requests to them; with `shard_process`, of a shard
     process, which takes the principal its node process names and answers
-    its node's internal requests made with `internal_key`."""
+    its node's internal requests made with `internal_key`. `relay_status`
+    is its leader's relays' (node.relay_status), for the subscription views."""
     # The one middleware renders the ApiErrors (401, 403, 429, 503) that
     # the checks before a handler raise, and times them. With `traced`
     # (tracing.enabled()), a server span goes around it (api.server_spans);
@@ -272,6 +275,8 @@ def create_app(
     app[LIMITER] = FailureLimiter(failures_max=auth_failures_per_minute)
     app[CATCH_UPS] = CatchUps()
     app[events.WEBHOOK_TARGETS] = webhook_targets or TargetPolicy()
+    if relay_status is not None:
+        app[events.RELAY_STATUS] = relay_status
     if shard_process and internal_key:
         app[shard_internal.INTERNAL_KEY] = internal_key
         app.add_routes(shard_internal.internal_routes)

@@ -14,11 +14,13 @@ from raftsched.api.jsonbody import json_response
 from raftsched.api.membership import cluster_membership, peer_statuses, pending_nodes
 from raftsched.api.requests import node_of
 from raftsched.api.shard_routing import SHARD_ROUTER, ShardRouter
+from raftsched.core.events.subscriptions import subscriptions
 from raftsched.core.jobs.queries import packed_count
 from raftsched.core.jobs.quota_book import quotas_of
 from raftsched.core.kernel import shard as core_shard
 from raftsched.node.metrics import CONTENT_TYPE
 from raftsched.node.shard_view import settings_digest, settings_of
+from raftsched.node.sink_libraries import missing_extra
 from raftsched.node.versions import THIS_NODE
 from raftsched.node.view import NodeView
 from raftsched.shards import SHARD_HEADER
@@ -78,6 +80,7 @@ async def cluster(request: web.Request) -> web.Response:
         "shard_settings": _shard_settings(node),
         "nodes": nodes,
         "membership": membership,
+        "sinks_unavailable": sinks_unavailable(node),
     }
     router = request.app.get(SHARD_ROUTER)
     if router is not None:  # a node of several shards (docs/shards.md)
@@ -88,6 +91,24 @@ async def cluster(request: web.Request) -> web.Response:
             body["cluster_version"] = lowest_cluster_version(shards)
             membership["shards_behind"] = shards_behind(router, shards)
     return json_response(body)
+
+
+def sinks_unavailable(node: NodeView) -> list[dict[str, str]]:
+    """The broker subscriptions of this node's group that it cannot relay:
+    their sink's client library, an optional extra, is not installed here
+    (docs/relays.md, section 1). While it leads, their events wait (nothing
+    is parked) and its relay logs it once at error level; a follower names
+    them too, for the day it leads. In a node of several shards, group 0's
+    subscriptions are every shard's (each shard holds a copy of each) and
+    its shard processes share its libraries."""
+    with node.reading() as state:
+        kinds = [(sub.id, sub.sink.kind) for sub in subscriptions(state).values() if sub.sink]
+    found = []
+    for sub_id, kind in kinds:
+        extra = missing_extra(kind)
+        if extra is not None:
+            found.append({"subscription": sub_id, "kind": kind, "extra": extra})
+    return found
 
 
 def shards_behind(router: ShardRouter, shards: list[dict[str, Any]]) -> list[int]:

@@ -9,13 +9,16 @@ who sees every tenant (403 otherwise).
 
 A subscription is a webhook (`url`, `secret`) or, with a `sink`, a broker
 relay's (docs/relays.md); `tenants` and `key_field` apply to both. A broker
-URL's password is never shown.
+URL's password is never shown. Its views carry the relay's lag, read from
+the answering replica and clock, and whether the relay's last attempt
+reached its broker or receiver, which only the leader knows (null from a
+follower, or before the relay tried).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -58,6 +61,7 @@ from raftsched.core.kernel.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, deco
 from raftsched.core.kernel.results import Ack, ParkedRetried, SubscriptionCreated
 from raftsched.core.kernel.state import State
 from raftsched.limits import EVENTS_LIMIT_MAX, WAIT_S_MAX
+from raftsched.node.relay_status import RelayStatus, lag_events
 from raftsched.node.sink_libraries import missing_extra
 from raftsched.node.webhook_targets import TargetPolicy
 from raftsched.timefmt import format_ms
@@ -65,6 +69,9 @@ from raftsched.timefmt import format_ms
 routes = web.RouteTableDef()
 # This node's webhook target policy (`--webhook-allow-*`, node/webhook_targets.py).
 WEBHOOK_TARGETS: web.AppKey[TargetPolicy] = web.AppKey("webhook_targets", TargetPolicy)
+# This node's relays (node/relay_status.py): their connection state. Absent
+# from an app without a deliverer (some unit tests): `connected` is null.
+RELAY_STATUS: web.AppKey[RelayStatus] = web.AppKey("relay_status", RelayStatus)
 
 
 def event_json(event: OutboxEvent) -> dict[str, Any]:
@@ -154,8 +161,11 @@ def _subscriptions_scope(request: web.Request) -> None:
 
 
 def subscription_json(
-    sub: Subscription, now_ms: int, oldest_ms: int | None, full: bool = False
+    state: State, sub: Subscription, now_ms: int, connected: bool | None, full: bool = False
 ) -> dict[str, Any]:
+    """`sub` as the API shows it; `now_ms` is the answering node's clock
+    (its lag), `connected` its relay's (None: unknown here)."""
+    oldest_ms = oldest_undelivered_at_ms(state, sub)
     body: dict[str, Any] = {
         "id": sub.id,
         "url": sub.url,
@@ -165,6 +175,9 @@ def subscription_json(
         "oldest_undelivered_at": time_or_none(oldest_ms),
         "parked_count": len(sub.parked),
         "parked_dropped": sub.parked_dropped,
+        "lag_events": lag_events(state, sub),
+        "lag_s": 0.0 if oldest_ms is None else max(0.0, (now_ms - oldest_ms) / 1000),
+        "connected": connected,
     }
     # Since cluster version 10, shown only when set: a webhook's answer is as before.
     if sub.sink is not None:
@@ -187,12 +200,20 @@ def subscription_json(
     return body
 
 
+def _connected(request: web.Request) -> Callable[[str], bool | None]:
+    relays = request.app.get(RELAY_STATUS)
+    return (lambda _: None) if relays is None else relays.connected
+
+
 def _read_subscription(request: web.Request, subscription_id: str) -> dict[str, Any]:
-    with node_of(request).reading() as state:
+    node = node_of(request)
+    connected = _connected(request)
+    now_ms = node.now_ms()
+    with node.reading() as state:
         sub = subscriptions(state).get(subscription_id)
         if sub is None:
             raise ApiError("not_found", f"no subscription {subscription_id}")
-        return subscription_json(sub, state.now_ms, oldest_undelivered_at_ms(state, sub), full=True)
+        return subscription_json(state, sub, now_ms, connected(sub.id), full=True)
 
 
 WEBHOOK_FIELDS = frozenset({"id", "url", "types", "secret", "sink", "tenants", "key_field"})
@@ -301,9 +322,12 @@ async def list_subscriptions(request: web.Request) -> web.Response:
     reject_unknown(request.query, frozenset({"consistency"}))
     _subscriptions_scope(request)
     headers = await prepare_read(request)
-    with node_of(request).reading() as state:
+    node = node_of(request)
+    connected = _connected(request)
+    now_ms = node.now_ms()
+    with node.reading() as state:
         found = [
-            subscription_json(sub, state.now_ms, oldest_undelivered_at_ms(state, sub))
+            subscription_json(state, sub, now_ms, connected(sub.id))
             for sub in subscriptions(state).values()
         ]
     return json_response({"subscriptions": found}, headers=headers)

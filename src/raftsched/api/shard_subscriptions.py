@@ -13,9 +13,12 @@ events of its own. So a node of several shards answers:
   `last_seq`; an empty part for a shard whose copy is not made yet), the
   parked events of every shard merged oldest parked first by (parked_at,
   shard), each shard's in its own order, each item with `shard` and its
-  event with `id` (`evt_<seq>`, `evt<k>_<seq>`) and `shard`; and `shards`,
-  each shard's own cursor, oldest undelivered event and parked counts, and
-  whether its copy is made (`copied`).
+  event with `id` (`evt_<seq>`, `evt<k>_<seq>`) and `shard`; the relays'
+  `lag_events` summed, `lag_s` the largest, `connected` false when any
+  shard's relay could not reach its broker or receiver at its last attempt,
+  else true when one did, else null; and `shards`, each shard's own cursor,
+  oldest undelivered event, parked counts, lag and connection, and whether
+  its copy is made (`copied`).
 - **`GET /v1/subscriptions`**: each of group 0's subscriptions so.
 - **`POST /v1/subscriptions/{id}/retry`** by proposing the retry in every
   shard's copy, at its leader: `retried` summed, and `shards`. A shard
@@ -76,6 +79,9 @@ def merge_subscription(
     body["oldest_undelivered_at"] = min((at for at in oldest if at), default=None)
     body["parked_count"] = sum(copy["parked_count"] for copy in copies if copy)
     body["parked_dropped"] = sum(copy["parked_dropped"] for copy in copies if copy)
+    body["lag_events"] = sum(copy.get("lag_events", 0) for copy in copies if copy)
+    body["lag_s"] = max((copy.get("lag_s", 0.0) for copy in copies if copy), default=0.0)
+    body["connected"] = _connected([copy.get("connected") for copy in copies if copy])
     if "parked" in base:
         body["parked"] = _merged_parked(
             {shard: copy["parked"] for shard, copy in enumerate(copies) if copy}, shards
@@ -88,10 +94,21 @@ def merge_subscription(
             "oldest_undelivered_at": None if copy is None else copy["oldest_undelivered_at"],
             "parked_count": 0 if copy is None else copy["parked_count"],
             "parked_dropped": 0 if copy is None else copy["parked_dropped"],
+            "lag_events": 0 if copy is None else copy.get("lag_events", 0),
+            "lag_s": 0.0 if copy is None else copy.get("lag_s", 0.0),
+            "connected": None if copy is None else copy.get("connected"),
         }
         for shard, copy in enumerate(copies)
     ]
     return body
+
+
+def _connected(states: Sequence[bool | None]) -> bool | None:
+    """Every shard's relay's connection as one: false when any could not
+    reach its broker or receiver, else true when any did, else unknown."""
+    if False in states:
+        return False
+    return True if True in states else None
 
 
 def _merged_parked(

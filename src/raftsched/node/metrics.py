@@ -208,6 +208,27 @@ WEBHOOK_PARKED = Family(
     "Events parked after max attempts.",
     ("subscription",),
 )
+# Every relay, webhooks included (node/relay_status.py, docs/relays.md section 5).
+SINK_PUBLISHED = Family(
+    "raftsched_sink_published_total",
+    "counter",
+    "Events a relay published: confirmed by the broker, or answered 2xx by the webhook "
+    "receiver, per subscription and sink kind.",
+    ("subscription", "sink"),
+)
+SINK_RETRIED = Family(
+    "raftsched_sink_retried_total",
+    "counter",
+    "Relay attempts that failed (the broker or receiver unreachable, or a refusal) and were "
+    "tried again, per subscription and sink kind.",
+    ("subscription", "sink"),
+)
+SINK_PARKED = Family(
+    "raftsched_sink_parked_total",
+    "counter",
+    "Events a relay parked after max attempts, per subscription and sink kind.",
+    ("subscription", "sink"),
+)
 FLOW_REJECTED = Family(
     "raftsched_flow_rejected_total",
     "counter",
@@ -244,8 +265,9 @@ INSTRUMENTED = (
     ENTRY_COMMANDS, COMMIT_SECONDS, HTTP_SECONDS, JOBS_SUBMITTED, CLAIM_LATENCY,
     EXECUTION_SECONDS, JOB_ATTEMPTS, JOB_RETRIES, JOB_FAILURES, JOBS_SUCCEEDED, DEAD_LETTERS,
     REPLAYS, CANCELS, LEASE_RENEWALS, LEASE_EXPIRATIONS, LEADER_OBSERVED, WEBHOOK_ATTEMPTS,
-    WEBHOOK_FAILURES, WEBHOOK_PARKED, FLOW_REJECTED, HTTP_AUTH_FAILURES, RAFT_MESSAGES_REFUSED,
-    RECONCILE_DECISIONS, UNKNOWN_OUTCOMES, SNAPSHOT_FORK_PAUSE,
+    WEBHOOK_FAILURES, WEBHOOK_PARKED, SINK_PUBLISHED, SINK_RETRIED, SINK_PARKED, FLOW_REJECTED,
+    HTTP_AUTH_FAILURES, RAFT_MESSAGES_REFUSED, RECONCILE_DECISIONS, UNKNOWN_OUTCOMES,
+    SNAPSHOT_FORK_PAUSE,
 )  # fmt: skip
 
 # -- sampled: read at scrape time ---------------------------------------------------
@@ -392,6 +414,28 @@ WEBHOOK_OLDEST_AGE = Family(
     "Age of the oldest matching event not yet delivered, per subscription.",
     ("subscription",),
 )
+# Every relay, webhooks included (node/relay_status.py): the leader's.
+SINK_LAG_EVENTS = Family(
+    "raftsched_sink_lag_events",
+    "gauge",
+    "Committed events after the subscription's cursor (those its filters leave out included), "
+    "per subscription and sink kind (exported by the leader).",
+    ("subscription", "sink"),
+)
+SINK_LAG_SECONDS = Family(
+    "raftsched_sink_lag_seconds",
+    "gauge",
+    "Age of the oldest event the subscription takes that is not yet published, by the "
+    "leader's clock, 0 when none, per subscription and sink kind (exported by the leader).",
+    ("subscription", "sink"),
+)
+SINK_CONNECTED = Family(
+    "raftsched_sink_connected",
+    "gauge",
+    "1 while the relay's last attempt reached its broker or webhook receiver, 0 after one "
+    "that could not, per subscription and sink kind (exported by the leader once it tried).",
+    ("subscription", "sink"),
+)
 # Flow control (api/queues.py).
 TENANT_QUEUED = Family(
     "raftsched_tenant_queued",
@@ -462,8 +506,9 @@ SAMPLED = (
     SNAPSHOT_DURATION, SNAPSHOT_COW_BYTES, SNAPSHOT_BYTES, SNAPSHOT_LOAD_SECONDS, SNAPSHOTS,
     QUEUE_DEPTH, QUEUE_RUNNING, QUEUE_RECONCILING, QUEUE_OLDEST_AGE, PROPOSER_QUEUED_COMMANDS,
     PROPOSER_QUEUED_BYTES, PROPOSER_REFUSED, JOBS_STUCK, STUCK_THRESHOLD, OUTBOX_LAG, FOLLOWER_LAG,
-    CLOCK_SKEW, CLOCK_SKEW_UNCERTAINTY, OUTBOX_DEPTH, WEBHOOK_OLDEST_AGE, TENANT_QUEUED,
-    TENANT_RUNNING, TENANT_THROTTLED, FLOW_QUEUE_QUEUED, FLOW_QUEUE_RUNNING, FLOW_QUEUE_THROTTLED,
+    CLOCK_SKEW, CLOCK_SKEW_UNCERTAINTY, OUTBOX_DEPTH, WEBHOOK_OLDEST_AGE, SINK_LAG_EVENTS,
+    SINK_LAG_SECONDS, SINK_CONNECTED, TENANT_QUEUED, TENANT_RUNNING, TENANT_THROTTLED,
+    FLOW_QUEUE_QUEUED, FLOW_QUEUE_RUNNING, FLOW_QUEUE_THROTTLED,
     FLOW_QUEUE_BLOCKED_KEYS, FLOW_QUEUE_CIRCUIT_OPEN, SCHEDULE_OCCURRENCES,
     SCHEDULE_OCCURRENCES_BY_SCHEDULE, SCHEDULE_FIRING_LAG, SCHEDULES,
 )  # fmt: skip
@@ -542,6 +587,9 @@ class NodeMetrics:
         self.webhook_attempts = counter(WEBHOOK_ATTEMPTS)
         self.webhook_failures = counter(WEBHOOK_FAILURES)
         self.webhook_parked = counter(WEBHOOK_PARKED)
+        self.sink_published = counter(SINK_PUBLISHED)
+        self.sink_retried = counter(SINK_RETRIED)
+        self.sink_parked = counter(SINK_PARKED)
         self.flow_rejected = counter(FLOW_REJECTED)
         self.http_auth_failures = counter(HTTP_AUTH_FAILURES)
         self.raft_messages_refused = counter(RAFT_MESSAGES_REFUSED)

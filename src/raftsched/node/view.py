@@ -52,6 +52,10 @@ class StateView(Protocol):
         """Set at the next applied entry or leadership change (node.change)."""
         ...
 
+    def now_ms(self) -> int:
+        """The leader clock: the time a command proposed now is stamped with."""
+        ...
+
     async def propose(
         self, command: Command, size_bytes: int = 0, *, bounded: bool = True
     ) -> Result: ...
@@ -154,10 +158,6 @@ class NodeView(StateView, Protocol):
 
     # Identifiers and random numbers for commands come from the node's
     # `node.draws.Draws`, through these methods only.
-
-    def now_ms(self) -> int:
-        """The leader clock: the time a command proposed now is stamped with."""
-        ...
 
     def new_id(self, prefix: str) -> str:
         """A new identifier, `<prefix>_` and 26 characters sortable by time."""

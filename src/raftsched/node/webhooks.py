@@ -65,6 +65,7 @@ from raftsched.core.kernel.outbox import OutboxEvent, decode_data
 from raftsched.node import metrics as families
 from raftsched.node.metrics import Samples
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
+from raftsched.node.relay_status import WEBHOOK, RelayStatus, sink_kind
 from raftsched.node.sink_libraries import missing_extra
 from raftsched.node.sinks import BrokerSink, Message, Unreachable, destination, event_key, open_sink
 from raftsched.node.view import StateView
@@ -163,6 +164,7 @@ class WebhookDelivery:
         self._unavailable: set[str] = set()  # told once: no client library
         self._session: aiohttp.ClientSession | None = None
         self.metrics = node.metrics
+        self.status = RelayStatus(node)  # raftsched_sink_*, the views' connection state
         node.metrics.sample(families.OUTBOX_DEPTH, self._m_depth)
         node.metrics.sample(families.WEBHOOK_OLDEST_AGE, self._m_oldest)
 
@@ -180,6 +182,7 @@ class WebhookDelivery:
         for task in self._workers.values():
             task.cancel()
         self._workers = {}
+        self.status.forget()
 
     async def close(self) -> None:
         self.stop()
@@ -198,6 +201,8 @@ class WebhookDelivery:
                         for sub in subscriptions(state).values()
                     }
                 for sub_id in list(self._workers):
+                    if sub_id not in wanted:
+                        self.status.forget(sub_id)
                     if sub_id not in wanted or self._workers[sub_id].done():
                         self._workers.pop(sub_id).cancel()
                     elif self._targets.get(sub_id) != wanted[sub_id]:
@@ -314,10 +319,15 @@ class WebhookDelivery:
                 await asyncio.sleep(random.uniform(cap_s / 2, cap_s))
             self.metrics.webhook_attempts.labels(target.id).inc()
             error = await self._post(target.url, body, headers)
+            self.status.attempted(target.id, reached_receiver(error))
             if not error:
+                self.status.published(target.id, WEBHOOK)
                 return on_success
             self.metrics.webhook_failures.labels(target.id).inc()
+            if attempt + 1 < settings.max_attempts:
+                self.status.retried(target.id, WEBHOOK)
         self.metrics.webhook_parked.labels(target.id).inc()
+        self.status.parked(target.id, WEBHOOK)
         log.warning(
             "webhook event parked",
             extra={"subscription": target.id, "seq": event.seq, "error": error},
@@ -338,6 +348,7 @@ class WebhookDelivery:
         extra = missing_extra(target.sink.kind)
         if extra is not None:
             # Nothing is parked: the events wait for a node that has it.
+            self.status.attempted(target.id, False)  # it cannot reach the broker at all
             if target.id not in self._unavailable:
                 self._unavailable.add(target.id)
                 log.error(
@@ -415,12 +426,15 @@ class WebhookDelivery:
         """Publish every message in order, going back to the first unconfirmed
         one on a failure; the parks to propose (before the batch's ack)."""
         settings = self.settings
+        kind = sink_kind(target.sink)
         parks: list[Command] = []
         start, refusals, outages = 0, 0, 0
         while start < len(messages):
             try:
                 answer = await sink.publish(messages[start:])
             except Unreachable as error:
+                self.status.attempted(target.id, False)
+                self.status.retried(target.id, kind)
                 outages += 1
                 if outages == 1 or outages % 20 == 0:
                     log.warning(
@@ -430,8 +444,10 @@ class WebhookDelivery:
                 await self._back_off(outages)
                 continue
             outages = 0
+            self.status.attempted(target.id, True)
             if answer.confirmed:
                 self.metrics.webhook_attempts.labels(target.id).inc(answer.confirmed)
+                self.status.published(target.id, kind, answer.confirmed)
                 start += answer.confirmed
                 refusals = 0
             if answer.refused is None or start >= len(messages):
@@ -439,10 +455,12 @@ class WebhookDelivery:
             refusals += 1
             self.metrics.webhook_failures.labels(target.id).inc()
             if refusals < settings.max_attempts:
+                self.status.retried(target.id, kind)
                 await self._back_off(refusals)
                 continue
             refused = messages[start]
             self.metrics.webhook_parked.labels(target.id).inc()
+            self.status.parked(target.id, kind)
             log.warning(
                 "relay event parked",
                 extra={"subscription": target.id, "seq": refused.seq, "error": answer.refused},
@@ -512,6 +530,13 @@ async def post_once(
         return f"{type(failure).__name__}: {failure}"[:1000]
     except aiohttp.ClientError as failure:
         return f"{type(failure).__name__}: {failure}"[:1000]
+
+
+def reached_receiver(error: str) -> bool:
+    """Whether a delivery attempt that `post_once` answered `error` reached
+    the receiver: it answered (2xx, or another status). A timeout, a
+    connection error or a target the policy refuses did not."""
+    return not error or error.startswith("HTTP ")
 
 
 def checked_session(

@@ -468,8 +468,9 @@ async function onCallView() {
   // The overview names the leader: until it is known, ask it first, or the
   // other reads would go through a follower's redirect (see api).
   const first = leaderBase ? null : await overview();
-  const [over, queues, events, lastHour] = await Promise.all([
+  const [over, queues, events, lastHour, subscriptions] = await Promise.all([
     first ?? overview(), api("/v1/queues"), api("/v1/events?after=0"), api("/v1/stats/series?window_s=3600"),
+    may("operate") ? api("/v1/subscriptions") : null,
   ]);
   if (over.status === 403) return scopedOnCallView();
   if (!over.ok) return `<section class="wide"><h2>Cluster</h2><p class="na">cannot read this node: ${esc(errorText(over))}</p></section>`;
@@ -526,6 +527,7 @@ async function onCallView() {
     outbox = `<p>last event seq <b>${esc(lastSeqs(events.body.last_seq))}</b>${o.outbox_lag ? `, undelivered per subscription: ${Object.entries(o.outbox_lag).map(([k, v]) => `${esc(k)} ${esc(v)}`).join(", ") || "no subscriptions"}` : ""}</p>` +
       table(["seq#", "type", "at"], list.slice(-10).reverse().map((e) => [e.id ? `<span class="mono" title="shard ${esc(e.shard)}, seq ${esc(e.seq)}">${esc(e.id)}</span>` : esc(e.seq), esc(e.type), when(e.at)]), "no events");
   }
+  const relays = relayTable(subscriptions);
   // The cluster's last hour: jobs per second and depth (the rest: Charts).
   const hourCharts = lastHour.ok ? seriesCharts("oncall", lastHour.body).slice(0, 2) : [];
   const hour = lastHour.ok
@@ -548,8 +550,37 @@ async function onCallView() {
     ${table(["at", "what", "kind", "job", "message"], o.recent_errors.map((e) => [when(ms(e.at_ms)), esc(e.source), esc(e.kind), e.job_id ? jobLink(e.job_id) : dash(null), esc(e.message)]), "none")}</section>
   <section id="leaders"><h2>Leader history <span class="muted">(seen by ${esc(o.node.id)})</span></h2>
     ${table(["at", "term#", "leader", "previous"], o.leader_history.map((c) => [when(ms(c.at_ms)), esc(c.term), dash(c.leader_id), dash(c.previous_id)]), "no change seen")}</section>
-  <section id="outbox"><h2>Events (outbox)</h2>${outbox}</section>`;
+  <section id="outbox"><h2>Events (outbox)</h2>${outbox}</section>
+  <section class="wide" id="subscriptions"><h2>Subscriptions <span class="muted">each relay to a webhook or a broker</span></h2>${relays}</section>`;
   return { html, charts: hourCharts };
+}
+
+// Every subscription's relay (docs/relays.md, section 5) from
+// `GET /v1/subscriptions` (null: the role may not read it): its sink kind,
+// where it goes (the answer shows a broker URL's password as `***`), its lag
+// in events and in age of the oldest event waiting, its parked events, and
+// whether its last attempt reached the broker or receiver (the leader's
+// knowledge: unknown until the relay has tried).
+function relayTable(answer) {
+  if (answer === null) return deniedNote("Subscriptions");
+  if (!answer.ok) return failed(answer, "GET /v1/subscriptions");
+  const destination = (s) =>
+    s.sink
+      ? [s.sink.url, ...Object.entries(s.sink).filter(([name]) => name !== "kind" && name !== "url").map(([name, value]) => `${name} ${value}`)].filter(Boolean).join(" · ")
+      : s.url;
+  const connection = (connected) =>
+    connected === true ? badge("connected") : connected === false ? badge("unreachable") : '<span class="muted" title="known to the leader once its relay has tried">–</span>';
+  const rows = (answer.body.subscriptions || []).map((s) => [
+    `<span class="mono" data-subscription="${esc(s.id)}">${esc(s.id)}</span>`,
+    badge(s.sink?.kind ?? "webhook"),
+    `<span class="mono">${esc(destination(s))}</span>`,
+    s.types?.length ? esc(s.types.join(", ")) : '<span class="muted">every type</span>',
+    dash(s.lag_events),
+    s.lag_s ? ago(s.lag_s) : dash(null), // 0: nothing waits
+    s.parked_count ? `<b>${esc(s.parked_count)}</b>` : esc(s.parked_count ?? 0),
+    connection(s.connected),
+  ]);
+  return table(["subscription", "sink", "destination", "types", "lag (events)#", "oldest waiting", "parked#", "connection"], rows, "no subscriptions");
 }
 
 // Charts of the last hour (or 15 minutes), for the cluster or one queue,
