@@ -386,7 +386,10 @@ class WebhookDelivery:
     ) -> tuple[list[Message], int | None, list[Message]] | None:
         """`_next_work` as messages: their keys are read from this state."""
         assert target.sink is not None
-        template = str(target.sink.option("stream") or target.sink.option("subject") or "")
+        sink = target.sink  # a Redis stream, a NATS subject or a RabbitMQ routing key
+        template = str(
+            sink.option("stream") or sink.option("subject") or sink.option("routing_key") or ""
+        )
         shard = self.shard or 0
         work = self._next_work(target.id)
         if work is None:
