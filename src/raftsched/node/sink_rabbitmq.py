@@ -68,24 +68,30 @@ class _QuietConnectionLog(logging.Filter):
     """aiormq logs a refused connect and a broker's closing of the connection
     (a restart) at error level, and a reset one with a traceback; for the
     relay each is an unreachable broker, which it reports itself (a warning,
-    then every 20th retry). They are kept as one-line warnings."""
+    then every 20th retry, with the same text). A refused connect, once per
+    retry, is kept at debug level; the closing, once per outage, as a
+    one-line warning."""
 
-    NOTES: Final = (
-        "error when creating transport",
-        "Unexpected connection close",
-        "Cancelling cause reader exited abnormally",
-    )
+    LEVELS: Final = {
+        "error when creating transport": logging.DEBUG,
+        "Unexpected connection close": logging.WARNING,
+        "Cancelling cause reader exited abnormally": logging.WARNING,
+    }
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if str(record.msg).startswith(self.NOTES):
-            if record.levelno > logging.WARNING:
-                record.levelno, record.levelname = logging.WARNING, "WARNING"
-            if record.exc_info and record.exc_info[1] is not None:
-                failure = record.exc_info[1]
-                record.msg = f"{record.getMessage()}: {type(failure).__name__}: {failure}"
-                record.args = ()
-            record.exc_info, record.exc_text = None, None
-        return True
+        text = str(record.msg)
+        level = next((level for note, level in self.LEVELS.items() if text.startswith(note)), None)
+        if level is None:
+            return True
+        if record.levelno > level:
+            record.levelno, record.levelname = level, logging.getLevelName(level)
+        if record.exc_info and record.exc_info[1] is not None:
+            failure = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(failure).__name__}: {failure}"
+            record.args = ()
+        record.exc_info, record.exc_text = None, None
+        # The logger's level was checked before this filter ran: check the new one.
+        return logging.getLogger(record.name).isEnabledFor(record.levelno)
 
 
 _quiet = _QuietConnectionLog()
