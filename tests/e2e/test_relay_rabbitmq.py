@@ -98,6 +98,15 @@ def test_the_rabbitmq_sink_confirms_in_order_stops_at_a_refusal_and_reconnects(
             assert await sink.publish([_message(5, queue)]) == Published(1)
             # The default exchange: the routing key names the queue.
             assert await default.publish([_message(6, queue)]) == Published(1)
+            # A refused login: unreachable (retried), not a refusal of the message.
+            wrong = open_sink(
+                make_sink("rabbitmq", {**options, "url": server.url.replace(PASSWORD, "nope")}),
+                5.0,
+                60,
+            )
+            with pytest.raises(Unreachable):
+                await wrong.publish([_message(7, queue)])
+            await wrong.close()
             server.stop()
             with pytest.raises(Unreachable) as failure:
                 await sink.publish([_message(7, queue)])
