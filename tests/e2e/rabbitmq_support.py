@@ -24,7 +24,11 @@ The test's own AMQP calls use aio-pika, each on an event loop of its own
 in a thread, so the driver can be called from inside `asyncio.run` too.
 A destination is a quorum queue of that name bound to the exchange with
 that routing key; `refuse` unbinds it (a mandatory publish is returned
-unroutable), `accept` binds it again."""
+unroutable), `accept` binds it again.
+
+With `netns`, the broker and its epmd run in that network namespace on the
+usual ports (5672, 25672, 4369), the broker listening on `host`; epmd and
+the distribution port use the namespace's loopback, which must be up."""
 
 from __future__ import annotations
 
@@ -97,6 +101,7 @@ class RabbitMQServer:
         self.process: subprocess.Popen[bytes] | None = None
         self.epmd: subprocess.Popen[bytes] | None = None
         self._received: dict[str, list[Received]] = {}
+        self._queues: set[str] = set()  # the destinations prepared
         root.mkdir(parents=True, exist_ok=True)
         (root / "home").mkdir(exist_ok=True)
 
@@ -255,12 +260,14 @@ class RabbitMQServer:
             await queue.bind(EXCHANGE, destination)
 
         self._run(lambda: self._on_channel(declare))
-        self._received.setdefault(destination, [])
+        self._queues.add(destination)
 
     def received(self, destination: str) -> list[Received]:
         """Consumes (and acks) what the queue holds now, after what earlier
         calls consumed: every message the broker delivered, redeliveries too."""
         kept = self._received.setdefault(destination, [])
+        if destination not in self._queues:
+            return list(kept)  # not prepared: nothing keeps what is published to it
 
         async def consume(channel: Any) -> None:
             queue = await channel.get_queue(destination, ensure=False)

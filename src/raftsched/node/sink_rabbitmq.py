@@ -30,7 +30,9 @@ Failures:
   closed or lost (a broker restart closes it with `CONNECTION_FORCED`),
   authentication refused, a timeout (connect or confirm, `timeout_s`; a
   broker that blocks publishers on a memory or disk alarm times out too).
-  The connection is dropped; the next call opens a new one.
+  The connection is dropped; the next call opens a new one. What was
+  confirmed before the failure is answered (`Published(confirmed)`), so
+  the relay publishes only the rest again.
 - refused (`Published(confirmed, refused)`): a nack, a mandatory message
   returned unroutable (`NO_ROUTE`), or the channel closed by the broker for
   the message (an exchange that does not exist: 404 `NOT_FOUND`; no write
@@ -132,8 +134,7 @@ class RabbitMQSink:
                 return Published(confirmed, self._text(failure))
             except aiormq.exceptions.ChannelClosed as failure:
                 if self._connection_lost():
-                    await self._reset()
-                    raise Unreachable(self._text(failure)) from None
+                    return await self._lost(confirmed, failure)
                 # The broker closed the channel for this message (no such
                 # exchange, no permission): a refusal; a new channel next call.
                 self._channel = self._exchange = None
@@ -144,10 +145,19 @@ class RabbitMQSink:
                 OSError,
                 TimeoutError,  # no confirm in time: the connection is not trusted again
             ) as failure:
-                await self._reset()
-                raise Unreachable(self._text(failure)) from None
+                return await self._lost(confirmed, failure)
             confirmed += 1
         return Published(confirmed)
+
+    async def _lost(self, confirmed: int, failure: BaseException) -> Published:
+        """The connection failed after `confirmed` messages of this call:
+        those are kept (the relay moves past them), and the next call, on a
+        new connection, says whether the broker is reachable; with none
+        confirmed, it is not."""
+        await self._reset()
+        if confirmed:
+            return Published(confirmed)
+        raise Unreachable(self._text(failure)) from None
 
     async def _open(self) -> Any:
         """The exchange on an open channel, connecting first if need be."""
