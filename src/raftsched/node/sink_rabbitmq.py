@@ -165,7 +165,9 @@ class RabbitMQSink:
             await self._reset()
             try:
                 self._connection = await aio_pika.connect(self.url, timeout=self.timeout_s)
-            except (aiormq.exceptions.AMQPError, OSError, TimeoutError) as failure:
+            # ValueError: a URL the library cannot use (a port that is not a
+            # number...): retried, and reported by the relay's warning.
+            except (aiormq.exceptions.AMQPError, OSError, TimeoutError, ValueError) as failure:
                 await self._reset()
                 raise Unreachable(self._text(failure)) from None
         if self._channel is None or self._channel.is_closed or self._exchange is None:
