@@ -53,6 +53,22 @@ def nats_server_binary() -> str:
     return found
 
 
+@pytest.fixture(scope="session")
+def rabbitmq_server_binary() -> str:
+    """Debian's `rabbitmq-server` (.ci/run installs it when it is missing;
+    /usr/sbin is searched too, as it is not on every user's PATH) and the
+    `epmd` of its Erlang, for the relay tests (docs/relays.md). They skip,
+    with the reason in the summary, only when either cannot be found."""
+    path = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/lib/rabbitmq/bin"])
+    found = shutil.which("rabbitmq-server", path=path)
+    if found is None or shutil.which("epmd") is None:
+        pytest.skip(
+            "RabbitMQ relay tests SKIPPED: no rabbitmq-server (or no epmd) found "
+            "(apt-get install -y rabbitmq-server)"
+        )
+    return found
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The files that hold a `slow` test run first (in their order, then the
     rest in theirs). `make test` spreads whole files over pytest-xdist

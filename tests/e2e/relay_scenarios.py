@@ -44,13 +44,15 @@ from raftsched.testing import (
 
 KEYS = 7
 RELAY_ENV = {
-    "RAFTSCHED_WEBHOOK_TIMEOUT_S": "1",
+    # A broker's connect and confirm (RabbitMQ's AMQP handshake on a busy
+    # machine takes over a second).
+    "RAFTSCHED_WEBHOOK_TIMEOUT_S": "2",
     "RAFTSCHED_WEBHOOK_BACKOFF_S": "0.05",
     "RAFTSCHED_WEBHOOK_BACKOFF_MAX_S": "0.5",
     "RAFTSCHED_WEBHOOK_MAX_ATTEMPTS": "4",
 }
 # Long enough for several relay timeouts (RAFTSCHED_WEBHOOK_TIMEOUT_S) in a row.
-PARTITION_S = 6.0
+PARTITION_S = 8.0
 # The sharded scenario kills shard 1's leading process; its node says so.
 SHARD_KILL = ExpectedLogError(
     r"shard process 1 \(pid \d+\) exited with status -9",

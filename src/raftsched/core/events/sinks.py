@@ -15,6 +15,7 @@ never shown (`redacted_url`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
@@ -87,7 +88,7 @@ class Sink:
         return str(self.option(DESTINATION_OPTION[self.kind]))
 
 
-def make_sink(kind: str, options: dict[str, str | int]) -> Sink:
+def make_sink(kind: str, options: Mapping[str, str | int]) -> Sink:
     return Sink(kind, tuple(sorted(options.items())))
 
 
