@@ -20,6 +20,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,15 @@ import pytest
 
 from raftsched.testing import free_port  # this pytest-xdist worker's share of ports
 
-__all__ = ["BrokerNamespace", "Received", "broker_namespace", "free_port", "netns_argv"]
+__all__ = [
+    "BrokerNamespace",
+    "Received",
+    "Restartable",
+    "broker_namespace",
+    "end_process",
+    "free_port",
+    "netns_argv",
+]
 
 STATE_DIR = Path("/run/raftsched-brokers")
 INDEX_MAX = 250
@@ -46,6 +55,34 @@ class Received:
     key: str
     shard: int
     body: dict[str, Any]  # the JSON body (the webhook envelope)
+
+
+class Restartable:
+    """A broker driver's `restart`, from its own `stop` and `start`."""
+
+    restarts: int
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def restart(self, down_s: float) -> None:
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+        self.restarts += 1
+
+
+def end_process(process: subprocess.Popen[bytes], timeout_s: float = 20) -> None:
+    """SIGTERM, then SIGKILL if `process` has not exited within `timeout_s`."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
 
 
 def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -78,6 +78,20 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalClu
 
 
 @pytest.fixture
+def relay_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A 3-node cluster with the relay scenarios' short delivery timings."""
+    from relay_scenarios import RELAY_ENV
+
+    local = LocalCluster(tmp_path / "cluster", size=3, env={**cluster_env(), **RELAY_ENV})
+    local.start()
+    try:
+        local.wait_for_leader(timeout_s=30)
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture
 def client(cluster: LocalCluster) -> Iterator[Client]:
     with Client(cluster.urls, timeout_s=10, retry_budget_s=30) as api:
         yield api

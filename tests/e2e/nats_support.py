@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 import nats
 import nats.errors
-from broker_support import Received, free_port
+from broker_support import Received, Restartable, end_process, free_port
 from nats.aio.client import Client as NatsClient
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
@@ -51,7 +51,7 @@ def stream_name(destination: str) -> str:
     return f"{readable}-{hashlib.sha256(destination.encode()).hexdigest()[:8]}"
 
 
-class NatsServer:
+class NatsServer(Restartable):
     kind = "nats"
 
     def __init__(
@@ -134,19 +134,8 @@ class NatsServer:
         synced) and exits."""
         if self.process is None:
             return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5)
+        end_process(self.process)
         self.process = None
-
-    def restart(self, down_s: float) -> None:
-        self.stop()
-        time.sleep(down_s)
-        self.start()
-        self.restarts += 1
 
     def sink(self, destination: str) -> dict[str, Any]:
         return {"kind": "nats", "url": self.url, "subject": destination}

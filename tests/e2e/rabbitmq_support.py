@@ -47,7 +47,7 @@ from typing import Any, Final, TypeVar
 from urllib.parse import quote
 
 import aio_pika
-from broker_support import Received, free_port
+from broker_support import Received, Restartable, free_port, netns_argv
 
 from raftsched.node.sink_rabbitmq import KEY_HEADER, SEQ_HEADER, SHARD_HEADER, TENANT_HEADER
 
@@ -75,7 +75,7 @@ def _server_script(binary: str) -> Path:
     return script
 
 
-class RabbitMQServer:
+class RabbitMQServer(Restartable):
     kind = "rabbitmq"
 
     def __init__(
@@ -159,14 +159,8 @@ class RabbitMQServer:
             epmd.terminate()
             _end(epmd, 10)
 
-    def restart(self, down_s: float) -> None:
-        self.stop()
-        time.sleep(down_s)
-        self.start()
-        self.restarts += 1
-
     def _argv(self, argv: list[str]) -> list[str]:
-        return argv if self.netns is None else ["ip", "netns", "exec", self.netns, *argv]
+        return netns_argv(self.netns, argv)
 
     def _env(self) -> dict[str, str]:
         env = {

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from broker_support import Received, free_port, netns_argv
+from broker_support import Received, Restartable, end_process, free_port, netns_argv
 
 PORT_IN_NAMESPACE = 6379
 
 
-class RedisServer:
+class RedisServer(Restartable):
     kind = "redis"
 
     def __init__(
@@ -123,19 +123,8 @@ class RedisServer:
                 self._calls_before[name] = self._calls_before.get(name, 0) + calls
         except redis.exceptions.RedisError:
             pass
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=5)
+        end_process(self.process)
         self.process = None
-
-    def restart(self, down_s: float) -> None:
-        self.stop()
-        time.sleep(down_s)
-        self.start()
-        self.restarts += 1
 
     def calls(self, command: str) -> int:
         """How many times `command` ran (scripts' commands too), over restarts."""

@@ -26,12 +26,13 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from broker_support import BrokerNamespace, Received
-from e2e_support import cluster_env, sharded_cluster
+from broker_support import BrokerNamespace, Received, broker_namespace
+from e2e_support import sharded_cluster
 
 from raftsched.client import Client, Conflict
 from raftsched.core import COMMAND_VERSION_MAX
@@ -65,6 +66,8 @@ class Broker(Protocol):
     password: str
     restarts: int
 
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
     def restart(self, down_s: float) -> None: ...
     def sink(self, destination: str) -> dict[str, Any]: ...
     def prepare(self, destination: str) -> None: ...
@@ -72,14 +75,6 @@ class Broker(Protocol):
     def refuse(self, destination: str) -> None: ...
     def accept(self, destination: str) -> None: ...
     def dropped_repeats(self) -> int | None: ...
-
-
-def relay_cluster(root: Path) -> LocalCluster:
-    """A started 3-node cluster with the relay's short timeouts; stop it."""
-    cluster = LocalCluster(root, size=3, env={**cluster_env(), **RELAY_ENV})
-    cluster.start()
-    cluster.wait_for_leader(timeout_s=30)
-    return cluster
 
 
 def wait(predicate: Any, timeout_s: float, what: str) -> None:
@@ -181,6 +176,20 @@ class Figures:
             f"kept={self.kept} dropped_repeats={dropped} "
             f"duplicates={self.duplicates} lost={self.lost}"
         )
+
+
+def faults_with_broker_in_namespace(
+    cluster: LocalCluster, make: Callable[[str, str], Broker]
+) -> Figures:
+    """`stream_through_faults` with a broker `make(host, netns)` makes in a
+    network namespace of its own (skipped, loudly, where none can be made)."""
+    with broker_namespace() as space:
+        broker = make(space.broker_ip, space.name)
+        broker.start()
+        try:
+            return stream_through_faults(cluster, broker, space)
+        finally:
+            broker.stop()
 
 
 def stream_through_faults(

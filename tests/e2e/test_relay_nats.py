@@ -16,14 +16,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from broker_support import Received, broker_namespace, free_port
+from broker_support import Received, free_port
 from nats_support import NatsServer
 from relay_scenarios import (
     SHARD_KILL,
     every_shard_relays_its_own,
+    faults_with_broker_in_namespace,
     refused_then_retried,
-    relay_cluster,
-    stream_through_faults,
 )
 
 from raftsched.core.events.sinks import make_sink
@@ -140,37 +139,25 @@ def _repeats_logged(cluster: LocalCluster) -> int:
     return total
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = relay_cluster(tmp_path / "cluster")
-    try:
-        yield local
-    finally:
-        local.stop()
-
-
 @pytest.mark.slow
 def test_every_committed_event_reaches_jetstream_through_kills_restarts_and_a_partition(
-    nats_server_binary: str, tmp_path: Path, cluster: LocalCluster
+    nats_server_binary: str, tmp_path: Path, relay_cluster: LocalCluster
 ) -> None:
-    with broker_namespace() as space:
-        server = NatsServer(
-            nats_server_binary, tmp_path / "nats-ns", PASSWORD, space.broker_ip, space.name
-        )
-        server.start()
-        try:
-            figures = stream_through_faults(cluster, server, space)
-        finally:
-            server.stop()
-    print(f"nats: repeats JetStream dropped={_repeats_logged(cluster)} ({server.durability})")
+    figures = faults_with_broker_in_namespace(
+        relay_cluster,
+        lambda host, netns: NatsServer(
+            nats_server_binary, tmp_path / "nats-ns", PASSWORD, host, netns
+        ),
+    )
+    print(f"nats: repeats JetStream dropped={_repeats_logged(relay_cluster)}")
     assert figures.duplicates == 0  # Nats-Msg-Id within the duplicate window
 
 
 @pytest.mark.slow
 def test_a_message_no_stream_takes_is_parked_then_arrives_when_retried(
-    cluster: LocalCluster, nats_server: NatsServer
+    relay_cluster: LocalCluster, nats_server: NatsServer
 ) -> None:
-    parked = refused_then_retried(cluster, nats_server)
+    parked = refused_then_retried(relay_cluster, nats_server)
     assert "no JetStream stream captures subject 'refused'" in parked["error"]
 
 

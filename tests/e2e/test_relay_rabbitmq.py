@@ -23,14 +23,12 @@ from pathlib import Path
 
 import aio_pika
 import pytest
-from broker_support import broker_namespace
 from rabbitmq_support import EXCHANGE, RabbitMQServer
 from relay_scenarios import (
     SHARD_KILL,
     every_shard_relays_its_own,
+    faults_with_broker_in_namespace,
     refused_then_retried,
-    relay_cluster,
-    stream_through_faults,
 )
 
 from raftsched.core.events.sinks import make_sink
@@ -152,37 +150,25 @@ async def _check_properties(server: RabbitMQServer, queue: str) -> None:
         await connection.close()
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = relay_cluster(tmp_path / "cluster")
-    try:
-        yield local
-    finally:
-        local.stop()
-
-
 @pytest.mark.slow
 def test_every_committed_event_reaches_rabbitmq_through_kills_restarts_and_a_partition(
-    rabbitmq_server_binary: str, tmp_path: Path, cluster: LocalCluster
+    rabbitmq_server_binary: str, tmp_path: Path, relay_cluster: LocalCluster
 ) -> None:
-    with broker_namespace() as space:
-        server = RabbitMQServer(
-            rabbitmq_server_binary, tmp_path / "rabbitmq-ns", PASSWORD, space.broker_ip, space.name
-        )
-        server.start()
-        try:
-            figures = stream_through_faults(cluster, server, space)
-        finally:
-            server.stop()
+    figures = faults_with_broker_in_namespace(
+        relay_cluster,
+        lambda host, netns: RabbitMQServer(
+            rabbitmq_server_binary, tmp_path / "rabbitmq-ns", PASSWORD, host, netns
+        ),
+    )
     # RabbitMQ keeps every copy it confirmed: a consumer dedups by message_id.
     assert figures.lost == 0
 
 
 @pytest.mark.slow
 def test_an_unroutable_message_is_parked_then_arrives_when_retried(
-    cluster: LocalCluster, rabbitmq_server: RabbitMQServer
+    relay_cluster: LocalCluster, rabbitmq_server: RabbitMQServer
 ) -> None:
-    parked = refused_then_retried(cluster, rabbitmq_server)
+    parked = refused_then_retried(relay_cluster, rabbitmq_server)
     assert "NO_ROUTE" in parked["error"]
 
 

@@ -12,14 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from broker_support import broker_namespace
 from redis_support import RedisServer
 from relay_scenarios import (
     SHARD_KILL,
     every_shard_relays_its_own,
+    faults_with_broker_in_namespace,
     refused_then_retried,
-    relay_cluster,
-    stream_through_faults,
 )
 
 from raftsched.core.events.sinks import make_sink
@@ -39,36 +37,24 @@ def redis_server(redis_server_binary: str, tmp_path: Path) -> Iterator[RedisServ
         server.stop()
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = relay_cluster(tmp_path / "cluster")
-    try:
-        yield local
-    finally:
-        local.stop()
-
-
 @pytest.mark.slow
 def test_every_committed_event_reaches_the_stream_through_kills_restarts_and_a_partition(
-    redis_server_binary: str, tmp_path: Path, cluster: LocalCluster
+    redis_server_binary: str, tmp_path: Path, relay_cluster: LocalCluster
 ) -> None:
-    with broker_namespace() as space:
-        server = RedisServer(
-            redis_server_binary, tmp_path / "redis", PASSWORD, space.broker_ip, space.name
-        )
-        server.start()
-        try:
-            figures = stream_through_faults(cluster, server, space)
-        finally:
-            server.stop()
+    figures = faults_with_broker_in_namespace(
+        relay_cluster,
+        lambda host, netns: RedisServer(
+            redis_server_binary, tmp_path / "redis-ns", PASSWORD, host, netns
+        ),
+    )
     assert figures.duplicates == 0  # the script's window dropped every repeat
 
 
 @pytest.mark.slow
 def test_a_refused_message_is_parked_then_arrives_when_retried(
-    cluster: LocalCluster, redis_server: RedisServer
+    relay_cluster: LocalCluster, redis_server: RedisServer
 ) -> None:
-    parked = refused_then_retried(cluster, redis_server)
+    parked = refused_then_retried(relay_cluster, redis_server)
     assert "WRONGTYPE" in parked["error"]
 
 
