@@ -51,7 +51,7 @@ import logging
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -210,8 +210,7 @@ class WebhookDelivery:
                 for sub_id, target in wanted.items():
                     if sub_id not in self._workers:
                         self._targets[sub_id] = target
-                        serve = self._serve if target.sink is None else self._relay
-                        self._workers[sub_id] = asyncio.create_task(serve(target))
+                        self._workers[sub_id] = asyncio.create_task(self._serve(target))
                 await changed.wait_s(IDLE_WAIT_S)
         except asyncio.CancelledError:
             raise
@@ -225,6 +224,14 @@ class WebhookDelivery:
     # -- one subscription -----------------------------------------------------
 
     async def _serve(self, target: _Target) -> None:
+        """Send the subscription's events, and its parked events an operator
+        retries, until it is deleted or this node stops leading. One loop for
+        every sink: what differs (a POST per event, in parallel; a broker's
+        ordered publish) is the channel's."""
+        channel = self._open(target)
+        if channel is None:
+            await asyncio.sleep(UNAVAILABLE_WAIT_S)
+            return  # the supervisor looks again
         try:
             while True:
                 changed = self.node.changed()
@@ -232,10 +239,13 @@ class WebhookDelivery:
                 if work is None:
                     return  # deleted
                 events, through_seq, retries = work
-                if retries:
-                    await self._redeliver(target, retries)
+                for event in retries:
+                    await self.node.propose(await channel.retry_parked(event), bounded=False)
                 if events or through_seq is not None:
-                    await self._deliver_batch(target, events, through_seq)
+                    for command in await channel.deliver(events):
+                        await self.node.propose(command, bounded=False)
+                    if through_seq is not None:
+                        await self.node.propose(AckDelivery(target.id, through_seq), bounded=False)
                     continue
                 if not retries:
                     await changed.wait_s(IDLE_WAIT_S)
@@ -246,15 +256,36 @@ class WebhookDelivery:
             # and its acknowledgement: an expected turn of events, not a
             # failure. The replicated cursor did not move (or moved without
             # our knowing), so this leader's restarted worker, or the next
-            # leader, delivers those events again: at least once.
+            # leader, sends those events again: at least once.
             log.warning(
-                "webhook progress not recorded; its events will be delivered again",
+                f"{channel.noun} progress not recorded; its events will be {channel.sent} again",
                 extra={"subscription": target.id, "error": repr(error)},
             )
             await asyncio.sleep(IDLE_WAIT_S)  # the supervisor restarts this worker
         except Exception:
-            log.exception("webhook delivery failed", extra={"subscription": target.id})
+            log.exception(channel.failed, extra={"subscription": target.id})
             await asyncio.sleep(IDLE_WAIT_S)  # the supervisor restarts this worker
+        finally:
+            await channel.close()
+
+    def _open(self, target: _Target) -> _Channel | None:
+        """The subscription's channel; None for a broker whose client library
+        this node lacks (nothing is parked: the events wait for a node that
+        has it)."""
+        if target.sink is None:
+            return _WebhookChannel(self, target)
+        extra = missing_extra(target.sink.kind)
+        if extra is None:
+            sink = open_sink(target.sink, self.settings.timeout_s, self.settings.dedup_window_s)
+            return _BrokerChannel(self, target, sink)
+        self.status.attempted(target.id, False)  # it cannot reach the broker at all
+        if target.id not in self._unavailable:
+            self._unavailable.add(target.id)
+            log.error(
+                "relay cannot publish: this node lacks the sink's client library",
+                extra={"subscription": target.id, "extra": f"raftsched[{extra}]"},
+            )
+        return None
 
     def _next_work(
         self, sub_id: str
@@ -274,27 +305,6 @@ class WebhookDelivery:
                 # other types are passed over, so the cursor moves past them.
                 through_seq = newest if newest > sub.cursor else None
             return events, through_seq, retries
-
-    async def _deliver_batch(
-        self, target: _Target, events: list[OutboxEvent], through_seq: int | None
-    ) -> None:
-        gate = asyncio.Semaphore(IN_FLIGHT_MAX)
-
-        async def one(event: OutboxEvent) -> Command | None:
-            async with gate:
-                return await self._deliver(target, event, None)
-
-        parks = [cmd for cmd in await asyncio.gather(*(one(e) for e in events)) if cmd]
-        for command in parks:
-            await self.node.propose(command, bounded=False)
-        if through_seq is not None:
-            await self.node.propose(AckDelivery(target.id, through_seq), bounded=False)
-
-    async def _redeliver(self, target: _Target, events: list[OutboxEvent]) -> None:
-        for event in events:
-            command = await self._deliver(target, event, AckParked(target.id, event.seq))
-            if command is not None:
-                await self.node.propose(command, bounded=False)
 
     async def _deliver(
         self,
@@ -342,67 +352,11 @@ class WebhookDelivery:
 
     # -- one broker sink's subscription ------------------------------------------
 
-    async def _relay(self, target: _Target) -> None:
-        """Publish the subscription's events to its broker while leading."""
-        assert target.sink is not None
-        extra = missing_extra(target.sink.kind)
-        if extra is not None:
-            # Nothing is parked: the events wait for a node that has it.
-            self.status.attempted(target.id, False)  # it cannot reach the broker at all
-            if target.id not in self._unavailable:
-                self._unavailable.add(target.id)
-                log.error(
-                    "relay cannot publish: this node lacks the sink's client library",
-                    extra={"subscription": target.id, "extra": f"raftsched[{extra}]"},
-                )
-            await asyncio.sleep(UNAVAILABLE_WAIT_S)
-            return  # the supervisor looks again
-        sink = open_sink(target.sink, self.settings.timeout_s, self.settings.dedup_window_s)
-        try:
-            while True:
-                changed = self.node.changed()
-                work = self._next_messages(target)
-                if work is None:
-                    return  # deleted
-                messages, through_seq, retries = work
-                for message in retries:
-                    await self._republish_parked(target, sink, message)
-                if messages or through_seq is not None:
-                    parks = await self._publish_batch(target, sink, messages)
-                    for command in parks:
-                        await self.node.propose(command, bounded=False)
-                    if through_seq is not None:
-                        await self.node.propose(AckDelivery(target.id, through_seq), bounded=False)
-                    continue
-                if not retries:
-                    await changed.wait_s(IDLE_WAIT_S)
-        except asyncio.CancelledError:
-            raise
-        except (NotLeader, NotCommitted, OutcomeUnknown) as error:
-            # As for a webhook: the cursor did not move (or moved without our
-            # knowing), so those events are published again: at least once.
-            log.warning(
-                "relay progress not recorded; its events will be published again",
-                extra={"subscription": target.id, "error": repr(error)},
-            )
-            await asyncio.sleep(IDLE_WAIT_S)
-        except Exception:
-            log.exception("relay failed", extra={"subscription": target.id})
-            await asyncio.sleep(IDLE_WAIT_S)  # the supervisor restarts this worker
-        finally:
-            await sink.close()
-
-    def _next_messages(
-        self, target: _Target
-    ) -> tuple[list[Message], int | None, list[Message]] | None:
-        """`_next_work` as messages: their keys are read from this state."""
+    def _messages(self, target: _Target, events: list[OutboxEvent]) -> list[Message]:
+        """`events` as broker messages: their keys are read from the state."""
         assert target.sink is not None
         template = target.sink.destination
         shard = self.shard or 0
-        work = self._next_work(target.id)
-        if work is None:
-            return None
-        events, through_seq, retries = work
         with self.node.reading() as state:
 
             def message(event: OutboxEvent) -> Message:
@@ -418,7 +372,7 @@ class WebhookDelivery:
                     destination=destination(template, event.type, tenant, shard),
                 )
 
-            return [message(e) for e in events], through_seq, [message(e) for e in retries]
+            return [message(event) for event in events]
 
     async def _publish_batch(
         self, target: _Target, sink: BrokerSink, messages: list[Message]
@@ -471,13 +425,6 @@ class WebhookDelivery:
             start, refusals = start + 1, 0
         return parks
 
-    async def _republish_parked(self, target: _Target, sink: BrokerSink, message: Message) -> None:
-        """An operator's retry of one parked event: published again, then
-        `AckParked`, or parked again after `max_attempts` refusals."""
-        parks = await self._publish_batch(target, sink, [message])
-        command = parks[0] if parks else AckParked(target.id, message.seq)
-        await self.node.propose(command, bounded=False)
-
     async def _back_off(self, attempt: int) -> None:
         settings = self.settings
         cap_s = min(settings.backoff_max_s, settings.backoff_s * 2 ** min(attempt - 1, 30))
@@ -498,6 +445,74 @@ class WebhookDelivery:
                 age_s = (state.now_ms - found[0].at_ms) / 1000 if found else 0.0
                 samples.append(((sub.id,), max(age_s, 0.0)))
         return samples
+
+
+class _Channel(Protocol):
+    """How one subscription's events leave this node."""
+
+    noun: str  # what the log calls it
+    sent: str  # what happens to its events again after a lost ack
+    failed: str  # the log's line for an unexpected failure
+
+    async def deliver(self, events: list[OutboxEvent]) -> list[Command]:
+        """Send `events`; the parks to propose before the batch's ack."""
+        ...
+
+    async def retry_parked(self, event: OutboxEvent) -> Command:
+        """Send a parked event an operator retries: `AckParked`, or parked again."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class _WebhookChannel:
+    """A POST per event, up to IN_FLIGHT_MAX at once, each retried alone."""
+
+    relay: WebhookDelivery
+    target: _Target
+    noun: str = "webhook"
+    sent: str = "delivered"
+    failed: str = "webhook delivery failed"
+
+    async def deliver(self, events: list[OutboxEvent]) -> list[Command]:
+        gate = asyncio.Semaphore(IN_FLIGHT_MAX)
+
+        async def one(event: OutboxEvent) -> Command | None:
+            async with gate:
+                return await self.relay._deliver(self.target, event, None)
+
+        return [cmd for cmd in await asyncio.gather(*(one(e) for e in events)) if cmd]
+
+    async def retry_parked(self, event: OutboxEvent) -> Command:
+        on_success = AckParked(self.target.id, event.seq)
+        return await self.relay._deliver(self.target, event, on_success) or on_success
+
+    async def close(self) -> None:
+        """The session is the deliverer's, shared by every webhook."""
+
+
+@dataclass(slots=True)
+class _BrokerChannel:
+    """A broker's ordered publish on one connection (docs/relays.md)."""
+
+    relay: WebhookDelivery
+    target: _Target
+    sink: BrokerSink
+    noun: str = "relay"
+    sent: str = "published"
+    failed: str = "relay failed"
+
+    async def deliver(self, events: list[OutboxEvent]) -> list[Command]:
+        messages = self.relay._messages(self.target, events)
+        return await self.relay._publish_batch(self.target, self.sink, messages)
+
+    async def retry_parked(self, event: OutboxEvent) -> Command:
+        parks = await self.deliver([event])
+        return parks[0] if parks else AckParked(self.target.id, event.seq)
+
+    async def close(self) -> None:
+        await self.sink.close()
 
 
 async def post_once(
