@@ -1,19 +1,23 @@
 """`python -m chaos` / `make chaos`: run one seeded campaign and check it.
 
 Order of events: build the network and start the cluster; start the sink,
-the webhook receiver and the payment provider; set the features up
-(subscription, tenant limit, schedules: chaos/features.py); start the
+the webhook receiver, the relay's redis-server (chaos/broker.py) and the
+payment provider; set the features up (subscription, tenant limit,
+schedules: chaos/features.py) and, at cluster version 10, the broker
+subscription (chaos/relay.py); start the
 workers, the clients, the workflow submitter, the payments (which wait
 for cluster version 5: chaos/payments.py) and the wheel watch (which gives
 the time wheel a short horizon at cluster version 7, so that the clients'
 far jobs are packed, and notes how many are: chaos/wheel.py); let the nemesis run its schedule
-for `--duration` seconds; then heal everything (partitions, pauses, dead
-nodes, clocks), stop the clients and payments, pause the schedules, give
+for `--duration` seconds (and the broker's restarts beside it); then heal
+everything (partitions, pauses, dead nodes, clocks, the broker), stop the
+clients and payments, pause the schedules, give
 the cluster `--recovery-bound-s` to finish every job (payments and their
-reconciliations included), workflow and webhook delivery, stop the workers,
+reconciliations included), workflow, webhook delivery and relay, stop the workers,
 read the final state from every node, stop the nodes, run the checkers (the
 eighth reads the node logs; the fifteenth, the provider's) and print the
-summary -- its JSON is the last line.
+summary -- its JSON is the last line. Checker 16 reads the Redis streams
+(in final.json); without redis-server it is skipped, and the summary says so.
 Everything is torn down on the way out, even on failure.
 """
 
