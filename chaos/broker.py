@@ -30,6 +30,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,10 @@ class RedisBroker:
         self.port = free_port(host)
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
+        # Each restart as the broker's nemesis saw it: how, how long down,
+        # and how many events were waiting for the relay just before the
+        # server came back (did the outage bite?).
+        self.outages: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         # Commands counted by the servers stopped so far (INFO commandstats
         # starts again at every start).
@@ -149,11 +154,25 @@ class RedisBroker:
                 process.kill()
                 process.wait(timeout=5)
 
-    def restart_after(self, how: str, down_s: float, stop_event: threading.Event) -> None:
+    def restart_after(
+        self,
+        how: str,
+        down_s: float,
+        stop_event: threading.Event,
+        waiting: Callable[[], int | None] | None = None,
+    ) -> dict[str, Any]:
+        """Stop (or kill), stay down `down_s` (less when the fault phase
+        ends first), start again; the outage's record."""
+        started = time.monotonic()
         self.stop(how)
         stop_event.wait(down_s)
+        outage: dict[str, Any] = {"how": how}
+        outage["events_waiting"] = waiting() if waiting is not None else None
+        outage["down_s"] = round(time.monotonic() - started, 2)
         self.start()
         self.restarts += 1
+        self.outages.append(outage)
+        return outage
 
     def calls(self, command: str) -> int:
         """How many times `command` ran (scripts' commands too), over restarts."""
@@ -222,13 +241,19 @@ class BrokerNemesis(threading.Thread):
     """Applies the broker's schedule beside the nodes' nemesis."""
 
     def __init__(
-        self, broker: RedisBroker, faults: list[Fault], history: Recorder, started_at: float
+        self,
+        broker: RedisBroker,
+        faults: list[Fault],
+        history: Recorder,
+        started_at: float,
+        waiting: Callable[[], int | None] | None = None,
     ) -> None:
         super().__init__(name="broker-nemesis", daemon=True)
         self.broker = broker
         self.faults = faults
         self.history = history
         self.started_at = started_at
+        self.waiting = waiting  # the relay's events not yet published (Relay.lag)
         self.stop_event = threading.Event()
         self.applied: list[dict[str, Any]] = []
         self.errors: list[str] = []
@@ -243,17 +268,19 @@ class BrokerNemesis(threading.Thread):
         started = time.time()
         how = fault.params["how"]
         self.history.note("fault_start", {"kind": fault.kind, **fault.params})
+        outage: dict[str, Any] = {}
         try:
             # A fault cut short by the end of the fault phase still restarts
             # the server (heal() would otherwise).
-            self.broker.restart_after(how, fault.hold_s, self.stop_event)
+            outage = self.broker.restart_after(how, fault.hold_s, self.stop_event, self.waiting)
             outcome = "restarted"
         except Exception as error:  # keep going: one failed fault is not a failed run
             outcome = f"failed: {error!r}"
             self.errors.append(f"{fault.describe()}: {error!r}")
         held_s = time.time() - started
         record = {"kind": fault.kind, "held_s": round(held_s, 2), "outcome": outcome}
-        self.history.note("fault_end", {**record, "how": how})
+        waiting = {"events_waiting": outage.get("events_waiting")}
+        self.history.note("fault_end", {**record, "how": how, **waiting})
         self.applied.append({**record, "held_s": held_s, **fault.params})
 
     def heal(self) -> None:

@@ -30,6 +30,7 @@ import time
 from typing import Any
 
 from chaos.broker import RedisBroker
+from chaos.cursors import cursor_seqs
 from chaos.features import _get, _shard_seqs, subscription_backlog
 from chaos.history import Recorder
 from chaos.httpops import Outcome, Session, recorded_call
@@ -59,6 +60,7 @@ class Relay(threading.Thread):
         stop: threading.Event,
     ) -> None:
         super().__init__(name="relay", daemon=True)
+        self.urls = urls
         self.session = Session(urls, random.Random(f"chaos-relay-{seed}"))
         self.history = history
         self.broker = broker
@@ -126,6 +128,23 @@ class Relay(threading.Thread):
         version = outcome.body.get("cluster_version") if outcome.kind == "ok" else None
         return int(version) if isinstance(version, int) else None
 
+    def lag(self) -> int | None:
+        """Events committed and not yet published, over every shard (None:
+        not created yet, or unreadable). Called from the broker's nemesis
+        (a session of its own): how many events an outage held back."""
+        if not self.enabled:
+            return None
+        session = Session(self.urls)
+        path = f"/v1/subscriptions/{RELAY_SUBSCRIPTION_ID}"
+        view = session.call("GET", path, idempotent=True, budget_s=2)
+        box = session.call("GET", "/v1/events?limit=1", idempotent=True, budget_s=2)
+        if view.kind != "ok" or box.kind != "ok":
+            return None
+        at = cursor_seqs(view.body["subscription"]["cursor_seq"])
+        last = _shard_seqs(box.body.get("last_seq", 0))
+        at += [None] * (len(last) - len(at))
+        return sum(max(0, each - (seen or 0)) for each, seen in zip(last, at, strict=False))
+
     # -- recovery and the final state ---------------------------------------
 
     def backlog(self) -> list[str]:
@@ -172,6 +191,7 @@ class Relay(threading.Thread):
             state["read_error"] = repr(error)
         state["streams"] = streams
         state["broker"]["restarts"] = self.broker.restarts
+        state["broker"]["outages"] = list(self.broker.outages)
         return state
 
 

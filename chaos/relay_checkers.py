@@ -161,6 +161,9 @@ def _judge(final: dict[str, Any]) -> tuple[Check, dict[str, Any]]:
         "duplicates": entries_total - unique_total,
         "republished_and_dropped_at_least": broker.get("dropped_repeats_at_least"),
         "broker_restarts": broker.get("restarts", 0),
+        # Per restart: how, how long down, the events waiting for the relay
+        # just before the server came back (0: the outage did not bite).
+        "broker_outages": broker.get("outages", []),
         "lost": counts[LOST],
         "not_published_within_bound": counts[NOT_DELIVERED],
         "first_arrivals_out_of_order": counts[OUT_OF_ORDER],

@@ -599,7 +599,11 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         nemesis.start()
         if broker is not None:
             broker_nemesis = BrokerNemesis(
-                broker, broker_faults, Recorder(out / "history-broker.jsonl", "broker"), started
+                broker,
+                broker_faults,
+                Recorder(out / "history-broker.jsonl", "broker"),
+                started,
+                waiting=relay.lag if relay is not None else None,
             )
             broker_nemesis.start()
         time.sleep(max(0.0, started + args.duration - time.time()))

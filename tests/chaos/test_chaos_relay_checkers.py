@@ -12,6 +12,7 @@ import argparse
 import copy
 import json
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,11 @@ def relay_state(
             "parked": parked or [],
         },
         "streams": streams,
-        "broker": {"restarts": 1, "dropped_repeats_at_least": 2},
+        "broker": {
+            "restarts": 1,
+            "dropped_repeats_at_least": 2,
+            "outages": [{"how": "kill", "down_s": 3.1, "events_waiting": 4}],
+        },
     }
 
 
@@ -144,6 +149,7 @@ def test_a_clean_run_passes_with_its_figures() -> None:
     assert figures["not_published_within_bound"] == figures["first_arrivals_out_of_order"] == 0
     assert figures["broker_restarts"] == 1
     assert figures["republished_and_dropped_at_least"] == 2
+    assert figures["broker_outages"] == [{"how": "kill", "down_s": 3.1, "events_waiting": 4}]
 
 
 def test_every_checker_sees_the_clean_relay_and_16_is_last() -> None:
@@ -354,11 +360,14 @@ def test_the_broker_keeps_every_entry_across_a_kill_and_a_stop(tmp_path: Path) -
             client.xadd("chaos:0", {"id": f"evt_{n}", "seq": n})
             client.get(f"chaos:0:dedup:evt_{n}")
         client.get("chaos:0:dedup:evt_1")  # a repeat the window dropped
-        broker.stop("kill")
+        down = threading.Event()
+        outage = broker.restart_after("kill", 0.2, down, waiting=lambda: 3)
+        assert outage["how"] == "kill" and outage["events_waiting"] == 3
+        assert outage["down_s"] >= 0.2 and broker.running
+        broker.stop("stop")
         assert not broker.running
         broker.start()
-        broker.stop("stop")
-        broker.start()
+        assert (broker.restarts, broker.outages) == (1, [outage])
         found = broker.entries("chaos:0")
         assert [int(row["fields"]["seq"]) for row in found] == list(range(1, 1501))
         assert found[0]["fields"]["id"] == "evt_1" and found[0]["entry"]
