@@ -46,6 +46,7 @@ BROKER_WINDOW = (0.1, 0.85)
 BROKER_DOWN_S = (2.0, 6.0)
 BROKER_FAULT_MIN_DURATION_S = 20.0
 START_WAIT_S = 20.0
+LAG_READ_S = 1.5  # Relay.lag's two reads, 0.7 s each at most
 STOP_WAIT_S = 20.0
 PAGE = 1000
 
@@ -165,9 +166,21 @@ class RedisBroker:
         ends first), start again; the outage's record."""
         started = time.monotonic()
         self.stop(how)
-        stop_event.wait(down_s)
-        outage: dict[str, Any] = {"how": how}
-        outage["events_waiting"] = waiting() if waiting is not None else None
+        found: dict[str, int | None] = {}
+        # The lag is read during the last LAG_READ_S of the outage, so that a
+        # cluster slow to answer never lengthens it: no answer by the end of
+        # the hold is recorded as None.
+        stop_event.wait(max(0.0, down_s - LAG_READ_S))
+        reader = None
+        if waiting is not None:
+            reader = threading.Thread(
+                target=lambda: found.update(events_waiting=waiting()), daemon=True
+            )
+            reader.start()
+        stop_event.wait(max(0.0, started + down_s - time.monotonic()))
+        if reader is not None:
+            reader.join(timeout=0.2)
+        outage: dict[str, Any] = {"how": how, "events_waiting": found.get("events_waiting")}
         outage["down_s"] = round(time.monotonic() - started, 2)
         self.start()
         self.restarts += 1

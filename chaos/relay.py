@@ -136,8 +136,8 @@ class Relay(threading.Thread):
             return None
         session = Session(self.urls)
         path = f"/v1/subscriptions/{RELAY_SUBSCRIPTION_ID}"
-        view = session.call("GET", path, idempotent=True, budget_s=2)
-        box = session.call("GET", "/v1/events?limit=1", idempotent=True, budget_s=2)
+        view = session.call("GET", path, idempotent=True, budget_s=0.7)
+        box = session.call("GET", "/v1/events?limit=1", idempotent=True, budget_s=0.7)
         if view.kind != "ok" or box.kind != "ok":
             return None
         at = cursor_seqs(view.body["subscription"]["cursor_seq"])
