@@ -28,6 +28,8 @@ Inputs:
 - `provider_log`: the fake payment provider's log (chaos.provider), and
   `final["payments"]` (chaos/payments.py), for checker 15
   (chaos/payment_checkers.py).
+- `final["relay"]`: the broker relay's subscription and Redis streams
+  (chaos/relay.py), for checker 16 (chaos/relay_checkers.py).
 - `node_log_errors`: node id -> every error-level line of its log
   (`raftsched.testing.read_log_errors`), for checker 8.
 """
@@ -55,6 +57,9 @@ class Check:
     name: str
     anomalies: int = 0
     examples: list[dict[str, Any]] = field(default_factory=list)
+    # Why the checker judged nothing (its inputs could not be made in this
+    # run, e.g. no redis-server for checker 16): the summary says so loudly.
+    skipped: str | None = None
 
     def flag(self, **example: Any) -> None:
         self.anomalies += 1
@@ -1175,10 +1180,12 @@ def check_all(
     """Every checker but the eighth, which reads the node logs once the nodes
     have stopped (the campaign puts it in its place). `notes`: the history's
     notes, for checkers 13 and 14 (chaos/ops_checkers.py); `provider_log`:
-    the payment provider's log, for checker 15 (chaos/payment_checkers.py)."""
-    # Imported here: both build on this module's Check.
+    the payment provider's log, for checker 15 (chaos/payment_checkers.py);
+    checker 16 reads `final["relay"]` (chaos/relay_checkers.py)."""
+    # Imported here: they build on this module's Check.
     from chaos.ops_checkers import ops_checks
     from chaos.payment_checkers import charges_per_payment_at_most_one
+    from chaos.relay_checkers import relay_published
 
     return [
         acknowledged_not_lost(ops, final),
@@ -1194,4 +1201,5 @@ def check_all(
         flow_limits(ops, final),
         *ops_checks(ops, final, notes),
         charges_per_payment_at_most_one(ops, final, provider_log or []),
+        relay_published(final),
     ]

@@ -195,30 +195,13 @@ class Features(threading.Thread):
         for status in ("running", "compensating"):
             found = _get(self.session, f"/v1/workflows?status={status}&limit=1000")
             owed += [f"workflow {w['id']} {status}" for w in found.get("workflows", [])]
-        subscription = _get(self.session, f"/v1/subscriptions/{SUBSCRIPTION_ID}")
-        sub = subscription.get("subscription")
-        if sub is None:
-            return [*owed, "subscription unreadable"]
-        box = _get(self.session, f"/v1/events?after={sub['cursor_seq']}&limit=1")
-        # Sharded: `last_seq` and the subscription's `cursor_seq` are cursors
-        # of every shard's own seq (`v1.<seq0>.<seq1>...`); each shard's copy
-        # delivers its own events (docs/shards.md), so every shard's cursor
-        # must have reached its last event.
-        last = cursor_seqs(box["last_seq"]) if "last_seq" in box else None
-        at = cursor_seqs(sub["cursor_seq"])
-        at += [None] * (len(last or ()) - len(at))
-        if last is None or any(
-            each is not None and (seen is None or each > seen)
-            for each, seen in zip(last, at, strict=False)
-        ):
-            owed.append(f"subscription at {sub['cursor_seq']} of {box.get('last_seq')}")
-        if sub["parked_count"]:
-            owed.append(f"{sub['parked_count']} parked")
-            if not self.retried_parked:
-                path = f"/v1/subscriptions/{SUBSCRIPTION_ID}/retry"
-                self.retried_parked = (
-                    self.op("retry_parked", "POST", path, {}, idempotent=True).kind == "ok"
-                )
+        undelivered, sub = subscription_backlog(self.session, SUBSCRIPTION_ID)
+        owed += undelivered
+        if sub is not None and sub["parked_count"] and not self.retried_parked:
+            path = f"/v1/subscriptions/{SUBSCRIPTION_ID}/retry"
+            self.retried_parked = (
+                self.op("retry_parked", "POST", path, {}, idempotent=True).kind == "ok"
+            )
         return owed
 
     def read_state(self) -> dict[str, Any]:
@@ -262,6 +245,33 @@ class Features(threading.Thread):
         tenant = _get(self.session, f"/v1/tenants/{LIMITED_TENANT}", strict=True)
         final["tenants"] = {LIMITED_TENANT: tenant.get("tenant", tenant)}
         return final
+
+
+def subscription_backlog(session: Session, sub_id: str) -> tuple[list[str], dict[str, Any] | None]:
+    """What subscription `sub_id` still owes (its cursor short of the
+    outbox's last event in any shard, parked events), and its view (None:
+    unreadable, which is owed too)."""
+    subscription = _get(session, f"/v1/subscriptions/{sub_id}")
+    sub = subscription.get("subscription")
+    if sub is None:
+        return [f"subscription {sub_id} unreadable"], None
+    owed: list[str] = []
+    box = _get(session, f"/v1/events?after={sub['cursor_seq']}&limit=1")
+    # Sharded: `last_seq` and the subscription's `cursor_seq` are cursors
+    # of every shard's own seq (`v1.<seq0>.<seq1>...`); each shard's copy
+    # delivers its own events (docs/shards.md), so every shard's cursor
+    # must have reached its last event.
+    last = cursor_seqs(box["last_seq"]) if "last_seq" in box else None
+    at = cursor_seqs(sub["cursor_seq"])
+    at += [None] * (len(last or ()) - len(at))
+    if last is None or any(
+        each is not None and (seen is None or each > seen)
+        for each, seen in zip(last, at, strict=False)
+    ):
+        owed.append(f"subscription {sub_id} at {sub['cursor_seq']} of {box.get('last_seq')}")
+    if sub["parked_count"]:
+        owed.append(f"{sub['parked_count']} parked in {sub_id}")
+    return owed, sub
 
 
 def _shard_seqs(cursor: Any) -> list[int]:

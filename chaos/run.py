@@ -1,19 +1,23 @@
 """`python -m chaos` / `make chaos`: run one seeded campaign and check it.
 
 Order of events: build the network and start the cluster; start the sink,
-the webhook receiver and the payment provider; set the features up
-(subscription, tenant limit, schedules: chaos/features.py); start the
+the webhook receiver, the relay's redis-server (chaos/broker.py) and the
+payment provider; set the features up (subscription, tenant limit,
+schedules: chaos/features.py) and, at cluster version 10, the broker
+subscription (chaos/relay.py); start the
 workers, the clients, the workflow submitter, the payments (which wait
 for cluster version 5: chaos/payments.py) and the wheel watch (which gives
 the time wheel a short horizon at cluster version 7, so that the clients'
 far jobs are packed, and notes how many are: chaos/wheel.py); let the nemesis run its schedule
-for `--duration` seconds; then heal everything (partitions, pauses, dead
-nodes, clocks), stop the clients and payments, pause the schedules, give
+for `--duration` seconds (and the broker's restarts beside it); then heal
+everything (partitions, pauses, dead nodes, clocks, the broker), stop the
+clients and payments, pause the schedules, give
 the cluster `--recovery-bound-s` to finish every job (payments and their
-reconciliations included), workflow and webhook delivery, stop the workers,
+reconciliations included), workflow, webhook delivery and relay, stop the workers,
 read the final state from every node, stop the nodes, run the checkers (the
 eighth reads the node logs; the fifteenth, the provider's) and print the
-summary -- its JSON is the last line.
+summary -- its JSON is the last line. Checker 16 reads the Redis streams
+(in final.json); without redis-server it is skipped, and the summary says so.
 Everything is torn down on the way out, even on failure.
 """
 
@@ -34,6 +38,13 @@ from typing import Any
 
 from chaos import membership
 from chaos import nemesis as nemesis_module
+from chaos.broker import (
+    BrokerNemesis,
+    RedisBroker,
+    broker_schedule,
+    missing_reason,
+    redis_server_binary,
+)
 from chaos.checkers import (
     FINAL_STATUSES,
     check_all,
@@ -50,6 +61,7 @@ from chaos.payments import LOOKUP_UNAVAILABLE_P, PAYMENTS_QUEUE, POLICIES, Payme
 from chaos.previous import Release, previous_release
 from chaos.provider import Provider, read_provider_log
 from chaos.receiver import WebhookReceiver, read_receiver_log
+from chaos.relay import Relay, skipped_state
 from chaos.sink import FencedSink, read_sink_log
 from chaos.summary import render_text, summarize
 from chaos.wheel import WheelWatch
@@ -96,6 +108,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stall-p", type=float, default=0.05, help="worker stalls per lease")
     parser.add_argument("--recovery-bound-s", type=float, default=60.0)
     parser.add_argument("--out", type=Path, default=None, help="run directory")
+    parser.add_argument(
+        "--no-relay",
+        action="store_true",
+        help="no broker relay (redis-server, its subscription, its restarts); checker 16 is "
+        "then skipped, as it is when redis-server is not installed",
+    )
     parser.add_argument(
         "--mixed-version",
         action="store_true",
@@ -276,12 +294,17 @@ def list_jobs(base: str, stale: bool) -> list[dict[str, Any]]:
 
 
 def wait_recovered(
-    cluster: NsCluster, acked: list[str], bound_s: float, features: Features
+    cluster: NsCluster,
+    acked: list[str],
+    bound_s: float,
+    features: Features,
+    relay: Relay | None = None,
 ) -> tuple[float | None, list[str]]:
     """Seconds until every acknowledged job, and every job the cluster made
     (schedule occurrences, workflow steps, submits whose answer was lost), is
-    final, every workflow finished and every event delivered (None if not
-    within the bound); and the jobs still not final then."""
+    final, every workflow finished and every event delivered, to the webhook
+    and by the broker relay (None if not within the bound); and the jobs
+    still not final then."""
     started = time.monotonic()
     pending = set(acked)
     while time.monotonic() - started < bound_s:
@@ -293,20 +316,33 @@ def wait_recovered(
         status = {job["id"]: job["status"] for job in jobs}
         pending = {job_id for job_id in pending if status.get(job_id) not in FINAL_STATUSES}
         pending |= {job_id for job_id, now in status.items() if now not in FINAL_STATUSES}
-        if not pending and not features.backlog() and membership.settled(cluster):
+        drained = not features.backlog() and not (relay is not None and relay.backlog())
+        if not pending and drained and membership.settled(cluster):
             return time.monotonic() - started, []
         time.sleep(1)
     return None, sorted(pending)
 
 
 def read_final(
-    cluster: NsCluster, features: Features, payments: Payments, settle_s: float = 30.0
+    cluster: NsCluster,
+    features: Features,
+    payments: Payments,
+    relay: Relay | None = None,
+    relay_skipped: str | None = None,
+    settle_s: float = 30.0,
 ) -> dict[str, Any]:
     """Linearizable reads first (each commits a barrier entry), then the
     replicas' digests once they stopped moving, then their stale listings."""
     final: dict[str, Any] = {"nodes": {}, "unreachable": [], "effects": {}}
     final["jobs"] = list_jobs(cluster.member_urls()[0], stale=False)
     final |= features.read_state()
+    # After the outbox: every event the streams hold is in it (nothing
+    # makes events once recovery is over).
+    final["relay"] = (
+        relay.read_state(cluster.shards)
+        if relay is not None
+        else skipped_state(relay_skipped or "no relay")
+    )
     paid = [job["id"] for job in final["jobs"] if job["queue"] == PAYMENTS_QUEUE]
     final["payments"] = payments.read_state(paid)
     session = Session(cluster.member_urls())
@@ -434,7 +470,18 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
     print(f"chaos: fault schedule ({len(faults)} faults):")
     for fault in faults:
         print("  " + fault.describe())
-    (out / "schedule.json").write_text(json.dumps(nemesis_module.schedule_json(faults), indent=1))
+    relay_skipped = "disabled with --no-relay" if args.no_relay else missing_reason()
+    broker_faults = [] if relay_skipped else broker_schedule(args.seed, args.duration)
+    if relay_skipped:
+        message = f"chaos: RELAY SKIPPED: {relay_skipped}; checker 16 will judge nothing"
+        print(message)
+        print(message, file=sys.stderr)
+    else:
+        print(f"chaos: broker fault schedule ({len(broker_faults)} faults, beside the others):")
+        for fault in broker_faults:
+            print("  " + fault.describe())
+    schedule_json = nemesis_module.schedule_json(faults + broker_faults)
+    (out / "schedule.json").write_text(json.dumps(schedule_json, indent=1))
     sys.stdout.flush()
     ensure_tools()
     previous = previous_release() if args.mixed_version else None
@@ -446,6 +493,9 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
     sink: FencedSink | None = None
     receiver: WebhookReceiver | None = None
     provider: Provider | None = None
+    broker: RedisBroker | None = None
+    relay: Relay | None = None
+    broker_nemesis: BrokerNemesis | None = None
     workers: WorkerPool | None = None
     stop_clients = threading.Event()
     stop_wheel = threading.Event()
@@ -481,6 +531,20 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
             stop_clients,
         )
         features.setup()
+        binary = redis_server_binary()
+        if relay_skipped is None and binary is not None:
+            # On the bridge's host address, beside the receiver: the nodes
+            # reach it from their namespaces.
+            password = f"chaos-relay-{args.seed}-{os.urandom(4).hex()}"
+            broker = RedisBroker(out / "redis", net.host_ip, password, binary)
+            broker.start()
+            relay = Relay(
+                urls,
+                Recorder(out / "history-relay.jsonl", "relay"),
+                args.seed,
+                broker,
+                stop_clients,
+            )
         provider = Provider(out / "provider.jsonl", args.seed, LOOKUP_UNAVAILABLE_P).start()
         payments = Payments(
             urls,
@@ -495,6 +559,10 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
             # changes need 4. The fault phase starts on a settled cluster
             # (the mixed-version phase starts below 4 on purpose).
             wait_cluster_version(cluster, COMMAND_VERSION_MAX, 60)
+            if relay is not None and not relay.enable() and relay.refused is None:
+                relay.refused = {"why": "not created within 60 s on a settled cluster"}
+        elif relay is not None:
+            relay.start()  # once the last upgrade opened cluster version 10
         workers = WorkerPool(args, urls, sink.url, provider.url)
         workers.start()
         nemesis_history = Recorder(out / "history-nemesis.jsonl", "nemesis")
@@ -529,10 +597,24 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
             upgrade=lambda node: upgrade(cluster, node),
         )  # fmt: skip
         nemesis.start()
+        if broker is not None:
+            broker_nemesis = BrokerNemesis(
+                broker,
+                broker_faults,
+                Recorder(out / "history-broker.jsonl", "broker"),
+                started,
+                waiting=relay.lag if relay is not None else None,
+            )
+            broker_nemesis.start()
         time.sleep(max(0.0, started + args.duration - time.time()))
         nemesis.stop_event.set()
+        if broker_nemesis is not None:
+            broker_nemesis.stop_event.set()
         nemesis.join(timeout=90)
         nemesis.heal_all()
+        if broker_nemesis is not None:
+            broker_nemesis.join(timeout=60)
+            broker_nemesis.heal()
         workers.resume_all()
         healed_at = time.time()
         nemesis_history.note("healed", {})
@@ -541,22 +623,28 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
             client.join(timeout=30)
         features.join(timeout=30)
         payments.join(timeout=30)
+        if relay is not None and relay.is_alive():
+            relay.join(timeout=30)  # a mixed-version run's, still waiting for version 10
         cluster.wait_for_leader(60)
         features.pause_schedules()
         acked = _acked_jobs(out)
-        recover_s, unfinished = wait_recovered(cluster, acked, args.recovery_bound_s, features)
+        recover_s, unfinished = wait_recovered(
+            cluster, acked, args.recovery_bound_s, features, relay
+        )
         workers.stop()
         monitor.stop_event.set()
         monitor.join(timeout=5)
         stop_wheel.set()
         wheel_watch.join(timeout=10)
         wait_converged(cluster, 30)
-        final = read_final(cluster, features, payments)
+        final = read_final(cluster, features, payments, relay, relay_skipped)
         final["unfinished_after_bound"] = unfinished
         (out / "final.json").write_text(json.dumps(final))
         sink.stop()
         receiver.stop()
         provider.stop()
+        if broker is not None:
+            broker.close()
         nemesis_module.note_exits(cluster, nemesis_history)
         events = read_events(sorted(out.glob("history-*.jsonl")))
         ops = operations(events)
@@ -571,8 +659,12 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         log_errors = node_log_errors(cluster)
         expected = expected_log_errors_by_node(notes)
         checks.insert(7, node_logs_clean(log_errors, expected_by_node=expected))
+        applied, errors = list(nemesis.applied), list(nemesis.errors)
+        if broker_nemesis is not None:
+            applied += broker_nemesis.applied
+            errors += broker_nemesis.errors
         return summarize(
-            args, ops, events, final, checks, nemesis.applied, nemesis.errors,
+            args, ops, events, final, checks, applied, errors,
             recover_s, unfinished, healed_at - started,
             expected_log_errors=expected_log_errors_seen(log_errors, expected_by_node=expected),
             deliveries=deliveries, provider_log=provider_log,
@@ -591,6 +683,11 @@ def campaign(args: argparse.Namespace) -> dict[str, Any]:
         if provider is not None:
             with contextlib.suppress(Exception):
                 provider.stop()
+        if broker_nemesis is not None:
+            broker_nemesis.stop_event.set()
+        if broker is not None:
+            with contextlib.suppress(Exception):
+                broker.close()
         if cluster is not None:
             cluster.stop()
             cluster.unmount_all()

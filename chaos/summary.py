@@ -17,6 +17,7 @@ from chaos.payment_checkers import (
     reconcile_decisions,
 )
 from chaos.payments import PAYMENTS_QUEUE
+from chaos.relay_checkers import relay_figures
 from raftsched.shards import shard_of_id
 
 HISTORY_GLOB = "history-*.jsonl"
@@ -78,9 +79,14 @@ def summarize(
         "features": features(final, deliveries or []),
         "payments": payments(ops, events, final, provider_log or []),
         "wheel": wheel.summary(ops, events),
+        # The broker relay (chaos/relay.py, checker 16): entries, events
+        # published, duplicates, broker restarts, lost; or why it was skipped.
+        "relay": relay_figures(final),
         "operations": operations_summary(faults, events, final),
         **({"shards": shards_summary(faults, events, final)} if final.get("shards", 1) > 1 else {}),
         "anomalies": anomalies,
+        # Checkers that judged nothing, and why (a missing broker): loud, not invalid.
+        "skipped_checks": {check.name: check.skipped for check in checks if check.skipped},
         # Error-level node log lines the faults explain (reason -> count);
         # any other one is an anomaly of checker 8.
         "expected_log_errors": dict(sorted((expected_log_errors or {}).items())),
@@ -287,17 +293,23 @@ def render_text(summary: dict[str, Any]) -> str:
         f"features: {summary.get('features', {})}",
         f"payments: {summary.get('payments', {})}",
         f"time wheel: {summary.get('wheel', {})}",
+        f"relay: {summary.get('relay', {})}",
         f"operations: {summary.get('operations', {})}",
         *([f"shards: {summary['shards']}"] if "shards" in summary else []),
         f"time to recover after healing: {summary['time_to_recover_s']} s"
         f" (bound {summary['recovery_bound_s']} s)",
         "anomalies per checker:",
     ]
+    skipped = summary.get("skipped_checks") or {}
     for name, count in summary["anomalies"].items():
-        lines.append(f"  {name:<38} {count}")
+        lines.append(
+            f"  {name:<38} {count}" + (f"  SKIPPED: {skipped[name]}" if name in skipped else "")
+        )
         for example in summary["examples"].get(name, [])[:3]:
             lines.append(f"      e.g. {example}")
     for reason, count in summary.get("expected_log_errors", {}).items():
         lines.append(f"expected node log errors: {count} ({reason})")
+    for name, why in skipped.items():
+        lines.append(f"!!! CHECKER {name} SKIPPED: {why}")
     lines.append(f"valid: {summary['valid']}")
     return "\n".join(lines)

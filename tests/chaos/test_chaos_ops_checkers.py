@@ -95,7 +95,7 @@ def test_a_clean_history_passes() -> None:
     assert membership_converged(ops, final, notes).anomalies == 0
     assert node_exits_expected(notes).anomalies == 0
     names = [check.name for check in check_all(ops, final, [], [], notes)]
-    assert names[-3:-1] == ["13_membership_converged", "14_node_exits_expected"]
+    assert names[-4:-2] == ["13_membership_converged", "14_node_exits_expected"]
 
 
 def test_a_run_without_membership_notes_is_not_judged() -> None:
