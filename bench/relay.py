@@ -13,8 +13,8 @@ newest event is the drain. The relay publishes what waited in batches of
 up to 64 events, one `AckDelivery` per batch: a broker confirms each
 message before the next (order per key), a webhook takes 8 POSTs at once.
 
-    .venv/bin/python bench/relay.py            # about 4 minutes
-    .venv/bin/python bench/relay.py --quick    # about 1 minute
+    .venv/bin/python bench/relay.py            # about 2 minutes
+    .venv/bin/python bench/relay.py --quick    # under a minute
 
 The last line is one JSON object: per sink, `events_per_s` (the median of
 its rounds) and `rounds` (each round's events/s), and
@@ -206,7 +206,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer events and rounds")
     args = parser.parse_args()
-    events, rounds = (1000, 1) if args.quick else (5000, 3)
+    events, rounds = (1000, 1) if args.quick else (3000, 3)
     with tempfile.TemporaryDirectory(prefix="rsbench-relay-") as tmp:
         root = Path(tmp)
         makers, skipped = _brokers(root)
