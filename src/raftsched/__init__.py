@@ -2,4 +2,4 @@
 
 # The release this code is or will be (the package metadata in pyproject.toml
 # follows at the tag). Nodes report it in GET /v1/cluster.
-__version__ = "0.9.0"
+__version__ = "0.10.0"
