@@ -164,7 +164,11 @@ class RabbitMQSink:
         if self._connection_lost():
             await self._reset()
             try:
-                self._connection = await aio_pika.connect(self.url, timeout=self.timeout_s)
+                # `aio_pika.connect` in two steps, so that a connection whose
+                # connect failed (a refused login...) is closed here rather
+                # than left to the garbage collector's warning.
+                self._connection = aio_pika.Connection(aio_pika.connection.make_url(self.url))
+                await self._connection.connect(timeout=self.timeout_s)
             # ValueError: a URL the library cannot use (a port that is not a
             # number...): retried, and reported by the relay's warning.
             except (aiormq.exceptions.AMQPError, OSError, TimeoutError, ValueError) as failure:
