@@ -15,8 +15,8 @@ from typing import Final
 
 from chaos.cluster import REPO_ROOT
 
-TAG: Final = "v0.9.0"
-COMMIT: Final = "7a827d8ed0dc71d2803814f1c79b1e4adb6d547e"
+TAG: Final = "v0.10.0"
+COMMIT: Final = "8d73ec9ec7c7ab535abdb71551e55c3ca80317f0"
 CACHE: Final = REPO_ROOT / "runs" / "chaos" / ".previous"
 
 

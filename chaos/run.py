@@ -117,7 +117,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--mixed-version",
         action="store_true",
-        help="a majority of the nodes start on the previous release (v0.9.0, built in its own "
+        help="a majority of the nodes start on the previous release (v0.10.0, built in its own "
         "virtualenv) and are upgraded one at a time in the first part of the run",
     )
     parser.add_argument(
