@@ -18,6 +18,7 @@ from chaos.cluster import REPO_ROOT
 TAG: Final = "v0.10.0"
 COMMIT: Final = "8d73ec9ec7c7ab535abdb71551e55c3ca80317f0"
 CACHE: Final = REPO_ROOT / "runs" / "chaos" / ".previous"
+RELAY_EXTRA: Final = "redis"  # chaos/broker.py's redis-server
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ def previous_release() -> Release:
     python = root / "venv" / "bin" / "python"
     tree = root / "tree"
     done = root / "installed"
-    if not done.exists():
+    stamp = f"{commit} [{RELAY_EXTRA}]\n"  # an install without the extra is redone
+    if not done.exists() or done.read_text() != stamp:
         shutil.rmtree(root, ignore_errors=True)
         tree.mkdir(parents=True)
         archive = _git("archive", commit)
@@ -48,12 +50,14 @@ def previous_release() -> Release:
             raise RuntimeError(f"git archive {commit}: {archive.stderr.decode()[-500:]}")
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
         subprocess.run([sys.executable, "-m", "venv", str(root / "venv")], check=True, timeout=120)
+        # With the extra of the campaign's broker relay, as an operator who
+        # runs one installs it (a node without it cannot lead the relay).
         installed = subprocess.run(
             [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-             str(tree)],
+             f"{tree}[{RELAY_EXTRA}]"],
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         if installed.returncode != 0:
             raise RuntimeError(f"installing {TAG} failed: {installed.stderr[-2000:]}")
-        done.write_text(commit + "\n")
+        done.write_text(stamp)
     return Release(TAG.removeprefix("v"), str(python), tree / "src")
