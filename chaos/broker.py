@@ -37,7 +37,7 @@ from typing import Any
 from chaos.history import Recorder
 from chaos.nemesis import Fault
 from raftsched import child_processes
-from raftsched.testing import free_port
+from raftsched.testing import free_port, redis_server_argv
 
 REDIS_SERVER = "/usr/bin/redis-server"
 BROKER_FAULT = "broker_restart"
@@ -106,17 +106,7 @@ class RedisBroker:
 
     def _start(self) -> None:
         assert self.process is None or self.process.poll() is not None
-        command = [
-            self.binary,
-            "--port", str(self.port),
-            "--bind", self.host,
-            "--dir", str(self.root),
-            "--requirepass", self.password,
-            "--appendonly", "yes",
-            "--appendfsync", "always",
-            "--save", "",
-            "--daemonize", "no",
-        ]  # fmt: skip
+        command = redis_server_argv(self.binary, self.host, self.port, self.root, self.password)
         setpriv = shutil.which("setpriv")
         if setpriv is not None:
             command = [setpriv, "--pdeathsig", "KILL", "--", *command]

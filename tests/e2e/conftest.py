@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import cluster_env
+from e2e_support import cluster_env, started_cluster
 
 from raftsched.client import Client
 from raftsched.node.auth import new_secret
@@ -82,13 +82,8 @@ def relay_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
     """A 3-node cluster with the relay scenarios' short delivery timings."""
     from relay_scenarios import RELAY_ENV
 
-    local = LocalCluster(tmp_path / "cluster", size=3, env={**cluster_env(), **RELAY_ENV})
-    local.start()
-    try:
-        local.wait_for_leader(timeout_s=30)
+    with started_cluster(tmp_path / "cluster", RELAY_ENV) as local:
         yield local
-    finally:
-        local.stop()
 
 
 @pytest.fixture

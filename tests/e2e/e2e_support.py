@@ -31,6 +31,19 @@ def cluster_env() -> dict[str, str]:
 
 
 @contextmanager
+def started_cluster(root: Path, env: Mapping[str, str]) -> Iterator[LocalCluster]:
+    """A running 3-node cluster whose processes get `env` too (tests'
+    delivery timings...), led; stopped afterwards."""
+    cluster = LocalCluster(root, size=3, env={**cluster_env(), **env})
+    cluster.start()
+    try:
+        cluster.wait_for_leader(timeout_s=30)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@contextmanager
 def sharded_cluster(
     root: Path,
     shards: int,

@@ -15,6 +15,8 @@ from typing import Any
 import redis
 from broker_support import Received, Restartable, end_process, free_port, netns_argv
 
+from raftsched.testing import redis_server_argv
+
 PORT_IN_NAMESPACE = 6379
 
 
@@ -85,17 +87,10 @@ class RedisServer(Restartable):
         assert self.process is None
         log = open(self.root / "redis.log", "ab")  # noqa: SIM115 - the child keeps it
         self.process = subprocess.Popen(
-            netns_argv(self.netns, [
-                self.binary,
-                "--port", str(self.port),
-                "--bind", self.host,
-                "--dir", str(self.root),
-                "--requirepass", self.password,
-                "--appendonly", "yes",
-                "--appendfsync", "always",
-                "--save", "",
-                "--daemonize", "no",
-            ]),
+            netns_argv(
+                self.netns,
+                redis_server_argv(self.binary, self.host, self.port, self.root, self.password),
+            ),
             stdout=log,
             stderr=subprocess.STDOUT,
         )  # fmt: skip

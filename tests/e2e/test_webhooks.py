@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_support import WebhookReceiver, cluster_env, webhook_receiver
+from e2e_support import WebhookReceiver, cluster_env, started_cluster, webhook_receiver
 
 from raftsched.client import Client
 from raftsched.testing import LocalCluster, assert_no_secrets_in_logs, http_json
@@ -43,13 +43,8 @@ def receiver() -> Iterator[WebhookReceiver]:
 
 @pytest.fixture
 def hook_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
-    local = LocalCluster(tmp_path / "cluster", size=3, env={**cluster_env(), **WEBHOOK_ENV})
-    local.start()
-    try:
-        local.wait_for_leader(timeout_s=30)
+    with started_cluster(tmp_path / "cluster", WEBHOOK_ENV) as local:
         yield local
-    finally:
-        local.stop()
 
 
 def _make_events(client: Client, count: int, tag: str) -> list[str]:
