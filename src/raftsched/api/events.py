@@ -61,7 +61,7 @@ from raftsched.core.kernel.outbox import EVENT_TYPE_CHARS_MAX, OutboxEvent, deco
 from raftsched.core.kernel.results import Ack, ParkedRetried, SubscriptionCreated
 from raftsched.core.kernel.state import State
 from raftsched.limits import EVENTS_LIMIT_MAX, WAIT_S_MAX
-from raftsched.node.relay_status import RelayStatus, lag_events
+from raftsched.node.relay_status import RelayStatus, age_s, lag_events
 from raftsched.node.sink_libraries import missing_extra
 from raftsched.node.webhook_targets import TargetPolicy
 from raftsched.timefmt import format_ms
@@ -176,7 +176,7 @@ def subscription_json(
         "parked_count": len(sub.parked),
         "parked_dropped": sub.parked_dropped,
         "lag_events": lag_events(state, sub),
-        "lag_s": 0.0 if oldest_ms is None else max(0.0, (now_ms - oldest_ms) / 1000),
+        "lag_s": age_s(oldest_ms, now_ms),
         "connected": connected,
     }
     # Since cluster version 10, shown only when set: a webhook's answer is as before.

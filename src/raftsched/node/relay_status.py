@@ -21,7 +21,11 @@ from __future__ import annotations
 from typing import Final
 
 from raftsched.core.events.sinks import Sink
-from raftsched.core.events.subscriptions import Subscription, pending_events, subscriptions
+from raftsched.core.events.subscriptions import (
+    Subscription,
+    oldest_undelivered_at_ms,
+    subscriptions,
+)
 from raftsched.core.kernel import outbox
 from raftsched.core.kernel.state import State
 from raftsched.node import metrics as families
@@ -46,8 +50,12 @@ def lag_events(state: State, sub: Subscription) -> int:
 def lag_s(state: State, sub: Subscription, now_ms: int) -> float:
     """Age at `now_ms` of the oldest event the subscription takes that is
     not yet published (or parked); 0 when there is none."""
-    found = pending_events(state, sub, 1)
-    return max(0.0, (now_ms - found[0].at_ms) / 1000) if found else 0.0
+    return age_s(oldest_undelivered_at_ms(state, sub), now_ms)
+
+
+def age_s(oldest_ms: int | None, now_ms: int) -> float:
+    """Seconds from `oldest_ms` to `now_ms`, never negative; 0 for none."""
+    return 0.0 if oldest_ms is None else max(0.0, (now_ms - oldest_ms) / 1000)
 
 
 class RelayStatus:

@@ -65,7 +65,7 @@ from raftsched.core.kernel.outbox import OutboxEvent, decode_data
 from raftsched.node import metrics as families
 from raftsched.node.metrics import Samples
 from raftsched.node.proposer import NotCommitted, NotLeader, OutcomeUnknown
-from raftsched.node.relay_status import WEBHOOK, RelayStatus, sink_kind
+from raftsched.node.relay_status import WEBHOOK, RelayStatus, lag_s, sink_kind
 from raftsched.node.sink_libraries import missing_extra
 from raftsched.node.sinks import BrokerSink, Message, Unreachable, destination, event_key, open_sink
 from raftsched.node.view import StateView
@@ -441,9 +441,9 @@ class WebhookDelivery:
         samples: list[tuple[tuple[str, ...], float]] = []
         with self.node.reading() as state:
             for sub in subscriptions(state).values():
-                found = pending_events(state, sub, 1)
-                age_s = (state.now_ms - found[0].at_ms) / 1000 if found else 0.0
-                samples.append(((sub.id,), max(age_s, 0.0)))
+                # By replicated time, as this gauge always was (the sink
+                # gauge's lag is by the leader's clock: relay_status).
+                samples.append(((sub.id,), lag_s(state, sub, state.now_ms)))
         return samples
 
 
