@@ -76,3 +76,14 @@ def test_a_broker_closing_the_connection_is_a_one_line_warning() -> None:
         logger.removeHandler(keep)
     assert [(r.levelname, r.exc_info) for r in records] == [("WARNING", None), ("WARNING", None)]
     assert records[1].getMessage().endswith("ConnectionResetError: [Errno 104] reset")
+
+
+def test_the_passwords_a_sink_keeps_out_of_its_errors() -> None:
+    from raftsched.node.sinks import scrubbed, url_passwords
+
+    servers = "nats://relay:p%40ss@n1:4222, nats://relay:other@n2:4222"
+    assert url_passwords(servers) == ("other", "p%40ss", "p@ss")
+    assert url_passwords("amqp://u:comma,pw@mq:5672/v") == ("comma,pw",)
+    assert url_passwords("redis://h:6379/0") == ()
+    text = "OSError: nats://relay:p@ss@n1 refused; other"
+    assert scrubbed(text, url_passwords(servers)) == "OSError: nats://relay:***@n1 refused; ***"

@@ -63,7 +63,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.client import JetStreamContext
 
 from raftsched.core.events.sinks import Sink, redacted_url
-from raftsched.node.sinks import Message, Published, Unreachable
+from raftsched.node.sinks import Message, Published, Unreachable, scrubbed, url_passwords
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class JetStreamSink:
         self.timeout_s = timeout_s
         del dedup_window_s  # the stream's duplicate_window decides (module doc)
         self.duplicates_dropped = 0  # PubAcks flagged `duplicate`, since this sink opened
-        self._secrets = _passwords(self.servers)
+        self._secrets = url_passwords(url)
         self._client: NatsClient | None = None
         self._js: JetStreamContext | None = None
         self._lost = asyncio.Event()
@@ -295,9 +295,7 @@ class JetStreamSink:
         text = f"{type(failure).__name__}: {failure}".rstrip(": ")
         if self._last_error and self._last_error not in text:
             text += f" (last client error: {self._last_error})"
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return f"{self.shown}: {text}"[:1000]
+        return f"{self.shown}: {scrubbed(text, self._secrets)}"[:1000]
 
 
 async def _close_quietly(client: NatsClient, timeout_s: float) -> None:
@@ -318,16 +316,3 @@ def _not_literal(subject: str) -> str | None:
         if token in ("*", ">"):
             return "a wildcard"
     return None
-
-
-def _passwords(servers: list[str]) -> list[str]:
-    """The passwords in `servers`' URLs, to keep out of error texts."""
-    from urllib.parse import unquote, urlsplit
-
-    found: list[str] = []
-    for server in servers:
-        with contextlib.suppress(ValueError):
-            password = urlsplit(server).password
-            if password:
-                found += [password, unquote(password)]
-    return found

@@ -48,13 +48,12 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from typing import Any, Final
-from urllib.parse import unquote, urlsplit
 
 import aio_pika
 import aiormq
 
 from raftsched.core.events.sinks import Sink
-from raftsched.node.sinks import Message, Published, Unreachable
+from raftsched.node.sinks import Message, Published, Unreachable, scrubbed, url_passwords
 
 # The names of the headers that carry what `message_id` and `type` do not.
 SEQ_HEADER: Final = "raftsched-seq"
@@ -110,9 +109,8 @@ class RabbitMQSink:
         self.url: str = sink.option("url")
         self.exchange_name: str = sink.option("exchange") or ""  # "": the default exchange
         self.timeout_s = timeout_s
-        password = urlsplit(self.url).password or ""
         # Scrubbed from every error text this sink returns (they are logged).
-        self._secrets = tuple(sorted({form for form in (password, unquote(password)) if form}))
+        self._secrets = url_passwords(self.url)
         self._connection: Any = None
         self._channel: Any = None
         self._exchange: Any = None
@@ -199,10 +197,7 @@ class RabbitMQSink:
         return bool(connection.transport.connection.is_closed)
 
     def _text(self, failure: BaseException) -> str:
-        text = f"{type(failure).__name__}: {failure}"
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text[:1000]
+        return scrubbed(f"{type(failure).__name__}: {failure}", self._secrets)[:1000]
 
     async def _reset(self) -> None:
         """Drop the connection: a late confirm must never be read as the

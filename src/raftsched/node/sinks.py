@@ -26,6 +26,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
+from urllib.parse import unquote, urlsplit
 
 import msgpack
 
@@ -70,6 +71,27 @@ class BrokerSink(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def url_passwords(url: str) -> tuple[str, ...]:
+    """The passwords in `url` (or in each of a comma-separated list of URLs),
+    as written and percent-decoded: what a sink keeps out of its error texts,
+    which the relay logs."""
+    found: set[str] = set()
+    # The whole too: a single URL whose password holds a comma.
+    for part in {url, *url.split(",")}:
+        with contextlib.suppress(ValueError):
+            password = urlsplit(part.strip()).password
+            if password:
+                found |= {password, unquote(password)}
+    return tuple(sorted(found))
+
+
+def scrubbed(text: str, secrets: Sequence[str]) -> str:
+    """`text` with each of `secrets` replaced by `***`."""
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 def destination(template: str, event_type: str, tenant: str, shard: int) -> str:
